@@ -1,0 +1,119 @@
+"""The main flow: verify_existing → (dry run | preprocess, one task per shard) → summary.
+
+Later steps (approvals, sanity, reconciliation, audio gate, decode-and-verify, upload) slot in
+between these calls; the flow holds no tensor code.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.futures import PrefectFuture, wait
+from prefect.runtime import flow_run
+from prefect.task_runners import ThreadPoolTaskRunner
+from tqdm import tqdm
+
+from infra import progress
+from infra.cachedir import CACHE_JSON, write_cache_json
+from infra.config import BuildConfig
+from infra.lock import out_lock
+from infra.plan import BuildPlan
+from infra.preprocess import ShardResult
+from infra.storage import remove_stale_temps
+from infra.summary import BuildSummary, summarize
+from tasks.plan import plan_build
+from tasks.preprocess import dry_run_sample, preprocess_shard
+from tasks.verify import verify_existing
+
+#: Upper bound on threads; config.workers (≤ this) is how many shards actually run at once.
+MAX_WORKERS = 16
+POLL_SECONDS = 2.0
+
+
+class ShardsFailed(RuntimeError):
+    """One or more shard tasks crashed after their retries; the others finished and were sealed."""
+
+
+@flow(name="build-cache", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), persist_result=False)
+def build_cache(config: BuildConfig) -> dict[str, Any]:
+    """Build (or resume) a latent cache from `config`."""
+    logger = get_run_logger()
+    plan = plan_build(config)
+    logger.info("plan: family %s, fingerprint %s, %d shards", plan.family, plan.fingerprint[:16], len(plan.shards))
+    verify_existing(plan)
+    if config.dry_run:
+        shapes = dry_run_sample(plan)
+        logger.info("dry run (nothing written): %s", shapes)
+        return {"dry_run": shapes}
+    start = time.perf_counter()
+    with out_lock(plan.out):
+        verify_existing(plan)  # again, under the lock: nobody changed OUT in between
+        _prepare_out(plan)
+        results = _run_shards(plan)
+    summary = summarize(
+        results,
+        out=str(plan.out),
+        fingerprint=plan.fingerprint,
+        family=plan.family,
+        latent_shape=list(plan.latent_shape),
+        text_shape=list(plan.text_shape),
+        seconds=time.perf_counter() - start,
+    )
+    _publish(summary)
+    crashed = {s: e for s, e in summary.shard_errors.items() if e.startswith("crashed")}
+    if crashed:
+        raise ShardsFailed(f"{len(crashed)} shard(s) crashed: {crashed}")
+    return summary.model_dump()
+
+
+def _prepare_out(plan: BuildPlan) -> None:
+    if not (plan.out / CACHE_JSON).exists():
+        write_cache_json(plan.out, plan.spec, {"model_path": str(plan.config.model), "source": plan.config.source})
+    removed = remove_stale_temps(plan.out)
+    if removed:
+        get_run_logger().warning("removed %d partial temp files left by an interrupted run", removed)
+
+
+def _run_shards(plan: BuildPlan) -> list[ShardResult]:
+    """Submit shards with at most config.workers running; report progress while they run."""
+    run_key = str(flow_run.get_id() or id(plan))
+    progress.start(run_key)
+    total = sum(s.samples for s in plan.shards)
+    bar = tqdm(total=total, unit="sample", desc="encoding", disable=None)
+    artifact = create_progress_artifact(0.0, key="build-progress", description=f"{plan.out}: {total} samples")
+    pending, running, results = list(plan.shards), [], []
+    futures: dict[PrefectFuture, str] = {}
+    try:
+        while pending or running:
+            while pending and len(running) < plan.config.workers:
+                shard = pending.pop(0)
+                future = preprocess_shard.submit(plan, shard, run_key)
+                futures[future] = shard.id
+                running.append(future)
+            finished, unfinished = wait(running, timeout=POLL_SECONDS)
+            running = list(unfinished)
+            results += [_result_of(f, futures[f]) for f in finished]
+            counts = progress.snapshot(run_key)
+            bar.update(counts.get("total", 0) - bar.n)
+            bar.set_postfix(skipped=counts.get("skipped", 0), failed=counts.get("failed", 0))
+            update_progress_artifact(artifact, 100.0 * counts.get("total", 0) / max(total, 1))
+    finally:
+        bar.close()
+        progress.finish(run_key)
+    return results
+
+
+def _result_of(future: PrefectFuture, shard_id: str) -> ShardResult:
+    try:
+        return future.result()
+    except Exception as exc:  # noqa: BLE001 - a crashed shard is reported; the other shards go on
+        get_run_logger().error("shard %s crashed after its retries: %s", shard_id, exc)
+        return ShardResult(shard=shard_id, error=f"crashed: {type(exc).__name__}: {exc}")
+
+
+def _publish(summary: BuildSummary) -> None:
+    get_run_logger().info("summary\n%s", summary.text())
+    create_table_artifact(summary.table(), key="build-summary", description=f"latent cache {summary.out}")

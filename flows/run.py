@@ -1,0 +1,30 @@
+"""Run a flow from a terminal on whatever API is configured (the embedded ephemeral one by default)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from prefect.settings import PREFECT_RUNNER_HEARTBEAT_FREQUENCY, temporary_settings
+
+from flows.build import build_cache
+from infra.config import BuildConfig
+
+logger = logging.getLogger(__name__)
+
+
+def run_build(config: BuildConfig) -> tuple[bool, Any]:
+    """Run build-cache to its end: (True, result) or (False, the reason it failed).
+
+    The runner heartbeat costs ~1 s per flow run and no environment variable turns it off, so it is
+    switched off here for terminal runs (a server-side automation covers crashed runs instead).
+    """
+    with temporary_settings({PREFECT_RUNNER_HEARTBEAT_FREQUENCY: None}):
+        state = build_cache(config, return_state=True)
+    if state.is_completed():
+        return True, state.result()
+    try:
+        state.result()
+    except BaseException as exc:  # noqa: BLE001  (the flow's own error, reported to the user)
+        return False, f"{type(exc).__name__}: {exc}"
+    return False, state.message or state.name

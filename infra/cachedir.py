@@ -1,0 +1,87 @@
+"""The cache root: ``cache.json`` (spec + fingerprint + provenance) and what OUT holds now.
+
+``cache.json`` is written once, before the first sample, and never rewritten: it declares what the
+directory holds, so a crashed first run is still recognised as this cache on the rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import ValidationError
+
+from infra.config import CacheSpec
+from infra.lock import LOCK_NAME
+from infra.storage import atomic_write
+
+logger = logging.getLogger(__name__)
+
+CACHE_JSON = "cache.json"
+OutKind = Literal["absent", "compatible", "incompatible", "foreign", "damaged"]
+
+
+@dataclass
+class OutState:
+    """What OUT holds, compared with the planned spec."""
+
+    kind: OutKind
+    message: str
+    differences: dict[str, Any] = field(default_factory=dict)
+    existing_fingerprint: str | None = None
+
+
+def read_cache_json(out: Path) -> dict[str, Any]:
+    """The parsed cache.json (raises FileNotFoundError / ValueError)."""
+    return json.loads((Path(out) / CACHE_JSON).read_text(encoding="utf-8"))
+
+
+def write_cache_json(out: Path, spec: CacheSpec, provenance: dict[str, Any]) -> Path:
+    """Create cache.json (never replaces an existing one)."""
+    body = {
+        "fingerprint": spec.fingerprint(),
+        "spec": spec.model_dump(mode="json"),
+        "provenance": {
+            **provenance,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+    }
+    text = json.dumps(body, indent=2, sort_keys=True) + "\n"
+    return atomic_write(Path(out) / CACHE_JSON, text.encode()).path
+
+
+def _visible_entries(out: Path) -> list[Path]:
+    return [p for p in out.iterdir() if p.name != LOCK_NAME]
+
+
+def classify(out: Path, spec: CacheSpec) -> OutState:
+    """absent / compatible / incompatible / foreign / damaged, with what differs."""
+    out = Path(out)
+    if not out.exists() or (out.is_dir() and not _visible_entries(out)):
+        return OutState("absent", f"{out} does not exist or is empty")
+    if not out.is_dir():
+        return OutState("foreign", f"{out} exists and is not a directory")
+    if not (out / CACHE_JSON).exists():
+        return OutState("foreign", f"{out} holds files but no {CACHE_JSON}: not written by latentforge")
+    try:
+        existing = read_cache_json(out)
+        old = CacheSpec.model_validate(existing["spec"])
+    except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
+        return OutState("damaged", f"{out / CACHE_JSON} is unreadable: {exc}")
+    if old.fingerprint() != spec.fingerprint():
+        diffs = {k: {"existing": a, "planned": b} for k, (a, b) in old.differences(spec).items()}
+        return OutState(
+            "incompatible",
+            f"{out} holds a cache made with another spec (differs in: {', '.join(diffs)})",
+            diffs,
+            old.fingerprint(),
+        )
+    return OutState("compatible", f"{out} holds this cache: resuming", {}, old.fingerprint())

@@ -1,0 +1,122 @@
+"""Typed configuration: the run options (BuildConfig) and the cache's identity (CacheSpec).
+
+BuildConfig is what a user gives (YAML file, CLI flags, Prefect form). CacheSpec is the part that
+decides the bytes of the cache; its fingerprint is written to ``cache.json`` and into every sample,
+and a resume is allowed only when fingerprints match. Run options that do not change bytes
+(device, limits, workers) stay out of the spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: Bump when the meaning of a spec field or the stored layout changes: old caches stop matching.
+SPEC_VERSION = 1
+
+Device = Literal["auto", "cpu", "cuda", "neuron"]
+ComputeDtype = Literal["bf16", "fp32"]
+OnConflict = Literal["abort"]
+
+
+class StrictModel(BaseModel):
+    """Base for every config model: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BuildConfig(StrictModel):
+    """Everything `latentforge build` takes; each field is a config-file key and a ``--flag``."""
+
+    source: str = Field(description="KIND:PATH, e.g. vbvr:/data/shards (a directory, one .tar, or a glob)")
+    model: str = Field(description="Local diffusers pipeline directory (model_index.json, vae/, ...)")
+    out: str = Field(description="Cache root directory")
+    family: str | None = Field(None, description="Model family; detected from model_index.json when omitted")
+    format: str = Field("pt", description="Output format")
+    frames: int = Field(33, gt=0, description="Frames per sample (F)")
+    height: int = Field(832, gt=0)
+    width: int = Field(832, gt=0)
+    temporal: Literal["linspace"] = Field("linspace", description="Temporal sampling policy")
+    text_max_length: int = Field(512, gt=0, description="Tokenizer max_length; embeddings padded to it")
+    text_padding: Literal["zeros", "raw"] = Field(
+        "zeros", description="Embedding rows past the real tokens: zeros (as WanPipeline) or raw encoder output"
+    )
+    device: Device = "auto"
+    dtype: ComputeDtype = Field("bf16", description="Compute dtype; stored tensors are bf16 either way")
+    limit: int | None = Field(None, gt=0, description="Process at most N samples in total")
+    shard_filter: str | None = Field(None, description="Only shards whose name contains this text")
+    max_samples_per_shard: int | None = Field(None, gt=0)
+    dry_run: bool = Field(False, description="Encode one sample, print its shapes, write nothing")
+    on_conflict: OnConflict = Field("abort", description="What to do when OUT holds a different cache")
+    workers: int = Field(2, ge=1, le=64, description="Shards processed at once (bounded task runner)")
+
+    @field_validator("source")
+    @classmethod
+    def _source_has_kind(cls, value: str) -> str:
+        if ":" not in value or value.index(":") == 0:
+            raise ValueError(f"source must be KIND:PATH (e.g. vbvr:/data/shards), got {value!r}")
+        return value
+
+    @property
+    def source_kind(self) -> str:
+        return self.source.split(":", 1)[0]
+
+    @property
+    def source_path(self) -> str:
+        return self.source.split(":", 1)[1]
+
+
+class CacheSpec(StrictModel):
+    """What decides the bytes of the cache. Its fingerprint gates resume."""
+
+    spec_version: int = SPEC_VERSION
+    family: str
+    model_identity: dict[str, str] = Field(description="Per component: hash of configs and weight headers")
+    format: str
+    frames: int
+    height: int
+    width: int
+    temporal: str
+    resize: str = "bilinear-align_corners_false"
+    compute_dtype: ComputeDtype
+    store_dtype: Literal["bf16"] = "bf16"
+    text_max_length: int
+    text_padding: str
+    latent_norm: str = Field(description="How latents are normalised before storing")
+    text_encoder_output: str = "last_hidden_state"
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON of the spec (sorted keys, no whitespace)."""
+        return fingerprint_of(self.model_dump(mode="json"))
+
+    def differences(self, other: CacheSpec) -> dict[str, tuple[Any, Any]]:
+        """Field by field: {field: (mine, theirs)} where they differ."""
+        mine, theirs = self.model_dump(mode="json"), other.model_dump(mode="json")
+        keys = sorted(set(mine) | set(theirs))
+        return {k: (mine.get(k), theirs.get(k)) for k in keys if mine.get(k) != theirs.get(k)}
+
+
+def fingerprint_of(data: dict[str, Any]) -> str:
+    """sha256 hex of canonical JSON."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read a YAML config file into a plain dict (keys use underscores, like the flags)."""
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a config file must be a mapping of keys to values")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def merge_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> BuildConfig:
+    """Flags win over the file; flags left unset (None) do not override."""
+    merged = dict(file_values)
+    merged.update({k: v for k, v in flag_values.items() if v is not None})
+    return BuildConfig.model_validate(merged)

@@ -1,0 +1,81 @@
+"""Per-sample ``.pt`` (the Wan/VBVR layout): ``OUT/<group>/<id>.pt``.
+
+Each file is a plain dict of tensors, strings, ints and lists, so it loads with
+``torch.load(weights_only=True)``: no pickled code, ever.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from infra.formats.base import EncodedSample
+from infra.storage import Written, atomic_write
+
+KEYS = ("x0", "text_embeds", "prompt", "source_shape", "latent_shape", "seq_len", "fingerprint")
+
+
+def to_record(sample: EncodedSample) -> dict[str, Any]:
+    """The stored dict."""
+    record: dict[str, Any] = {
+        "x0": sample.latents.contiguous(),
+        "text_embeds": sample.text_embeds.contiguous(),
+        "prompt": sample.prompt,
+        "source_shape": list(sample.source_shape),
+        "latent_shape": sample.latent_shape,
+        "seq_len": int(sample.seq_len),
+        "fingerprint": sample.fingerprint,
+        "id": sample.id,
+        "group": sample.group,
+    }
+    record.update(sample.extras)
+    return record
+
+
+def relpath(group: str, sample_id: str) -> str:
+    """OUT-relative path of one sample."""
+    return f"{group}/{sample_id}.pt"
+
+
+def serialize(sample: EncodedSample) -> bytes:
+    """torch.save into memory: hashed and written in one go, no second read."""
+    buffer = io.BytesIO()
+    torch.save(to_record(sample), buffer)
+    return buffer.getvalue()
+
+
+class PtWriter:
+    """Writes OUT/<group>/<id>.pt atomically."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = Path(out)
+
+    def __enter__(self) -> PtWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def relpath(self, group: str, sample_id: str) -> str:
+        return relpath(group, sample_id)
+
+    def write(self, sample: EncodedSample, *, replace: bool = False) -> Written:
+        return atomic_write(self.out / self.relpath(sample.group, sample.id), serialize(sample), replace=replace)
+
+
+class PtFormat:
+    """The pt format: writer, path rule and reader."""
+
+    name = "pt"
+
+    def writer(self, out: Path) -> PtWriter:
+        return PtWriter(out)
+
+    def relpath(self, group: str, sample_id: str) -> str:
+        return relpath(group, sample_id)
+
+    def read(self, path: Path) -> dict[str, Any]:
+        return torch.load(path, map_location="cpu", weights_only=True)

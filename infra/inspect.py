@@ -1,0 +1,76 @@
+"""`latentforge inspect OUT`: what a cache holds, from cache.json, the ledgers and one sample per group."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from infra import ledger
+from infra.cachedir import read_cache_json
+from infra.formats import get_format
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+    return value if isinstance(value, int | float) else type(value).__name__
+
+
+def inspect_cache(out: Path) -> dict[str, Any]:
+    """Counts per group and status, bytes, fingerprint, and the keys/shapes/dtypes of one sample per group."""
+    out = Path(out)
+    meta = read_cache_json(out)
+    fmt = get_format(meta["spec"]["format"])
+    groups: dict[str, Counter[str]] = defaultdict(Counter)
+    reasons: Counter[str] = Counter()
+    first_done: dict[str, str] = {}
+    total_bytes = 0
+    for rows in ledger.read_all(out).values():
+        for row in rows.values():
+            groups[row.group or "(no group)"][row.status] += 1
+            if row.reason:
+                reasons[row.reason] += 1
+            if row.status == "done":
+                total_bytes += row.bytes or 0
+                first_done.setdefault(row.group, row.path or "")
+    samples = {}
+    for group, rel in sorted(first_done.items()):
+        record = fmt.read(out / rel)  # weights_only: nothing in OUT can run code
+        samples[group] = {"path": rel, **{k: _describe(v) for k, v in record.items()}}
+    return {
+        "out": str(out),
+        "fingerprint": meta["fingerprint"],
+        "family": meta["spec"]["family"],
+        "format": meta["spec"]["format"],
+        "geometry": [meta["spec"]["frames"], meta["spec"]["height"], meta["spec"]["width"]],
+        "groups": {g: dict(c) for g, c in sorted(groups.items())},
+        "reasons": dict(reasons),
+        "done": sum(c["done"] for c in groups.values()),
+        "bytes": total_bytes,
+        "samples": samples,
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The inspect report as text."""
+    lines = [
+        f"cache        {report['out']}",
+        f"fingerprint  {report['fingerprint']}",
+        f"family       {report['family']}   format {report['format']}   F,H,W {report['geometry']}",
+        f"done         {report['done']} samples, {report['bytes']:,} bytes",
+        "",
+        f"{'group':<50} {'done':>6} {'skipped':>8} {'failed':>7}",
+    ]
+    for group, counts in report["groups"].items():
+        lines.append(
+            f"{group:<50} {counts.get('done', 0):>6} {counts.get('skipped', 0):>8} {counts.get('failed', 0):>7}"
+        )
+    if report["reasons"]:
+        lines += ["", "reasons: " + ", ".join(f"{k} × {v}" for k, v in sorted(report["reasons"].items()))]
+    for group, sample in report["samples"].items():
+        lines += ["", f"sample of {group}: {sample['path']}"]
+        lines += [f"  {k:<14} {v}" for k, v in sample.items() if k != "path"]
+    return "\n".join(lines)

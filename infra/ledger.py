@@ -1,0 +1,132 @@
+"""Per-shard ledgers: every source sample ends as done, skipped (reason) or failed (error).
+
+While a shard runs, each finished sample is appended to ``OUT/ledger/<shard>.journal.jsonl`` and
+flushed to disk, so a crash loses no record. When the shard ends, its rows are sealed atomically
+into ``OUT/ledger/<shard>.jsonl`` and the journal is removed. Readers take the sealed ledger, then
+the journal on top; a torn last journal line (a crash mid-append) is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from infra.storage import atomic_write
+
+logger = logging.getLogger(__name__)
+
+LEDGER_DIR = "ledger"
+Status = Literal["done", "skipped", "failed"]
+
+
+@dataclass
+class LedgerRow:
+    """One source sample's fate."""
+
+    key: str  # the sample's key in its shard (unique within the shard)
+    id: str
+    group: str
+    shard: str
+    status: Status
+    reason: str | None = None  # short code: missing_prompt, video_decode_error, ...
+    detail: str | None = None  # human-readable error text
+    path: str | None = None  # OUT-relative output path
+    bytes: int | None = None
+    sha256: str | None = None
+    source_shape: list[int] | None = None
+    latent_shape: list[int] | None = None
+    seq_len: int | None = None
+    tokens_total: int | None = None
+    truncated: bool = False
+    seconds: float = 0.0
+    fingerprint: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LedgerRow:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def ledger_dir(out: Path) -> Path:
+    return Path(out) / LEDGER_DIR
+
+
+def sealed_path(out: Path, shard_id: str) -> Path:
+    return ledger_dir(out) / f"{shard_id}.jsonl"
+
+
+def journal_path(out: Path, shard_id: str) -> Path:
+    return ledger_dir(out) / f"{shard_id}.journal.jsonl"
+
+
+def _read_jsonl(path: Path, *, tolerate_torn_tail: bool) -> list[LedgerRow]:
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(LedgerRow.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as exc:
+            if tolerate_torn_tail and number == len(lines):
+                logger.warning("%s: ignoring a torn last line (a crash mid-append)", path)
+            else:
+                raise ValueError(f"{path}:{number}: unreadable ledger line ({exc})") from exc
+    return rows
+
+
+def read_shard(out: Path, shard_id: str) -> dict[str, LedgerRow]:
+    """The latest row per sample key: sealed ledger, then the journal on top."""
+    rows = {r.key: r for r in _read_jsonl(sealed_path(out, shard_id), tolerate_torn_tail=False)}
+    rows.update({r.key: r for r in _read_jsonl(journal_path(out, shard_id), tolerate_torn_tail=True)})
+    return rows
+
+
+def read_all(out: Path) -> dict[str, dict[str, LedgerRow]]:
+    """Every shard's rows: {shard_id: {key: row}}."""
+    directory = ledger_dir(out)
+    if not directory.is_dir():
+        return {}
+    shard_ids = {p.name.removesuffix(".journal.jsonl").removesuffix(".jsonl") for p in directory.glob("*.jsonl")}
+    return {sid: read_shard(out, sid) for sid in sorted(shard_ids)}
+
+
+class Journal:
+    """Append-only, one flushed and fsynced line per finished sample."""
+
+    def __init__(self, out: Path, shard_id: str) -> None:
+        self.path = journal_path(out, shard_id)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def append(self, row: LedgerRow) -> None:
+        os.write(self._fd, (row.to_json() + "\n").encode())
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def seal(out: Path, shard_id: str, rows: Iterable[LedgerRow]) -> Path:
+    """Write the shard's sealed ledger atomically (commit record), then drop its journal."""
+    body = "".join(r.to_json() + "\n" for r in rows)
+    written = atomic_write(sealed_path(out, shard_id), body.encode(), replace=True)
+    journal_path(out, shard_id).unlink(missing_ok=True)
+    return written.path

@@ -1,0 +1,125 @@
+"""Video decoding with PyAV: exact temporal sampling, only the chosen frames kept in memory.
+
+The frame count is never taken from the container header: packets are counted first (cheap,
+no decoding), frames are picked during one decode pass, and if the decoder yields a different
+number of frames than there were packets, the pass is repeated with the true count.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from dataclasses import dataclass
+
+import av
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from infra.errors import InputError
+
+logger = logging.getLogger(__name__)
+
+#: Container formats that hold still images, not video: an image renamed .mp4 is not a clip.
+IMAGE_FORMATS = frozenset({"image2", "png_pipe", "jpeg_pipe", "bmp_pipe", "gif", "webp_pipe", "tiff_pipe"})
+
+
+class MediaError(InputError):
+    """A sample's video cannot be used."""
+
+
+@dataclass(frozen=True)
+class SampledClip:
+    """F frames picked from a clip, and what the clip was."""
+
+    frames: np.ndarray  # (F, H, W, 3) uint8 RGB
+    source_frames: int
+    source_height: int
+    source_width: int
+    indices: tuple[int, ...]
+
+    @property
+    def source_shape(self) -> list[int]:
+        """[T, H, W, C] of the source clip."""
+        return [self.source_frames, self.source_height, self.source_width, 3]
+
+
+def linspace_indices(total: int, count: int) -> np.ndarray:
+    """``np.linspace(0, total-1, count).round()``: spread evenly; repeats frames when total < count."""
+    return np.linspace(0, total - 1, count).round().astype(np.int64)
+
+
+def sample_frames(data: bytes, num_frames: int) -> SampledClip:
+    """Decode `data` (a whole video file) and return `num_frames` frames picked by linspace."""
+    if not data:
+        raise MediaError("empty_video", "the video file has 0 bytes")
+    packets = _count_packets(data)
+    clip, decoded = _decode_picking(data, linspace_indices(max(packets, 1), num_frames))
+    if decoded == 0:
+        raise MediaError("no_frames", "the video stream decoded to 0 frames")
+    if decoded != packets:
+        logger.debug("container had %d packets but %d frames decoded: second pass", packets, decoded)
+        clip, again = _decode_picking(data, linspace_indices(decoded, num_frames))
+        if again != decoded:
+            raise MediaError("video_decode_error", f"frame count unstable ({decoded} then {again})")
+    return clip
+
+
+def _open(data: bytes) -> tuple[av.container.InputContainer, av.video.stream.VideoStream]:
+    try:
+        container = av.open(io.BytesIO(data), mode="r")
+    except (av.FFmpegError, ValueError, OSError) as exc:
+        raise MediaError("video_decode_error", f"cannot open container: {exc}") from exc
+    if container.format.name in IMAGE_FORMATS:
+        container.close()
+        raise MediaError("not_a_video", f"the file is a still image ({container.format.name})")
+    if not container.streams.video:
+        kinds = ", ".join(sorted({s.type for s in container.streams})) or "none"
+        container.close()
+        raise MediaError("no_video_stream", f"the container has no video stream (streams: {kinds})")
+    stream = container.streams.video[0]
+    stream.thread_type = "AUTO"  # frame threading is bit-exact in FFmpeg; it only changes speed
+    return container, stream
+
+
+def _count_packets(data: bytes) -> int:
+    container, stream = _open(data)
+    count = 0
+    with container:
+        try:
+            for packet in container.demux(stream):
+                if packet.size:
+                    count += 1
+        except av.FFmpegError as exc:
+            logger.debug("demux stopped after %d packets: %s", count, exc)
+    return count
+
+
+def _decode_picking(data: bytes, indices: np.ndarray) -> tuple[SampledClip, int]:
+    """One decode pass keeping only frames whose index is in `indices`; returns (clip, frames decoded)."""
+    wanted = set(indices.tolist())
+    kept: dict[int, np.ndarray] = {}
+    container, stream = _open(data)
+    n = 0
+    with container:
+        try:
+            for frame in container.decode(stream):
+                if n in wanted:
+                    kept[n] = frame.to_ndarray(format="rgb24")
+                n += 1
+        except av.FFmpegError as exc:
+            raise MediaError("video_decode_error", f"decoding failed after {n} frames: {exc}") from exc
+    if not kept or any(i not in kept for i in wanted):
+        empty = np.zeros((0, 0, 0, 3), dtype=np.uint8)
+        return SampledClip(empty, n, 0, 0, tuple(indices.tolist())), n
+    frames = np.stack([kept[i] for i in indices.tolist()])
+    height, width = frames.shape[1:3]
+    return SampledClip(frames, n, height, width, tuple(indices.tolist())), n
+
+
+def frames_to_pixels(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
+    """(F,H,W,3) uint8 → (1,3,F,height,width) float32 in [-1, 1]: /127.5-1, bilinear, align_corners=False."""
+    x = torch.from_numpy(frames).float() / 127.5 - 1.0
+    x = x.permute(0, 3, 1, 2)  # (T, C, H, W)
+    x = F.interpolate(x, size=(height, width), mode="bilinear", align_corners=False)
+    return x.permute(1, 0, 2, 3).unsqueeze(0).contiguous()

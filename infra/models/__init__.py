@@ -1,0 +1,86 @@
+"""Model families: a registry (name → spec), detection from model_index.json, cached loading."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from pathlib import Path
+
+import torch
+
+from infra.errors import ConfigError
+from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, read_json
+from infra.models.identity import component_identity
+from infra.models.wan22 import Wan22Spec
+
+FAMILIES: dict[str, FamilySpec] = {"wan22": Wan22Spec()}
+
+__all__ = [
+    "FAMILIES",
+    "FamilySpec",
+    "GeometryRules",
+    "LoadedFamily",
+    "TextEmbedding",
+    "check_model_dir",
+    "get_family",
+    "load_family",
+    "model_identity",
+    "resolve_family",
+]
+
+
+def get_family(name: str) -> FamilySpec:
+    """The family registered under `name`."""
+    try:
+        return FAMILIES[name]
+    except KeyError as exc:
+        raise ConfigError(f"unknown family {name!r}; known families: {', '.join(sorted(FAMILIES))}") from exc
+
+
+def resolve_family(model_dir: Path, name: str | None) -> FamilySpec:
+    """The named family, or the one whose detection matches model_index.json; check the directory."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ConfigError(f"--model {model_dir}: not a directory (models load from local paths only)")
+    index = read_json(model_dir / "model_index.json")
+    if name is not None:
+        family = get_family(name)
+    else:
+        found = [f for f in FAMILIES.values() if f.matches(model_dir, index)]
+        if not found:
+            raise ConfigError(
+                f"{model_dir}: cannot tell the family from model_index.json "
+                f"(_class_name={index.get('_class_name')!r}, vae={index.get('vae')}); pass --family"
+            )
+        family = found[0]
+    check_model_dir(model_dir, family)
+    return family
+
+
+def check_model_dir(model_dir: Path, family: FamilySpec) -> None:
+    """Every component the family reads must be there (a missing transformer/ is normal)."""
+    missing = [c for c in family.components if not (model_dir / c).is_dir()]
+    if missing:
+        raise ConfigError(
+            f"{model_dir}: missing {', '.join(c + '/' for c in missing)} needed by family {family.name} "
+            f"(encoding reads {', '.join(family.components)}; transformer/ is not needed)"
+        )
+
+
+def model_identity(model_dir: Path, family: FamilySpec) -> dict[str, str]:
+    """Per component the family reads: a hash of its configs and weight headers."""
+    return {c: component_identity(Path(model_dir) / c) for c in family.components}
+
+
+_load_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=2)
+def _load(model_dir: str, family: str, device: str, dtype: torch.dtype) -> LoadedFamily:
+    return get_family(family).load(Path(model_dir), torch.device(device), dtype)
+
+
+def load_family(model_dir: Path, family: str, device: torch.device, dtype: torch.dtype) -> LoadedFamily:
+    """Load once per process and reuse: every shard task of a run shares one set of models."""
+    with _load_lock:  # one load at a time: lazy imports are not thread-safe, and memory is not doubled
+        return _load(str(Path(model_dir).resolve()), family, str(device), dtype)

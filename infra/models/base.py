@@ -1,0 +1,116 @@
+"""The Family contract: what a model family declares and what its loaded encoder does."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from infra.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class GeometryRules:
+    """frames ≡ frame_remainder (mod frame_multiple); height and width multiples of spatial_multiple."""
+
+    frame_multiple: int
+    frame_remainder: int
+    spatial_multiple: int
+
+    def check(self, family: str, frames: int, height: int, width: int) -> None:
+        """Raise ConfigError naming each bad value and the nearest valid ones."""
+        problems = []
+        if frames % self.frame_multiple != self.frame_remainder % self.frame_multiple:
+            lower = frames - (frames - self.frame_remainder) % self.frame_multiple
+            problems.append(
+                f"frames={frames} (needs frames ≡ {self.frame_remainder} mod {self.frame_multiple}): "
+                f"nearest valid {_nearest(lower, lower + self.frame_multiple)}"
+            )
+        for name, value in (("height", height), ("width", width)):
+            if value % self.spatial_multiple:
+                lower = value - value % self.spatial_multiple
+                problems.append(
+                    f"{name}={value} (needs a multiple of {self.spatial_multiple}): "
+                    f"nearest valid {_nearest(lower, lower + self.spatial_multiple)}"
+                )
+        if problems:
+            raise ConfigError(f"geometry not valid for family {family}: " + "; ".join(problems))
+
+
+def _nearest(lower: int, upper: int) -> str:
+    return f"{lower} or {upper}" if lower >= 1 else f"{upper}"
+
+
+@dataclass(frozen=True)
+class TextEmbedding:
+    """One prompt's embedding: (max_length, D) on CPU, stored dtype, plus token accounting."""
+
+    embeds: torch.Tensor
+    seq_len: int
+    tokens_total: int
+
+    @property
+    def truncated(self) -> bool:
+        return self.tokens_total > self.embeds.shape[0]
+
+
+class LoadedFamily(Protocol):
+    """A family with its models loaded on a device. Calls are serialised by the implementation."""
+
+    name: str
+
+    def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(1,3,F,H,W) float32 in [-1,1] → normalised latents (C,F',H',W') in bf16, on CPU."""
+        ...
+
+    def encode_text(self, prompt: str, max_length: int, zero_padding: bool = True) -> TextEmbedding:
+        """One prompt → its embedding padded to max_length (padding rows zeroed unless told not to)."""
+        ...
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Stored latents (C,F',H',W') → pixels (3,F,H,W) float32 in [-1,1], on CPU."""
+        ...
+
+
+class FamilySpec(Protocol):
+    """A family before loading: detection, declared constraints, the components it reads."""
+
+    name: str
+    components: tuple[str, ...]
+    latent_norm: str
+
+    def matches(self, model_dir: Path, index: dict[str, Any]) -> bool:
+        """True when `model_dir` (with its model_index.json) is a model of this family."""
+        ...
+
+    def rules(self, model_dir: Path) -> GeometryRules:
+        """Geometry constraints, read from the model's configs."""
+        ...
+
+    def latent_shape(self, model_dir: Path, frames: int, height: int, width: int) -> tuple[int, ...]:
+        """Shape of one sample's stored latents."""
+        ...
+
+    def text_shape(self, model_dir: Path, max_length: int) -> tuple[int, ...]:
+        """Shape of one sample's stored text embedding."""
+        ...
+
+    def load(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> LoadedFamily:
+        """Load the encoders from local files."""
+        ...
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a model directory, with a ConfigError that names the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"missing {path}") from exc
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} is not a JSON object")
+    return data

@@ -1,0 +1,117 @@
+"""Wan2.2 (TI2V-5B VAE, z_dim 48) with the UMT5 text encoder, loaded from a local diffusers snapshot."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from infra.errors import ConfigError
+from infra.models.base import GeometryRules, TextEmbedding, read_json
+
+logger = logging.getLogger(__name__)
+
+STORE_DTYPE = torch.bfloat16
+
+
+class Wan22Spec:
+    """Detection, constraints and loading for the wan22 family."""
+
+    name = "wan22"
+    components = ("vae", "text_encoder", "tokenizer")
+    latent_norm = "(posterior.mode - latents_mean) / latents_std, fp32"
+
+    def matches(self, model_dir: Path, index: dict[str, Any]) -> bool:
+        vae = index.get("vae") or [None, None]
+        if vae[-1] != "AutoencoderKLWan":
+            return False
+        z_dim = read_json(model_dir / "vae" / "config.json").get("z_dim")
+        if z_dim != 48:
+            raise ConfigError(
+                f"{model_dir}: AutoencoderKLWan with z_dim={z_dim} is the Wan2.1 VAE (Wan2.1, Wan2.2-A14B); "
+                "the wan22 family is the TI2V-5B VAE with z_dim=48"
+            )
+        return True
+
+    def rules(self, model_dir: Path) -> GeometryRules:
+        cfg = read_json(model_dir / "vae" / "config.json")
+        return GeometryRules(
+            frame_multiple=int(cfg.get("scale_factor_temporal", 4)),
+            frame_remainder=1,
+            spatial_multiple=int(cfg.get("scale_factor_spatial", 16)),
+        )
+
+    def latent_shape(self, model_dir: Path, frames: int, height: int, width: int) -> tuple[int, ...]:
+        cfg = read_json(model_dir / "vae" / "config.json")
+        t, s = int(cfg.get("scale_factor_temporal", 4)), int(cfg.get("scale_factor_spatial", 16))
+        return (int(cfg["z_dim"]), 1 + (frames - 1) // t, height // s, width // s)
+
+    def text_shape(self, model_dir: Path, max_length: int) -> tuple[int, ...]:
+        return (max_length, int(read_json(model_dir / "text_encoder" / "config.json")["d_model"]))
+
+    def load(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> Wan22Encoder:
+        return Wan22Encoder(model_dir, device, dtype)
+
+
+class Wan22Encoder:
+    """Loaded VAE + UMT5 + tokenizer. The Wan VAE keeps a feature cache on itself while it encodes,
+    so every call holds a lock: shards run in parallel threads, model calls one at a time."""
+
+    name = "wan22"
+
+    def __init__(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
+        from diffusers import AutoencoderKLWan  # noqa: PLC0415 - heavy import, only when loading
+        from transformers import AutoTokenizer, UMT5EncoderModel  # noqa: PLC0415
+
+        self.device, self.dtype = device, dtype
+        self.vae = AutoencoderKLWan.from_pretrained(model_dir / "vae", torch_dtype=dtype, local_files_only=True)
+        self.vae.to(device).eval()
+        self.text_encoder = UMT5EncoderModel.from_pretrained(
+            model_dir / "text_encoder", torch_dtype=dtype, local_files_only=True
+        )
+        self.text_encoder.to(device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer", local_files_only=True)
+        channels = self.vae.config.z_dim
+        self.mean = torch.tensor(self.vae.config.latents_mean, dtype=torch.float32).view(1, channels, 1, 1, 1)
+        self.std = torch.tensor(self.vae.config.latents_std, dtype=torch.float32).view(1, channels, 1, 1, 1)
+        self._lock = threading.Lock()
+        logger.info("loaded wan22 from %s on %s (%s)", model_dir, device, dtype)
+
+    @torch.inference_mode()
+    def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
+        with self._lock:
+            z = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist.mode()
+        z = z.float().cpu()
+        return ((z - self.mean) / self.std).to(STORE_DTYPE)[0].contiguous()
+
+    @torch.inference_mode()
+    def encode_text(self, prompt: str, max_length: int, zero_padding: bool = True) -> TextEmbedding:
+        tokens = self.tokenizer(
+            [prompt],
+            padding="max_length",
+            max_length=max_length,
+            truncation=True,
+            add_special_tokens=True,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
+        seq_len = int(tokens.attention_mask.gt(0).sum())
+        total = len(self.tokenizer(prompt, add_special_tokens=True, truncation=False).input_ids)
+        with self._lock:
+            out = self.text_encoder(
+                tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
+            ).last_hidden_state
+        embeds = out[0].float().cpu()
+        if zero_padding:
+            embeds[seq_len:] = 0  # as WanPipeline._get_t5_prompt_embeds: padding rows are zeros
+        return TextEmbedding(embeds.to(STORE_DTYPE).contiguous(), seq_len, total)
+
+    @torch.inference_mode()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        z = latents.float().unsqueeze(0) * self.std + self.mean
+        with self._lock:
+            pixels = self.vae.decode(z.to(self.device, self.dtype)).sample
+        return pixels.float().cpu()[0].clamp(-1, 1)

