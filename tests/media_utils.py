@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import tempfile
 from fractions import Fraction
+from pathlib import Path
 
 import av
 
@@ -49,3 +51,27 @@ def remux(video: bytes, container: str) -> bytes:
             dst.mux(packet)
     source.close()
     return out.getvalue()
+
+
+def faststart(video: bytes) -> bytes:
+    """The same video packets in an MP4 whose moov box comes before the media data (``movflags=faststart``).
+
+    The muxer rewrites the file to move the index to the front, so it goes through a temporary file."""
+    source = av.open(io.BytesIO(video))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "faststart.mp4"
+        with av.open(str(path), mode="w", format="mp4", options={"movflags": "faststart"}) as dst:
+            in_stream = source.streams.video[0]
+            stream = dst.add_stream_from_template(in_stream)
+            for packet in source.demux(in_stream):
+                if packet.dts is None:
+                    continue
+                packet.stream = stream
+                dst.mux(packet)
+        source.close()
+        return path.read_bytes()
+
+
+def annexb(video: bytes) -> bytes:
+    """The H.264 video packets as a raw Annex B elementary stream (what ``ffmpeg -c copy x.h264`` writes)."""
+    return remux(video, "h264")

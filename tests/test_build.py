@@ -1,0 +1,157 @@
+"""The build flow end to end: bad inputs as ledger rows, resume, conflicts, dry run, selection."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+import infra.preprocess
+from flows.run import run_build
+from infra import ledger
+from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
+from tests.media_utils import cut_clip
+
+CLIP_FRAMES = 12
+
+
+@pytest.fixture(scope="module")
+def short_clips(clips: dict[str, bytes]) -> list[bytes]:
+    """Four quick real clips (cut and downscaled) for flow-level tests."""
+    return [
+        cut_clip(clips["bikes"], CLIP_FRAMES, width=160),
+        cut_clip(clips["carphone"], CLIP_FRAMES),
+        cut_clip(clips["bigbuckbunny"], CLIP_FRAMES, width=160),
+        cut_clip(clips["sample_1080p"], CLIP_FRAMES, width=160),
+    ]
+
+
+@pytest.fixture
+def source(tmp_path, short_clips):
+    """Two shards, two groups, four good samples each shard."""
+    shard_a = [sample(0, i, v, f"clip {i} of group zero".encode()) for i, v in enumerate(short_clips)]
+    shard_b = [sample(1, i, v, f"clip {i} of group one".encode()) for i, v in enumerate(short_clips)]
+    return make_shards(tmp_path / "src", {"G-11_part-00000": shard_a, "O-21_part-00000": shard_b})
+
+
+def _png() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_bad_inputs_become_ledger_rows_and_the_rest_finish(tmp_path, tiny_model, clips, short_clips):
+    good = short_clips[0]
+    cases = {
+        "done": (good, b"A cyclist waits in traffic."),
+        "missing_prompt": (good, None),
+        "empty_prompt": (good, b"  \n\t"),
+        "prompt_not_utf8": (good, b"caf\xe9 \xff"),
+        "missing_video": (None, b"no video here"),
+        "empty_video": (b"", b"an empty file"),
+        "no_video_stream": (clips["audio_only"], b"only audio"),
+        "video_decode_error": (clips["truncated_mkv"], b"a truncated matroska file"),
+        "not_a_video": (_png(), b"a png named mp4"),
+    }
+    samples = [sample(0, i, video, prompt) for i, (video, prompt) in enumerate(cases.values())]
+    src = make_shards(tmp_path / "src", {"hostile": samples})
+    ok, result = run_build(config(src, tiny_model, tmp_path / "out"))
+    assert ok, result
+    assert result["done"] == 1 and result["skipped"] == len(cases) - 1 and result["failed"] == 0
+    assert result["reasons"] == {reason: 1 for reason in cases if reason != "done"}
+    rows = ledger.read_shard(tmp_path / "out", "hostile")
+    by_index = {int(r.id.rsplit("_", 1)[1]): r for r in rows.values()}
+    for index, reason in enumerate(cases):
+        row = by_index[index]
+        assert (row.status, row.reason or "done") == ("done" if reason == "done" else "skipped", reason)
+        assert (row.detail is None) == (reason == "done")
+
+
+def test_resume_decodes_nothing_already_done(tmp_path, tiny_model, source, monkeypatch):
+    decoded: list[int] = []
+    real = infra.preprocess.sample_frames
+    monkeypatch.setattr(infra.preprocess, "sample_frames", lambda data, n: decoded.append(n) or real(data, n))
+    out = tmp_path / "out"
+
+    ok, first = run_build(config(source, tiny_model, out, limit=3))
+    assert ok, first
+    assert (first["done"], len(decoded)) == (3, 3)
+    partial = tree_hashes(out)
+
+    ok, second = run_build(config(source, tiny_model, out))
+    assert ok, second
+    assert (second["done"], second["reused"], second["encoded"]) == (8, 3, 5)
+    assert len(decoded) == 3 + 5
+    after = tree_hashes(out)
+    assert all(after[k] == v for k, v in partial.items() if k.endswith(".pt")), "a done sample was rewritten"
+
+    ok, third = run_build(config(source, tiny_model, out))
+    assert ok and (third["reused"], third["encoded"]) == (8, 0)
+    assert len(decoded) == 8
+
+
+def test_same_inputs_same_bytes(tmp_path, tiny_model, source):
+    ok1, _ = run_build(config(source, tiny_model, tmp_path / "a", workers=1))
+    ok2, _ = run_build(config(source, tiny_model, tmp_path / "b", workers=2))
+    assert ok1 and ok2
+    a = {k: v for k, v in tree_hashes(tmp_path / "a").items() if k.endswith(".pt")}
+    b = {k: v for k, v in tree_hashes(tmp_path / "b").items() if k.endswith(".pt")}
+    assert a == b and len(a) == 8
+
+
+def test_a_cache_with_another_spec_is_never_written_to(tmp_path, tiny_model, source):
+    out = tmp_path / "out"
+    ok, _ = run_build(config(source, tiny_model, out, limit=2))
+    assert ok
+    before = tree_hashes(out)
+    ok, message = run_build(config(source, tiny_model, out, frames=FRAMES + 4))
+    assert not ok
+    assert "incompatible" in message and "frames" in message and str(FRAMES + 4) in message
+    assert tree_hashes(out) == before
+
+
+def test_a_foreign_directory_is_left_untouched(tmp_path, tiny_model, source):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("someone else's files")
+    ok, message = run_build(config(source, tiny_model, out))
+    assert not ok and "foreign" in message
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_dry_run_writes_nothing(tmp_path, tiny_model, source):
+    out = tmp_path / "out"
+    ok, result = run_build(config(source, tiny_model, out, dry_run=True))
+    assert ok, result
+    shapes = result["dry_run"]
+    assert shapes["x0"] == [[48, 1 + (FRAMES - 1) // 4, HEIGHT // 16, WIDTH // 16], "torch.bfloat16"]
+    assert shapes["text_embeds"] == [[512, 64], "torch.bfloat16"]
+    assert not out.exists()
+
+
+def test_limit_filter_and_per_shard_cap(tmp_path, tiny_model, source):
+    ok, result = run_build(config(source, tiny_model, tmp_path / "a", shard_filter="O-21"))
+    assert ok and result["samples"] == 4
+    assert {p.name for p in (tmp_path / "a").iterdir() if p.is_dir()} == {"O-21_ball_trajectory_data-generator", "ledger"}
+    ok, result = run_build(config(source, tiny_model, tmp_path / "b", max_samples_per_shard=1))
+    assert ok and result["samples"] == 2
+    ok, result = run_build(config(source, tiny_model, tmp_path / "c", limit=5, max_samples_per_shard=3))
+    assert ok and result["samples"] == 5
+
+
+def test_cache_json_and_sample_files(tmp_path, tiny_model, source):
+    out = tmp_path / "out"
+    ok, result = run_build(config(source, tiny_model, out, limit=1))
+    assert ok
+    meta = json.loads((out / "cache.json").read_text())
+    assert meta["fingerprint"] == result["fingerprint"]
+    assert set(meta["spec"]["model_identity"]) == {"vae", "text_encoder", "tokenizer"}
+    assert (meta["spec"]["frames"], meta["spec"]["height"], meta["spec"]["width"]) == (FRAMES, HEIGHT, WIDTH)
+    (path,) = out.rglob("*.pt")
+    record = torch.load(path, weights_only=True)
+    assert set(record) >= {"x0", "text_embeds", "prompt", "source_shape", "latent_shape", "seq_len", "fingerprint"}
+    assert record["source_shape"] == [CLIP_FRAMES, 68, 160, 3]
+    assert record["fingerprint"] == meta["fingerprint"]

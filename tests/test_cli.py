@@ -1,0 +1,116 @@
+"""The command line: build through flags and a config file, geometry errors, inspect, make-tiny-model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flows.cli import app
+from infra.config import BuildConfig, merge_config
+from infra.models import load_family, model_identity, resolve_family
+from infra.models.tiny import make_tiny_wan22
+from infra.models.wan_constants import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD
+from tests.conftest import FRAMES, HEIGHT, WIDTH, make_shards, sample
+from tests.media_utils import cut_clip
+
+runner = CliRunner()
+
+
+def _flags(src, model, out, *extra: str) -> list[str]:
+    return ["build", "--source", f"vbvr:{src}", "--model", str(model), "--out", str(out), "--device", "cpu", *extra]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "named"),
+    [("--frames", "32", "frames=32"), ("--frames", "30", "29 or 33"), ("--height", "50", "48 or 64"),
+     ("--width", "8", "16")],
+)
+def test_geometry_errors_name_the_value_and_the_nearest_valid_ones(tmp_path, tiny_model, flag, value, named):
+    src = make_shards(tmp_path / "src", {"s": [sample(0, 0, b"x", b"p")]})
+    result = runner.invoke(app, _flags(src, tiny_model, tmp_path / "out", flag, value))
+    assert result.exit_code == 2
+    assert named in result.output and "geometry not valid for family wan22" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_config_file_with_flags_winning(tmp_path, tiny_model, clips):
+    video = cut_clip(clips["carphone"], 9)
+    src = make_shards(tmp_path / "src", {"s": [sample(0, i, video, b"a man talks") for i in range(3)]})
+    cfg = tmp_path / "cache.yaml"
+    cfg.write_text(
+        f"source: vbvr:{src}\nmodel: {tiny_model}\nout: {tmp_path / 'ignored'}\nframes: {FRAMES}\n"
+        f"height: {HEIGHT}\nwidth: {WIDTH}\ndevice: cpu\ndtype: fp32\nmax-samples-per-shard: 2\n"
+    )
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["build", "--config", str(cfg), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "2 done" in result.output and not (tmp_path / "ignored").exists()
+    report = runner.invoke(app, ["inspect", str(out), "--json"])
+    data = json.loads(report.output)
+    group = sample(0, 0, None, None).generator
+    assert data["groups"] == {group: {"done": 2}}
+    assert data["samples"][group]["x0"] == {"shape": [48, 5, 3, 5], "dtype": "bfloat16"}
+    assert data["geometry"] == [FRAMES, HEIGHT, WIDTH]
+    text = runner.invoke(app, ["inspect", str(out)])
+    assert data["fingerprint"] in text.output and group in text.output
+
+
+def test_unknown_config_keys_are_errors(tmp_path):
+    with pytest.raises(ValueError, match="framez"):
+        merge_config({"source": "vbvr:x", "model": "m", "out": "o", "framez": 33}, {})
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("source: vbvr:/x\nmodel: /m\nout: /o\nframez: 33\n")
+    result = runner.invoke(app, ["build", "--config", str(cfg)])
+    assert result.exit_code == 2 and "framez" in result.output
+
+
+def test_flags_override_the_file_and_unset_flags_do_not():
+    merged = merge_config({"source": "vbvr:a", "model": "m", "out": "o", "frames": 21}, {"frames": None, "out": "p"})
+    assert (merged.frames, merged.out, merged.height) == (21, "p", 832)
+    assert BuildConfig(source="vbvr:a", model="m", out="o").frames == 33
+
+
+def test_missing_model_parts_are_named(tmp_path, tiny_model):
+    broken = tmp_path / "model"
+    shutil.copytree(tiny_model, broken)
+    shutil.rmtree(broken / "text_encoder")
+    src = make_shards(tmp_path / "src", {"s": [sample(0, 0, b"x", b"p")]})
+    result = runner.invoke(app, _flags(src, broken, tmp_path / "out", "--frames", "17"))
+    assert result.exit_code == 2 and "text_encoder/" in result.output
+
+
+def test_make_tiny_model_loads_through_the_snapshot_path(tmp_path):
+    target = tmp_path / "tiny"
+    result = runner.invoke(app, ["make-tiny-model", str(target), "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    index = json.loads((target / "model_index.json").read_text())
+    assert index["vae"] == ["diffusers", "AutoencoderKLWan"] and index["text_encoder"][1] == "UMT5EncoderModel"
+    assert not (target / "transformer").exists()
+    vae_cfg = json.loads((target / "vae" / "config.json").read_text())
+    assert (vae_cfg["z_dim"], vae_cfg["patch_size"], vae_cfg["scale_factor_spatial"]) == (48, 2, 16)
+    assert vae_cfg["scale_factor_temporal"] == 4 and vae_cfg["is_residual"] is True
+    assert tuple(vae_cfg["latents_mean"]) == WAN22_LATENTS_MEAN and tuple(vae_cfg["latents_std"]) == WAN22_LATENTS_STD
+    family = resolve_family(target, None)  # detected, as for a real snapshot
+    assert family.name == "wan22"
+    encoder = load_family(target, family.name, torch.device("cpu"), torch.float32)
+    pixels = torch.zeros(1, 3, FRAMES, HEIGHT, WIDTH)
+    assert list(encoder.encode_video(pixels).shape) == [48, 5, HEIGHT // 16, WIDTH // 16]
+    text = encoder.encode_text("a red ball rolls", 512)
+    assert text.embeds.shape == (512, 64) and 1 < text.seq_len < 512
+    assert runner.invoke(app, ["make-tiny-model", str(target)]).exit_code == 2  # never over an existing model
+
+
+def test_model_identity_follows_weights_not_location(tmp_path, tiny_model):
+    family = resolve_family(tiny_model, "wan22")
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_model, moved)
+    assert model_identity(moved, family) == model_identity(tiny_model, family)
+    other = make_tiny_wan22(tmp_path / "other", seed=7)
+    theirs = model_identity(other, family)
+    mine = model_identity(tiny_model, family)
+    assert theirs["vae"] != mine["vae"] and theirs["text_encoder"] != mine["text_encoder"]
+    assert theirs["tokenizer"] == mine["tokenizer"]
