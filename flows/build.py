@@ -115,5 +115,14 @@ def _result_of(future: PrefectFuture, shard_id: str) -> ShardResult:
 
 
 def _publish(summary: BuildSummary) -> None:
-    get_run_logger().info("summary\n%s", summary.text())
+    get_run_logger().info(
+        "summary: %d samples, %d done (%d encoded, %d reused), %d skipped, %d failed; %s",
+        summary.samples,
+        summary.done,
+        summary.encoded,
+        summary.reused,
+        summary.skipped,
+        summary.failed,
+        summary.reasons or "no reasons",
+    )
     create_table_artifact(summary.table(), key="build-summary", description=f"latent cache {summary.out}")

@@ -16,7 +16,9 @@ from infra.formats import get_format
 def _describe(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
-    return value if isinstance(value, int | float) else type(value).__name__
+    if isinstance(value, str) and len(value) > 72:
+        return value[:69] + "..."
+    return value
 
 
 def inspect_cache(out: Path) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ GENERATORS = ("G-11_handle_object_reappearance_data-generator", "O-21_ball_traje
 @pytest.fixture(scope="session", autouse=True)
 def prefect_harness() -> Iterator[None]:
     """One temporary Prefect database and ephemeral API for the whole session."""
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect.testing.utilities import prefect_test_harness  # noqa: PLC0415 - after the offline defaults
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
@@ -89,8 +90,6 @@ def config(src: Path, model: Path, out: Path, **overrides: Any) -> BuildConfig:
 
 def tree_hashes(root: Path) -> dict[str, str]:
     """sha256 of every file under root (relative path → hash)."""
-    import hashlib
-
     if not root.exists():
         return {}
     return {

@@ -135,7 +135,10 @@ def test_dry_run_writes_nothing(tmp_path, tiny_model, source):
 def test_limit_filter_and_per_shard_cap(tmp_path, tiny_model, source):
     ok, result = run_build(config(source, tiny_model, tmp_path / "a", shard_filter="O-21"))
     assert ok and result["samples"] == 4
-    assert {p.name for p in (tmp_path / "a").iterdir() if p.is_dir()} == {"O-21_ball_trajectory_data-generator", "ledger"}
+    assert {p.name for p in (tmp_path / "a").iterdir() if p.is_dir()} == {
+        "O-21_ball_trajectory_data-generator",
+        "ledger",
+    }
     ok, result = run_build(config(source, tiny_model, tmp_path / "b", max_samples_per_shard=1))
     assert ok and result["samples"] == 2
     ok, result = run_build(config(source, tiny_model, tmp_path / "c", limit=5, max_samples_per_shard=3))

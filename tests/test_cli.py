@@ -26,8 +26,12 @@ def _flags(src, model, out, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("flag", "value", "named"),
-    [("--frames", "32", "frames=32"), ("--frames", "30", "29 or 33"), ("--height", "50", "48 or 64"),
-     ("--width", "8", "16")],
+    [
+        ("--frames", "32", "frames=32"),
+        ("--frames", "30", "29 or 33"),
+        ("--height", "50", "48 or 64"),
+        ("--width", "8", "16"),
+    ],
 )
 def test_geometry_errors_name_the_value_and_the_nearest_valid_ones(tmp_path, tiny_model, flag, value, named):
     src = make_shards(tmp_path / "src", {"s": [sample(0, 0, b"x", b"p")]})

@@ -50,7 +50,11 @@ def reference(video: bytes, prompt: str, model_dir: Path) -> tuple[torch.Tensor,
     tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer")
     encoder = UMT5EncoderModel.from_pretrained(model_dir / "text_encoder", torch_dtype=torch.float32).eval()
     tokens = tokenizer(
-        prompt, padding="max_length", max_length=MAX_LENGTH, truncation=True, add_special_tokens=True,
+        prompt,
+        padding="max_length",
+        max_length=MAX_LENGTH,
+        truncation=True,
+        add_special_tokens=True,
         return_tensors="pt",
     )
     with torch.no_grad():
@@ -69,13 +73,16 @@ def real_videos(clips: dict[str, bytes]) -> list[bytes]:
 
 
 def test_cache_is_bit_identical_to_the_straight_line_recipe(tmp_path, t5_model, real_videos):
-    samples = [sample(i % 2, i, video, prompt.encode()) for i, (video, prompt) in enumerate(zip(real_videos, PROMPTS))]
+    samples = [
+        sample(i % 2, i, video, prompt.encode())
+        for i, (video, prompt) in enumerate(zip(real_videos, PROMPTS, strict=True))
+    ]
     src = make_shards(tmp_path / "src", {"shard-00000": samples[:3], "shard-00001": samples[3:]})
     ok, result = run_build(config(src, t5_model, tmp_path / "out"))
     assert ok, result
     assert result["done"] == len(samples)
 
-    for item, video, prompt in zip(samples, real_videos, PROMPTS):
+    for item, video, prompt in zip(samples, real_videos, PROMPTS, strict=True):
         stored = torch.load(tmp_path / "out" / item.generator / f"{item.task}_{item.index:08d}.pt", weights_only=True)
         x0, text, seq_len = reference(video, prompt, t5_model)
         assert stored["x0"].dtype == torch.bfloat16 and stored["text_embeds"].dtype == torch.bfloat16

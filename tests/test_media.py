@@ -305,7 +305,7 @@ except MediaError as exc:
 
 @pytest.mark.xfail(
     reason=(
-        "infra/media.py:82-83 decodes with thread_type='AUTO' and FFmpeg's automatic thread count (CPUs + 1): "
+        "infra/media.py:81 decodes with thread_type='AUTO' and FFmpeg's automatic thread count (CPUs + 1): "
         "with 1-2 decoder threads the truncated last packet raises InvalidDataError (-> video_decode_error), "
         "with 3 or more frame threads the error is lost and the 56 frames are returned; so the same file "
         "is skipped on a 1-CPU worker and encoded on a bigger one"

@@ -1,0 +1,85 @@
+"""CacheSpec: what decides the bytes is in the fingerprint, and nothing else is."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from infra.config import BuildConfig, CacheSpec
+from infra.errors import ConfigError
+from infra.models.base import GeometryRules
+from infra.plan import make_spec
+
+BASE = {
+    "family": "wan22",
+    "model_identity": {"vae": "a", "text_encoder": "b", "tokenizer": "c"},
+    "format": "pt",
+    "frames": 33,
+    "height": 832,
+    "width": 832,
+    "temporal": "linspace",
+    "compute_dtype": "bf16",
+    "text_max_length": 512,
+    "text_padding": "zeros",
+    "latent_norm": "norm",
+}
+
+
+def test_fingerprint_is_sha256_of_canonical_json():
+    spec = CacheSpec(**BASE)
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    assert spec.fingerprint() == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("model_identity", {"vae": "other", "text_encoder": "b", "tokenizer": "c"}),
+        ("frames", 29),
+        ("height", 480),
+        ("width", 480),
+        ("compute_dtype", "fp32"),
+        ("text_max_length", 256),
+        ("text_padding", "raw"),
+        ("format", "other"),
+        ("family", "ltx2"),
+    ],
+)
+def test_every_byte_deciding_field_changes_the_fingerprint(field, value):
+    base, changed = CacheSpec(**BASE), CacheSpec(**{**BASE, field: value})
+    assert base.fingerprint() != changed.fingerprint()
+    assert set(base.differences(changed)) == {field}
+
+
+def test_run_options_do_not_change_the_fingerprint(tiny_model):
+    common = {"source": "vbvr:/x", "model": str(tiny_model), "frames": 17, "height": 48, "width": 80}
+    a = make_spec(BuildConfig(**common, out="/a", device="cpu", limit=3, workers=1))[1]
+    b = make_spec(BuildConfig(**common, out="/b", device="auto", shard_filter="G-1", workers=4))[1]
+    c = make_spec(BuildConfig(**common, out="/a", dtype="fp32"))[1]
+    assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+
+
+def test_unknown_spec_keys_are_refused():
+    with pytest.raises(ValueError, match="extra"):
+        CacheSpec(**BASE, colour="blue")
+
+
+@pytest.mark.parametrize(
+    ("frames", "height", "width", "message"),
+    [
+        (32, 48, 48, "frames=32 (needs frames ≡ 1 mod 4): nearest valid 29 or 33"),
+        (1, 100, 48, "height=100 (needs a multiple of 16): nearest valid 96 or 112"),
+        (5, 48, 8, "width=8 (needs a multiple of 16): nearest valid 16"),
+    ],
+)
+def test_geometry_rules_name_bad_values_and_nearest_valid_ones(frames, height, width, message):
+    with pytest.raises(ConfigError) as caught:
+        GeometryRules(frame_multiple=4, frame_remainder=1, spatial_multiple=16).check("wan22", frames, height, width)
+    assert message in str(caught.value)
+
+
+def test_valid_geometry_passes():
+    GeometryRules(4, 1, 16).check("wan22", 33, 832, 480)
+    GeometryRules(4, 1, 16).check("wan22", 1, 16, 16)
