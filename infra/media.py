@@ -20,8 +20,13 @@ from infra.errors import InputError
 
 logger = logging.getLogger(__name__)
 
-#: Container formats that hold still images, not video: an image renamed .mp4 is not a clip.
-IMAGE_FORMATS = frozenset({"image2", "png_pipe", "jpeg_pipe", "bmp_pipe", "gif", "webp_pipe", "tiff_pipe"})
+#: Demuxers of still images (besides FFmpeg's "*_pipe" image demuxers): an image renamed .mp4 is not a clip.
+IMAGE_FORMATS = frozenset({"image2", "gif", "ico", "msp", "apng", "alias_pix", "brender_pix", "sunrast"})
+
+
+def is_image_format(name: str) -> bool:
+    """True for FFmpeg demuxers that read still images."""
+    return name.endswith("_pipe") or any(part in IMAGE_FORMATS for part in name.split(","))
 
 
 class MediaError(InputError):
@@ -70,7 +75,7 @@ def _open(data: bytes) -> tuple[av.container.InputContainer, av.video.stream.Vid
         container = av.open(io.BytesIO(data), mode="r")
     except (av.FFmpegError, ValueError, OSError) as exc:
         raise MediaError("video_decode_error", f"cannot open container: {exc}") from exc
-    if container.format.name in IMAGE_FORMATS:
+    if is_image_format(container.format.name):
         container.close()
         raise MediaError("not_a_video", f"the file is a still image ({container.format.name})")
     if not container.streams.video:
@@ -78,7 +83,9 @@ def _open(data: bytes) -> tuple[av.container.InputContainer, av.video.stream.Vid
         container.close()
         raise MediaError("no_video_stream", f"the container has no video stream (streams: {kinds})")
     stream = container.streams.video[0]
-    stream.thread_type = "AUTO"  # frame threading is bit-exact in FFmpeg; it only changes speed
+    # One decoder thread: with frame threading FFmpeg may drop the error of a damaged last packet, so the
+    # same file would be refused on a small machine and accepted on a big one. Samples run in parallel instead.
+    stream.codec_context.thread_count = 1
     return container, stream
 
 
@@ -112,6 +119,10 @@ def _decode_picking(data: bytes, indices: np.ndarray) -> tuple[SampledClip, int]
     if not kept or any(i not in kept for i in wanted):
         empty = np.zeros((0, 0, 0, 3), dtype=np.uint8)
         return SampledClip(empty, n, 0, 0, tuple(indices.tolist())), n
+    shapes = {frame.shape for frame in kept.values()}
+    if len(shapes) > 1:
+        sizes = ", ".join(f"{w}x{h}" for h, w, _ in sorted(shapes))
+        raise MediaError("variable_resolution", f"the picked frames differ in size ({sizes})")
     frames = np.stack([kept[i] for i in indices.tolist()])
     height, width = frames.shape[1:3]
     return SampledClip(frames, n, height, width, tuple(indices.tolist())), n

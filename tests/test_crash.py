@@ -97,8 +97,7 @@ def test_a_writer_killed_mid_file_leaves_no_partial_file_under_the_final_name(tm
         finally:
             with contextlib.suppress(ProcessLookupError):  # gone already if it won the race
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=60)
-        stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            stderr = proc.communicate(timeout=60)[1].decode(errors="replace")
         assert proc.returncode in (0, -signal.SIGKILL), f"writer failed on its own: {stderr}"
 
         if target.exists():

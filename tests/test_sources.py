@@ -254,14 +254,6 @@ def test_a_wrapper_folder_above_the_generator_is_accepted(tmp_path: Path) -> Non
     assert rows == [("t_00000001", "G-1", "wrap/G-1/t_task/t_00000001", None, b"p", {})]
 
 
-@pytest.mark.xfail(
-    reason=(
-        "infra/sources/vbvr.py:109 strips member names with info.name.lstrip('./'), which removes every leading "
-        "'.' and '/', not a './' prefix: '../G-1/...', '/G-1/...' and '.G-1/...' all become 'G-1/...' with no "
-        "layout_error and are merged into the real G-1 sample"
-    ),
-    strict=True,
-)
 @pytest.mark.parametrize("prefix", ["../", "/", "."])
 def test_traversal_prefixes_are_not_merged_into_a_real_sample(tmp_path: Path, prefix: str) -> None:
     members = [
@@ -275,13 +267,6 @@ def test_traversal_prefixes_are_not_merged_into_a_real_sample(tmp_path: Path, pr
     assert any(row[3] == HOSTILE for row in rows)  # and it is reported, not dropped
 
 
-@pytest.mark.xfail(
-    reason=(
-        "infra/sources/base.py:16 SAFE_NAME ends in '$', which also matches before a trailing newline, and "
-        "is_safe_name uses .match: a generator directory 'G-1\\n' is accepted as a group with no layout_error"
-    ),
-    strict=True,
-)
 def test_generator_with_a_trailing_newline_is_flagged(tmp_path: Path) -> None:
     tar = write_members(tmp_path / "s.tar", [("G-1\n/t_task/t_00000001/prompt.txt", b"p")])
     source = open_source(f"vbvr:{tar}")
@@ -290,14 +275,6 @@ def test_generator_with_a_trailing_newline_is_flagged(tmp_path: Path) -> None:
     assert ref.extra.get("layout_error")
 
 
-@pytest.mark.xfail(
-    reason=(
-        "infra/sources/vbvr.py:110-112 keeps only ground_truth.mp4 / prompt.txt members, so a sample folder "
-        "holding neither (only first_frame.png ...) yields no SampleRef at all: it is silently dropped instead "
-        "of a ref whose read_media() and read_prompt() return None"
-    ),
-    strict=True,
-)
 def test_sample_folder_without_either_member_is_listed(tmp_path: Path, videos: tuple[bytes, ...]) -> None:
     samples = [sample(0, 1, videos[0], PROMPTS[0]), sample(0, 2, None, None, **{"first_frame.png": videos[1][:64]})]
     source = open_source(f"vbvr:{make_shards(tmp_path, {'s': samples})}")
@@ -359,14 +336,6 @@ def test_damaged_shard_yields_the_samples_before_then_raises(
     assert len(seen) <= SHARD_SAMPLES
 
 
-@pytest.mark.xfail(
-    reason=(
-        "infra/sources/vbvr.py:136-140 _read lets tarfile.ReadError ('unexpected end of data') escape from "
-        "read_media() of the sample whose member the damage cuts; the SampleRef contract is bytes | None, and "
-        "process_sample files it as encode_error instead of an input problem"
-    ),
-    strict=True,
-)
 def test_damaged_member_reads_as_an_input_problem(tmp_path: Path, videos: tuple[bytes, ...]) -> None:
     path, samples = damaged_shard(tmp_path, videos, compressed=False)
     source = open_source(f"vbvr:{path}")
@@ -448,10 +417,6 @@ def test_unsafe_names(name: str) -> None:
     assert not is_safe_name(name)
 
 
-@pytest.mark.xfail(
-    reason="infra/sources/base.py:16-21 SAFE_NAME.match with a trailing '$' accepts one trailing newline",
-    strict=True,
-)
 @pytest.mark.parametrize("name", ["G-1\n", "x" * MAX_NAME + "\n"])
 def test_trailing_newline_is_unsafe(name: str) -> None:
     assert not is_safe_name(name)

@@ -18,7 +18,7 @@ SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}$")
 
 def is_safe_name(name: str) -> bool:
     """True when `name` can be used as one path component under OUT."""
-    return bool(SAFE_NAME.match(name)) and ".." not in name
+    return bool(SAFE_NAME.fullmatch(name)) and ".." not in name
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,8 @@ class Shard:
 
 @dataclass
 class SampleRef:
-    """One source sample. `read_media` / `read_prompt` return None when the member is missing."""
+    """One source sample. `read_media` / `read_prompt` return None when the member is missing and raise
+    InputError when it is there but cannot be read. Readable while its shard is being iterated."""
 
     id: str
     group: str

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.errors import InputError
 from infra.sources.base import SampleRef, Shard, SourceError, is_safe_name, register_source
 
 logger = logging.getLogger(__name__)
@@ -106,11 +107,13 @@ def _list_members(tf: tarfile.TarFile) -> tuple[list[_SampleMembers], str | None
             break
         if info is None:
             break
-        directory, _, name = info.name.lstrip("./").rpartition("/")
-        if name not in (VIDEO_MEMBER, PROMPT_MEMBER):
+        directory, _, name = info.name.removeprefix("./").rpartition("/")
+        if name in (VIDEO_MEMBER, PROMPT_MEMBER):
+            by_dir.setdefault(directory, _SampleMembers(directory)).members[name] = info
+        elif info.isfile() and _SAMPLE_DIR.match(directory):
+            by_dir.setdefault(directory, _SampleMembers(directory))  # a sample dir without either member
+        else:
             ignored += 1
-            continue
-        by_dir.setdefault(directory, _SampleMembers(directory)).members[name] = info
     logger.debug("%d members ignored in %s", ignored, tf.name)
     return list(by_dir.values()), error
 
@@ -119,7 +122,10 @@ def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers) -> SampleRef:
     match = _SAMPLE_DIR.match(sample.directory)
     group, sid = (match["group"], match["id"]) if match else ("", sample.directory)
     extra: dict[str, str] = {}
-    if match is None:
+    parts = sample.directory.split("/")
+    if sample.directory and (sample.directory.startswith("/") or any(p in ("", ".", "..") for p in parts)):
+        extra["layout_error"] = f"unsafe member path (absolute, '.' or '..'): {sample.directory!r}"
+    elif match is None:
         extra["layout_error"] = f"not {{generator}}/{{task}}_task/{{task}}_NNNNNNNN/: {sample.directory!r}"
     elif not (is_safe_name(group) and is_safe_name(sid)):
         extra["layout_error"] = f"unsafe group or id for a path: {sample.directory!r}"
@@ -134,7 +140,14 @@ def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers) -> SampleRef:
 
 
 def _read(tf: tarfile.TarFile, info: tarfile.TarInfo | None) -> bytes | None:
+    """A member's bytes; None when missing or not a regular file; InputError when the shard cuts it off."""
     if info is None or not info.isfile():
         return None
-    handle = tf.extractfile(info)
-    return handle.read() if handle is not None else None
+    try:
+        handle = tf.extractfile(info)
+        data = handle.read() if handle is not None else None
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise InputError("member_unreadable", f"{info.name}: {exc}") from exc
+    if data is not None and len(data) != info.size:
+        raise InputError("member_unreadable", f"{info.name}: {len(data)} of {info.size} bytes (shard cut short)")
+    return data
