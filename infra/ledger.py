@@ -77,7 +77,10 @@ def _read_jsonl(path: Path, *, tolerate_torn_tail: bool) -> list[LedgerRow]:
         if not line.strip():
             continue
         try:
-            rows.append(LedgerRow.from_dict(json.loads(line)))
+            data = json.loads(line)
+            if not isinstance(data, dict):
+                raise TypeError(f"a row is a JSON object, not {type(data).__name__}")
+            rows.append(LedgerRow.from_dict(data))
         except (json.JSONDecodeError, TypeError) as exc:
             if tolerate_torn_tail and number == len(lines):
                 logger.warning("%s: ignoring a torn last line (a crash mid-append)", path)
@@ -102,12 +105,28 @@ def read_all(out: Path) -> dict[str, dict[str, LedgerRow]]:
     return {sid: read_shard(out, sid) for sid in sorted(shard_ids)}
 
 
+def _trim_torn_tail(path: Path) -> None:
+    """Cut a torn last line (a crash mid-append) so that new rows start on a line of their own."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("r+b") as fh:
+        data = fh.read()
+        if data.endswith(b"\n"):
+            return
+        keep = data.rfind(b"\n") + 1
+        logger.warning("%s: dropping a torn last line (%d bytes) before appending", path, len(data) - keep)
+        fh.truncate(keep)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 class Journal:
     """Append-only, one flushed and fsynced line per finished sample."""
 
     def __init__(self, out: Path, shard_id: str) -> None:
         self.path = journal_path(out, shard_id)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _trim_torn_tail(self.path)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def append(self, row: LedgerRow) -> None:

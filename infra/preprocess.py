@@ -106,6 +106,7 @@ def _adopt_existing(path: Path, plan: BuildPlan, row: LedgerRow) -> LedgerRow:
         row.detail = f"{path} exists and was not written by this spec (fingerprint {fingerprint}); not overwritten"
         return row
     row.status, row.bytes, row.sha256 = "done", path.stat().st_size, sha256_file(path)
+    row.extra["adopted"] = True  # written by an interrupted run of this spec, not encoded now
     row.latent_shape, row.seq_len = record.get("latent_shape"), record.get("seq_len")
     row.source_shape = record.get("source_shape")
     return row
@@ -179,7 +180,9 @@ def process_shard(plan: BuildPlan, shard: ShardPlan, on_row: RowCallback | None 
                         row = process_sample(ref, plan, writer, get_encoder)
                         row.shard = shard.id
                         journal.append(row)
-                        result.encoded += row.status == "done"
+                        adopted = bool(row.extra.get("adopted"))
+                        result.encoded += row.status == "done" and not adopted
+                        result.reused += adopted
                         _fail_fast(result, row)
                     rows[ref.key] = row
                     if on_row is not None:
