@@ -8,6 +8,8 @@ stops its shard.
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import logging
 import time
 from collections import Counter
@@ -44,6 +46,7 @@ class ShardResult:
     reasons: dict[str, int] = field(default_factory=dict)
     encoded: int = 0  # samples decoded and encoded by this run
     reused: int = 0  # done samples kept from an earlier run
+    encode_errors: int = 0
     bytes: int = 0
     seconds: float = 0.0
     error: str | None = None
@@ -156,51 +159,43 @@ def _reusable(row: LedgerRow | None, out: Path) -> bool:
 def process_shard(plan: BuildPlan, shard: ShardPlan, on_row: RowCallback | None = None) -> ShardResult:
     """Encode one shard's samples (up to its quota), journal each row, seal the ledger at the end."""
     start = time.perf_counter()
-    out, result = plan.out, ShardResult(shard=shard.id)
-    previous = ledger.read_shard(out, shard.id)
+    result = ShardResult(shard=shard.id)
+    previous = ledger.read_shard(plan.out, shard.id)
     rows: dict[str, LedgerRow] = dict(previous)  # rows of samples this run does not visit are kept
-    encoder: list[LoadedFamily] = []
-
-    def get_encoder() -> LoadedFamily:
-        if not encoder:
-            encoder.append(load_encoder(plan))
-        return encoder[0]
-
-    with ledger.Journal(out, shard.id) as journal, get_format(plan.spec.format).writer(out) as writer:
-        samples = open_source(plan.config.source).samples(shard.shard)
+    get_encoder = functools.partial(load_encoder, plan)  # loads on first use only (cached per process)
+    samples = open_source(plan.config.source).samples(shard.shard)
+    with ledger.Journal(plan.out, shard.id) as journal, get_format(plan.spec.format).writer(plan.out) as writer:
         try:
             with contextlib.closing(samples):
-                for index, ref in enumerate(samples):
-                    if shard.quota is not None and index >= shard.quota:
-                        break
-                    if _reusable(previous.get(ref.key), out):
-                        row = previous[ref.key]
+                for ref in itertools.islice(samples, shard.quota):
+                    row = previous.get(ref.key)
+                    if _reusable(row, plan.out):
                         result.reused += 1
                     else:
                         row = process_sample(ref, plan, writer, get_encoder)
                         row.shard = shard.id
                         journal.append(row)
-                        adopted = bool(row.extra.get("adopted"))
-                        result.encoded += row.status == "done" and not adopted
-                        result.reused += adopted
-                        _fail_fast(result, row)
+                        _count_new(result, row)
                     rows[ref.key] = row
                     if on_row is not None:
                         on_row(row)
         except ShardReadError as exc:
             logger.error("shard %s: %s", shard.id, exc)
             result.error = str(exc)
-    ledger.seal(out, shard.id, rows.values())
+    ledger.seal(plan.out, shard.id, rows.values())
     _tally(result, rows.values())
     result.seconds = round(time.perf_counter() - start, 3)
     return result
 
 
-def _fail_fast(result: ShardResult, row: LedgerRow) -> None:
-    if row.reason == "encode_error" and result.encoded == 0:
-        result.reasons["encode_error"] = result.reasons.get("encode_error", 0) + 1
-        if result.reasons["encode_error"] >= FAIL_FAST_AFTER:
-            raise RuntimeError(f"the first {FAIL_FAST_AFTER} encodes of shard {result.shard} failed: {row.detail}")
+def _count_new(result: ShardResult, row: LedgerRow) -> None:
+    """Count a row this run produced; stop a shard whose first encodes all fail (a broken model or device)."""
+    adopted = bool(row.extra.get("adopted"))
+    result.encoded += row.status == "done" and not adopted
+    result.reused += adopted
+    result.encode_errors += row.reason == "encode_error"
+    if result.encoded == 0 and result.encode_errors >= FAIL_FAST_AFTER:
+        raise RuntimeError(f"the first {FAIL_FAST_AFTER} encodes of shard {result.shard} failed: {row.detail}")
 
 
 def _tally(result: ShardResult, rows: object) -> None:

@@ -37,19 +37,23 @@ def cut_clip(video: bytes, frames: int, *, container: str = "mp4", width: int | 
     return out.getvalue()
 
 
+def _copy_video_packets(video: bytes, dst: av.container.OutputContainer) -> None:
+    source = av.open(io.BytesIO(video))
+    in_stream = source.streams.video[0]
+    stream = dst.add_stream_from_template(in_stream)
+    for packet in source.demux(in_stream):
+        if packet.dts is None:
+            continue
+        packet.stream = stream
+        dst.mux(packet)
+    source.close()
+
+
 def remux(video: bytes, container: str) -> bytes:
     """The same video packets in another container (no re-encode)."""
-    source = av.open(io.BytesIO(video))
     out = io.BytesIO()
     with av.open(out, mode="w", format=container) as dst:
-        in_stream = source.streams.video[0]
-        stream = dst.add_stream_from_template(in_stream)
-        for packet in source.demux(in_stream):
-            if packet.dts is None:
-                continue
-            packet.stream = stream
-            dst.mux(packet)
-    source.close()
+        _copy_video_packets(video, dst)
     return out.getvalue()
 
 
@@ -57,18 +61,10 @@ def faststart(video: bytes) -> bytes:
     """The same video packets in an MP4 whose moov box comes before the media data (``movflags=faststart``).
 
     The muxer rewrites the file to move the index to the front, so it goes through a temporary file."""
-    source = av.open(io.BytesIO(video))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "faststart.mp4"
         with av.open(str(path), mode="w", format="mp4", options={"movflags": "faststart"}) as dst:
-            in_stream = source.streams.video[0]
-            stream = dst.add_stream_from_template(in_stream)
-            for packet in source.demux(in_stream):
-                if packet.dts is None:
-                    continue
-                packet.stream = stream
-                dst.mux(packet)
-        source.close()
+            _copy_video_packets(video, dst)
         return path.read_bytes()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from PIL import Image
 import infra.preprocess
 from flows.run import run_build
 from infra import ledger
+from infra.testmedia import real_t5_tokenizer_dir
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
 
@@ -158,3 +160,26 @@ def test_cache_json_and_sample_files(tmp_path, tiny_model, source):
     assert set(record) >= {"x0", "text_embeds", "prompt", "source_shape", "latent_shape", "seq_len", "fingerprint"}
     assert record["source_shape"] == [CLIP_FRAMES, 68, 160, 3]
     assert record["fingerprint"] == meta["fingerprint"]
+
+
+def test_a_model_that_cannot_load_fails_the_run_not_each_sample(tmp_path, tiny_model, source):
+    broken = tmp_path / "model"
+    shutil.copytree(tiny_model, broken)
+    weights = broken / "vae" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    ok, message = run_build(config(source, broken, tmp_path / "out", limit=2))
+    assert not ok
+    assert "cannot load wan22" in message and "crashed" in message
+    assert not list((tmp_path / "out").rglob("*.pt"))
+
+
+def test_a_shard_whose_first_encodes_all_fail_stops(tmp_path, tiny_model, source):
+    mismatched = tmp_path / "model"
+    shutil.copytree(tiny_model, mismatched)
+    shutil.rmtree(mismatched / "tokenizer")  # a 32,100-piece tokenizer with a 2,048-row embedding table
+    shutil.copytree(real_t5_tokenizer_dir(), mismatched / "tokenizer")
+    ok, message = run_build(config(source, mismatched, tmp_path / "out", shard_filter="G-11"))
+    assert not ok
+    assert "the first 3 encodes of shard G-11_part-00000 failed" in message and "IndexError" in message
+    rows = ledger.read_shard(tmp_path / "out", "G-11_part-00000")
+    assert [r.reason for r in rows.values()] == ["encode_error"] * 3
