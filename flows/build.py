@@ -1,7 +1,7 @@
-"""The main flow: verify_existing → (dry run | preprocess, one task per shard) → summary.
+"""The main flow: plan → verify-existing → [approval] → one-sample sanity → disk → preprocess → summary.
 
-Later steps (approvals, sanity, reconciliation, audio gate, decode-and-verify, upload) slot in
-between these calls; the flow holds no tensor code.
+Later steps (reconciliation, audio gate, decode-and-verify, upload) slot in after the preprocess;
+the flow holds no tensor code.
 """
 
 from __future__ import annotations
@@ -10,15 +10,22 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.futures import PrefectFuture, wait
 from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm import tqdm
 
+from flows.conflict import WRITABLE, ConflictAborted, resolve_conflict
 from infra import progress
 from infra.cachedir import CACHE_JSON, write_cache_json
 from infra.config import BuildConfig
+from infra.conflicts import keep_old_cache_json
 from infra.lock import out_lock
 from infra.plan import BuildPlan
 from infra.preprocess import ShardResult
@@ -26,6 +33,7 @@ from infra.storage import remove_stale_temps
 from infra.summary import BuildSummary, summarize
 from tasks.plan import plan_build
 from tasks.preprocess import dry_run_sample, preprocess_shard
+from tasks.sanity import disk_check, one_sample_sanity
 from tasks.verify import verify_existing
 
 #: Upper bound on threads; config.workers (≤ this) is how many shards actually run at once.
@@ -37,20 +45,27 @@ class ShardsFailed(RuntimeError):
     """One or more shard tasks crashed after their retries; the others finished and were sealed."""
 
 
+class GateFailed(RuntimeError):
+    """A gate (sanity, disk) stopped the run before the full preprocess."""
+
+
 @flow(name="build-cache", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), persist_result=False)
 def build_cache(config: BuildConfig) -> dict[str, Any]:
-    """Build (or resume) a latent cache from `config`."""
+    """Build (or resume) a latent cache: plan, verify OUT, gate, sanity, disk, preprocess, summary."""
     logger = get_run_logger()
     plan = plan_build(config)
     logger.info("plan: family %s, fingerprint %s, %d shards", plan.family, plan.fingerprint[:16], len(plan.shards))
-    verify_existing(plan)
+    report = verify_existing(plan)
+    logger.info("%s", report.text())
     if config.dry_run:
         shapes = dry_run_sample(plan)
         logger.info("dry run (nothing written): %s", shapes)
-        return {"dry_run": shapes}
+        return {"dry_run": shapes, "out_state": report.kind}
+    plan = resolve_conflict(plan, report)
+    projected = _gates(plan)
     start = time.perf_counter()
     with out_lock(plan.out):
-        verify_existing(plan)  # again, under the lock: nobody changed OUT in between
+        _check_unchanged(plan)
         _prepare_out(plan)
         results = _run_shards(plan)
     summary = summarize(
@@ -66,12 +81,41 @@ def build_cache(config: BuildConfig) -> dict[str, Any]:
     crashed = {s: e for s, e in summary.shard_errors.items() if e.startswith("crashed")}
     if crashed:
         raise ShardsFailed(f"{len(crashed)} shard(s) crashed: {crashed}")
-    return summary.model_dump()
+    return {**summary.model_dump(), "projected_seconds": projected}
+
+
+def _gates(plan: BuildPlan) -> float:
+    """One-sample sanity and the disk check: hard stops before the full preprocess."""
+    sanity = one_sample_sanity(plan)
+    get_run_logger().info("sanity\n%s", sanity.text())
+    create_markdown_artifact(sanity.markdown(), key="sanity", description=f"one sample of {plan.out}")
+    if not sanity.ok:
+        raise GateFailed("one-sample sanity failed: " + "; ".join(sanity.problems))
+    disk = disk_check(plan.out, sanity.projected_bytes)
+    if not disk.ok:
+        raise GateFailed(disk.message)
+    return sanity.projected_seconds
+
+
+def _check_unchanged(plan: BuildPlan) -> None:
+    """Under the lock: OUT is still what the gate saw (writable, or the state an overwrite was approved for)."""
+    report = verify_existing(plan)
+    if report.kind in WRITABLE:
+        return
+    if plan.replace_from is not None and (report.existing_fingerprint or "foreign") == plan.replace_from:
+        return
+    raise ConflictAborted(f"{plan.out} changed while this run was deciding: {report.text()}")
 
 
 def _prepare_out(plan: BuildPlan) -> None:
-    if not (plan.out / CACHE_JSON).exists():
-        write_cache_json(plan.out, plan.spec, {"model_path": str(plan.config.model), "source": plan.config.source})
+    provenance = {"model_path": str(plan.config.model), "source": plan.config.source}
+    cache_json = plan.out / CACHE_JSON
+    if plan.replace_from is not None and plan.replace_from != plan.fingerprint:
+        kept = keep_old_cache_json(plan.out, plan.replace_from)
+        get_run_logger().warning("approved overwrite of %s; old cache.json kept as %s", plan.out, kept)
+        write_cache_json(plan.out, plan.spec, {**provenance, "replaces": plan.replace_from}, replace=True)
+    elif not cache_json.exists():
+        write_cache_json(plan.out, plan.spec, provenance)
     removed = remove_stale_temps(plan.out)
     if removed:
         get_run_logger().warning("removed %d partial temp files left by an interrupted run", removed)

@@ -62,7 +62,9 @@ def build(
     shard_filter: Annotated[str | None, Opt(help="only shards whose name contains TEXT")] = None,
     max_samples_per_shard: Annotated[int | None, Opt()] = None,
     dry_run: Annotated[bool | None, Opt("--dry-run", help="one sample's shapes, nothing written")] = None,
-    on_conflict: Annotated[str | None, Opt(help="abort")] = None,
+    on_conflict: Annotated[str | None, Opt(help="ask|abort|new_dir|reuse [ask on a server, else abort]")] = None,
+    approve_overwrite: Annotated[str | None, Opt(help="token from `latentforge verify`: overwrite OUT")] = None,
+    approval_timeout: Annotated[int | None, Opt(help="seconds an approval waits; then abort [86400]")] = None,
     workers: Annotated[int | None, Opt(help="shards at once [2]")] = None,
 ) -> None:
     """Build or resume a latent cache (runs the build-cache flow)."""
@@ -85,6 +87,76 @@ def build(
         from infra.summary import BuildSummary  # noqa: PLC0415
 
         typer.echo(BuildSummary.model_validate(result).text())
+
+
+@app.command()
+def verify(
+    out: Annotated[Path, typer.Argument(help="cache root")],
+    config_file: Annotated[Path | None, Opt("--config", help="YAML file of the planned build")] = None,
+    model: Annotated[str | None, Opt(help="planned model (default: the one in OUT's cache.json)")] = None,
+    frames: Annotated[int | None, Opt()] = None,
+    height: Annotated[int | None, Opt()] = None,
+    width: Annotated[int | None, Opt()] = None,
+    dtype: Annotated[str | None, Opt()] = None,
+    as_json: Annotated[bool, Opt("--json", help="machine-readable")] = False,
+) -> None:
+    """What OUT holds against a planned build (default: against its own cache.json). Reads only.
+
+    Exit 0 when a build may write there (absent, compatible), 1 otherwise; prints the overwrite token."""
+    from infra.conflicts import overwrite_token  # noqa: PLC0415
+    from infra.plan import config_for_out, make_spec  # noqa: PLC0415
+    from infra.verify import verify_out  # noqa: PLC0415
+
+    flags = {"model": model, "frames": frames, "height": height, "width": width, "dtype": dtype}
+    try:
+        file_values = load_config_file(config_file) if config_file else {}
+        file_values.pop("source", None)
+        _, spec, latent_shape, text_shape = make_spec(config_for_out(out, {**file_values, **flags}))
+    except (ConfigError, ValueError, OSError) as exc:
+        _fail(str(exc))
+    report = verify_out(out, spec, latent_shape=latent_shape, text_shape=text_shape)
+    writable = report.kind in ("absent", "compatible")
+    token = None if writable else overwrite_token(out, report.existing_fingerprint, spec.fingerprint())
+    if as_json:
+        typer.echo(json.dumps({**report.to_dict(), "overwrite_token": token}, indent=2, default=str))
+    else:
+        typer.echo(report.text())
+        if token:
+            typer.echo("\nto overwrite (samples replaced one by one, old cache.json kept):")
+            typer.echo(f"  --approve-overwrite {token}")
+    raise typer.Exit(0 if writable else 1)
+
+
+@app.command()
+def pending() -> None:
+    """Paused runs waiting for a person, with their previews (needs a Prefect server)."""
+    from flows.runs import NoServerError, pending_runs  # noqa: PLC0415
+
+    try:
+        runs = pending_runs()
+    except NoServerError as exc:
+        _fail(str(exc))
+    if not runs:
+        typer.echo("no paused runs")
+    for run in runs:
+        typer.echo(f"{run.id}  {run.name}  paused {run.paused_since}\n{run.preview}\n")
+
+
+@app.command()
+def approve(
+    run_id: Annotated[str, typer.Argument(help="the paused flow run's id")],
+    choice: Annotated[str, typer.Argument(help="reuse | new_dir | overwrite | abort")],
+    note: Annotated[str, Opt(help="recorded with the decision")] = "",
+) -> None:
+    """Answer a paused run from any process; the server validates the choice (a bad one is refused)."""
+    from flows.runs import NoServerError  # noqa: PLC0415
+    from flows.runs import approve as resume  # noqa: PLC0415
+
+    try:
+        resume(run_id, choice, note)
+    except (NoServerError, RuntimeError, ValueError) as exc:
+        _fail(f"not resumed: {exc}")
+    typer.echo(f"resumed {run_id} with {choice}")
 
 
 @app.command("make-tiny-model")

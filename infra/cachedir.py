@@ -42,8 +42,8 @@ def read_cache_json(out: Path) -> dict[str, Any]:
     return json.loads((Path(out) / CACHE_JSON).read_text(encoding="utf-8"))
 
 
-def write_cache_json(out: Path, spec: CacheSpec, provenance: dict[str, Any]) -> Path:
-    """Create cache.json (never replaces an existing one)."""
+def write_cache_json(out: Path, spec: CacheSpec, provenance: dict[str, Any], *, replace: bool = False) -> Path:
+    """Create cache.json (replaces an existing one only when told: an approved overwrite)."""
     body = {
         "fingerprint": spec.fingerprint(),
         "spec": spec.model_dump(mode="json"),
@@ -55,7 +55,7 @@ def write_cache_json(out: Path, spec: CacheSpec, provenance: dict[str, Any]) -> 
         },
     }
     text = json.dumps(body, indent=2, sort_keys=True) + "\n"
-    return atomic_write(Path(out) / CACHE_JSON, text.encode()).path
+    return atomic_write(Path(out) / CACHE_JSON, text.encode(), replace=replace).path
 
 
 def _visible_entries(out: Path) -> list[Path]:

@@ -21,7 +21,7 @@ SPEC_VERSION = 1
 
 Device = Literal["auto", "cpu", "cuda", "neuron"]
 ComputeDtype = Literal["bf16", "fp32"]
-OnConflict = Literal["abort"]
+OnConflict = Literal["ask", "abort", "new_dir", "reuse"]
 
 
 class StrictModel(BaseModel):
@@ -52,7 +52,16 @@ class BuildConfig(StrictModel):
     shard_filter: str | None = Field(None, description="Only shards whose name contains this text")
     max_samples_per_shard: int | None = Field(None, gt=0)
     dry_run: bool = Field(False, description="Encode one sample, print its shapes, write nothing")
-    on_conflict: OnConflict = Field("abort", description="What to do when OUT holds a different cache")
+    on_conflict: OnConflict | None = Field(
+        None,
+        description="When OUT holds another cache or foreign files: ask (pause for a person), abort, new_dir "
+        "(write OUT-vN), reuse (adopt its spec and resume). Default: ask on a Prefect server, else abort. "
+        "Overwriting is never a standing setting: see approve_overwrite.",
+    )
+    approve_overwrite: str | None = Field(
+        None, description="Token printed by `latentforge verify`, bound to OUT and its old→new fingerprint"
+    )
+    approval_timeout: int = Field(86400, gt=0, description="Seconds an approval waits; no answer means abort")
     workers: int = Field(2, ge=1, le=64, description="Shards processed at once (bounded task runner)")
 
     @field_validator("source")

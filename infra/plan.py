@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from infra.cachedir import read_cache_json
 from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
@@ -49,6 +51,12 @@ class BuildPlan(BaseModel):
     latent_shape: tuple[int, ...]
     text_shape: tuple[int, ...]
     shards: list[ShardPlan]
+    #: Set only by an approved overwrite: the fingerprint ("foreign" for no cache.json) whose files may be replaced.
+    replace_from: str | None = None
+
+    @property
+    def total_samples(self) -> int:
+        return sum(s.samples for s in self.shards)
 
     @property
     def out(self) -> Path:
@@ -122,3 +130,27 @@ def make_plan(config: BuildConfig) -> BuildPlan:
         text_shape=text_shape,
         shards=shards,
     )
+
+
+def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
+    """A config to verify OUT against: its own cache.json's settings and model, with `overrides` on top."""
+    values: dict[str, Any] = {}
+    try:
+        meta = read_cache_json(out)
+        spec = meta["spec"]
+        values = {
+            "model": meta.get("provenance", {}).get("model_path"),
+            "format": spec["format"],
+            "frames": spec["frames"],
+            "height": spec["height"],
+            "width": spec["width"],
+            "dtype": spec["compute_dtype"],
+            "text_max_length": spec["text_max_length"],
+            "text_padding": spec["text_padding"],
+        }
+    except (OSError, ValueError, KeyError, TypeError):
+        logger.info("%s has no readable cache.json: verifying against the given settings only", out)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if not values.get("model"):
+        raise ConfigError(f"pass --model: {out} has no readable cache.json that names one")
+    return BuildConfig.model_validate({"source": "none:-", **values, "out": str(out)})

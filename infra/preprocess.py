@@ -122,12 +122,18 @@ def process_sample(
     start = time.perf_counter()
     row = LedgerRow(key=ref.key, id=ref.id, group=ref.group, shard="", status="failed", fingerprint=plan.fingerprint)
     target = plan.out / writer.relpath(ref.group, ref.id) if ref.group else None
+    replace = False
     if target is not None and target.exists():
         row.path = writer.relpath(ref.group, ref.id)
-        return _adopt_existing(target, plan, row)
+        row = _adopt_existing(target, plan, row)
+        if row.status == "done" or plan.replace_from is None:
+            return row
+        row.status, row.reason, row.detail, replace = "failed", None, None, True  # approved overwrite
     try:
         sample, text_info = encode_sample(ref, plan, get_encoder)
-        written = writer.write(sample)
+        written = writer.write(sample, replace=replace)
+        if replace:
+            row.extra["replaced"] = plan.replace_from
         row.status, row.path, row.bytes, row.sha256 = (
             "done",
             writer.relpath(ref.group, ref.id),
@@ -149,10 +155,10 @@ def process_sample(
     return row
 
 
-def _reusable(row: LedgerRow | None, out: Path) -> bool:
-    if row is None or row.status != "done" or not row.path:
+def _reusable(row: LedgerRow | None, plan: BuildPlan) -> bool:
+    if row is None or row.status != "done" or not row.path or row.fingerprint != plan.fingerprint:
         return False
-    path = out / row.path
+    path = plan.out / row.path
     return path.is_file() and path.stat().st_size == row.bytes
 
 
@@ -169,7 +175,7 @@ def process_shard(plan: BuildPlan, shard: ShardPlan, on_row: RowCallback | None 
             with contextlib.closing(samples):
                 for ref in itertools.islice(samples, shard.quota):
                     row = previous.get(ref.key)
-                    if _reusable(row, plan.out):
+                    if _reusable(row, plan):
                         result.reused += 1
                     else:
                         row = process_sample(ref, plan, writer, get_encoder)

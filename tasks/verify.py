@@ -1,22 +1,15 @@
-"""Task: what does OUT hold, and may this run write there?"""
+"""Task: what does OUT hold, compared with the plan? Reads only (JSON and weights_only loads)."""
 
 from __future__ import annotations
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.cachedir import OutState, classify
-from infra.errors import ConflictError
 from infra.plan import BuildPlan
+from infra.verify import VerifyReport, verify_out
 
 
 @task(name="verify-existing", cache_policy=NO_CACHE)
-def verify_existing(plan: BuildPlan) -> OutState:
-    """Classify OUT. Anything but absent or compatible stops the run (on_conflict=abort)."""
-    state = classify(plan.out, plan.spec)
-    if state.kind not in ("absent", "compatible"):
-        lines = [f"{state.kind}: {state.message}"]
-        lines += [f"  {k}: existing {v['existing']!r} → planned {v['planned']!r}" for k, v in state.differences.items()]
-        lines.append(f"on_conflict={plan.config.on_conflict}: nothing was written to {plan.out}")
-        raise ConflictError("\n".join(lines))
-    return state
+def verify_existing(plan: BuildPlan) -> VerifyReport:
+    """Classify OUT (absent, compatible, incompatible, foreign, damaged) with what differs and one sample checked."""
+    return verify_out(plan.out, plan.spec, latent_shape=plan.latent_shape, text_shape=plan.text_shape)

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,17 +90,72 @@ def config(src: Path, model: Path, out: Path, **overrides: Any) -> BuildConfig:
         "device": "cpu",
         "dtype": "fp32",
         "workers": 2,
+        "on_conflict": "abort",  # the harness is a reachable API, where the default would be to ask
+        "approval_timeout": 60,
     }
     values.update(overrides)
     return BuildConfig(**values)
 
 
 def tree_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every file under root (relative path → hash)."""
+    """sha256 of every file under root (relative path → hash); the writer lock (a PID, not data) is left out."""
     if not root.exists():
         return {}
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != ".latentforge.lock"
     }
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A real `prefect server` on 127.0.0.1 (its own home and database), stopped by the PID recorded here.
+
+    Yields the environment a client process needs to reach it."""
+    home = tmp_path_factory.mktemp("prefect-server")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+        "PREFECT_LOGGING_TO_API_ENABLED": "false",
+    }
+    env.pop("PREFECT_API_URL", None)
+    log = (home / "server.log").open("wb")
+    server = subprocess.Popen(
+        [str(Path(sys.executable).with_name("prefect")), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        _wait_healthy(url, server)
+        yield {**env, "PREFECT_API_URL": url}
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+def _wait_healthy(url: str, server: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"prefect server exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"prefect server at {url} not healthy after {timeout} s")

@@ -13,6 +13,8 @@ from PIL import Image
 import infra.preprocess
 from flows.run import run_build
 from infra import ledger
+from infra.plan import make_plan
+from infra.preprocess import process_shard
 from infra.testmedia import real_t5_tokenizer_dir
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
@@ -77,22 +79,23 @@ def test_resume_decodes_nothing_already_done(tmp_path, tiny_model, source, monke
     real = infra.preprocess.sample_frames
     monkeypatch.setattr(infra.preprocess, "sample_frames", lambda data, n: decoded.append(n) or real(data, n))
     out = tmp_path / "out"
+    sanity = 1  # every run encodes its first sample once more, beside OUT, as the one-sample sanity check
 
     ok, first = run_build(config(source, tiny_model, out, limit=3))
     assert ok, first
-    assert (first["done"], len(decoded)) == (3, 3)
+    assert (first["done"], len(decoded)) == (3, sanity + 3)
     partial = tree_hashes(out)
 
     ok, second = run_build(config(source, tiny_model, out))
     assert ok, second
     assert (second["done"], second["reused"], second["encoded"]) == (8, 3, 5)
-    assert len(decoded) == 3 + 5
+    assert len(decoded) == 2 * sanity + 3 + 5
     after = tree_hashes(out)
     assert all(after[k] == v for k, v in partial.items() if k.endswith(".pt")), "a done sample was rewritten"
 
     ok, third = run_build(config(source, tiny_model, out))
     assert ok and (third["reused"], third["encoded"]) == (8, 0)
-    assert len(decoded) == 8
+    assert len(decoded) == 3 * sanity + 8
 
 
 def test_same_inputs_same_bytes(tmp_path, tiny_model, source):
@@ -111,7 +114,7 @@ def test_a_cache_with_another_spec_is_never_written_to(tmp_path, tiny_model, sou
     before = tree_hashes(out)
     ok, message = run_build(config(source, tiny_model, out, frames=FRAMES + 4))
     assert not ok
-    assert "incompatible" in message and "frames" in message and str(FRAMES + 4) in message
+    assert "incompatible" in message.lower() and "frames" in message and str(FRAMES + 4) in message
     assert tree_hashes(out) == before
 
 
@@ -120,7 +123,7 @@ def test_a_foreign_directory_is_left_untouched(tmp_path, tiny_model, source):
     out.mkdir()
     (out / "notes.txt").write_text("someone else's files")
     ok, message = run_build(config(source, tiny_model, out))
-    assert not ok and "foreign" in message
+    assert not ok and "foreign" in message.lower()
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
@@ -169,17 +172,22 @@ def test_a_model_that_cannot_load_fails_the_run_not_each_sample(tmp_path, tiny_m
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     ok, message = run_build(config(source, broken, tmp_path / "out", limit=2))
     assert not ok
-    assert "cannot load wan22" in message and "crashed" in message
+    assert "cannot load wan22" in message  # stopped by the sanity step, before any shard
     assert not list((tmp_path / "out").rglob("*.pt"))
 
 
-def test_a_shard_whose_first_encodes_all_fail_stops(tmp_path, tiny_model, source):
+def test_a_broken_encoder_is_stopped_by_sanity_and_by_the_shard_fail_fast(tmp_path, tiny_model, source):
     mismatched = tmp_path / "model"
     shutil.copytree(tiny_model, mismatched)
     shutil.rmtree(mismatched / "tokenizer")  # a 32,100-piece tokenizer with a 2,048-row embedding table
     shutil.copytree(real_t5_tokenizer_dir(), mismatched / "tokenizer")
-    ok, message = run_build(config(source, mismatched, tmp_path / "out", shard_filter="G-11"))
-    assert not ok
-    assert "the first 3 encodes of shard G-11_part-00000 failed" in message and "IndexError" in message
+    cfg = config(source, mismatched, tmp_path / "out", shard_filter="G-11")
+    ok, message = run_build(cfg)
+    assert not ok and "one-sample sanity failed" in message and "IndexError" in message
+    assert not (tmp_path / "out").exists()
+
+    plan = make_plan(cfg)  # the shard task on its own: its first three encodes fail, so it stops
+    with pytest.raises(RuntimeError, match=r"the first 3 encodes of shard G-11_part-00000 failed.*IndexError"):
+        process_shard(plan, plan.shards[0])
     rows = ledger.read_shard(tmp_path / "out", "G-11_part-00000")
     assert [r.reason for r in rows.values()] == ["encode_error"] * 3

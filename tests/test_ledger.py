@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from flows.run import run_build
+from infra.conflicts import overwrite_token
 from infra.ledger import Journal, LedgerRow, journal_path, read_all, read_shard, seal, sealed_path
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
@@ -133,7 +134,7 @@ def test_a_line_that_is_json_but_not_a_row_is_a_value_error(tmp_path):
 # --- resume, through the flow ---------------------------------------------------------------------------
 
 
-def test_a_rerun_redoes_a_missing_file_and_never_overwrites_a_damaged_one(tmp_path, tiny_model, short_videos):
+def test_a_rerun_stops_at_a_damaged_file_and_an_approved_overwrite_redoes_it(tmp_path, tiny_model, short_videos):
     items = [sample(i % 2, i, short_videos[i % 3], f"clip {i}: a short scene".encode()) for i in range(4)]
     src = make_shards(tmp_path / "src", {"shard-00000": items})
     out = tmp_path / "out"
@@ -148,21 +149,20 @@ def test_a_rerun_redoes_a_missing_file_and_never_overwrites_a_damaged_one(tmp_pa
         fh.truncate(damaged.stat().st_size // 2)
     damaged_bytes = damaged.read_bytes()
 
-    ok, result = run_build(config(src, tiny_model, out))
-    assert ok, result
-    assert (result["done"], result["failed"], result["encoded"], result["reused"]) == (3, 1, 1, 2), result
-    assert result["reasons"] == {"output_exists": 1}
-    assert _sha(missing) == before[items[0].sample_dir], "the re-encoded sample differs from the first encode"
-    assert damaged.read_bytes() == damaged_bytes, "a file the ledger does not vouch for was overwritten"
-    for item in items[2:]:
-        assert _sha(_target(out, item)) == before[item.sample_dir]
+    # A done sample that no longer loads is damage: the run stops at the gate and changes nothing.
+    ok, message = run_build(config(src, tiny_model, out))
+    assert not ok and "damaged" in message.lower() and str(damaged) in message
+    assert not missing.exists() and damaged.read_bytes() == damaged_bytes
 
+    # An overwrite approved for this OUT and this fingerprint re-encodes both, to the same bytes.
+    fingerprint = json.loads((out / "cache.json").read_text())["fingerprint"]
+    token = overwrite_token(out, fingerprint, fingerprint)
+    ok, result = run_build(config(src, tiny_model, out, approve_overwrite=token))
+    assert ok, result
+    assert (result["done"], result["encoded"], result["reused"]) == (4, 2, 2), result
+    assert {item.sample_dir: _sha(_target(out, item)) for item in items} == before
     rows = read_shard(out, "shard-00000")
-    assert sorted(rows) == sorted(before)
-    assert (rows[items[0].sample_dir].status, rows[items[0].sample_dir].sha256) == ("done", before[items[0].sample_dir])
-    bad = rows[items[1].sample_dir]
-    assert (bad.status, bad.reason) == ("failed", "output_exists")
-    assert "not overwritten" in bad.detail
+    assert rows[items[1].sample_dir].extra == {"replaced": fingerprint}
     assert not journal_path(out, "shard-00000").exists()
 
     # Files this spec wrote but the ledger lost (a crash between the link and the journal line) are adopted.
@@ -170,9 +170,9 @@ def test_a_rerun_redoes_a_missing_file_and_never_overwrites_a_damaged_one(tmp_pa
     untouched = {item.sample_dir: _target(out, item).stat().st_ino for item in items}
     ok, result = run_build(config(src, tiny_model, out))
     assert ok, result
-    assert (result["done"], result["failed"], result["encoded"], result["reused"]) == (3, 1, 0, 3), result
+    assert (result["done"], result["failed"], result["encoded"], result["reused"]) == (4, 0, 0, 4), result
     rows = read_shard(out, "shard-00000")
-    for item in (items[0], *items[2:]):
+    for item in items:
         row = rows[item.sample_dir]
         assert (row.status, row.sha256, row.bytes) == (
             "done",
@@ -180,7 +180,6 @@ def test_a_rerun_redoes_a_missing_file_and_never_overwrites_a_damaged_one(tmp_pa
             _target(out, item).stat().st_size,
         )
     assert {item.sample_dir: _target(out, item).stat().st_ino for item in items} == untouched
-    assert damaged.read_bytes() == damaged_bytes
 
 
 def test_a_foreign_file_at_a_target_path_is_never_overwritten(tmp_path, tiny_model, short_videos):

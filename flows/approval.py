@@ -1,0 +1,52 @@
+"""Hard-stop approvals: the flow run pauses until a person answers (Prefect UI, `latentforge approve`, API).
+
+The decision field is required: a bare "Resume" without a choice is refused by the server, and a
+timeout is abort. Nothing is overwritten or deleted on a default, a timeout or a schedule.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TypeVar
+
+from prefect import get_run_logger
+from prefect.exceptions import FlowPauseTimeout
+from prefect.flow_runs import pause_flow_run
+from prefect.input import RunInput
+
+from infra.conflicts import Decision
+
+#: How often a paused run checks for an answer (seconds).
+POLL_SECONDS = 2
+
+E = TypeVar("E", bound=Enum)
+
+
+class ConflictAnswer(RunInput):
+    """OUT holds something else: reuse its spec, write OUT-vN, overwrite (replace sample by sample), or abort."""
+
+    choice: Decision
+    note: str = ""
+
+
+def ask(answer_model: type[RunInput], preview_markdown: str, timeout: int) -> RunInput | None:
+    """Pause this flow run for a typed answer; None when nobody answered in time."""
+    logger = get_run_logger()
+    logger.warning("waiting for a person (up to %d s): answer in the Prefect UI or `latentforge approve`", timeout)
+    try:
+        return pause_flow_run(
+            wait_for_input=answer_model.with_initial_data(description=preview_markdown),
+            timeout=timeout,
+            poll_interval=POLL_SECONDS,
+        )
+    except FlowPauseTimeout:
+        logger.error("no answer within %d s: treated as abort", timeout)
+        return None
+
+
+def ask_conflict(preview_markdown: str, timeout: int) -> tuple[Decision, str]:
+    """The conflict gate: (decision, note). A timeout is abort."""
+    answer = ask(ConflictAnswer, preview_markdown, timeout)
+    if answer is None:
+        return Decision.abort, f"no answer within {timeout} s"
+    return Decision(answer.choice), answer.note

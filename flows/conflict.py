@@ -1,0 +1,76 @@
+"""The conflict gate: OUT holds another cache or foreign files. Decide, then hand back the plan to run."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.settings import get_current_settings
+
+from flows.approval import ask_conflict
+from infra.conflicts import Decision, adopt_existing_spec, next_free_dir, overwrite_token
+from infra.errors import ConflictError
+from infra.plan import BuildPlan
+from infra.verify import VerifyReport
+from tasks.plan import plan_build
+
+WRITABLE = ("absent", "compatible")
+
+
+class ConflictAborted(ConflictError):
+    """The run stopped at the conflict gate; nothing was written."""
+
+
+def default_policy() -> str:
+    """ask on a Prefect server (someone can answer from the UI or another process), else abort."""
+    return "ask" if get_current_settings().api.url else "abort"
+
+
+def resolve_conflict(plan: BuildPlan, report: VerifyReport) -> BuildPlan:
+    """Return the plan to run: unchanged, adopted (reuse), moved (new_dir) or allowed to replace (overwrite)."""
+    if report.kind in WRITABLE:
+        return plan
+    token = overwrite_token(plan.out, report.existing_fingerprint, plan.fingerprint)
+    decision, note = _decide(plan, report, token)
+    get_run_logger().warning("conflict at %s (%s): decision %s %s", plan.out, report.kind, decision.value, note)
+    create_markdown_artifact(
+        f"## Conflict at `{plan.out}`: **{decision.value}**\n\n{note}\n\n{report.markdown()}",
+        key="conflict-decision",
+        description=f"{report.kind}: {decision.value}",
+    )
+    if decision is Decision.abort:
+        raise ConflictAborted(f"{report.text()}\ndecision: abort ({note}); nothing was written to {plan.out}")
+    if decision is Decision.new_dir:
+        return plan_build(plan.config.model_copy(update={"out": str(next_free_dir(plan.out))}))
+    if decision is Decision.reuse:
+        if report.kind != "incompatible":
+            raise ConflictAborted(f"reuse needs a latentforge cache in {plan.out}; it is {report.kind}")
+        return plan_build(adopt_existing_spec(plan.config, plan.spec, plan.out))
+    return plan.model_copy(update={"replace_from": report.existing_fingerprint or "foreign"})
+
+
+def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> tuple[Decision, str]:
+    config = plan.config
+    if config.approve_overwrite is not None:
+        if config.approve_overwrite != token:
+            raise ConflictAborted(
+                f"--approve-overwrite does not match {plan.out} and its change "
+                f"{(report.existing_fingerprint or 'foreign')[:16]} → {plan.fingerprint[:16]} "
+                "(a token approves one path and one change only; `latentforge verify` prints the current one)"
+            )
+        return Decision.overwrite, "approved by --approve-overwrite token"
+    policy = config.on_conflict or default_policy()
+    if policy == "ask":
+        preview = report.markdown() + _choices_markdown(plan, token)
+        return ask_conflict(preview, config.approval_timeout)
+    return Decision(policy), f"on_conflict={policy}"
+
+
+def _choices_markdown(plan: BuildPlan, token: str) -> str:
+    return (
+        "\n\n### Choices\n"
+        f"* **reuse** — keep this cache and its settings, resume it (same model only)\n"
+        f"* **new_dir** — write to `{next_free_dir(plan.out)}` instead\n"
+        "* **overwrite** — replace sample files one by one as new ones are written; nothing is deleted up "
+        f"front; the old cache.json is kept beside. For unattended runs: `--approve-overwrite {token}`\n"
+        "* **abort** — stop; also what a timeout means\n"
+    )

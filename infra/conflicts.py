@@ -1,0 +1,74 @@
+"""What may happen when OUT already holds something: reuse, new_dir, overwrite or abort.
+
+Nothing here asks a person: the flow does (a Prefect pause). These are the plain rules: the
+overwrite token that binds an approval to one path and one old→new fingerprint change, the next
+free ``OUT-vN`` directory, adopting an existing cache's spec, keeping the old ``cache.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+from pathlib import Path
+
+from infra.cachedir import CACHE_JSON, read_cache_json
+from infra.config import BuildConfig, CacheSpec
+from infra.errors import ConflictError
+from infra.storage import atomic_write
+
+
+class Decision(StrEnum):
+    """The answers to "OUT holds something else: what now?". A timeout or no answer is abort."""
+
+    abort = "abort"
+    reuse = "reuse"
+    new_dir = "new_dir"
+    overwrite = "overwrite"
+
+
+def overwrite_token(out: Path, old_fingerprint: str | None, new_fingerprint: str) -> str:
+    """A short token bound to this path and this old→new change: a stored token cannot approve another."""
+    key = f"{Path(out).expanduser().resolve()}\0{old_fingerprint or 'no-cache-json'}\0{new_fingerprint}"
+    return hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def next_free_dir(out: Path) -> Path:
+    """OUT-v2, OUT-v3, ...: the first that does not exist (never a directory that exists)."""
+    out = Path(out)
+    version = 2
+    while (candidate := out.with_name(f"{out.name}-v{version}")).exists():
+        version += 1
+    return candidate
+
+
+def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> BuildConfig:
+    """The config that reproduces the cache in OUT (reuse). Refused when the model differs: that would mix encoders."""
+    existing = CacheSpec.model_validate(read_cache_json(out)["spec"])
+    if existing.model_identity != planned.model_identity or existing.family != planned.family:
+        raise ConflictError(
+            f"reuse refused: {out} was made with another model ({existing.family}, {existing.model_identity}); "
+            f"--model is {planned.family}, {planned.model_identity}. Reusing it would mix latents of two encoders."
+        )
+    return config.model_copy(
+        update={
+            "format": existing.format,
+            "frames": existing.frames,
+            "height": existing.height,
+            "width": existing.width,
+            "temporal": existing.temporal,
+            "dtype": existing.compute_dtype,
+            "text_max_length": existing.text_max_length,
+            "text_padding": existing.text_padding,
+        }
+    )
+
+
+def keep_old_cache_json(out: Path, old_fingerprint: str | None) -> Path | None:
+    """Before an approved overwrite: copy cache.json to cache.<old fp>.json (a record), then let it be replaced."""
+    current = Path(out) / CACHE_JSON
+    if not current.exists():
+        return None
+    record = Path(out) / f"cache.{(old_fingerprint or 'unknown')[:16]}.json"
+    if not record.exists():
+        atomic_write(record, current.read_bytes())
+    return record

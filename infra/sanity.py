@@ -1,0 +1,293 @@
+"""Gates before the full run: one real sample encoded, written to ``<OUT>.sanity/`` (never OUT), read back and
+checked, with time and bytes projected for the whole plan (`run_sanity`); free space against that (`check_disk`).
+
+Check failures come back as ``ok=False`` with problems; a model that cannot load raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import resource
+import shutil
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from infra.devices import resolve_device
+from infra.errors import ConfigError, ConflictError, InputError
+from infra.formats import EncodedSample, get_format
+from infra.models import LoadedFamily
+from infra.plan import BuildPlan
+from infra.preprocess import encode_sample, load_encoder
+from infra.sources import SampleRef, open_source
+from infra.sources.vbvr import ShardReadError
+
+logger = logging.getLogger(__name__)
+
+MARKER = ".latentforge-sanity"
+DISK_MARGIN_PERCENT = 5  # on top of the bytes still to write
+_LATENT_KEYS = ("x0", "latents")  # where a format's record keeps the latents
+
+
+class SanityDirError(ConflictError):
+    """``<OUT>.sanity`` exists but latentforge did not make it: nothing is written there."""
+
+
+@dataclass
+class SanityReport:
+    """One sample encoded, written, read back and checked, and the run it projects."""
+
+    sample_key: str | None = None
+    sample_id: str | None = None
+    sample_group: str | None = None
+    path: str | None = None
+    seconds: float = 0.0  # decode + encode + write of one sample, model load excluded
+    peak_memory_bytes: int = 0
+    device: str = ""
+    latent_shape: list[int] = field(default_factory=list)
+    text_shape: list[int] = field(default_factory=list)
+    latent_dtype: str = ""
+    text_dtype: str = ""
+    finite: bool = False
+    round_trip: bool = False
+    bytes: int = 0
+    total_samples: int = 0
+    projected_seconds: float = 0.0
+    projected_bytes: int = 0
+    skipped_before: list[tuple[str, str]] = field(default_factory=list)
+    ok: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict."""
+        data = asdict(self)
+        data["skipped_before"] = [list(pair) for pair in self.skipped_before]
+        return data
+
+    def _rows(self) -> list[tuple[str, str]]:
+        projected = human_bytes(self.projected_bytes)
+        return [
+            ("sample", f"{self.sample_group}/{self.sample_id}" if self.sample_id else "none usable"),
+            ("device", self.device),
+            ("x0", f"{self.latent_shape} {self.latent_dtype}"),
+            ("text_embeds", f"{self.text_shape} {self.text_dtype}"),
+            ("finite / round trip", f"{self.finite} / {self.round_trip}"),
+            ("seconds per sample", f"{self.seconds:.3f}"),
+            ("peak memory", human_bytes(self.peak_memory_bytes)),
+            ("bytes per sample", f"{self.bytes:,}"),
+            ("projected", f"{self.total_samples} samples, {self.projected_seconds:,.1f} s, {projected}"),
+        ]
+
+    def markdown(self) -> str:
+        """A Prefect markdown artifact."""
+        lines = [f"## Sanity: {'ok' if self.ok else 'FAILED'}", "", "| what | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in self._rows()]
+        lines += ["", *[f"- problem: {p}" for p in self.problems]]
+        lines += [f"- skipped `{key}`: {reason}" for key, reason in self.skipped_before]
+        return "\n".join(lines)
+
+    def text(self) -> str:
+        """A few lines for a terminal."""
+        lines = [f"sanity               {'ok' if self.ok else 'FAILED'}"]
+        lines += [f"{k:<20} {v}" for k, v in self._rows()]
+        lines += [f"  problem: {p}" for p in self.problems]
+        lines += [f"  skipped {key}: {reason}" for key, reason in self.skipped_before]
+        return "\n".join(lines)
+
+
+@dataclass
+class DiskCheck:
+    """Free space on OUT's file system against the bytes the run still has to write."""
+
+    free_bytes: int
+    needed_bytes: int
+    current_cache_bytes: int
+    ok: bool
+    message: str
+
+
+def human_bytes(n: float) -> str:
+    """1234567 → '1.2 MB' (decimal units)."""
+    unit = 0
+    while abs(n) >= 1000 and unit < 5:
+        n, unit = n / 1000, unit + 1
+    return f"{n:.0f} B" if unit == 0 else f"{n:.1f} {'KMGTP'[unit - 1]}B"
+
+
+def sanity_dir(out: Path) -> Path:
+    """``/cache/wan22`` → ``/cache/wan22.sanity`` (a sibling of OUT, never inside it)."""
+    out = Path(out).expanduser().absolute()
+    if not out.name:
+        raise ConfigError(f"OUT {out} has no name: cannot place a sanity directory beside it")
+    return out.with_name(out.name + ".sanity")
+
+
+def prepare_sanity_dir(path: Path, *, create: bool = True) -> None:
+    """Refuse (SanityDirError) a `path` that exists without the marker; else create it with its marker."""
+    if path.exists() and not (path / MARKER).is_file():
+        raise SanityDirError(
+            f"{path} exists but has no {MARKER} file: it was not made by latentforge, so the sanity sample "
+            "is not written there; move it away or pick another OUT"
+        )
+    if create and not (path / MARKER).is_file():
+        path.mkdir(parents=True, exist_ok=True)
+        (path / MARKER).write_text("scratch space of latentforge's sanity check; its files are replaced\n")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * resource.getpagesize()
+
+
+@contextlib.contextmanager
+def peak_memory(device: torch.device, interval: float = 0.003) -> Iterator[list[int]]:
+    """Yields [peak bytes], set on exit: CUDA's allocator peak (weights included), else the peak growth of
+    the process RSS, sampled by a background thread every `interval` seconds."""
+    peak = [0]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        try:
+            yield peak
+        finally:
+            peak[0] = int(torch.cuda.max_memory_allocated(device))
+        return
+    base, stop = _rss(), threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(interval):
+            peak[0] = max(peak[0], _rss() - base)
+
+    thread = threading.Thread(target=watch, name="sanity-rss", daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        thread.join()
+        peak[0] = max(peak[0], _rss() - base)
+
+
+def _same(stored: object, tensor: torch.Tensor) -> bool:
+    return isinstance(stored, torch.Tensor) and stored.dtype == tensor.dtype and torch.equal(stored, tensor)
+
+
+def _check(sample: EncodedSample, path: Path, plan: BuildPlan, report: SanityReport) -> None:
+    """Shapes, dtypes, finiteness and the bit-exact round trip through the format's reader."""
+    tensors = {"x0": sample.latents, "text_embeds": sample.text_embeds}
+    planned = {"x0": list(plan.latent_shape), "text_embeds": list(plan.text_shape)}
+    report.latent_shape, report.text_shape = list(sample.latents.shape), list(sample.text_embeds.shape)
+    report.latent_dtype, report.text_dtype = str(sample.latents.dtype), str(sample.text_embeds.dtype)
+    report.finite = all(bool(torch.isfinite(t).all()) for t in tensors.values())
+    record = get_format(plan.spec.format).read(path)
+    stored = {
+        "x0": next((record[k] for k in _LATENT_KEYS if k in record), None),
+        "text_embeds": record.get("text_embeds"),
+    }
+    report.round_trip = all(_same(stored[name], t) for name, t in tensors.items())
+    for name, tensor in tensors.items():
+        if list(tensor.shape) != planned[name]:
+            report.problems.append(f"{name} shape {list(tensor.shape)}, planned {planned[name]}")
+        if tensor.dtype != torch.bfloat16:
+            report.problems.append(f"{name} dtype {tensor.dtype}, expected torch.bfloat16")
+    if not report.finite:
+        report.problems.append("non-finite values (nan or inf) in the encoded tensors")
+    if not report.round_trip:
+        report.problems.append(f"round trip through the {plan.spec.format} reader is not bit-identical")
+
+
+def _timed(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, out: Path, repeats: int) -> tuple[Any, float]:
+    """Decode + encode (the build's `encode_sample`) + write, `repeats` times: (sample, written), median s."""
+    times: list[float] = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        sample, _ = encode_sample(ref, plan, lambda: encoder)
+        with get_format(plan.spec.format).writer(out) as writer:
+            written = writer.write(sample, replace=True)
+        times.append(time.perf_counter() - start)
+    return (sample, written), statistics.median(times)
+
+
+def _first_usable(plan: BuildPlan, encoder: LoadedFamily, out: Path, report: SanityReport, repeats: int) -> Any:
+    """Encode the first usable sample in plan order (within each shard's quota); None if there is none."""
+    source = open_source(plan.config.source)
+    for shard in plan.shards:
+        try:
+            with contextlib.closing(source.samples(shard.shard)) as samples:
+                for ref in itertools.islice(samples, shard.quota):
+                    report.sample_key = ref.key  # the sample being tried (named if its encode fails)
+                    try:
+                        found, report.seconds = _timed(ref, plan, encoder, out, repeats)
+                    except InputError as exc:
+                        logger.info("sanity: skipping %s (%s)", ref.key, exc)
+                        report.skipped_before.append((ref.key, exc.reason))
+                        continue
+                    report.sample_id, report.sample_group = ref.id, ref.group
+                    return found
+        except ShardReadError as exc:
+            logger.warning("sanity: %s", exc)
+            report.skipped_before.append((shard.id, f"shard_unreadable: {exc}"))
+    report.sample_key = None
+    return None
+
+
+def run_sanity(plan: BuildPlan, repeats: int = 1) -> SanityReport:
+    """Encode, write to ``<OUT>.sanity``, read back and check the plan's first usable sample; project the run.
+
+    `repeats` > 1 encodes and writes that same sample again and takes the median time (steadier on a busy
+    machine). The model loads before the clock starts. Raises SanityDirError, or ModelLoadError."""
+    scratch = sanity_dir(plan.out)
+    prepare_sanity_dir(scratch, create=False)  # refuse before the (slow) model load
+    encoder = load_encoder(plan)
+    prepare_sanity_dir(scratch)
+    device = resolve_device(plan.config.device)
+    report = SanityReport(device=str(device), total_samples=sum(s.samples for s in plan.shards))
+    try:
+        with peak_memory(device) as peak:
+            found = _first_usable(plan, encoder, scratch, report, max(1, repeats))
+    except Exception as exc:  # a sample that cannot be encoded or written is the sanity's finding, not a crash
+        logger.exception("sanity: %s could not be encoded or written", report.sample_key)
+        report.problems.append(f"encode_error on {report.sample_key}: {type(exc).__name__}: {exc}")
+        return report
+    report.peak_memory_bytes = peak[0]
+    if found is None:
+        report.problems.append(f"no usable sample in the plan ({len(report.skipped_before)} skipped)")
+        return report
+    sample, written = found
+    report.path, report.bytes = str(written.path), written.bytes
+    _check(sample, Path(written.path), plan, report)
+    report.projected_seconds = round(report.seconds * report.total_samples, 3)
+    report.projected_bytes = report.bytes * report.total_samples
+    report.ok = not report.problems
+    logger.info(
+        "sanity %s: %.3f s per sample, %d samples",
+        "ok" if report.ok else "FAILED",
+        report.seconds,
+        report.total_samples,
+    )
+    return report
+
+
+def check_disk(out: Path, projected_bytes: int) -> DiskCheck:
+    """Free space on OUT's file system (OUT or its nearest existing parent) against what is left to write.
+
+    needed = max(0, projected_bytes − current cache bytes (files under OUT, links not followed)) + 5%: what is
+    on disk already counts as written (a resume); the margin covers the ledger, temp files and estimate error."""
+    out = Path(out).expanduser().absolute()
+    probe = next(p for p in (out, *out.parents) if p.exists())
+    free = shutil.disk_usage(probe).free
+    current = sum(p.lstat().st_size for p in out.rglob("*") if p.is_file() and not p.is_symlink())
+    left = max(0, int(projected_bytes) - current)
+    needed = left + -(-left * DISK_MARGIN_PERCENT // 100)  # integer ceil: exact for any size
+    ok = free >= needed
+    sizes = f"the cache {out} holds {human_bytes(current)} and {human_bytes(free)} are free on {probe}"
+    head = "disk ok" if ok else "not enough disk"
+    message = f"{head}: {human_bytes(needed)} still to write (projection + {DISK_MARGIN_PERCENT}%); {sizes}"
+    return DiskCheck(free_bytes=free, needed_bytes=needed, current_cache_bytes=current, ok=ok, message=message)

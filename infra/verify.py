@@ -1,0 +1,299 @@
+"""The verify-existing report: `classify`, then the ledgers (what is done), every done row's file (there,
+of its size) and a few done samples loaded through the format's reader (``weights_only=True``).
+
+Existing files are read only as JSON or through that reader, so a planted pickle never runs; nothing is written.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from infra import ledger
+from infra.cachedir import OutKind, classify, read_cache_json
+from infra.config import CacheSpec
+from infra.errors import ConfigError
+from infra.formats import Format, get_format
+
+logger = logging.getLogger(__name__)
+
+#: Per family: output kind → the key that holds it in a stored sample. A family with audio adds
+#: ``"audio_latents": "<its key>"`` and passes its planned shape in ``verify_out(extra_shapes=...)``.
+OUTPUT_KEYS: dict[str, dict[str, str]] = {"wan22": {"latents": "x0", "text_embeddings": "text_embeds"}}
+STORE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16}
+MAX_LISTED = 20
+
+CONSEQUENCES: dict[str, str] = {
+    "absent": "A run creates OUT, writes cache.json, then encodes every planned sample.",
+    "compatible": "A run resumes: done samples are kept (not decoded again), only the rest are encoded.",
+    "incompatible": "Nothing is written: a run stops before taking the lock unless the conflict is resolved "
+    "(another OUT, reuse of this spec, or an approved overwrite).",
+    "foreign": "Nothing is written: latentforge does not write into a directory it did not create.",
+    "damaged": "Nothing should be written until the problems are resolved (restore or remove the files).",
+}
+
+
+@dataclass
+class VerifyReport:
+    """What OUT holds, compared with the plan; ``problems`` lists every damage found, with its path."""
+
+    kind: OutKind
+    message: str
+    out: str
+    planned_fingerprint: str
+    existing_fingerprint: str | None = None
+    differences: dict[str, dict[str, Any]] = field(default_factory=dict)
+    existing_spec: dict[str, Any] | None = None
+    done: int = 0
+    groups: dict[str, int] = field(default_factory=dict)
+    bytes: int = 0
+    outputs: dict[str, str] = field(default_factory=dict)
+    sample_check: dict[str, Any] | None = None
+    checked: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    #: Done in the ledger but gone from disk: not damage (nothing is there to overwrite); a run re-encodes them.
+    missing: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data."""
+        return asdict(self)
+
+    def markdown(self) -> str:
+        """The preview for a human approving in the Prefect UI."""
+        lines = [f"## verify-existing: `{self.kind}`", "", _md(self.message)]
+        for title, rows in _sections(self):
+            lines += ["", f"**{title}**", ""]
+            if any(label for label, _ in rows):
+                lines += ["| | |", "|---|---|", *(f"| {_md(label)} | {_md(value)} |" for label, value in rows)]
+            else:
+                lines += [f"* {_md(value)}" for _, value in rows]
+        return "\n".join(lines) + "\n"
+
+    def text(self) -> str:
+        """The same preview for a terminal."""
+        lines = [f"verify-existing: {self.kind.upper()} — {self.message}"]
+        for title, rows in _sections(self):
+            lines += ["", f"{title}:"]
+            lines += [f"  {label}: {value}" if label else f"  {value}" for label, value in rows]
+        return "\n".join(lines) + "\n"
+
+
+def verify_out(
+    out: Path,
+    spec: CacheSpec,
+    *,
+    latent_shape: tuple[int, ...],
+    text_shape: tuple[int, ...],
+    max_samples: int = 8,
+    extra_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> VerifyReport:
+    """Classify OUT against `spec`, count what the ledgers say is done and check the samples (read only)."""
+    out = Path(out)
+    state = classify(out, spec)
+    fingerprints = {"planned_fingerprint": spec.fingerprint(), "existing_fingerprint": state.existing_fingerprint}
+    report = VerifyReport(state.kind, state.message, str(out), differences=dict(state.differences), **fingerprints)
+    if state.kind not in ("absent", "foreign"):
+        existing = _existing_spec(out)
+        report.existing_spec = existing.model_dump(mode="json") if existing else None
+        rows = _done_rows(out, report)
+        _check_files(out, rows, report)
+        shapes = {"latents": tuple(latent_shape), "text_embeddings": tuple(text_shape), **(extra_shapes or {})}
+        try:
+            fmt = get_format((existing or spec).format)
+            _check_samples(out, fmt, _choose(rows, max_samples), _expected(spec, shapes), report)
+        except ConfigError as exc:
+            report.problems.append(f"cannot read samples: {exc}")
+        _settle(report)
+    logger.info("verify-existing %s: %s (%d problem(s))", out, report.kind, len(report.problems))
+    return report
+
+
+def _existing_spec(out: Path) -> CacheSpec | None:
+    try:
+        return CacheSpec.model_validate(read_cache_json(out)["spec"])
+    except (OSError, ValueError, KeyError, TypeError, ValidationError):
+        return None
+
+
+def _done_rows(out: Path, report: VerifyReport) -> list[ledger.LedgerRow]:
+    """Done rows of every shard (latest row per key); fills done and groups."""
+    try:
+        shards = ledger.read_all(out)
+    except (OSError, ValueError) as exc:
+        report.problems.append(f"{ledger.ledger_dir(out)}: unreadable ledger ({exc})")
+        return []
+    rows = [row for rows in shards.values() for row in rows.values() if row.status == "done"]
+    report.done = len(rows)
+    report.groups = dict(sorted(Counter(row.group for row in rows).items()))
+    return rows
+
+
+def _sample_path(out: Path, row: ledger.LedgerRow) -> Path | None:
+    """The row's file, if its path stays inside OUT."""
+    try:
+        path = out / str(row.path or "")
+        return path if row.path and path.resolve().is_relative_to(out.resolve()) else None
+    except (OSError, ValueError):  # a NUL byte, a link loop
+        return None
+
+
+def _check_files(out: Path, rows: list[ledger.LedgerRow], report: VerifyReport) -> None:
+    """Every done row's file exists with the ledger's size; bytes sums what is there."""
+    for row in rows:
+        path = _sample_path(out, row)
+        if path is None:
+            report.problems.append(f"ledger/{row.shard}: done row {row.key!r} has no path inside OUT ({row.path!r})")
+        elif not path.is_file():
+            report.missing.append(str(path))
+        else:
+            size = path.stat().st_size
+            report.bytes += size
+            if row.bytes is not None and size != row.bytes:
+                report.problems.append(f"{path}: {size} bytes on disk, {row.bytes} in ledger/{row.shard}")
+
+
+def _choose(rows: list[ledger.LedgerRow], limit: int) -> list[ledger.LedgerRow]:
+    """Up to `limit` rows, round-robin over the groups in sorted order (deterministic)."""
+    by_group: dict[str, list[ledger.LedgerRow]] = defaultdict(list)
+    for row in sorted(rows, key=lambda r: (r.group, r.path or "", r.key)):
+        by_group[row.group].append(row)
+    queues = [by_group[group] for group in sorted(by_group)]
+    chosen = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+    return chosen[: max(limit, 0)]
+
+
+def _load(fmt: Format, path: Path, report: VerifyReport) -> dict[str, Any] | None:
+    """The sample through the format's safe reader, or None with the problem recorded."""
+    try:
+        record = fmt.read(path)
+    except Exception as exc:  # noqa: BLE001 - any failure to load is damage, reported with its path
+        text = str(exc)
+        reason = " ".join(text[max(text.find("WeightsUnpickler error:"), 0) :].split())[:160]
+        report.problems.append(f"{path}: does not load with weights_only=True ({type(exc).__name__}: {reason})")
+        return None
+    if not isinstance(record, dict):
+        report.problems.append(f"{path}: holds a {type(record).__name__}, not a dict of tensors")
+        return None
+    return record
+
+
+def _expected(spec: CacheSpec, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, dict[str, Any]]:
+    """Per output kind the mode needs: its key, planned shape (None: not planned) and stored dtype."""
+    dtype = str(STORE_DTYPES.get(spec.store_dtype, torch.bfloat16))
+    keys = OUTPUT_KEYS.get(spec.family, OUTPUT_KEYS["wan22"])
+    return {
+        kind: {"key": key, "shape": list(shapes[kind]) if kind in shapes else None, "dtype": dtype}
+        for kind, key in keys.items()
+    }
+
+
+def _check_samples(
+    out: Path, fmt: Format, rows: list[ledger.LedgerRow], want: dict[str, dict[str, Any]], report: VerifyReport
+) -> None:
+    """Load the chosen samples; judge each output kind; keep the first loaded sample's shape check."""
+    holding, loaded = dict.fromkeys(want, 0), 0
+    for row in rows:
+        path = _sample_path(out, row)
+        if path is None or not path.is_file():
+            continue  # already reported by _check_files
+        report.checked.append(row.path or "")
+        record = _load(fmt, path, report)
+        if record is None:
+            continue
+        loaded += 1
+        for kind, target in want.items():
+            if torch.is_tensor(record.get(target["key"])):
+                holding[kind] += 1
+            else:
+                report.problems.append(f"{path}: no {target['key']!r} tensor ({kind})")
+        stored = record.get("fingerprint")
+        if report.existing_fingerprint and isinstance(stored, str) and stored != report.existing_fingerprint:
+            report.problems.append(f"{path}: written for fingerprint {stored}, not this cache's")
+        if report.sample_check is None:
+            report.sample_check = _sample_check(row.path or "", record, want)
+    report.outputs = {kind: "present" if loaded > 0 and n == loaded else "missing" for kind, n in holding.items()}
+
+
+def _sample_check(relpath: str, record: Mapping[str, Any], want: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each tensor's shape and dtype, against the planned shapes and the stored dtype."""
+    tensors = {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in record.items() if torch.is_tensor(v)}
+    planned = {t["key"]: {"shape": t["shape"], "dtype": t["dtype"]} for t in want.values()}
+    differs: dict[str, dict[str, Any]] = {}
+    for key, target in planned.items():
+        have = tensors.get(key, {})
+        for attr in ("shape", "dtype"):
+            if target[attr] is not None and have.get(attr) != target[attr]:
+                differs[f"{key}.{attr}"] = {"existing": have.get(attr), "planned": target[attr]}
+    return {"path": relpath, "tensors": tensors, "planned": planned, "matches": not differs, "differs": differs}
+
+
+def _settle(report: VerifyReport) -> None:
+    """Any problem makes the report damaged; a compatible cache says how much is done."""
+    check = report.sample_check
+    if report.kind == "compatible" and check is not None and not check["matches"]:
+        report.problems.append(f"{check['path']}: differs from the plan with the same fingerprint: {check['differs']}")
+    counts = f"{report.done} sample(s) done in {len(report.groups)} group(s)"
+    fields = [label for label, _ in _difference_rows(report.differences)]  # model_identity per component
+    differs = f"; differs in: {', '.join(fields)}" if fields else ""
+    if report.problems and report.kind != "damaged":
+        report.kind = "damaged"
+        report.message = f"{report.out}: {len(report.problems)} problem(s), first: {report.problems[0]}{differs}"
+    elif report.kind == "compatible":
+        gone = f", {len(report.missing)} of them missing on disk (re-encoded by the run)" if report.missing else ""
+        report.message = f"{report.out} holds this cache, {counts}{gone}: a run resumes"
+    elif report.kind == "incompatible":
+        report.message = f"{report.out} holds another cache ({counts}){differs}"
+
+
+def _flat(name: str, value: Any) -> list[tuple[str, str]]:
+    """A spec field as rows: a dict field gives one row per component."""
+    if isinstance(value, dict):
+        return [(f"{name}.{k}", str(v)) for k, v in sorted(value.items())]
+    return [(name, str(value))]
+
+
+def _difference_rows(differences: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """One row per differing field, or per differing component of a dict field."""
+    rows = []
+    for name, pair in differences.items():
+        old, new = dict(_flat(name, pair["existing"])), dict(_flat(name, pair["planned"]))
+        changed = [k for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+        rows += [(k, f"{old.get(k, '-')} → {new.get(k, '-')}") for k in changed]
+    return rows
+
+
+def _sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, str]]]]:
+    """What is there, what differs, what would change: shared by markdown() and text()."""
+    cache = [("OUT", report.out), ("samples done", str(report.done)), ("bytes", f"{report.bytes:,}")]
+    cache += [("existing fingerprint", str(report.existing_fingerprint)), ("planned", report.planned_fingerprint)]
+    sections = [("Cache", cache), ("Done per group", [(g, str(n)) for g, n in report.groups.items()])]
+    sections.append(("What differs (existing → planned)", _difference_rows(report.differences)))
+    sections.append(("Outputs", list(report.outputs.items())))
+    if report.sample_check:
+        check = report.sample_check
+        rows = [("path", check["path"]), ("matches the plan", "yes" if check["matches"] else "no")]
+        rows += [(k, f"{t['shape']} {t['dtype']}") for k, t in check["tensors"].items()]
+        rows += [(f"differs: {k}", f"{d['existing']} → {d['planned']}") for k, d in check["differs"].items()]
+        sections.append((f"Sample check (of {len(report.checked)} read with weights_only=True)", rows))
+    problems = [("", p) for p in report.problems[:MAX_LISTED]]
+    if len(report.problems) > MAX_LISTED:
+        problems.append(("", f"... and {len(report.problems) - MAX_LISTED} more"))
+    sections.append((f"Problems ({len(report.problems)})", problems))
+    gone = [("", p) for p in report.missing[:MAX_LISTED]]
+    sections.append((f"Missing on disk, re-encoded by a run ({len(report.missing)})", gone))
+    spec = report.existing_spec or {}
+    sections.append(("Spec of the existing cache", [row for k, v in sorted(spec.items()) for row in _flat(k, v)]))
+    sections.append(("What would change", [("", CONSEQUENCES[report.kind])]))
+    return [(title, rows) for title, rows in sections if rows]
+
+
+def _md(value: str) -> str:
+    """Escape a table cell."""
+    return value.replace("|", "\\|").replace("\n", " ")

@@ -1,0 +1,23 @@
+"""Tasks: one sample at the planned geometry (beside OUT, never in it), and the disk check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from infra.plan import BuildPlan
+from infra.sanity import DiskCheck, SanityReport, check_disk, run_sanity
+
+
+@task(name="one-sample-sanity", cache_policy=NO_CACHE)
+def one_sample_sanity(plan: BuildPlan) -> SanityReport:
+    """Encode the first usable sample into OUT.sanity/, check it, time it, project the full run."""
+    return run_sanity(plan)
+
+
+@task(name="disk-check", cache_policy=NO_CACHE)
+def disk_check(out: Path, projected_bytes: int) -> DiskCheck:
+    """Projected bytes against the free space of OUT's file system."""
+    return check_disk(out, projected_bytes)

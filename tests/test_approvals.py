@@ -1,0 +1,175 @@
+"""Hard-stop approvals on a real Prefect server: a build pauses, `latentforge approve` answers from another process.
+
+For every conflict path the existing cache's files are hashed before and after: identical, except under
+an approved overwrite (and then only the re-encoded samples changed).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from flows.run import run_build
+from flows.runs import pending_runs
+from infra.conflicts import overwrite_token
+from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
+from tests.media_utils import cut_clip
+
+NEW_FRAMES = FRAMES + 4
+LF = str(Path(sys.executable).with_name("latentforge"))
+PAUSE_WAIT = 120
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_model, clips) -> tuple[Path, Path]:
+    """A source and a finished cache (2 samples at FRAMES) to conflict with."""
+    root = tmp_path_factory.mktemp("approvals")
+    videos = [cut_clip(clips["carphone"], 9), cut_clip(clips["bikes"], 9, width=160)]
+    src = make_shards(root / "src", {"s": [sample(0, i, v, f"clip {i}".encode()) for i, v in enumerate(videos)]})
+    ok, result = run_build(config(src, tiny_model, root / "cache"))
+    assert ok and result["done"] == 2, result
+    return src, root / "cache"
+
+
+def _copy(cache: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(cache, out)
+    return out
+
+
+def _build(src: Path, model: Path, out: Path, env: dict[str, str], *extra: str) -> subprocess.Popen:
+    args = [LF, "build", "--source", f"vbvr:{src}", "--model", str(model), "--out", str(out), "--device", "cpu"]
+    args += ["--dtype", "fp32", "--frames", str(NEW_FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH), *extra]
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _paused_run(env: dict[str, str], build: subprocess.Popen) -> str:
+    deadline = time.monotonic() + PAUSE_WAIT
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        while time.monotonic() < deadline:
+            assert build.poll() is None, build.communicate()
+            runs = pending_runs()
+            if runs:
+                assert len(runs) == 1
+                assert "incompatible" in runs[0].preview.lower() and "frames" in runs[0].preview
+                return runs[0].id
+            time.sleep(1)
+    build.kill()
+    raise AssertionError(f"no paused run within {PAUSE_WAIT} s: {build.communicate()}")
+
+
+def _approve(env: dict[str, str], run_id: str, choice: str) -> subprocess.CompletedProcess:
+    return subprocess.run([LF, "approve", run_id, choice, "--note", "test"], env=env, capture_output=True, text=True)
+
+
+def _finish(build: subprocess.Popen) -> tuple[int, str]:
+    stdout, stderr = build.communicate(timeout=300)
+    return build.returncode, stdout + stderr
+
+
+def test_abort_from_another_process_changes_nothing(built, tiny_model, prefect_server, tmp_path):
+    src, cache = built
+    out = _copy(cache, tmp_path)
+    before = tree_hashes(out)
+    build = _build(src, tiny_model, out, prefect_server)  # no --on-conflict: a server is configured, so ask
+    run_id = _paused_run(prefect_server, build)
+    assert _approve(prefect_server, run_id, "abort").returncode == 0
+    code, output = _finish(build)
+    assert code == 1 and "decision: abort" in output
+    assert tree_hashes(out) == before
+
+
+def test_a_bad_choice_is_refused_and_the_run_stays_paused(built, tiny_model, prefect_server, tmp_path):
+    src, cache = built
+    out = _copy(cache, tmp_path)
+    before = tree_hashes(out)
+    build = _build(src, tiny_model, out, prefect_server, "--on-conflict", "ask")
+    run_id = _paused_run(prefect_server, build)
+    refused = _approve(prefect_server, run_id, "delete_everything")
+    assert refused.returncode == 2 and "not resumed" in refused.stderr
+    assert _paused_run(prefect_server, build) == run_id  # still paused, still waiting
+    assert _approve(prefect_server, run_id, "new_dir").returncode == 0
+    code, output = _finish(build)
+    assert code == 0, output
+    assert tree_hashes(out) == before
+    moved = json.loads((tmp_path / "out-v2" / "cache.json").read_text())
+    assert moved["spec"]["frames"] == NEW_FRAMES
+
+
+def test_reuse_adopts_the_existing_spec_and_resumes(built, tiny_model, prefect_server, tmp_path):
+    src, cache = built
+    out = _copy(cache, tmp_path)
+    before = tree_hashes(out)
+    build = _build(src, tiny_model, out, prefect_server)
+    run_id = _paused_run(prefect_server, build)
+    assert _approve(prefect_server, run_id, "reuse").returncode == 0
+    code, output = _finish(build)
+    assert code == 0 and "2 reused" in output, output
+    assert tree_hashes(out) == before
+
+
+def test_approved_overwrite_replaces_samples_and_keeps_the_old_cache_json(built, tiny_model, prefect_server, tmp_path):
+    src, cache = built
+    out = _copy(cache, tmp_path)
+    before = tree_hashes(out)
+    old = json.loads((out / "cache.json").read_text())
+    build = _build(src, tiny_model, out, prefect_server)
+    run_id = _paused_run(prefect_server, build)
+    assert _approve(prefect_server, run_id, "overwrite").returncode == 0
+    code, output = _finish(build)
+    assert code == 0, output
+    after = tree_hashes(out)
+    samples = [k for k in before if k.endswith(".pt")]
+    assert len(samples) == 2 and all(after[k] != before[k] for k in samples)
+    assert after[f"cache.{old['fingerprint'][:16]}.json"] == before["cache.json"]
+    assert json.loads((out / "cache.json").read_text())["spec"]["frames"] == NEW_FRAMES
+
+
+def test_a_timeout_is_abort_with_nothing_written(built, tiny_model, prefect_server, tmp_path):
+    src, cache = built
+    out = _copy(cache, tmp_path)
+    before = tree_hashes(out)
+    build = _build(src, tiny_model, out, prefect_server, "--on-conflict", "ask", "--approval-timeout", "3")
+    code, output = _finish(build)
+    assert code == 1 and "no answer within 3 s" in output, output
+    assert tree_hashes(out) == before
+
+
+def test_overwrite_token_is_bound_to_path_and_change(built, tiny_model, tmp_path):
+    src, cache = built
+    out, elsewhere = _copy(cache, tmp_path), tmp_path / "elsewhere"
+    shutil.copytree(cache, elsewhere)
+    before = tree_hashes(out)
+    verify = subprocess.run([LF, "verify", str(out), "--frames", str(NEW_FRAMES)], capture_output=True, text=True)
+    assert verify.returncode == 1 and "INCOMPATIBLE" in verify.stdout
+    token = verify.stdout.split("--approve-overwrite ")[1].split()[0]
+    old_fp = json.loads((out / "cache.json").read_text())["fingerprint"]
+    assert token != overwrite_token(elsewhere, old_fp, "anything")
+
+    ok, message = run_build(config(src, tiny_model, elsewhere, frames=NEW_FRAMES, approve_overwrite=token))
+    assert not ok and "does not match" in message
+    ok, message = run_build(config(src, tiny_model, out, frames=NEW_FRAMES + 4, approve_overwrite=token))
+    assert not ok and "does not match" in message
+    assert tree_hashes(out) == before
+    ok, result = run_build(config(src, tiny_model, out, frames=NEW_FRAMES, approve_overwrite=token))
+    assert ok and result["done"] == 2, result
+    assert json.loads((out / "cache.json").read_text())["spec"]["frames"] == NEW_FRAMES
+
+
+def test_unattended_policies_new_dir_and_reuse(built, tiny_model, tmp_path):
+    src, cache = built
+    out = _copy(cache, tmp_path)
+    before = tree_hashes(out)
+    (tmp_path / "out-v2").mkdir()  # never a directory that exists
+    ok, result = run_build(config(src, tiny_model, out, frames=NEW_FRAMES, on_conflict="new_dir"))
+    assert ok and result["out"] == str(tmp_path / "out-v3")
+    ok, result = run_build(config(src, tiny_model, out, frames=NEW_FRAMES, on_conflict="reuse"))
+    assert ok and result["reused"] == 2 and result["encoded"] == 0
+    assert tree_hashes(out) == before
