@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,3 +192,33 @@ def test_a_broken_encoder_is_stopped_by_sanity_and_by_the_shard_fail_fast(tmp_pa
         process_shard(plan, plan.shards[0])
     rows = ledger.read_shard(tmp_path / "out", "G-11_part-00000")
     assert [r.reason for r in rows.values()] == ["encode_error"] * 3
+
+
+class _Plant:
+    """Unpickling this creates `marker`: proof that a pickle ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.marker,))
+
+
+def test_a_planted_pickle_never_runs_in_a_build(tmp_path, tiny_model, source):
+    out = tmp_path / "out"
+    ok, _ = run_build(config(source, tiny_model, out, limit=2))
+    assert ok
+    marker = tmp_path / "pwned"
+    victim = sorted(out.rglob("*.pt"))[0]
+    torch.save(_Plant(marker), victim)  # at a done sample's path
+    stray = victim.with_name("zz_99999999.pt")
+    torch.save(_Plant(marker), stray)  # and where no ledger row points
+    before = tree_hashes(out)
+    outcomes = {}
+    for policy in ("abort", "reuse", "new_dir"):
+        ok, result = run_build(config(source, tiny_model, out, on_conflict=policy))
+        assert not marker.exists(), f"a pickle ran under on_conflict={policy}"
+        assert tree_hashes(out) == before
+        outcomes[policy] = ok if ok else "damaged" in result.lower()
+    assert outcomes == {"abort": True, "reuse": True, "new_dir": True}  # refused twice (damaged), moved once
+    assert (tmp_path / "out-v2" / "cache.json").exists()

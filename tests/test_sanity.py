@@ -192,15 +192,11 @@ def test_check_disk(tmp_path):
     assert absent.ok and absent.current_cache_bytes == 0 and absent.free_bytes > 0
 
 
-def test_peak_memory_on_cpu_and_cuda(monkeypatch):
+def test_peak_memory_sees_a_transient_allocation():
+    """CPU: peak RSS growth sampled by a thread. (The CUDA branch reads torch.cuda's own peak counter;
+    it has not run here: no GPU on this machine.)"""
     with peak_memory(torch.device("cpu")) as peak:
         block = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched
-        time.sleep(0.05)
+        time.sleep(0.3)  # long enough for the sampler on a loaded 2-core machine
         del block
     assert 48 * 2**20 <= peak[0] < 1 << 31
-    calls: list[str] = []
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: calls.append(f"reset {device}"))
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: calls.append(f"max {device}") or 12345)
-    with peak_memory(torch.device("cuda", 0)) as peak:
-        calls.append("body")
-    assert peak[0] == 12345 and calls == ["reset cuda:0", "body", "max cuda:0"]
