@@ -29,6 +29,7 @@ from infra.conflicts import keep_old_cache_json
 from infra.lock import out_lock
 from infra.plan import BuildPlan
 from infra.preprocess import ShardResult
+from infra.sanity import SanityReport
 from infra.storage import remove_stale_temps
 from infra.summary import BuildSummary, summarize
 from tasks.plan import plan_build
@@ -62,7 +63,7 @@ def build_cache(config: BuildConfig) -> dict[str, Any]:
         logger.info("dry run (nothing written): %s", shapes)
         return {"dry_run": shapes, "out_state": report.kind}
     plan = resolve_conflict(plan, report)
-    projected = _gates(plan)
+    sanity = _gates(plan)
     start = time.perf_counter()
     with out_lock(plan.out):
         _check_unchanged(plan)
@@ -81,20 +82,20 @@ def build_cache(config: BuildConfig) -> dict[str, Any]:
     crashed = {s: e for s, e in summary.shard_errors.items() if e.startswith("crashed")}
     if crashed:
         raise ShardsFailed(f"{len(crashed)} shard(s) crashed: {crashed}")
-    return {**summary.model_dump(), "projected_seconds": projected}
+    return {**summary.model_dump(), "sanity": sanity.to_dict(), "sanity_text": sanity.text()}
 
 
-def _gates(plan: BuildPlan) -> float:
+def _gates(plan: BuildPlan) -> SanityReport:
     """One-sample sanity and the disk check: hard stops before the full preprocess."""
     sanity = one_sample_sanity(plan)
-    get_run_logger().info("sanity\n%s", sanity.text())
+    get_run_logger().info("%s", sanity.text())
     create_markdown_artifact(sanity.markdown(), key="sanity", description=f"one sample of {plan.out}")
     if not sanity.ok:
         raise GateFailed("one-sample sanity failed: " + "; ".join(sanity.problems))
     disk = disk_check(plan.out, sanity.projected_bytes)
     if not disk.ok:
         raise GateFailed(disk.message)
-    return sanity.projected_seconds
+    return sanity
 
 
 def _check_unchanged(plan: BuildPlan) -> None:

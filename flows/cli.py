@@ -86,7 +86,10 @@ def build(
     else:
         from infra.summary import BuildSummary  # noqa: PLC0415
 
-        typer.echo(BuildSummary.model_validate(result).text())
+        typer.echo(result["sanity_text"] + "\n")
+        typer.echo(
+            BuildSummary.model_validate({k: v for k, v in result.items() if k in BuildSummary.model_fields}).text()
+        )
 
 
 @app.command()
