@@ -6,7 +6,7 @@ timeout is abort. Nothing is overwritten or deleted on a default, a timeout or a
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import TypeVar
 
 from prefect import get_run_logger
@@ -27,6 +27,22 @@ class ConflictAnswer(RunInput):
 
     choice: Decision
     note: str = ""
+    by: str = ""
+
+
+class LossChoice(StrEnum):
+    """Reconciliation found missing samples: accept the loss (recorded) or abort."""
+
+    accept_loss = "accept_loss"
+    abort = "abort"
+
+
+class LossAnswer(RunInput):
+    """Samples are missing from the cache: accept the loss (recorded with who and why) or abort."""
+
+    choice: LossChoice
+    note: str = ""
+    by: str = ""
 
 
 def ask(answer_model: type[RunInput], preview_markdown: str, timeout: int) -> RunInput | None:
@@ -49,4 +65,17 @@ def ask_conflict(preview_markdown: str, timeout: int) -> tuple[Decision, str]:
     answer = ask(ConflictAnswer, preview_markdown, timeout)
     if answer is None:
         return Decision.abort, f"no answer within {timeout} s"
-    return Decision(answer.choice), answer.note
+    return Decision(answer.choice), _who(answer)
+
+
+def ask_loss(preview_markdown: str, timeout: int) -> tuple[LossChoice, str]:
+    """The loss gate: (decision, who and why). A timeout is abort."""
+    answer = ask(LossAnswer, preview_markdown, timeout)
+    if answer is None:
+        return LossChoice.abort, f"no answer within {timeout} s"
+    return LossChoice(answer.choice), _who(answer)
+
+
+def _who(answer: RunInput) -> str:
+    by, note = getattr(answer, "by", ""), getattr(answer, "note", "")
+    return f"answered by {by or 'someone (no name given)'} in the Prefect run input" + (f": {note}" if note else "")

@@ -5,6 +5,7 @@ Every `build` flag is also a config-file key (``--shard-filter`` ↔ ``shard_fil
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import sys
@@ -65,6 +66,9 @@ def build(
     on_conflict: Annotated[str | None, Opt(help="ask|abort|new_dir|reuse [ask on a server, else abort]")] = None,
     approve_overwrite: Annotated[str | None, Opt(help="token from `latentforge verify`: overwrite OUT")] = None,
     approval_timeout: Annotated[int | None, Opt(help="seconds an approval waits; then abort [86400]")] = None,
+    on_loss: Annotated[str | None, Opt(help="ask|abort|accept when samples are missing [ask on a server]")] = None,
+    decode_samples: Annotated[int | None, Opt(help="samples decoded back to pixels after the build [4]")] = None,
+    min_psnr: Annotated[float | None, Opt(help="decode-and-verify gate: every decoded sample ≥ this PSNR")] = None,
     workers: Annotated[int | None, Opt(help="shards at once [2]")] = None,
 ) -> None:
     """Build or resume a latent cache (runs the build-cache flow)."""
@@ -131,6 +135,50 @@ def verify(
 
 
 @app.command()
+def reconcile(
+    out: Annotated[Path, typer.Argument(help="cache root")],
+    source: Annotated[str | None, Opt(help="KIND:PATH (default: the one in cache.json)")] = None,
+    limit: Annotated[int | None, Opt(help="the build's --limit, if it had one")] = None,
+    shard_filter: Annotated[str | None, Opt()] = None,
+    max_samples_per_shard: Annotated[int | None, Opt()] = None,
+) -> None:
+    """Expected (the source listing) against produced; every missing sample with its reason. Exit 1 on a shortfall."""
+    from infra.plan import config_for_out, make_plan  # noqa: PLC0415
+    from infra.reconcile import reconcile as count  # noqa: PLC0415
+    from infra.reconcile import write_reconcile_report  # noqa: PLC0415
+
+    flags = {"source": source, "limit": limit, "shard_filter": shard_filter}
+    try:
+        plan = make_plan(config_for_out(out, {**flags, "max_samples_per_shard": max_samples_per_shard}))
+    except (ConfigError, SourceError, ValueError, OSError) as exc:
+        _fail(str(exc))
+    report = count(plan)
+    json_path, _ = write_reconcile_report(out, report)
+    typer.echo(f"{report.text()}\n\nreport: {json_path}")
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
+def decode(
+    out: Annotated[Path, typer.Argument(help="cache root")],
+    model: Annotated[Path | None, Opt(help="model directory (default: the one in cache.json)")] = None,
+    n: Annotated[int, Opt("--n", help="samples to decode, spread over groups")] = 4,
+    all_samples: Annotated[bool, Opt("--all", help="decode every done sample")] = False,
+    min_psnr: Annotated[float | None, Opt(help="exit 1 when a sample is below this PSNR")] = None,
+    device: Annotated[str, Opt(help="auto|cpu|cuda|neuron")] = "auto",
+) -> None:
+    """Decode stored latents, compare with the source frames (PSNR, SSIM), write mp4s and PNG strips."""
+    from infra.decode_verify import decode_and_verify  # noqa: PLC0415
+
+    try:
+        report = decode_and_verify(out, model_dir=model, n=None if all_samples else n, device=device, min_psnr=min_psnr)
+    except (ConfigError, SourceError, ValueError, OSError) as exc:
+        _fail(str(exc))
+    typer.echo(report.text())
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
 def pending() -> None:
     """Paused runs waiting for a person, with their previews (needs a Prefect server)."""
     from flows.runs import NoServerError, pending_runs  # noqa: PLC0415
@@ -148,15 +196,16 @@ def pending() -> None:
 @app.command()
 def approve(
     run_id: Annotated[str, typer.Argument(help="the paused flow run's id")],
-    choice: Annotated[str, typer.Argument(help="reuse | new_dir | overwrite | abort")],
+    choice: Annotated[str, typer.Argument(help="reuse | new_dir | overwrite | abort, or accept_loss | abort")],
     note: Annotated[str, Opt(help="recorded with the decision")] = "",
+    by: Annotated[str | None, Opt(help="who decides (default: your user name)")] = None,
 ) -> None:
     """Answer a paused run from any process; the server validates the choice (a bad one is refused)."""
     from flows.runs import NoServerError  # noqa: PLC0415
     from flows.runs import approve as resume  # noqa: PLC0415
 
     try:
-        resume(run_id, choice, note)
+        resume(run_id, choice, note, by or getpass.getuser())
     except (NoServerError, RuntimeError, ValueError) as exc:
         _fail(f"not resumed: {exc}")
     typer.echo(f"resumed {run_id} with {choice}")

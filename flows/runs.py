@@ -60,7 +60,7 @@ def pending_runs() -> list[PendingRun]:
     return pending
 
 
-def approve(run_id: str, choice: str, note: str = "") -> None:
-    """Resume a paused run with {choice, note}; raises RuntimeError when the server refuses the answer."""
+def approve(run_id: str, choice: str, note: str = "", by: str = "") -> None:
+    """Resume a paused run with {choice, note, by}; raises RuntimeError when the server refuses the answer."""
     require_server()
-    resume_flow_run(UUID(run_id), run_input={"choice": choice, "note": note})
+    resume_flow_run(UUID(run_id), run_input={"choice": choice, "note": note, "by": by})

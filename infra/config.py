@@ -62,6 +62,13 @@ class BuildConfig(StrictModel):
         None, description="Token printed by `latentforge verify`, bound to OUT and its old→new fingerprint"
     )
     approval_timeout: int = Field(86400, gt=0, description="Seconds an approval waits; no answer means abort")
+    on_loss: Literal["ask", "abort", "accept"] | None = Field(
+        None,
+        description="When reconciliation finds samples missing: ask (pause), abort (exit non-zero) or accept "
+        "(recorded in the run report). Default: ask on a Prefect server, else abort.",
+    )
+    decode_samples: int = Field(4, ge=0, description="Samples decoded back to pixels after the build (0: none)")
+    min_psnr: float | None = Field(None, description="Make decode-and-verify a gate: every decoded sample ≥ this")
     workers: int = Field(2, ge=1, le=64, description="Shards processed at once (bounded task runner)")
 
     @field_validator("source")

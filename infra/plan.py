@@ -139,6 +139,7 @@ def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
         meta = read_cache_json(out)
         spec = meta["spec"]
         values = {
+            "source": meta.get("provenance", {}).get("source"),
             "model": meta.get("provenance", {}).get("model_path"),
             "format": spec["format"],
             "frames": spec["frames"],
@@ -153,4 +154,5 @@ def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
     values.update({k: v for k, v in overrides.items() if v is not None})
     if not values.get("model"):
         raise ConfigError(f"pass --model: {out} has no readable cache.json that names one")
-    return BuildConfig.model_validate({"source": "none:-", **values, "out": str(out)})
+    values["source"] = values.get("source") or "none:-"  # verify needs no source; reconcile does
+    return BuildConfig.model_validate({**values, "out": str(out)})

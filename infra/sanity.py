@@ -148,9 +148,10 @@ def _rss() -> int:
 
 
 @contextlib.contextmanager
-def peak_memory(device: torch.device, interval: float = 0.003) -> Iterator[list[int]]:
+def peak_memory(device: torch.device, interval: float = 0.02) -> Iterator[list[int]]:
     """Yields [peak bytes], set on exit: CUDA's allocator peak (weights included), else the peak growth of
-    the process RSS, sampled by a background thread every `interval` seconds."""
+    the process RSS, sampled by a background thread every `interval` seconds. Not more often: a thread that
+    wakes every few ms contends for the GIL with the encoder's many small ops and slows it severalfold."""
     peak = [0]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

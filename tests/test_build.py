@@ -144,6 +144,7 @@ def test_limit_filter_and_per_shard_cap(tmp_path, tiny_model, source):
     assert {p.name for p in (tmp_path / "a").iterdir() if p.is_dir()} == {
         "O-21_ball_trajectory_data-generator",
         "ledger",
+        "reports",
     }
     ok, result = run_build(config(source, tiny_model, tmp_path / "b", max_samples_per_shard=1))
     assert ok and result["samples"] == 2

@@ -1,0 +1,80 @@
+"""After the preprocess: reconcile_counts → [loss approval] → decode_and_verify → the run report.
+
+A shortfall is a hard stop: the run pauses for accept_loss / abort (or follows on_loss). Whatever
+happens, the run report is written, one per run, before the run ends.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+
+from flows.approval import LossChoice, ask_loss
+from flows.conflict import default_policy
+from infra.plan import BuildPlan
+from infra.reconcile import ReconcileReport
+from infra.reports import run_report, write_run_report
+from tasks.decode_verify import decode_verify
+from tasks.reconcile import reconcile_counts
+
+
+class LossAborted(RuntimeError):
+    """Samples are missing and nobody accepted the loss."""
+
+
+class DecodeGateFailed(RuntimeError):
+    """A decoded sample fell below --min-psnr."""
+
+
+def audit(plan: BuildPlan, summary: dict[str, Any], timings: dict[str, float]) -> dict[str, Any]:
+    """Reconcile, gate on loss, decode and verify, write the run report; raise after writing it if a gate failed."""
+    logger = get_run_logger()
+    recon = reconcile_counts(plan)
+    logger.info("%s", recon.text())
+    create_table_artifact(recon.table(), key="reconciliation", description=f"expected vs produced in {plan.out}")
+    decisions: list[dict[str, Any]] = []
+    failure: Exception | None = None
+    if not recon.ok:
+        choice, who = _loss_decision(plan, recon)
+        decisions.append({"gate": "loss", "decision": choice.value, "who": who, "shortfall": recon.shortfall})
+        logger.warning("%d sample(s) missing: %s (%s)", recon.shortfall, choice.value, who)
+        if choice is LossChoice.abort:
+            failure = LossAborted(f"{recon.shortfall} sample(s) missing {recon.reasons()}: abort ({who})")
+    decode = None
+    if failure is None and plan.config.decode_samples > 0:
+        decode = decode_verify(plan)
+        logger.info("%s", decode.text())
+        _publish_decode(decode)
+        if not decode.ok:
+            failure = DecodeGateFailed(f"decode-and-verify below --min-psnr {plan.config.min_psnr}: {decode.text()}")
+    report = run_report(
+        plan,
+        summary,
+        reconciliation=recon.to_dict(),
+        decode=decode.to_dict() if decode is not None else None,
+        decisions=decisions,
+        timings=timings,
+    )
+    path = write_run_report(plan.out, report)
+    logger.info("run report: %s", path)
+    if failure is not None:
+        raise failure
+    return {"run_report": str(path), "reconciled": recon.ok, "decisions": decisions}
+
+
+def _loss_decision(plan: BuildPlan, recon: ReconcileReport) -> tuple[LossChoice, str]:
+    policy = plan.config.on_loss or default_policy()
+    if policy == "ask":
+        return ask_loss(recon.markdown(), plan.config.approval_timeout)
+    choice = LossChoice.accept_loss if policy == "accept" else LossChoice.abort
+    return choice, f"on_loss={policy} (configuration)"
+
+
+def _publish_decode(decode: Any) -> None:
+    create_table_artifact(decode.table(), key="decode-verify", description="PSNR / SSIM of decoded samples")
+    for index, strip in enumerate(decode.strip_paths[:4]):
+        create_image_artifact(Path(strip).resolve().as_uri(), key=f"decode-strip-{index}", description=str(strip))
+    create_markdown_artifact(decode.markdown(), key="decode-verify-report", description="decode-and-verify")

@@ -1,0 +1,309 @@
+"""Count reconciliation (read only): expected = each planned shard re-listed from the source, its first `quota`
+samples (a shard not listable to its end counts what was listed, and is a shard problem); produced = a done
+ledger row of this fingerprint whose file for every output kind is on disk at the ledger's size. Every other
+expected sample is listed with a reason: the ledger's, ``not_processed`` (no row: its shard crashed or never
+ran), ``file_missing``, ``file_size_mismatch``, ``fingerprint_mismatch`` or ``duplicate_output`` (its done
+row points at a file an earlier sample, same group and id in another shard, already counts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra import ledger, reports
+from infra.errors import ConfigError
+from infra.ledger import LedgerRow
+from infra.plan import BuildPlan, ShardPlan
+from infra.sources import Source, open_source
+
+logger = logging.getLogger(__name__)
+
+NOT_PROCESSED = "not_processed"
+FILE_MISSING = "file_missing"
+FILE_SIZE = "file_size_mismatch"
+OTHER_SPEC = "fingerprint_mismatch"
+DUPLICATE = "duplicate_output"  # two source samples (same group and id, two shards) map to one file
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """Where one output kind of a done sample lives (OUT-relative) and its size per the ledger."""
+
+    path: str | None
+    bytes: int | None
+
+
+Locator = Callable[[LedgerRow], OutputFile]
+
+
+def sample_file(row: LedgerRow) -> OutputFile:
+    """The row's own file: for formats that store every kind of a sample in one file."""
+    return OutputFile(row.path, row.bytes)
+
+
+#: Per format: output kind → where a done row keeps it. pt holds both kinds in the row's one file; a format
+#: with a file per kind maps each kind to its own locator (e.g. a path and size its writer puts in row.extra).
+OUTPUT_KINDS: dict[str, dict[str, Locator]] = {"pt": {"latents": sample_file, "text_embeddings": sample_file}}
+
+
+@dataclass
+class GroupCounts:
+    """One group: samples expected, produced (every kind on disk), and produced per output kind."""
+
+    expected: int = 0
+    produced: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def missing(self) -> int:
+        return self.expected - self.produced
+
+
+@dataclass
+class SampleName:
+    """Which sample: its id and group, and its shard and key in the source."""
+
+    id: str
+    group: str
+    shard: str
+    key: str
+
+
+@dataclass
+class MissingSample(SampleName):
+    """An expected sample that is not produced; `status` is None when it has no ledger row."""
+
+    status: str | None
+    reason: str
+    detail: str | None = None
+
+
+@dataclass
+class TruncatedPrompt(SampleName):
+    """A done sample whose prompt had more tokens than the embedding keeps (`max_length`)."""
+
+    tokens_total: int | None
+    max_length: int
+
+
+@dataclass
+class ReconcileReport:
+    """Expected against produced, per group, with every missing sample and every truncated prompt."""
+
+    out: str
+    source: str
+    fingerprint: str
+    format: str
+    kinds: list[str]
+    max_length: int
+    groups: dict[str, GroupCounts] = field(default_factory=dict)
+    missing: list[MissingSample] = field(default_factory=list)
+    truncated: list[TruncatedPrompt] = field(default_factory=list)
+    shard_problems: dict[str, str] = field(default_factory=dict)
+    #: Ledger rows of planned shards for samples outside this selection (an earlier, wider run): not counted.
+    unlisted: int = 0
+
+    @property
+    def expected(self) -> int:
+        return sum(g.expected for g in self.groups.values())
+
+    @property
+    def produced(self) -> int:
+        return sum(g.produced for g in self.groups.values())
+
+    @property
+    def shortfall(self) -> int:
+        return self.expected - self.produced
+
+    @property
+    def ok(self) -> bool:
+        return self.shortfall == 0
+
+    def reasons(self) -> dict[str, int]:
+        """Missing samples per reason, most frequent first."""
+        return dict(Counter(m.reason for m in self.missing).most_common())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data, with the totals."""
+        data = asdict(self)
+        for name, counts in self.groups.items():
+            data["groups"][name]["missing"] = counts.missing
+        totals = {"expected": self.expected, "produced": self.produced, "shortfall": self.shortfall}
+        return {**data, **totals, "ok": self.ok, "reasons": self.reasons()}
+
+    def table(self) -> list[dict[str, Any]]:
+        """Rows for a table artifact: one per group, then the totals."""
+        kinds: Counter[str] = Counter()
+        for counts in self.groups.values():
+            kinds.update(counts.kinds)
+        named = [*sorted(self.groups.items()), ("total", GroupCounts(self.expected, self.produced, dict(kinds)))]
+        return [
+            {"group": name, "expected": c.expected, "produced": c.produced, "missing": c.missing}
+            | {f"produced {kind}": c.kinds.get(kind, 0) for kind in self.kinds}
+            for name, c in named
+        ]
+
+    def markdown(self, limit: int | None = None) -> str:
+        """Counts per group, reasons, missing samples (the first `limit`; None: all), truncated prompts."""
+        return reports.render_markdown(self.headline(), self._intro(), self._sections(limit))
+
+    def text(self, limit: int | None = 20) -> str:
+        """The same for a terminal, listing the first `limit` missing samples and prompts (None: all)."""
+        return reports.render_text(self.headline(), self._intro(), self._sections(limit))
+
+    def headline(self) -> str:
+        """One line: OK or the shortfall, produced of expected."""
+        verdict = "OK" if self.ok else f"SHORTFALL {self.shortfall}"
+        return f"reconcile: {verdict} ({self.produced} of {self.expected} expected samples produced)"
+
+    def _intro(self) -> list[str]:
+        lines = [f"cache `{self.out}`, fingerprint `{self.fingerprint[:16]}…`, source `{self.source}`"]
+        lines.append(f"produced = done in the ledger and on disk at its size, for each of: {', '.join(self.kinds)}")
+        if self.unlisted:
+            lines.append(f"{self.unlisted} ledger row(s) outside this selection (not counted)")
+        return lines
+
+    def _sections(self, limit: int | None) -> list[reports.Section]:
+        table, miss, cut = self.table(), self.missing, self.truncated
+        return [
+            ("Counts per group", list(table[0]), [list(row.values()) for row in table]),
+            ("Missing by reason", ["reason", "samples"], [list(item) for item in self.reasons().items()]),
+            (f"Missing samples ({reports.shown(miss, limit)})", *reports.dataclass_rows(MissingSample, miss[:limit])),
+            (
+                f"Prompts truncated at max_length ({reports.shown(cut, limit)})",
+                *reports.dataclass_rows(TruncatedPrompt, cut[:limit]),
+            ),
+            ("Shard problems", ["shard", "problem"], [list(item) for item in sorted(self.shard_problems.items())]),
+        ]
+
+
+def output_kinds(format_name: str) -> dict[str, Locator]:
+    """The output kinds a format stores, and where."""
+    try:
+        return OUTPUT_KINDS[format_name]
+    except KeyError as exc:
+        raise ConfigError(f"no output kinds declared for format {format_name!r} (see OUTPUT_KINDS)") from exc
+
+
+def reconcile(plan: BuildPlan) -> ReconcileReport:
+    """Re-list the plan's selection from the source and account for every sample in the ledgers and on disk."""
+    locators = output_kinds(plan.spec.format)
+    spec = plan.spec
+    report = ReconcileReport(
+        str(plan.out), plan.config.source, plan.fingerprint, spec.format, list(locators), spec.text_max_length
+    )
+    tally = _Tally(plan, locators, report, functools.cache(functools.partial(_size, plan.out)))
+    source = open_source(plan.config.source)
+    for shard in plan.shards:
+        listed = _list_shard(source, shard, report)
+        rows, note = _read_rows(plan.out, shard.id, report)
+        for key, sample_id, group in listed:
+            tally.account(MissingSample(sample_id, group, shard.id, key, None, NOT_PROCESSED, note), rows.get(key))
+        report.unlisted += len(rows.keys() - {key for key, _, _ in listed})
+    logger.info("%s", report.headline())
+    return report
+
+
+def _list_shard(source: Source, shard: ShardPlan, report: ReconcileReport) -> list[tuple[str, str, str]]:
+    """(key, id, group) of the shard's selected samples, in order: the first `quota` (the build's selection)."""
+    listed: list[tuple[str, str, str]] = []
+    try:
+        with contextlib.closing(source.samples(shard.shard)) as samples:
+            for ref in samples:
+                if shard.quota is not None and len(listed) >= shard.quota:
+                    break
+                listed.append((ref.key, ref.id, ref.group))
+    except (RuntimeError, OSError, ValueError) as exc:  # a damaged or vanished shard: counted up to the damage
+        logger.warning("shard %s: %s", shard.id, exc)
+        report.shard_problems[shard.id] = f"listed {len(listed)} sample(s), then: {exc}"
+    return listed
+
+
+def _read_rows(out: Path, shard_id: str, report: ReconcileReport) -> tuple[dict[str, LedgerRow], str]:
+    """The shard's ledger rows and what a sample without one means; an unreadable ledger is a shard problem."""
+    try:
+        return ledger.read_shard(out, shard_id), "no ledger row: its shard crashed or has not run"
+    except (OSError, ValueError) as exc:
+        note = f"ledger unreadable: {exc}"
+        report.shard_problems[shard_id] = "; ".join(filter(None, (report.shard_problems.get(shard_id), note)))
+        return {}, note
+
+
+@dataclass
+class _Tally:
+    """Accounts expected samples into a report."""
+
+    plan: BuildPlan
+    locators: dict[str, Locator]
+    report: ReconcileReport
+    size: Callable[[str | None], int | None]  # an OUT-relative file's size, cached (kinds may share a file)
+    owners: dict[str, MissingSample] = field(default_factory=dict)  # output path → the sample that claimed it
+
+    def account(self, missing: MissingSample, row: LedgerRow | None) -> None:
+        """Count one expected sample as produced, or list it as missing with why."""
+        counts = self.report.groups.setdefault(missing.group, GroupCounts(kinds=dict.fromkeys(self.report.kinds, 0)))
+        counts.expected += 1
+        if row is not None:
+            missing.status, missing.reason, missing.detail = row.status, row.reason or row.status, row.detail
+            if row.status == "done":
+                verdict = self.judge_done(missing, row, counts)
+                if verdict is None:
+                    counts.produced += 1
+                    return
+                missing.reason, missing.detail = verdict
+        self.report.missing.append(missing)
+
+    def judge_done(self, missing: MissingSample, row: LedgerRow, counts: GroupCounts) -> tuple[str, str] | None:
+        """Why a done row does not count as produced (reason, detail), or None when it does; notes truncation."""
+        if row.fingerprint and row.fingerprint != self.plan.fingerprint:
+            return OTHER_SPEC, f"done for fingerprint {row.fingerprint}, not this one"
+        if row.truncated:
+            named = (missing.id, missing.group, missing.shard, missing.key)
+            self.report.truncated.append(TruncatedPrompt(*named, row.tokens_total, self.report.max_length))
+        owner = self.owners.setdefault(str(row.path), missing)
+        if owner is not missing:
+            return DUPLICATE, f"{row.path} is already the output of {owner.key!r} in shard {owner.shard}"
+        problems = self.check_outputs(row, counts)
+        if problems:
+            return FILE_MISSING if FILE_MISSING in problems.values() else FILE_SIZE, "; ".join(problems)
+        return None
+
+    def check_outputs(self, row: LedgerRow, counts: GroupCounts) -> dict[str, str]:
+        """{problem: reason} over the output kinds (on disk, inside OUT, the ledger's size); counts kinds present."""
+        problems: dict[str, str] = {}
+        for kind, locate in self.locators.items():
+            wanted = locate(row)
+            size = self.size(wanted.path)
+            if size is None:
+                problems[f"{kind}: {wanted.path} not on disk"] = FILE_MISSING
+            elif wanted.bytes is not None and size != wanted.bytes:
+                problems[f"{kind}: {wanted.path} has {size} bytes, the ledger {wanted.bytes}"] = FILE_SIZE
+            else:
+                counts.kinds[kind] = counts.kinds.get(kind, 0) + 1
+        return problems
+
+
+def _size(out: Path, relpath: str | None) -> int | None:
+    """Size of an OUT-relative file; None if it is absent, not a regular file or outside OUT."""
+    if not relpath:
+        return None
+    try:
+        root = out.resolve()
+        path = (root / relpath).resolve()
+        return path.stat().st_size if path.is_relative_to(root) and path.is_file() else None
+    except (OSError, ValueError):  # a NUL byte, a link loop
+        return None
+
+
+def write_reconcile_report(out: Path, report: ReconcileReport) -> tuple[Path, Path]:
+    """``OUT/reports/reconcile-<UTC stamp>[-N].json`` and ``.md``: new files, never an overwrite."""
+    files = {".json": reports.to_json_bytes(report.to_dict()), ".md": report.markdown().encode()}
+    json_path, md_path = reports.write_new(reports.reports_dir(out), "reconcile", files)
+    return json_path, md_path

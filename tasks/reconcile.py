@@ -1,0 +1,17 @@
+"""Task: count reconciliation — every source sample accounted for, reports written under OUT/reports/."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from infra.plan import BuildPlan
+from infra.reconcile import ReconcileReport, reconcile, write_reconcile_report
+
+
+@task(name="reconcile-counts", cache_policy=NO_CACHE)
+def reconcile_counts(plan: BuildPlan) -> ReconcileReport:
+    """Expected (the source listing) against produced (per output kind); missing samples with their reasons."""
+    report = reconcile(plan)
+    write_reconcile_report(plan.out, report)
+    return report

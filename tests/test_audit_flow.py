@@ -1,0 +1,91 @@
+"""The audit steps inside the build flow: the loss gate (abort / accept / ask), decode-and-verify, the run report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from flows.run import run_build
+from flows.runs import pending_runs
+from infra.reports import latest_run_report
+from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
+from tests.media_utils import cut_clip
+
+LF = str(Path(sys.executable).with_name("latentforge"))
+
+
+@pytest.fixture(scope="module")
+def lossy_source(tmp_path_factory, clips) -> Path:
+    """Two good samples and two that cannot be encoded (no video stream, blank prompt)."""
+    good = cut_clip(clips["carphone"], 9)
+    samples = [
+        sample(0, 0, good, b"a man talks in a car"),
+        sample(0, 1, clips["audio_only"], b"only audio"),
+        sample(1, 2, good, b"   "),
+        sample(1, 3, cut_clip(clips["bikes"], 9, width=160), b"cyclists in traffic"),
+    ]
+    return make_shards(tmp_path_factory.mktemp("lossy") / "src", {"s": samples})
+
+
+def test_on_loss_abort_exits_non_zero_and_still_writes_the_run_report(tmp_path, tiny_model, lossy_source):
+    out = tmp_path / "out"
+    args = [LF, "build", "--source", f"vbvr:{lossy_source}", "--model", str(tiny_model), "--out", str(out)]
+    args += ["--frames", str(FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH), "--device", "cpu"]
+    args += ["--on-loss", "abort", "--decode-samples", "0"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "2 sample(s) missing" in done.stderr
+    report = latest_run_report(out)
+    assert report is not None
+    assert report["decisions"] == [
+        {"gate": "loss", "decision": "abort", "who": "on_loss=abort (configuration)", "shortfall": 2}
+    ]
+    assert report["reconciliation"]["shortfall"] == 2
+
+
+def test_on_loss_accept_finishes_decodes_and_records_the_decision(tmp_path, tiny_model, lossy_source):
+    out = tmp_path / "out"
+    ok, result = run_build(config(lossy_source, tiny_model, out, on_loss="accept", decode_samples=2))
+    assert ok, result
+    assert result["decisions"][0]["decision"] == "accept_loss"
+    report = json.loads(Path(result["run_report"]).read_text())
+    assert report["decisions"][0]["who"] == "on_loss=accept (configuration)"
+    assert report["fingerprint"] == result["fingerprint"]
+    assert report["reconciliation"]["shortfall"] == 2
+    reasons = report["reconciliation"]["missing"]
+    assert sorted(m["reason"] for m in reasons) == ["empty_prompt", "no_video_stream"]
+    decoded = report["decode"]["rows"]
+    assert len(decoded) == 2 and all(row["psnr"] is not None for row in decoded)
+    assert all(Path(row["mp4"]).is_file() and Path(row["png"]).is_file() for row in decoded)
+    assert sorted(p.name for p in (out / "reports").glob("run-*.json")) == [Path(result["run_report"]).name]
+
+
+def test_the_loss_gate_asks_and_is_answered_from_another_process(tmp_path, tiny_model, lossy_source, prefect_server):
+    out = tmp_path / "out"
+    args = [LF, "build", "--source", f"vbvr:{lossy_source}", "--model", str(tiny_model), "--out", str(out)]
+    args += ["--frames", str(FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH), "--device", "cpu"]
+    args += ["--decode-samples", "0"]
+    build = subprocess.Popen(args, env=prefect_server, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    run_id = None
+    with temporary_settings({PREFECT_API_URL: prefect_server["PREFECT_API_URL"]}):
+        while run_id is None and time.monotonic() < deadline:
+            assert build.poll() is None, build.communicate()
+            runs = pending_runs()
+            run_id = runs[0].id if runs else None
+            time.sleep(1)
+    assert run_id is not None, "the run never paused at the loss gate"
+    assert "no_video_stream" in runs[0].preview and "empty_prompt" in runs[0].preview
+    answer = [LF, "approve", run_id, "accept_loss", "--by", "qa-lead", "--note", "two broken clips"]
+    assert subprocess.run(answer, env=prefect_server, capture_output=True, text=True).returncode == 0
+    stdout, stderr = build.communicate(timeout=300)
+    assert build.returncode == 0, stdout + stderr
+    report = latest_run_report(out)
+    assert report["decisions"][0]["decision"] == "accept_loss"
+    assert "qa-lead" in report["decisions"][0]["who"] and "two broken clips" in report["decisions"][0]["who"]

@@ -1,0 +1,276 @@
+"""Decode-and-verify: the metrics on hand-checkable cases, the sample choice, and the whole check on a cache built
+with a tiny real-architecture Wan2.2 VAE trained here to reconstruct its clips, against corrupted latents."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import torch
+from diffusers import AutoencoderKLWan
+from PIL import Image
+
+from flows.run import run_build
+from infra import ledger
+from infra.cachedir import read_cache_json
+from infra.decode_verify import DecodeReport, choose_samples, decode_and_verify
+from infra.ledger import LedgerRow
+from infra.media import frames_to_pixels, sample_frames
+from infra.metrics import K1, psnr, ssim
+from tests.conftest import HEIGHT, WIDTH, config, make_shards, sample
+from tests.media_utils import cut_clip
+
+logger = logging.getLogger(__name__)
+
+FRAMES = 5  # the trained geometry: 5 × 48 × 80, two latent frames (the first-frame path and one 4-frame chunk)
+TRAIN_STEPS, TRAIN_LR = 300, 5e-3
+GOOD_PSNR = 20.0  # measured ~30 dB (bikes) and ~23 dB (carphone) after 300 steps
+CORRUPTION_DROP = 6.0  # dB a corrupted latent must lose (measured: 11 dB or more)
+
+
+def _video(seed: int, shape: tuple[int, ...] = (3, 2, 24, 32)) -> torch.Tensor:
+    """Random pixels in [-0.8, 0.8], float64 (so an offset is exact to ~1e-16)."""
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 1.6 - 0.8
+
+
+def test_psnr_of_a_constant_offset_is_exact():
+    reference = _video(0)
+    assert psnr(reference, reference + 0.2) == pytest.approx(20.0, abs=1e-9)  # 0.1 in [0, 1] units: MSE 0.01
+    assert psnr(reference, reference - 0.02) == pytest.approx(40.0, abs=1e-9)  # 0.01: MSE 1e-4
+
+
+def test_identical_videos_give_infinite_psnr_and_ssim_one():
+    video = _video(1)
+    assert psnr(video, video.clone()) == float("inf")
+    assert ssim(video, video.clone()) == 1.0
+
+
+def test_ssim_of_flat_frames_is_the_luminance_term():
+    # constant frames: zero variance, so SSIM = (2ab + C1) / (a² + b² + C1) with a, b in [0, 1]
+    a, b = 0.25, 0.75
+    got = ssim(torch.full((3, 2, 16, 16), 2 * a - 1), torch.full((3, 2, 16, 16), 2 * b - 1))
+    assert got == pytest.approx((2 * a * b + K1**2) / (a * a + b * b + K1**2), rel=1e-9)
+
+
+def test_ssim_with_noise_is_below_one_and_symmetric():
+    video = _video(2)
+    noisy = (video + 0.1 * torch.randn(video.shape, generator=torch.Generator().manual_seed(3))).clamp(-1, 1)
+    more = (video + 0.4 * torch.randn(video.shape, generator=torch.Generator().manual_seed(4))).clamp(-1, 1)
+    assert 0 < ssim(video, more) < ssim(video, noisy) < 1
+    assert ssim(video, noisy) == ssim(noisy, video)
+    assert psnr(video, noisy) == psnr(noisy, video) > psnr(video, more)
+    with pytest.raises(ValueError, match="shapes differ"):
+        ssim(video, video[:, :1])
+
+
+def _straight_ssim(reference: np.ndarray, test: np.ndarray) -> float:
+    """Wang et al. written out: every 11×11 window of every frame and channel, Gaussian-weighted sums."""
+    coords = np.arange(11) - 5.0
+    g = np.exp(-(coords**2) / (2 * 1.5**2))
+    w = np.outer(g, g) / np.outer(g, g).sum()
+    values = []
+    for x_img, y_img in zip((reference + 1) / 2, (test + 1) / 2, strict=True):
+        for x, y in zip(x_img, y_img, strict=True):  # one frame of one channel
+            for i in range(x.shape[0] - 10):
+                for j in range(x.shape[1] - 10):
+                    a, b = x[i : i + 11, j : j + 11], y[i : i + 11, j : j + 11]
+                    mu_a, mu_b = (w * a).sum(), (w * b).sum()
+                    var_a, var_b = (w * (a - mu_a) ** 2).sum(), (w * (b - mu_b) ** 2).sum()
+                    cov = (w * (a - mu_a) * (b - mu_b)).sum()
+                    c1, c2 = 0.01**2, 0.03**2
+                    values.append(
+                        (2 * mu_a * mu_b + c1) * (2 * cov + c2) / ((mu_a**2 + mu_b**2 + c1) * (var_a + var_b + c2))
+                    )
+    return float(np.mean(values))
+
+
+def test_ssim_matches_a_straight_line_implementation():
+    video = _video(5, (3, 2, 14, 17))
+    other = video + 0.3 * torch.randn(video.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    assert ssim(video, other) == pytest.approx(_straight_ssim(video.numpy(), other.numpy()), rel=1e-10)
+
+
+def _row(group: str, index: int, status: str = "done", shard: str = "s0") -> LedgerRow:
+    return LedgerRow(f"{group}/{index}", f"t_{index:08d}", group, shard, status, path=f"{group}/t_{index:08d}.pt")
+
+
+def test_choice_is_done_rows_spread_over_groups_and_deterministic():
+    rows = [_row("b", i) for i in (2, 0, 1)] + [_row("a", 1), _row("a", 0, shard="s1"), _row("a", 2, "failed")]
+    rows += [_row("c", 0), _row("c", 1, "skipped")]
+    names = [(r.group, r.id[-1]) for r in choose_samples(rows, 4)]
+    assert names == [("a", "0"), ("b", "0"), ("c", "0"), ("a", "1")]
+    assert choose_samples(reversed(rows), 4) == choose_samples(rows, 4)
+    everything = [(r.group, r.id[-1]) for r in choose_samples(rows, None)]
+    assert everything == [("a", "0"), ("b", "0"), ("c", "0"), ("a", "1"), ("b", "1"), ("b", "2")]
+    assert choose_samples(rows, 0) == [] and choose_samples([], None) == []
+
+
+@pytest.fixture(scope="module")
+def training_clips(clips: dict[str, bytes]) -> dict[str, bytes]:
+    """Two real clips with different content (cut and downscaled as in the build tests)."""
+    return {"bikes": cut_clip(clips["bikes"], 12, width=160), "carphone": cut_clip(clips["carphone"], 12)}
+
+
+@pytest.fixture(scope="module")
+def trained_model(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, training_clips) -> Path:
+    """The tiny model with its VAE (real Wan2.2 structure, z_dim 48) trained to reconstruct the two clips at the
+    cache's geometry: Adam, MSE, from the tiny model's seeded weights, a few hundred steps."""
+    model = tmp_path_factory.mktemp("models") / "trained-wan22"
+    shutil.copytree(tiny_model, model)
+    vae = AutoencoderKLWan.from_pretrained(tiny_model / "vae", local_files_only=True)
+    pixels = [frames_to_pixels(sample_frames(v, FRAMES).frames, HEIGHT, WIDTH) for v in training_clips.values()]
+    x = torch.cat(pixels)
+    optimiser = torch.optim.Adam(vae.parameters(), lr=TRAIN_LR)
+    threads, started = torch.get_num_threads(), time.monotonic()
+    torch.set_num_threads(1)  # small ops: one thread is as fast, and does not stall when others share the CPU
+    try:
+        for _ in range(TRAIN_STEPS):
+            loss = torch.nn.functional.mse_loss(vae(x).sample, x)
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+    finally:
+        torch.set_num_threads(threads)
+    seconds = time.monotonic() - started
+    logger.info("trained the tiny VAE: %d steps in %.1f s, last MSE %.5f", TRAIN_STEPS, seconds, loss.item())
+    shutil.rmtree(model / "vae")
+    vae.register_to_config(clip_output=False)  # as the real vae/config.json
+    vae.save_pretrained(model / "vae", safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, trained_model: Path, training_clips) -> Path:
+    """A cache of both clips in both groups (two shards), encoded by the trained VAE at 5 × 48 × 80."""
+    root = tmp_path_factory.mktemp("decode")
+    bikes, carphone = training_clips["bikes"], training_clips["carphone"]
+    src = make_shards(
+        root / "src",
+        {
+            "G-11_part-00000": [sample(0, 0, bikes, b"a cyclist"), sample(0, 1, carphone, b"a call")],
+            "O-21_part-00000": [sample(1, 0, carphone, b"a call"), sample(1, 1, bikes, b"a cyclist")],
+        },
+    )
+    ok, result = run_build(config(src, trained_model, root / "out", frames=FRAMES))
+    assert ok and result["done"] == 4, result
+    return root / "out"
+
+
+def _source_pixels(video: bytes) -> torch.Tensor:
+    """The recipe's pixels of a clip, (3, F, H, W)."""
+    return frames_to_pixels(sample_frames(video, FRAMES).frames, HEIGHT, WIDTH)[0]
+
+
+def _clip_of(group: str, sample_id: str) -> str:
+    """Which clip a sample holds: in G-11 index 0 is bikes, in O-21 index 0 is carphone (see `built`)."""
+    first = "bikes" if group.startswith("G-11") else "carphone"
+    return first if sample_id.endswith("0") else ({"bikes", "carphone"} - {first}).pop()
+
+
+def _hashes(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
+
+
+def test_decode_writes_videos_strips_and_metrics(built, training_clips):
+    report = decode_and_verify(built, n=3, device="cpu")
+    every = [r for rows in ledger.read_all(built).values() for r in rows.values()]
+    assert [(r.group, r.id) for r in report.rows] == [(r.group, r.id) for r in choose_samples(every, 3)]
+    assert len({r.group for r in report.rows}) == 2 and not report.problems and report.ok
+    assert Path(report.report_dir) == built / "reports" / "decode"
+    for row in report.rows:
+        logger.info("decoded %s/%s: PSNR %.2f dB, SSIM %.4f", row.group, row.id, row.psnr, row.ssim)
+        assert row.psnr >= GOOD_PSNR and 0.5 < row.ssim <= 1 and row.frames == FRAMES
+        assert Path(row.mp4) == built / "reports" / "decode" / row.group / f"{row.id}.mp4"
+        with av.open(row.mp4) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(frames) == FRAMES and frames[0].shape == (HEIGHT, 2 * WIDTH, 3)
+        source = _source_pixels(training_clips[_clip_of(row.group, row.id)])
+        expected = ((source[:, 0].permute(1, 2, 0) + 1) * 127.5).round().to(torch.uint8).numpy()
+        left = torch.from_numpy(frames[0][:, :WIDTH]).permute(2, 0, 1)[:, None].float() / 127.5 - 1
+        assert psnr(source[:, :1], left) > 30  # the left half is the source (H.264, near lossless)
+        strip = np.asarray(Image.open(row.png).convert("RGB"))
+        assert strip.shape == (2 * HEIGHT, 3 * WIDTH, 3)
+        assert np.array_equal(strip[:HEIGHT, :WIDTH], expected)  # top left: the source's first frame, lossless
+    assert report.strip_paths == [Path(r.png) for r in report.rows]
+    saved = json.loads((built / "reports" / "decode" / "report.json").read_text())
+    assert saved["ok"] is True and [r["id"] for r in saved["rows"]] == [r.id for r in report.rows]
+    json.dumps(report.table(), allow_nan=False)
+    assert "decode-verify: REPORTED" in report.markdown() and "PSNR" in report.text()
+
+    before = _hashes(built / "reports")
+    again = decode_and_verify(built, n=3, device="cpu")  # the names exist: a new run folder, nothing replaced
+    assert Path(again.report_dir).parent == built / "reports" / "decode"
+    assert {k: v for k, v in _hashes(built / "reports").items() if k in before} == before
+    assert [r.psnr for r in again.rows] == [r.psnr for r in report.rows]
+
+
+def test_all_samples_and_the_psnr_gate(built, tmp_path):
+    psnr_gate = 25.0  # between the two clips: bikes ~30 dB, carphone ~23 dB
+    every = decode_and_verify(built, n=None, device="cpu", min_psnr=psnr_gate, report_dir=tmp_path / "all")
+    psnrs = sorted(r.psnr for r in every.rows)
+    assert len(psnrs) == 4 and not every.problems and psnrs[0] < psnr_gate < psnrs[-1]
+    assert not every.ok and "FAILED" in every.text() and json.loads((tmp_path / "all" / "report.json").read_text())
+    assert dataclasses.replace(every, min_psnr=psnrs[0]).ok  # at the threshold passes
+    assert dataclasses.replace(every, min_psnr=None).ok  # no gate: numbers reported, not judged
+
+
+def _corrupt(copy: Path, relpath: str, x0: torch.Tensor) -> None:
+    record = torch.load(copy / relpath, weights_only=True)
+    torch.save(record | {"x0": x0.contiguous()}, copy / relpath)
+
+
+def test_a_corrupted_latent_scores_far_lower(built, tmp_path):
+    good = decode_and_verify(built, n=None, device="cpu", min_psnr=GOOD_PSNR, report_dir=tmp_path / "good")
+    copy = tmp_path / "copy"
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("reports"))
+    by_clip = {_clip_of(r.group, r.id): r for r in good.rows if r.group.startswith("G-11")}
+    bikes, carphone = by_clip["bikes"], by_clip["carphone"]
+    x0 = torch.load(copy / bikes.path, weights_only=True)["x0"]
+    shuffled = x0.flatten()[torch.randperm(x0.numel(), generator=torch.Generator().manual_seed(0))]
+    _corrupt(copy, bikes.path, shuffled.view_as(x0))  # the right values in the wrong places
+    _corrupt(copy, carphone.path, x0)  # another sample's latents
+    bad = decode_and_verify(copy, n=None, device="cpu", min_psnr=GOOD_PSNR, report_dir=tmp_path / "bad")
+    assert good.ok and not bad.ok and not bad.problems
+    before, after = ({(r.group, r.id): r for r in rep.rows} for rep in (good, bad))
+    for (group, sample_id), row in before.items():
+        changed = after[group, sample_id]
+        logger.info(
+            "%s: PSNR %.2f → %.2f dB, SSIM %.4f → %.4f", sample_id, row.psnr, changed.psnr, row.ssim, changed.ssim
+        )
+        if row.path in (bikes.path, carphone.path):
+            assert changed.psnr <= row.psnr - CORRUPTION_DROP and changed.ssim < row.ssim - 0.2
+        else:
+            assert (changed.psnr, changed.ssim) == (row.psnr, row.ssim)
+
+
+def test_problems_are_recorded_not_raised(built, tmp_path, tiny_model):
+    copy = tmp_path / "copy"
+    shutil.copytree(built, copy, ignore=shutil.ignore_patterns("reports"))
+    rows = choose_samples([r for rows in ledger.read_all(copy).values() for r in rows.values()], None)
+    (copy / rows[0].path).unlink()
+    src = Path(read_cache_json(copy)["provenance"]["source"].split(":", 1)[1])
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    shutil.copy(src / f"{rows[0].shard}.tar", partial)  # the other shard is gone
+    report: DecodeReport = decode_and_verify(copy, n=None, source=f"vbvr:{partial}", report_dir=tmp_path / "r")
+    assert len(report.rows) == 1 and len(report.problems) == 3 and report.ok  # reported, not judged
+    problems = {p.id: p.problem for p in report.problems}
+    assert "FileNotFoundError" in problems[rows[0].id]
+    assert sum("is not in the source" in text for text in problems.values()) == 2
+    assert not dataclasses.replace(report, min_psnr=0.0).ok  # a gate fails on a sample it could not check
+
+    moved = decode_and_verify(built, n=2, source=f"vbvr:{tmp_path / 'nowhere'}", report_dir=tmp_path / "m")
+    assert not moved.rows and all("cannot be listed" in p.problem for p in moved.problems)
+
+    untrained = decode_and_verify(built, n=1, model_dir=tiny_model, report_dir=tmp_path / "u")
+    assert untrained.problems[0].problem.startswith("the VAE in") and untrained.rows[0].psnr < GOOD_PSNR - 6
