@@ -10,7 +10,8 @@ DEMO   := demo
 export PREFECT_HOME ?= $(CURDIR)/$(DEMO)/.prefect
 
 # Demo geometry: the recipe's 33 frames at 256x256 (the full 832x832 works too, ~10x slower on a CPU).
-DEMO_FLAGS ?= --frames 33 --height 256 --width 256 --dtype fp32
+# The demo data holds one corrupt clip on purpose: --on-loss accept records that loss in the run report.
+DEMO_FLAGS ?= --frames 33 --height 256 --width 256 --dtype fp32 --on-loss accept
 
 .PHONY: demo test lint bench clean-demo
 
