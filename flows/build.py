@@ -49,7 +49,7 @@ class GateFailed(RuntimeError):
 
 @flow(name="build-cache", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), persist_result=False)
 def build_cache(config: BuildConfig) -> dict[str, Any]:
-    """Build (or resume) a latent cache: plan, verify OUT, gate, sanity, disk, preprocess, summary."""
+    """Build (or resume) a latent cache: plan, verify OUT, gate, sanity, disk, preprocess, audit, run report."""
     logger = get_run_logger()
     plan = plan_build(config)
     logger.info("plan: family %s, fingerprint %s, %d shards", plan.family, plan.fingerprint[:16], len(plan.shards))

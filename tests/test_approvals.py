@@ -56,7 +56,7 @@ def _paused_run(env: dict[str, str], build: subprocess.Popen) -> str:
         while time.monotonic() < deadline:
             assert build.poll() is None, build.communicate()
             runs = pending_runs()
-            if runs:
+            if runs and runs[0].preview:  # the preview is saved just after the run pauses
                 assert len(runs) == 1
                 assert "incompatible" in runs[0].preview.lower() and "frames" in runs[0].preview
                 return runs[0].id

@@ -77,8 +77,8 @@ def test_the_loss_gate_asks_and_is_answered_from_another_process(tmp_path, tiny_
     with temporary_settings({PREFECT_API_URL: prefect_server["PREFECT_API_URL"]}):
         while run_id is None and time.monotonic() < deadline:
             assert build.poll() is None, build.communicate()
-            runs = pending_runs()
-            run_id = runs[0].id if runs else None
+            runs = pending_runs()  # the preview is saved just after the run pauses: wait for both
+            run_id = runs[0].id if runs and runs[0].preview else None
             time.sleep(1)
     assert run_id is not None, "the run never paused at the loss gate"
     assert "no_video_stream" in runs[0].preview and "empty_prompt" in runs[0].preview
