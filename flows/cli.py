@@ -91,9 +91,9 @@ def build(
         from infra.summary import BuildSummary  # noqa: PLC0415
 
         typer.echo(result["sanity_text"] + "\n")
-        typer.echo(
-            BuildSummary.model_validate({k: v for k, v in result.items() if k in BuildSummary.model_fields}).text()
-        )
+        summary = {k: v for k, v in result.items() if k in BuildSummary.model_fields}
+        typer.echo(BuildSummary.model_validate(summary).text())
+        typer.echo(f"run report  {result['run_report']}")
 
 
 @app.command()
