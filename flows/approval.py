@@ -6,8 +6,7 @@ timeout is abort. Nothing is overwritten or deleted on a default, a timeout or a
 
 from __future__ import annotations
 
-from enum import Enum, StrEnum
-from typing import TypeVar
+from enum import StrEnum
 
 from prefect import get_run_logger
 from prefect.exceptions import FlowPauseTimeout
@@ -18,8 +17,6 @@ from infra.conflicts import Decision
 
 #: How often a paused run checks for an answer (seconds).
 POLL_SECONDS = 2
-
-E = TypeVar("E", bound=Enum)
 
 
 class ConflictAnswer(RunInput):

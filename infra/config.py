@@ -78,14 +78,6 @@ class BuildConfig(StrictModel):
             raise ValueError(f"source must be KIND:PATH (e.g. vbvr:/data/shards), got {value!r}")
         return value
 
-    @property
-    def source_kind(self) -> str:
-        return self.source.split(":", 1)[0]
-
-    @property
-    def source_path(self) -> str:
-        return self.source.split(":", 1)[1]
-
 
 class CacheSpec(StrictModel):
     """What decides the bytes of the cache. Its fingerprint gates resume."""
@@ -109,6 +101,19 @@ class CacheSpec(StrictModel):
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of the spec (sorted keys, no whitespace)."""
         return fingerprint_of(self.model_dump(mode="json"))
+
+    def build_settings(self) -> dict[str, Any]:
+        """The BuildConfig keys that reproduce this spec (reuse, verify against OUT's own cache.json)."""
+        return {
+            "format": self.format,
+            "frames": self.frames,
+            "height": self.height,
+            "width": self.width,
+            "temporal": self.temporal,
+            "dtype": self.compute_dtype,
+            "text_max_length": self.text_max_length,
+            "text_padding": self.text_padding,
+        }
 
     def differences(self, other: CacheSpec) -> dict[str, tuple[Any, Any]]:
         """Field by field: {field: (mine, theirs)} where they differ."""

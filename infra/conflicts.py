@@ -49,18 +49,7 @@ def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> B
             f"reuse refused: {out} was made with another model ({existing.family}, {existing.model_identity}); "
             f"--model is {planned.family}, {planned.model_identity}. Reusing it would mix latents of two encoders."
         )
-    return config.model_copy(
-        update={
-            "format": existing.format,
-            "frames": existing.frames,
-            "height": existing.height,
-            "width": existing.width,
-            "temporal": existing.temporal,
-            "dtype": existing.compute_dtype,
-            "text_max_length": existing.text_max_length,
-            "text_padding": existing.text_padding,
-        }
-    )
+    return BuildConfig.model_validate({**config.model_dump(), **existing.build_settings()})
 
 
 def keep_old_cache_json(out: Path, old_fingerprint: str | None) -> Path | None:

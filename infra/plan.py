@@ -18,7 +18,7 @@ from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.models import model_identity, resolve_family
-from infra.sources import Shard, Source, open_source
+from infra.sources import Shard, ShardReadError, Source, open_source
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def _count_samples(source: Source, shard: Shard, stop_at: int | None) -> int:
                 count += 1
                 if stop_at is not None and count >= stop_at:
                     break
-        except RuntimeError as exc:  # a damaged shard: counted up to the damage, reported by its task
+        except ShardReadError as exc:  # a damaged shard: counted up to the damage, reported by its task
             logger.warning("shard %s: %s", shard.id, exc)
     return count
 
@@ -137,17 +137,11 @@ def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
     values: dict[str, Any] = {}
     try:
         meta = read_cache_json(out)
-        spec = meta["spec"]
+        provenance = meta.get("provenance", {})
         values = {
-            "source": meta.get("provenance", {}).get("source"),
-            "model": meta.get("provenance", {}).get("model_path"),
-            "format": spec["format"],
-            "frames": spec["frames"],
-            "height": spec["height"],
-            "width": spec["width"],
-            "dtype": spec["compute_dtype"],
-            "text_max_length": spec["text_max_length"],
-            "text_padding": spec["text_padding"],
+            "source": provenance.get("source"),
+            "model": provenance.get("model_path"),
+            **CacheSpec.model_validate(meta["spec"]).build_settings(),
         }
     except (OSError, ValueError, KeyError, TypeError):
         logger.info("%s has no readable cache.json: verifying against the given settings only", out)

@@ -26,8 +26,7 @@ from infra.media import frames_to_pixels, sample_frames
 from infra.models import LoadedFamily, load_family
 from infra.plan import BuildPlan, ShardPlan
 from infra.prompts import decode_prompt
-from infra.sources import SampleRef, open_source
-from infra.sources.vbvr import ShardReadError
+from infra.sources import SampleRef, ShardReadError, open_source
 from infra.storage import sha256_file
 
 logger = logging.getLogger(__name__)

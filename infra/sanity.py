@@ -27,8 +27,7 @@ from infra.formats import EncodedSample, get_format
 from infra.models import LoadedFamily
 from infra.plan import BuildPlan
 from infra.preprocess import encode_sample, load_encoder
-from infra.sources import SampleRef, open_source
-from infra.sources.vbvr import ShardReadError
+from infra.sources import SampleRef, ShardReadError, open_source
 
 logger = logging.getLogger(__name__)
 

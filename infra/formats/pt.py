@@ -15,8 +15,6 @@ import torch
 from infra.formats.base import EncodedSample
 from infra.storage import Written, atomic_write
 
-KEYS = ("x0", "text_embeds", "prompt", "source_shape", "latent_shape", "seq_len", "fingerprint")
-
 
 def to_record(sample: EncodedSample) -> dict[str, Any]:
     """The stored dict."""

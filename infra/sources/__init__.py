@@ -1,6 +1,6 @@
 """Source readers. Importing this package registers every built-in kind (``vbvr:``, ...)."""
 
 from infra.sources import vbvr
-from infra.sources.base import SampleRef, Shard, Source, SourceError, is_safe_name, open_source
+from infra.sources.base import SampleRef, Shard, ShardReadError, Source, SourceError, is_safe_name, open_source
 
-__all__ = ["SampleRef", "Shard", "Source", "SourceError", "is_safe_name", "open_source", "vbvr"]
+__all__ = ["SampleRef", "Shard", "ShardReadError", "Source", "SourceError", "is_safe_name", "open_source", "vbvr"]

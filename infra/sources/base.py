@@ -57,6 +57,10 @@ class Source(Protocol):
         ...
 
 
+class ShardReadError(RuntimeError):
+    """A shard could not be read to its end; the samples listed before the damage were yielded first."""
+
+
 class SourceError(ValueError):
     """A source that cannot be listed at all (bad path, no shards)."""
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.errors import InputError
-from infra.sources.base import SampleRef, Shard, SourceError, is_safe_name, register_source
+from infra.sources.base import SampleRef, Shard, ShardReadError, SourceError, is_safe_name, register_source
+
+__all__ = ["ShardReadError", "VbvrSource", "shard_id_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -23,10 +25,6 @@ VIDEO_MEMBER = "ground_truth.mp4"
 PROMPT_MEMBER = "prompt.txt"
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 _SAMPLE_DIR = re.compile(r"(?:^|.*/)(?P<group>[^/]+)/(?P<task>[^/]+)_task/(?P<id>(?P=task)_\d{8})$")
-
-
-class ShardReadError(RuntimeError):
-    """The shard could not be read to its end; the samples listed before the error were yielded."""
 
 
 @dataclass
