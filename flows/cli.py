@@ -16,11 +16,13 @@ import typer
 from pydantic import ValidationError
 
 import flows  # noqa: F401  (offline defaults before Prefect loads)
+from flows.cli_server import app as server_app
 from infra.config import BuildConfig, load_config_file, merge_config
 from infra.errors import ConfigError
 from infra.sources import SourceError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A verified, resumable latent cache.")
+app.add_typer(server_app, name="server")
 logger = logging.getLogger("latentforge")
 
 Opt = typer.Option

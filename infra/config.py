@@ -30,6 +30,48 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class UploadConfig(StrictModel):
+    """Where and how a finished cache is published (`latentforge upload`, or the build's last step)."""
+
+    to: str = Field(description="hf://datasets/ORG/NAME[@revision][/path] or s3://BUCKET/PREFIX")
+    include: list[str] = Field(default_factory=list, description="Only OUT-relative paths matching one of these globs")
+    exclude: list[str] = Field(default_factory=list, description="Leave out paths matching any of these globs")
+    skip_gates: bool = Field(
+        False, description="Upload even when the latest run report does not show the gates passed (logged)"
+    )
+    approve_replace: str | None = Field(
+        None, description="Token printed by a refused upload, bound to the target and the remote files it replaces"
+    )
+    workers: int = Field(8, ge=1, le=64, description="Parallel transfers")
+    chunk_mb: int = Field(64, ge=5, le=5120, description="S3 multipart threshold and part size (MiB)")
+    commit_every: int = Field(256, ge=1, description="Hub: files per commit (each commit is a resume point)")
+    license: str = Field("other", description="Dataset card license field (an SPDX-like id the Hub knows)")
+    private: bool = Field(True, description="Hub: create the dataset repo private when it does not exist")
+    hub_token_block: str | None = Field(
+        None, description="Name of a Prefect Secret block holding the Hub token (default: HF_TOKEN / the login)"
+    )
+    aws_credentials_block: str | None = Field(
+        None, description="Name of a prefect-aws AwsCredentials block (default: the usual AWS chain)"
+    )
+
+    @field_validator("to")
+    @classmethod
+    def _target_parses(cls, value: str) -> str:
+        from infra.publish.base import parse_target  # noqa: PLC0415 - config stays importable on its own
+
+        parse_target(value)
+        return value
+
+
+class AlertConfig(StrictModel):
+    """Where failure, crash and approval-needed notifications go (also LATENTFORGE_ALERT_WEBHOOK)."""
+
+    webhook: str | None = Field(
+        None, description="Plain webhook URL (JSON POST). A URL holding a secret belongs in the environment"
+    )
+    block: str | None = Field(None, description="Name of a saved Prefect notification block (Slack, webhook, ...)")
+
+
 class BuildConfig(StrictModel):
     """Everything `latentforge build` takes; each field is a config-file key and a ``--flag``."""
 
@@ -70,6 +112,13 @@ class BuildConfig(StrictModel):
     decode_samples: int = Field(4, ge=0, description="Samples decoded back to pixels after the build (0: none)")
     min_psnr: float | None = Field(None, description="Make decode-and-verify a gate: every decoded sample ≥ this")
     workers: int = Field(2, ge=1, le=64, description="Shards processed at once (bounded task runner)")
+    only: list[str] | None = Field(
+        None,
+        description="Process only these shards (SHARD) or samples (SHARD/KEY); every other ledger row is kept "
+        "as it is (`latentforge rerun RUN_ID --failed-only` sets it)",
+    )
+    upload: UploadConfig | None = Field(None, description="Publish the cache after the gates pass")
+    alerts: AlertConfig | None = Field(None, description="Notifications on failure, crash and approval-needed")
 
     @field_validator("source")
     @classmethod

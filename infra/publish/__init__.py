@@ -1,0 +1,1 @@
+"""Publishing a finished cache: to the Hugging Face Hub or S3, resumable, verified against the ledger."""
