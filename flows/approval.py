@@ -13,6 +13,7 @@ from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
+from flows.alerting import alert_paused
 from infra.conflicts import Decision
 
 #: How often a paused run checks for an answer (seconds).
@@ -42,10 +43,31 @@ class LossAnswer(RunInput):
     by: str = ""
 
 
+class ReplaceChoice(StrEnum):
+    """Remote files differ from this cache's: replace exactly those (recorded) or abort."""
+
+    replace = "replace"
+    abort = "abort"
+
+
+class ReplaceAnswer(RunInput):
+    """Remote files at the upload target differ from this cache's: replace exactly those, or abort."""
+
+    choice: ReplaceChoice
+    note: str = ""
+    by: str = ""
+
+
+#: The gate each answer model belongs to (named in approval-needed alerts).
+GATES = {"ConflictAnswer": "conflict", "LossAnswer": "loss", "ReplaceAnswer": "upload-replace"}
+
+
 def ask(answer_model: type[RunInput], preview_markdown: str, timeout: int) -> RunInput | None:
     """Pause this flow run for a typed answer; None when nobody answered in time."""
     logger = get_run_logger()
     logger.warning("waiting for a person (up to %d s): answer in the Prefect UI or `latentforge approve`", timeout)
+    headline = next((line.lstrip("# ").strip() for line in preview_markdown.splitlines() if line.strip()), "")
+    alert_paused(GATES.get(answer_model.__name__, answer_model.__name__), headline)
     try:
         return pause_flow_run(
             wait_for_input=answer_model.with_initial_data(description=preview_markdown),
@@ -71,6 +93,14 @@ def ask_loss(preview_markdown: str, timeout: int) -> tuple[LossChoice, str]:
     if answer is None:
         return LossChoice.abort, f"no answer within {timeout} s"
     return LossChoice(answer.choice), _who(answer)
+
+
+def ask_replace(preview_markdown: str, timeout: int) -> tuple[ReplaceChoice, str]:
+    """The remote-conflict gate of the upload: (decision, who and why). A timeout is abort."""
+    answer = ask(ReplaceAnswer, preview_markdown, timeout)
+    if answer is None:
+        return ReplaceChoice.abort, f"no answer within {timeout} s"
+    return ReplaceChoice(answer.choice), _who(answer)
 
 
 def _who(answer: RunInput) -> str:

@@ -11,9 +11,11 @@ from typing import Any
 
 from prefect import get_run_logger
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+from prefect.runtime import flow_run
 
 from flows.approval import LossChoice, ask_loss
 from flows.conflict import default_policy
+from flows.steps import set_step
 from infra.plan import BuildPlan
 from infra.reconcile import ReconcileReport
 from infra.reports import run_report, write_run_report
@@ -32,12 +34,14 @@ class DecodeGateFailed(RuntimeError):
 def audit(plan: BuildPlan, summary: dict[str, Any], timings: dict[str, float]) -> dict[str, Any]:
     """Reconcile, gate on loss, decode and verify, write the run report; raise after writing it if a gate failed."""
     logger = get_run_logger()
+    set_step("reconcile-counts")
     recon = reconcile_counts(plan)
     logger.info("%s", recon.text())
     create_table_artifact(recon.table(), key="reconciliation", description=f"expected vs produced in {plan.out}")
     decisions: list[dict[str, Any]] = []
     failure: Exception | None = None
     if not recon.ok:
+        set_step("loss-gate")
         choice, who = _loss_decision(plan, recon)
         decisions.append({"gate": "loss", "decision": choice.value, "who": who, "shortfall": recon.shortfall})
         logger.warning("%d sample(s) missing: %s (%s)", recon.shortfall, choice.value, who)
@@ -45,6 +49,7 @@ def audit(plan: BuildPlan, summary: dict[str, Any], timings: dict[str, float]) -
             failure = LossAborted(f"{recon.shortfall} sample(s) missing {recon.reasons()}: abort ({who})")
     decode = None
     if failure is None and plan.config.decode_samples > 0:
+        set_step("decode-and-verify")
         decode = decode_verify(plan)
         logger.info("%s", decode.text())
         _publish_decode(decode)
@@ -57,6 +62,7 @@ def audit(plan: BuildPlan, summary: dict[str, Any], timings: dict[str, float]) -
         decode=decode.to_dict() if decode is not None else None,
         decisions=decisions,
         timings=timings,
+        flow_run_id=str(flow_run.get_id()) if flow_run.get_id() else None,
     )
     path = write_run_report(plan.out, report)
     logger.info("run report: %s", path)

@@ -21,14 +21,17 @@ from prefect.runtime import flow_run
 from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm import tqdm
 
+from flows.alerting import on_crashed, on_failure
 from flows.audit import audit
 from flows.conflict import WRITABLE, ConflictAborted, resolve_conflict
+from flows.steps import set_step
+from flows.upload import upload_step
 from infra import progress
 from infra.cachedir import CACHE_JSON, write_cache_json
 from infra.config import BuildConfig
 from infra.conflicts import keep_old_cache_json
 from infra.lock import out_lock
-from infra.plan import BuildPlan
+from infra.plan import BuildPlan, parse_only
 from infra.preprocess import ShardResult
 from infra.sanity import SanityReport
 from infra.storage import remove_stale_temps
@@ -47,21 +50,32 @@ class GateFailed(RuntimeError):
     """A gate (sanity, disk) stopped the run before the full preprocess."""
 
 
-@flow(name="build-cache", task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS), persist_result=False)
+@flow(
+    name="build-cache",
+    task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS),
+    persist_result=False,
+    on_failure=[on_failure],
+    on_crashed=[on_crashed],
+)
 def build_cache(config: BuildConfig) -> dict[str, Any]:
-    """Build (or resume) a latent cache: plan, verify OUT, gate, sanity, disk, preprocess, audit, run report."""
+    """Build (or resume) a latent cache: plan, verify OUT, gate, sanity, disk, preprocess, audit, run report,
+    then upload when ``config.upload`` names a target."""
     logger = get_run_logger()
+    set_step("plan")
     plan = plan_build(config)
     logger.info("plan: family %s, fingerprint %s, %d shards", plan.family, plan.fingerprint[:16], len(plan.shards))
+    set_step("verify-existing")
     report = verify_existing(plan)
     logger.info("%s", report.text())
     if config.dry_run:
         shapes = dry_run_sample(plan)
         logger.info("dry run (nothing written): %s", shapes)
         return {"dry_run": shapes, "out_state": report.kind}
+    set_step("conflict-gate")
     plan = resolve_conflict(plan, report)
     sanity = _gates(plan)
     start = time.perf_counter()
+    set_step("preprocess")
     with out_lock(plan.out):
         _check_unchanged(plan)
         _prepare_out(plan)
@@ -78,16 +92,22 @@ def build_cache(config: BuildConfig) -> dict[str, Any]:
     _publish(summary)
     timings = {"sanity_sample_seconds": sanity.seconds, "preprocess_seconds": summary.seconds}
     audited = audit(plan, summary.model_dump(), timings)  # a crashed shard's samples are missing there
-    return {**summary.model_dump(), **audited, "sanity": sanity.to_dict(), "sanity_text": sanity.text()}
+    result = {**summary.model_dump(), **audited, "sanity": sanity.to_dict(), "sanity_text": sanity.text()}
+    if config.upload is not None:
+        uploaded = upload_step(plan.out, config.upload, approval_timeout=config.approval_timeout)
+        result["upload"] = {k: uploaded.get(k) for k in ("target", "counts", "sent", "upload_report")}
+    return result
 
 
 def _gates(plan: BuildPlan) -> SanityReport:
     """One-sample sanity and the disk check: hard stops before the full preprocess."""
+    set_step("sanity")
     sanity = one_sample_sanity(plan)
     get_run_logger().info("%s", sanity.text())
     create_markdown_artifact(sanity.markdown(), key="sanity", description=f"one sample of {plan.out}")
     if not sanity.ok:
         raise GateFailed("one-sample sanity failed: " + "; ".join(sanity.problems))
+    set_step("disk-check")
     disk = disk_check(plan.out, sanity.projected_bytes)
     if not disk.ok:
         raise GateFailed(disk.message)
@@ -122,10 +142,12 @@ def _run_shards(plan: BuildPlan) -> list[ShardResult]:
     """Submit shards with at most config.workers running; report progress while they run."""
     run_key = str(flow_run.get_id() or id(plan))
     progress.start(run_key)
-    total = sum(s.samples for s in plan.shards)
+    selection = parse_only(plan.config.only)  # a rerun of what failed: only the named shards run
+    chosen = [s for s in plan.shards if selection is None or s.id in selection]
+    total = sum(s.samples if selection is None or selection[s.id] is None else len(selection[s.id]) for s in chosen)
     bar = tqdm(total=total, unit="sample", desc="encoding", disable=None)
     artifact = create_progress_artifact(0.0, key="build-progress", description=f"{plan.out}: {total} samples")
-    pending, running, results = list(plan.shards), [], []
+    pending, running, results = chosen, [], []
     futures: dict[PrefectFuture, str] = {}
     try:
         while pending or running:

@@ -16,6 +16,7 @@ import typer
 from pydantic import ValidationError
 
 import flows  # noqa: F401  (offline defaults before Prefect loads)
+from flows.cli_publish import rerun, upload
 from flows.cli_server import app as server_app
 from infra.config import BuildConfig, load_config_file, merge_config
 from infra.errors import ConfigError
@@ -23,6 +24,8 @@ from infra.sources import SourceError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A verified, resumable latent cache.")
 app.add_typer(server_app, name="server")
+app.command()(upload)
+app.command()(rerun)
 logger = logging.getLogger("latentforge")
 
 Opt = typer.Option
@@ -36,6 +39,12 @@ def _fail(message: str, code: int = 2) -> None:
 def _config_from(config_file: Path | None, flags: dict[str, Any]) -> BuildConfig:
     try:
         file_values = load_config_file(config_file) if config_file else {}
+        for key, flag_key in (("upload", "to"), ("alerts", None)):  # a flag sets one field of a nested section
+            section = file_values.get(key) if isinstance(file_values.get(key), dict) else {}
+            if isinstance(flags.get(key), str) and flag_key:
+                flags[key] = {**section, flag_key: flags[key]}
+            elif isinstance(flags.get(key), dict):
+                flags[key] = {**section, **flags[key]}
         return merge_config(file_values, flags)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
@@ -72,9 +81,16 @@ def build(
     decode_samples: Annotated[int | None, Opt(help="samples decoded back to pixels after the build [4]")] = None,
     min_psnr: Annotated[float | None, Opt(help="decode-and-verify gate: every decoded sample ≥ this PSNR")] = None,
     workers: Annotated[int | None, Opt(help="shards at once [2]")] = None,
+    upload: Annotated[
+        str | None, Opt(help="publish to hf://datasets/ORG/NAME or s3://BUCKET/PREFIX after the gates")
+    ] = None,
+    alert_webhook: Annotated[str | None, Opt(help="POST alerts here (or LATENTFORGE_ALERT_WEBHOOK)")] = None,
+    alert_block: Annotated[str | None, Opt(help="Prefect notification block TYPE/NAME for alerts")] = None,
 ) -> None:
     """Build or resume a latent cache (runs the build-cache flow)."""
-    flags = {k: v for k, v in locals().items() if k != "config_file"}
+    flags = {k: v for k, v in locals().items() if k not in ("config_file", "alert_webhook", "alert_block")}
+    if alert_webhook or alert_block:
+        flags["alerts"] = {k: v for k, v in {"webhook": alert_webhook, "block": alert_block}.items() if v}
     config = _config_from(config_file, flags)
     from infra.plan import make_spec  # noqa: PLC0415  (fast checks before Prefect starts)
 

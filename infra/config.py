@@ -42,6 +42,11 @@ class UploadConfig(StrictModel):
     approve_replace: str | None = Field(
         None, description="Token printed by a refused upload, bound to the target and the remote files it replaces"
     )
+    on_conflict: Literal["ask", "abort"] | None = Field(
+        None,
+        description="When a remote file differs from ours: ask (pause for a person) or abort. "
+        "Default: ask on a Prefect server, else abort. Replacing is never a standing setting: see approve_replace.",
+    )
     workers: int = Field(8, ge=1, le=64, description="Parallel transfers")
     chunk_mb: int = Field(64, ge=5, le=5120, description="S3 multipart threshold and part size (MiB)")
     commit_every: int = Field(256, ge=1, description="Hub: files per commit (each commit is a resume point)")

@@ -63,6 +63,24 @@ class BuildPlan(BaseModel):
         return Path(self.config.out)
 
 
+def parse_only(only: list[str] | None) -> dict[str, frozenset[str] | None] | None:
+    """``--only`` selectors → {shard id: sample keys, or None for the whole shard}; None selects everything.
+
+    A selector is ``SHARD`` or ``SHARD/KEY`` (shard ids hold no ``/``; a key may)."""
+    if only is None:
+        return None
+    chosen: dict[str, set[str] | None] = {}
+    for selector in only:
+        shard, _, key = selector.partition("/")
+        if not shard:
+            raise ConfigError(f"--only {selector!r}: expected SHARD or SHARD/KEY")
+        if not key:
+            chosen[shard] = None
+        elif chosen.get(shard, set()) is not None:
+            chosen.setdefault(shard, set()).add(key)  # type: ignore[union-attr]
+    return {shard: frozenset(keys) if keys is not None else None for shard, keys in chosen.items()}
+
+
 def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tuple[int, ...]]:
     """Resolve the family, check geometry and format, hash the model: (family, spec, latent, text shape)."""
     model_dir = Path(config.model).expanduser()

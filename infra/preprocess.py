@@ -24,7 +24,7 @@ from infra.formats import EncodedSample, Writer, get_format
 from infra.ledger import LedgerRow
 from infra.media import frames_to_pixels, sample_frames
 from infra.models import LoadedFamily, load_family
-from infra.plan import BuildPlan, ShardPlan
+from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.prompts import decode_prompt
 from infra.sources import SampleRef, ShardReadError, open_source
 from infra.storage import sha256_file
@@ -161,9 +161,16 @@ def _reusable(row: LedgerRow | None, plan: BuildPlan) -> bool:
     return path.is_file() and path.stat().st_size == row.bytes
 
 
-def process_shard(plan: BuildPlan, shard: ShardPlan, on_row: RowCallback | None = None) -> ShardResult:
-    """Encode one shard's samples (up to its quota), journal each row, seal the ledger at the end."""
+def process_shard(
+    plan: BuildPlan, shard: ShardPlan, on_row: RowCallback | None = None, run_id: str | None = None
+) -> ShardResult:
+    """Encode one shard's samples (up to its quota), journal each row, seal the ledger at the end.
+
+    With ``config.only`` naming samples of this shard, only those are visited; every other row is kept.
+    Each new row records `run_id` (the flow run that wrote it: `rerun --failed-only` selects by it)."""
     start = time.perf_counter()
+    selection = parse_only(plan.config.only)
+    keys = selection.get(shard.id) if selection is not None else None
     result = ShardResult(shard=shard.id)
     previous = ledger.read_shard(plan.out, shard.id)
     rows: dict[str, LedgerRow] = dict(previous)  # rows of samples this run does not visit are kept
@@ -173,12 +180,16 @@ def process_shard(plan: BuildPlan, shard: ShardPlan, on_row: RowCallback | None 
         try:
             with contextlib.closing(samples):
                 for ref in itertools.islice(samples, shard.quota):
+                    if keys is not None and ref.key not in keys:
+                        continue
                     row = previous.get(ref.key)
                     if _reusable(row, plan):
                         result.reused += 1
                     else:
                         row = process_sample(ref, plan, writer, get_encoder)
                         row.shard = shard.id
+                        if run_id:
+                            row.extra["run_id"] = run_id
                         journal.append(row)
                         _count_new(result, row)
                     rows[ref.key] = row

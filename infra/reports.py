@@ -139,6 +139,7 @@ def run_report(
     decode: Mapping[str, Any] | None,
     decisions: list[dict[str, Any]],
     timings: Mapping[str, float],
+    flow_run_id: str | None = None,
 ) -> dict[str, Any]:
     """The run report: what was built from what, with which model and spec, what came out, who decided what.
 
@@ -148,11 +149,14 @@ def run_report(
     for decision in decisions:
         if not {"gate", "decision"} <= decision.keys():
             raise ValueError(f"a decision needs 'gate' and 'decision': {decision!r}")
-    config = plan.config.model_dump(mode="json", exclude={"approve_overwrite"})  # a token, not a setting
+    # Tokens are approvals, not settings; a webhook URL may hold a secret.
+    hidden: dict[str, Any] = {"approve_overwrite": True, "upload": {"approve_replace"}, "alerts": {"webhook"}}
+    config = plan.config.model_dump(mode="json", exclude=hidden)
     return {
         "report": "latentforge-run",
         "report_version": RUN_REPORT_VERSION,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "flow_run_id": flow_run_id,
         "out": str(plan.out),
         "source": plan.config.source,
         "model": {"path": plan.config.model, "family": plan.family, "identity": dict(plan.spec.model_identity)},

@@ -7,6 +7,7 @@ from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
 from infra import progress
 from infra.errors import InputError
@@ -18,7 +19,8 @@ from infra.sources import open_source
 @task(name="preprocess-shard", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
 def preprocess_shard(plan: BuildPlan, shard: ShardPlan, run_key: str) -> ShardResult:
     """Encode one shard; resumes from its ledger, so a retry redoes only what is not done."""
-    return process_shard(plan, shard, on_row=lambda row: progress.report(run_key, row))
+    run_id = flow_run.get_id()
+    return process_shard(plan, shard, on_row=lambda row: progress.report(run_key, row), run_id=run_id)
 
 
 @task(name="dry-run", cache_policy=NO_CACHE)

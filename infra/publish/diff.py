@@ -1,0 +1,111 @@
+"""Our manifest against the remote listing: what to send, what is already there, what may be updated in
+place, and what conflicts (a different remote file at one of our paths, which only an approval replaces)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+
+from infra.cachedir import CACHE_JSON
+from infra.publish.base import UPDATABLE_ROLES, LocalFile, Remote, RemoteFile, Target, same_content
+from infra.publish.manifest import Manifest
+
+logger = logging.getLogger(__name__)
+
+#: Remote files outside the manifest that are not a problem: reports of older runs and uploads.
+TOLERATED_EXTRA = ("reports/",)
+
+
+@dataclass
+class UploadPlan:
+    """The decision per file. `conflicts` are (ours, theirs) pairs that nothing replaces without approval."""
+
+    target: Target
+    fingerprint: str
+    remote_fingerprint: str | None
+    send: list[LocalFile] = field(default_factory=list)
+    unchanged: list[LocalFile] = field(default_factory=list)
+    update: list[tuple[LocalFile, RemoteFile]] = field(default_factory=list)
+    conflicts: list[tuple[LocalFile, RemoteFile]] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def token(self) -> str:
+        """The approval token for exactly these conflicts at this target (see `replace_token`)."""
+        return replace_token(self.target, self.conflicts)
+
+    @property
+    def bytes_to_send(self) -> int:
+        return sum(f.size for f in self.send) + sum(f.size for f, _ in self.update + self.conflicts)
+
+    def conflicts_markdown(self, limit: int = 30) -> str:
+        """The preview a person approves from: every conflicting path with both versions."""
+        lines = [
+            f"## Remote conflict at `{self.target.url}`",
+            "",
+            f"{len(self.conflicts)} remote file(s) differ from this cache's and would be replaced. "
+            f"Remote cache fingerprint: `{(self.remote_fingerprint or 'none')[:16]}`, "
+            f"ours: `{self.fingerprint[:16]}`.",
+            "",
+            "| path | remote bytes | remote sha256 | our bytes | our sha256 |",
+            "|---|---|---|---|---|",
+        ]
+        for ours, theirs in self.conflicts[:limit]:
+            remote_hash = (theirs.sha256 or theirs.git_sha1 or "unknown")[:12]
+            lines.append(f"| `{ours.path}` | {theirs.size} | {remote_hash} | {ours.size} | {ours.sha256[:12]} |")
+        if len(self.conflicts) > limit:
+            lines.append(f"| … {len(self.conflicts) - limit} more | | | | |")
+        lines += [
+            "",
+            "### Choices",
+            "* **replace** — replace exactly these remote files (a file changed since this listing is not replaced)",
+            f"* **abort** — send nothing more; also what a timeout means. Unattended: `--approve-replace {self.token}`",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def replace_token(target: Target, conflicts: list[tuple[LocalFile, RemoteFile]]) -> str:
+    """A short token bound to the target and to each conflicting path's remote and local version."""
+    parts = [target.url]
+    for ours, theirs in sorted(conflicts, key=lambda pair: pair[0].path):
+        remote_id = theirs.etag or theirs.sha256 or theirs.git_sha1 or str(theirs.size)
+        parts.append(f"{ours.path}\0{remote_id}\0{ours.sha256}")
+    return hashlib.sha256("\0\0".join(parts).encode()).hexdigest()[:20]
+
+
+def remote_fingerprint(remote: Remote) -> str | None:
+    """The fingerprint in the remote cache.json, None when there is none or it is unreadable."""
+    data = remote.read(CACHE_JSON)
+    if data is None:
+        return None
+    try:
+        value = json.loads(data).get("fingerprint")
+    except (ValueError, AttributeError):
+        logger.warning("%s: the remote cache.json is unreadable", remote.target.key(CACHE_JSON))
+        return None
+    return str(value) if value else None
+
+
+def plan_upload(
+    manifest: Manifest, listing: dict[str, RemoteFile], remote_fp: str | None, target: Target
+) -> UploadPlan:
+    """Decide per file. Updating in place is allowed only for updatable roles (card, ledgers) on a remote that
+    holds this same cache (same fingerprint); everything else that differs is a conflict."""
+    plan = UploadPlan(target, manifest.fingerprint, remote_fp)
+    same_cache = remote_fp == manifest.fingerprint
+    for ours in manifest.files:
+        theirs = listing.get(ours.path)
+        if theirs is None:
+            plan.send.append(ours)
+            continue
+        verdict = same_content(ours, theirs)
+        if verdict:
+            plan.unchanged.append(ours)
+        elif ours.role in UPDATABLE_ROLES and same_cache and verdict is False:
+            plan.update.append((ours, theirs))
+        else:
+            plan.conflicts.append((ours, theirs))
+    plan.extra = sorted(p for p in listing if p not in manifest.all_paths and not p.startswith(TOLERATED_EXTRA))
+    return plan
