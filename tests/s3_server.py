@@ -1,0 +1,88 @@
+"""A real moto S3 server over HTTP on 127.0.0.1, for tests of the S3 store (import the fixtures you use).
+
+The server is a subprocess in its own process group, started once per session on a free port and stopped
+by its PID; `s3_env` points the default boto3 chain at it (dummy keys, AWS_ENDPOINT_URL) for one test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ACCESS_KEY = "AKIDLATENTFORGETEST"
+SECRET_KEY = "latentforge-test-secret-never-logged"
+REGION = "us-east-1"
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`python -m moto.server` on a free 127.0.0.1 port; yields its endpoint URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log_path = tmp_path_factory.mktemp("moto") / "server.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, server, log_path)
+        yield url
+    finally:
+        _stop(server)
+
+
+@pytest.fixture
+def s3_env(moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """The default credential chain and endpoint resolution of boto3 aimed at the moto server; yields its URL."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_REGION", REGION)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))  # no user profile leaks in
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return moto_server
+
+
+def _wait_healthy(url: str, server: subprocess.Popen, log_path: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"moto server exited with {server.returncode}: {log_path.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/moto-api/", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    _stop(server)
+    raise RuntimeError(f"moto server at {url} not healthy after {timeout} s")
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """SIGTERM the server's own process group (it was started in a new session), SIGKILL if it lingers."""
+    if server.poll() is not None:
+        return
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
