@@ -1,0 +1,357 @@
+"""A Prefect server, the process work pool and a worker on this host, started detached and stopped by PID.
+
+`start` launches `prefect server start` and `prefect worker start` in their own sessions (process groups),
+logs to files in the state directory and records both PIDs (with their kernel start times, so a reused PID
+is not mistaken for ours) in ``server.json``. `stop` ends both groups (SIGTERM, then SIGKILL after a timeout).
+One state directory per Prefect home, so several servers (other ports and homes) can run side by side.
+Linux only (process state is read from /proc: a zombie or a reused PID is not taken for ours).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "server.json"
+#: Each flow run heartbeats every 30 s, so infra/deploy/automations.yaml can mark a killed run Crashed.
+#: (PREFECT_FLOWS_HEARTBEAT_FREQUENCY is the 3.9 name of PREFECT_RUNNER_HEARTBEAT_FREQUENCY.)
+JOB_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+class ServerError(RuntimeError):
+    """The server or the worker could not be started, or is already running."""
+
+
+@dataclass
+class Proc:
+    """One process we started: its PID (= its process group) and the kernel's start time of that PID."""
+
+    pid: int
+    start_ticks: str | None
+    log: str
+
+
+@dataclass
+class ServerState:
+    """What `start` recorded: enough for `status` and `stop`, and the URLs to print."""
+
+    host: str
+    port: int
+    api_url: str
+    ui_url: str
+    pool: str
+    home: str | None
+    server: Proc
+    worker: Proc
+    started_at: str
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ServerState:
+        return cls(**{**data, "server": Proc(**data["server"]), "worker": Proc(**data["worker"])})
+
+
+@dataclass
+class Status:
+    """`status`: per process running or not, and whether the API answers."""
+
+    state: ServerState
+    server_running: bool
+    worker_running: bool
+    healthy: bool
+
+    @property
+    def running(self) -> bool:
+        return self.server_running and self.worker_running and self.healthy
+
+    @property
+    def stale(self) -> bool:
+        return not self.server_running and not self.worker_running
+
+
+def resolve_home(home: Path | None) -> Path | None:
+    """--home, else $PREFECT_HOME, else None (Prefect's own default, ~/.prefect)."""
+    if home is not None:
+        return Path(home).expanduser().absolute()
+    env = os.environ.get("PREFECT_HOME")
+    return Path(env).expanduser().absolute() if env else None
+
+
+def state_dir(home: Path | None) -> Path:
+    """``HOME/latentforge-server`` for a Prefect home, else ``~/.latentforge/server``."""
+    return home / "latentforge-server" if home is not None else Path.home() / ".latentforge" / "server"
+
+
+def read_state(directory: Path) -> ServerState | None:
+    """The recorded state, None when nothing is recorded; ServerError when the file is not ours or damaged."""
+    path = directory / STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        return ServerState.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ServerError(f"{path} is unreadable ({exc}); stop the processes it named by hand and remove it") from exc
+
+
+def write_state(directory: Path, state: ServerState) -> Path:
+    """Atomic: a reader sees the old file or the new one."""
+    path = directory / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(state), indent=2))
+    tmp.replace(path)
+    return path
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat from the state (field 3) on; None when there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def process_start_ticks(pid: int) -> str | None:
+    stat = _proc_stat(pid)
+    return stat[19] if stat else None
+
+
+def is_running(proc: Proc) -> bool:
+    """The recorded process is alive: not gone, not a zombie, and the PID not reused by another process."""
+    stat = _proc_stat(proc.pid)
+    if stat is None or stat[0] == "Z":
+        return False
+    return proc.start_ticks is None or stat[19] == proc.start_ticks
+
+
+def _group_alive(pgid: int) -> bool:
+    """Any live (non-zombie) process left in the process group?"""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _proc_stat(int(entry.name))
+            if stat and stat[2] == str(pgid) and stat[0] != "Z":
+                return True
+    return False
+
+
+def healthy(api_url: str, timeout: float = 2.0) -> bool:
+    """GET API/health answers 200."""
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def status(home: Path | None) -> Status | None:
+    """The recorded server's status, or None when nothing is recorded for this home."""
+    state = read_state(state_dir(home))
+    if state is None:
+        return None
+    server_up = is_running(state.server)
+    return Status(state, server_up, is_running(state.worker), server_up and healthy(state.api_url))
+
+
+def remove_state(home: Path | None) -> None:
+    (state_dir(home) / STATE_FILE).unlink(missing_ok=True)
+
+
+def stop_group(proc: Proc, timeout: float) -> bool:
+    """SIGTERM the process group, SIGKILL what is left after `timeout`; True when it had to kill.
+
+    A PID now held by another process (other start time) means our group is long gone: Linux does not reuse a
+    number while a process group still has it, so nothing is signalled then."""
+    stat = _proc_stat(proc.pid)
+    reused = stat is not None and proc.start_ticks is not None and stat[19] != proc.start_ticks
+    if reused or not _group_alive(proc.pid):
+        return False
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return sig == signal.SIGKILL
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not _group_alive(proc.pid):
+                return sig == signal.SIGKILL
+            time.sleep(0.2)
+    raise ServerError(f"process group {proc.pid} survived SIGKILL")
+
+
+def stop(home: Path | None, timeout: float = 20.0) -> ServerState | None:
+    """Stop the worker, then the server, by their recorded process groups; remove the state file."""
+    state = read_state(state_dir(home))
+    if state is None:
+        return None
+    for name, proc in (("worker", state.worker), ("server", state.server)):
+        if stop_group(proc, timeout):
+            logger.warning("%s (pid %d) did not stop within %.0f s: killed", name, proc.pid, timeout)
+    remove_state(home)
+    return state
+
+
+def _prefect() -> list[str]:
+    """The `prefect` of this interpreter's environment."""
+    script = Path(sys.executable).with_name("prefect")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "prefect"]
+
+
+def _spawn(args: list[str], env: dict[str, str], log: Path, cwd: Path) -> Proc:
+    """Detached: its own session (PID = process group), stdin closed, output appended to `log`."""
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            args, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    return Proc(pid=process.pid, start_ticks=process_start_ticks(process.pid), log=str(log))
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is free, LISTEN is not
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ServerError(f"cannot listen on {host}:{port}: {exc}") from exc
+
+
+def _log_tail(path: str, lines: int = 20) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _wait_until(ready: Callable[[], bool], proc: Proc, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        if not is_running(proc):
+            raise ServerError(f"{what} exited while starting; last lines of {proc.log}:\n{_log_tail(proc.log)}")
+        time.sleep(0.5)
+    raise ServerError(f"{what} not ready after {timeout:.0f} s; see {proc.log}")
+
+
+def ensure_pool(api_url: str, pool: str) -> bool:
+    """Create the process work pool (its job env carrying JOB_ENV) unless it exists; True when created."""
+    from prefect.client.orchestration import get_client  # noqa: PLC0415 - keeps `status`/`stop` light
+    from prefect.client.schemas.actions import WorkPoolCreate  # noqa: PLC0415
+    from prefect.exceptions import ObjectNotFound  # noqa: PLC0415
+    from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: PLC0415
+    from prefect.workers.process import ProcessWorker  # noqa: PLC0415
+
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(pool)
+            return False
+        except ObjectNotFound:
+            template = ProcessWorker.get_default_base_job_template()
+            template["variables"]["properties"]["env"]["default"] = dict(JOB_ENV)
+            client.create_work_pool(WorkPoolCreate(name=pool, type="process", base_job_template=template))
+            return True
+
+
+def worker_online(api_url: str, pool: str, name: str) -> bool:
+    """The worker has registered with the pool (its first heartbeat reached the server)."""
+    from prefect.client.orchestration import get_client  # noqa: PLC0415
+    from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: PLC0415
+
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        return any(w.name == name for w in client.read_workers_for_work_pool(pool))
+
+
+def start(
+    host: str = "127.0.0.1",
+    port: int = 4200,
+    pool: str = "latentforge",
+    home: Path | None = None,
+    cwd: Path | None = None,
+    timeout: float = 120.0,
+) -> ServerState:
+    """Start server and worker detached, wait until the API answers and the worker is in the pool; record both.
+
+    Refuses when this home's recorded server still runs; a stale record (both PIDs gone) is removed first."""
+    directory = state_dir(home)
+    current = status(home)
+    if current is not None and not current.stale:
+        raise ServerError(f"already running (server pid {current.state.server.pid}); `latentforge server stop` first")
+    if current is not None:
+        logger.warning("removing a stale state file (pids %d, %d)", current.state.server.pid, current.state.worker.pid)
+        remove_state(home)
+    _check_port_free(host, port)
+    directory.mkdir(parents=True, exist_ok=True)
+    local = "127.0.0.1" if host in WILDCARD_HOSTS else host
+    base = f"http://[{local}]:{port}" if ":" in local else f"http://{local}:{port}"
+    api_url, cwd = f"{base}/api", Path(cwd or Path.cwd())
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if home is not None:
+        env["PREFECT_HOME"] = str(home)
+    server_args = [*_prefect(), "server", "start", "--host", host, "--port", str(port)]
+    server = _spawn(server_args, env, directory / "server.log", cwd)
+    worker: Proc | None = None
+    try:
+        _wait_until(lambda: healthy(api_url), server, f"prefect server at {api_url}", timeout)
+        ensure_pool(api_url, pool)
+        name = f"latentforge-{socket.gethostname()}-{port}"
+        worker_env = {**JOB_ENV, **env, "PREFECT_API_URL": api_url}
+        worker_args = [*_prefect(), "--no-prompt", "worker", "start", "--pool", pool, "--name", name]
+        worker = _spawn(worker_args, worker_env, directory / "worker.log", cwd)
+        _wait_until(lambda: worker_online(api_url, pool, name), worker, f"worker {name}", timeout)
+    except BaseException:
+        for proc in (worker, server):
+            if proc is not None:
+                stop_group(proc, 10.0)
+        raise
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    state = ServerState(host, port, api_url, base, pool, str(home) if home else None, server, worker, started)
+    write_state(directory, state)
+    return state
+
+
+AUTOMATION_BLOCK_PLACEHOLDER = "${LATENTFORGE_NOTIFY_BLOCK_ID}"
+
+
+def render_automations(text: str, block_document_id: str) -> str:
+    """infra/deploy/automations.yaml with the notification block's id filled in (the file format wants an id,
+    not a name: `send-notification` takes `block_document_id: UUID`)."""
+    if AUTOMATION_BLOCK_PLACEHOLDER not in text:
+        raise ValueError(f"no {AUTOMATION_BLOCK_PLACEHOLDER} in the automations file")
+    return text.replace(AUTOMATION_BLOCK_PLACEHOLDER, block_document_id)
+
+
+def install_automations(api_url: str, block: str, path: Path) -> list[tuple[str, str]]:
+    """Create the automations of `path` on the server, notifying through the block `TYPE-SLUG/NAME`
+    (e.g. ``custom-webhook/latentforge-alerts``); an automation of the same name is replaced. [(name, id)]"""
+    import yaml  # noqa: PLC0415
+    from prefect.client.orchestration import get_client  # noqa: PLC0415
+    from prefect.events.schemas.automations import AutomationCore  # noqa: PLC0415
+    from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: PLC0415
+
+    block_type, _, name = block.partition("/")
+    if not name:
+        raise ValueError(f"--block takes TYPE-SLUG/NAME (e.g. custom-webhook/latentforge-alerts), not {block!r}")
+    created = []
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        block_id = str(client.read_block_document_by_name(name, block_type).id)
+        data = yaml.safe_load(render_automations(Path(path).read_text(), block_id))
+        for item in data["automations"] if isinstance(data, dict) else data:
+            automation = AutomationCore.model_validate(item)
+            for old in client.read_automations_by_name(automation.name):
+                client.delete_automation(old.id)
+            created.append((automation.name, str(client.create_automation(automation))))
+    return created
