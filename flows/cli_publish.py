@@ -32,7 +32,7 @@ def upload(
     on_conflict: Annotated[str | None, Opt(help="ask|abort when remote files differ [ask on a server]")] = None,
     workers: Annotated[int | None, Opt(help="parallel transfers [8]")] = None,
     chunk_mb: Annotated[int | None, Opt(help="S3 multipart part size in MiB [64]")] = None,
-    commit_every: Annotated[int | None, Opt(help="Hub: files per commit [256]")] = None,
+    commit_every: Annotated[int | None, Opt(help="Hub: files per commit [100]")] = None,
     license: Annotated[str | None, Opt("--license", help="dataset card license [other]")] = None,  # noqa: A002
     public: Annotated[bool, Opt("--public", help="Hub: create the repo public (default private)")] = False,
     hub_token_block: Annotated[str | None, Opt(help="Prefect Secret block with the Hub token")] = None,

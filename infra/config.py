@@ -49,7 +49,7 @@ class UploadConfig(StrictModel):
     )
     workers: int = Field(8, ge=1, le=64, description="Parallel transfers")
     chunk_mb: int = Field(64, ge=5, le=5120, description="S3 multipart threshold and part size (MiB)")
-    commit_every: int = Field(256, ge=1, description="Hub: files per commit (each commit is a resume point)")
+    commit_every: int = Field(100, ge=1, description="Hub: files per commit (a resume point each; Hub advice: ≤ 100)")
     license: str = Field("other", description="Dataset card license field (an SPDX-like id the Hub knows)")
     private: bool = Field(True, description="Hub: create the dataset repo private when it does not exist")
     hub_token_block: str | None = Field(

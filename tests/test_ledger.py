@@ -162,7 +162,7 @@ def test_a_rerun_stops_at_a_damaged_file_and_an_approved_overwrite_redoes_it(tmp
     assert (result["done"], result["encoded"], result["reused"]) == (4, 2, 2), result
     assert {item.sample_dir: _sha(_target(out, item)) for item in items} == before
     rows = read_shard(out, "shard-00000")
-    assert rows[items[1].sample_dir].extra == {"replaced": fingerprint}
+    assert rows[items[1].sample_dir].extra["replaced"] == fingerprint
     assert not journal_path(out, "shard-00000").exists()
 
     # Files this spec wrote but the ledger lost (a crash between the link and the journal line) are adopted.

@@ -1,0 +1,112 @@
+"""The upload as a step of the build and its gates, through the public interfaces, against a moto S3 server:
+the build uploads only after its gates pass, a gate that failed stops `latentforge upload` unless
+`--skip-gates` (recorded), and a changed remote object is replaced only with the token bound to it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.run import run_build
+from tests import s3_server
+from tests.conftest import config, make_shards, sample
+from tests.media_utils import cut_clip
+
+moto_server, s3_env = s3_server.moto_server, s3_server.s3_env  # the fixtures, by name
+runner = CliRunner()
+
+
+@pytest.fixture
+def bucket(s3_env: str) -> str:
+    name = f"lf-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory, clips) -> Path:
+    """Two good samples and one corrupt clip (a shortfall the loss gate must see)."""
+    video = cut_clip(clips["carphone"], 9)
+    return make_shards(
+        tmp_path_factory.mktemp("publish-flow") / "src",
+        {"s": [sample(0, 0, video, b"one"), sample(1, 0, video, b"two"), sample(1, 1, b"no video", b"bad")]},
+    )
+
+
+def _keys(bucket: str) -> dict[str, dict[str, Any]]:
+    client = boto3.client("s3")
+    listed = client.list_objects_v2(Bucket=bucket).get("Contents", [])
+    return {o["Key"]: client.head_object(Bucket=bucket, Key=o["Key"]) for o in listed}
+
+
+def test_the_build_uploads_after_its_gates_and_not_when_a_gate_stops_it(tmp_path, source, tiny_model, bucket):
+    target = f"s3://{bucket}/wan"
+    stopped = config(source, tiny_model, tmp_path / "stopped", on_loss="abort", upload={"to": target})
+    ok, message = run_build(stopped)
+    assert not ok and "LossAborted" in message
+    assert _keys(bucket) == {}  # the loss gate stopped the run before the upload step
+
+    ok, result = run_build(config(source, tiny_model, tmp_path / "out", upload={"to": target, "chunk_mb": 5}))
+    assert ok, result
+    uploaded = result["upload"]
+    assert uploaded["counts"]["sent"] == len(_keys(bucket)) and uploaded["counts"]["conflicts"] == 0
+    keys = _keys(bucket)
+    assert f"wan/{json.loads((tmp_path / 'out' / 'cache.json').read_text()) and 'cache.json'}" in keys
+    assert "wan/README.md" in keys and "wan/ledger/s.jsonl" in keys
+    data = [k for k in keys if k.endswith(".pt")]
+    assert len(data) == 2 and all(keys[k]["Metadata"]["latentforge-role"] == "data" for k in data)
+    report = json.loads(Path(uploaded["upload_report"]).read_text())
+    assert report["check"]["ok"] and report["check"]["verified"] == len(keys)
+    assert report["gates"] == {"skipped": False, "problems": []}
+
+
+def test_a_failed_gate_stops_the_upload_unless_skipped_and_recorded(tmp_path, source, tiny_model, bucket):
+    out = tmp_path / "out"
+    ok, _ = run_build(config(source, tiny_model, out, on_loss="abort"))  # the run report records the shortfall
+    assert not ok
+    target = f"s3://{bucket}/c"
+    refused = runner.invoke(app, ["upload", str(out), "--to", target])
+    assert refused.exit_code == 1 and "nobody accepted the loss" in refused.output
+    assert _keys(bucket) == {}
+    forced = runner.invoke(app, ["upload", str(out), "--to", target, "--skip-gates"])
+    assert forced.exit_code == 0, forced.output
+    report = json.loads(Path(forced.output.split("upload report")[1].strip()).read_text())
+    assert report["gates"]["skipped"] and "nobody accepted the loss" in report["gates"]["problems"][0]
+    assert len(_keys(bucket)) == report["check"]["verified"]
+
+
+def test_a_changed_remote_object_is_replaced_only_with_its_token(tmp_path, source, tiny_model, bucket):
+    out = tmp_path / "out"
+    ok, _ = run_build(config(source, tiny_model, out))
+    assert ok
+    target = f"s3://{bucket}/c"
+    assert runner.invoke(app, ["upload", str(out), "--to", target]).exit_code == 0
+    client = boto3.client("s3")
+    sample_key = next(k for k in _keys(bucket) if k.endswith(".pt"))
+    client.put_object(Bucket=bucket, Key=sample_key, Body=b"latents of another encoder")  # someone else's
+    other_copy = tmp_path / "other"
+    shutil.copytree(out, other_copy)
+
+    # --on-conflict abort: the test harness is a reachable API, where the default would be to ask.
+    refused = runner.invoke(app, ["upload", str(out), "--to", target, "--on-conflict", "abort"])
+    assert refused.exit_code == 1 and sample_key.removeprefix("c/") in refused.output
+    token = re.search(r"--approve-replace (\w+)", refused.output)[1]
+    assert client.get_object(Bucket=bucket, Key=sample_key)["Body"].read() == b"latents of another encoder"
+    verify = runner.invoke(app, ["upload", str(out), "--to", target, "--verify-only"])
+    assert verify.exit_code == 1 and f"size differs:\n  path\n  {sample_key.removeprefix('c/')}" in verify.output
+
+    wrong = runner.invoke(app, ["upload", str(out), "--to", target, "--approve-replace", "0" * 20])
+    assert wrong.exit_code == 1 and "does not match" in wrong.output
+    approved = runner.invoke(app, ["upload", str(out), "--to", target, "--approve-replace", token])
+    assert approved.exit_code == 0, approved.output
+    assert client.get_object(Bucket=bucket, Key=sample_key)["Body"].read() == (out / sample_key[2:]).read_bytes()
+    assert runner.invoke(app, ["upload", str(out), "--to", target, "--verify-only"]).exit_code == 0
