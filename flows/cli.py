@@ -112,6 +112,9 @@ def build(
         summary = {k: v for k, v in result.items() if k in BuildSummary.model_fields}
         typer.echo(BuildSummary.model_validate(summary).text())
         typer.echo(f"run report  {result['run_report']}")
+        if result.get("upload"):
+            uploaded = result["upload"]
+            typer.echo(f"uploaded    {uploaded['target']}: {uploaded['counts']}; report {uploaded['upload_report']}")
 
 
 @app.command()
@@ -214,7 +217,12 @@ def pending() -> None:
 @app.command()
 def approve(
     run_id: Annotated[str, typer.Argument(help="the paused flow run's id")],
-    choice: Annotated[str, typer.Argument(help="reuse | new_dir | overwrite | abort, or accept_loss | abort")],
+    choice: Annotated[
+        str,
+        typer.Argument(
+            help="reuse|new_dir|overwrite|abort (conflict), accept_loss|abort (loss), replace|abort (upload)"
+        ),
+    ],
     note: Annotated[str, Opt(help="recorded with the decision")] = "",
     by: Annotated[str | None, Opt(help="who decides (default: your user name)")] = None,
 ) -> None:

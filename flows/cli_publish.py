@@ -71,7 +71,10 @@ def upload(
         _fail(str(result), code=1)
     counts, sent = result.get("counts"), result.get("sent")
     if counts:
-        typer.echo(f"{to}: sent {counts['sent']} new, updated {counts['updated']}, unchanged {counts['unchanged']}")
+        typer.echo(
+            f"{to}: sent {counts['sent']} new, updated {counts['updated']}, replaced {counts['replaced']}, "
+            f"unchanged {counts['unchanged']}"
+        )
     if sent:
         typer.echo(f"  {sent['files']} files, {sent['bytes']} bytes in {sent['seconds']} s ({sent['mib_per_s']} MiB/s)")
     check = result.get("check") or {}

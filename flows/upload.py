@@ -16,6 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.alerting import on_crashed, on_failure
 from flows.approval import ReplaceChoice, ask_replace
 from flows.conflict import default_policy
 from flows.steps import step
@@ -164,7 +165,13 @@ def _markdown(
     return "\n".join(lines) + "\n"
 
 
-@flow(name="upload-cache", task_runner=ThreadPoolTaskRunner(max_workers=4), persist_result=False)
+@flow(
+    name="upload-cache",
+    task_runner=ThreadPoolTaskRunner(max_workers=4),
+    persist_result=False,
+    on_failure=[on_failure],
+    on_crashed=[on_crashed],
+)
 def upload_cache(
     out: str, upload: UploadConfig, verify_only: bool = False, approval_timeout: int = 86400
 ) -> dict[str, Any]:

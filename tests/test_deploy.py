@@ -325,3 +325,47 @@ def test_latentforge_server_automations_fills_the_block_id_and_replaces_by_name(
         for name in names:
             for automation in client.read_automations_by_name(name):
                 client.delete_automation(automation.id)
+
+
+def test_rerun_failed_only_of_a_deployment_run_is_a_new_run_of_that_deployment(
+    deployed, client, tiny_model, clips, tmp_path
+):
+    video = cut_clip(clips["carphone"], 9)
+    src = make_shards(tmp_path / "src", {"s": [sample(0, i, video, f"clip {i}".encode()) for i in range(2)]})
+    out = tmp_path / "cache"
+    deployment = client.read_deployment_by_name("build-cache/build-cache")
+
+    def run(**overrides: Any) -> UUID:
+        parameters = {"config": config(src, tiny_model, out, **overrides).model_dump(mode="json", exclude_none=True)}
+        return client.create_flow_run_from_deployment(deployment.id, parameters=parameters).id
+
+    log = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(
+        [PREFECT, "worker", "start", "--pool", POOL, "--name", "rerun-worker"],
+        cwd=ROOT, env=deployed, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert _wait_final(client, run(max_samples_per_shard=1), worker).state.is_completed()
+        done = {p.relative_to(out).as_posix() for p in out.rglob("*.pt")}
+        (first,) = done  # sample 0; sample 1 goes beside it: a stray file there makes it fail (output_exists)
+        second = out / first.replace("00000000", "00000001")
+        second.write_bytes(b"a stray file from another encoder")
+        failing = run()
+        assert _wait_final(client, failing, worker).state.is_completed()
+        second.unlink()
+        rerun = subprocess.run(
+            [str(Path(sys.executable).with_name("latentforge")), "rerun", str(failing), "--failed-only"],
+            env=deployed, capture_output=True, text=True,
+        )  # fmt: skip
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        new_id = UUID(rerun.stdout.split("started ")[1].split()[0])
+        new = _wait_final(client, new_id, worker)
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
+        log.close()
+    assert new.state.is_completed(), (tmp_path / "worker.log").read_text(errors="replace")[-3000:]
+    assert new.deployment_id == deployment.id and f"rerun-of:{failing}" in new.tags
+    only = new.parameters["config"]["only"]
+    assert len(only) == 1 and only[0].startswith("s/") and only[0].endswith("00000001")
+    assert second.is_file() and second.read_bytes() != b"a stray file from another encoder"

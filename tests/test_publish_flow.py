@@ -5,8 +5,12 @@ the build uploads only after its gates pass, a gate that failed stops `latentfor
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,7 @@ from flows.run import run_build
 from tests import s3_server
 from tests.conftest import config, make_shards, sample
 from tests.media_utils import cut_clip
+from tests.receiver import receiver
 
 moto_server, s3_env = s3_server.moto_server, s3_server.s3_env  # the fixtures, by name
 runner = CliRunner()
@@ -79,7 +84,7 @@ def test_a_failed_gate_stops_the_upload_unless_skipped_and_recorded(tmp_path, so
     assert _keys(bucket) == {}
     forced = runner.invoke(app, ["upload", str(out), "--to", target, "--skip-gates"])
     assert forced.exit_code == 0, forced.output
-    report = json.loads(Path(forced.output.split("upload report")[1].strip()).read_text())
+    report = json.loads(Path(re.search(r"upload report\s+(\S+\.json)", forced.output)[1]).read_text())
     assert report["gates"]["skipped"] and "nobody accepted the loss" in report["gates"]["problems"][0]
     assert len(_keys(bucket)) == report["check"]["verified"]
 
@@ -110,3 +115,53 @@ def test_a_changed_remote_object_is_replaced_only_with_its_token(tmp_path, sourc
     assert approved.exit_code == 0, approved.output
     assert client.get_object(Bucket=bucket, Key=sample_key)["Body"].read() == (out / sample_key[2:]).read_bytes()
     assert runner.invoke(app, ["upload", str(out), "--to", target, "--verify-only"]).exit_code == 0
+
+
+def test_on_a_server_a_remote_conflict_pauses_and_a_person_approves_the_replace(
+    tmp_path, source, tiny_model, bucket, prefect_server
+):
+    out = tmp_path / "out"
+    assert run_build(config(source, tiny_model, out))[0]
+    target = f"s3://{bucket}/c"
+    assert runner.invoke(app, ["upload", str(out), "--to", target]).exit_code == 0
+    client = boto3.client("s3")
+    sample_key = next(k for k in _keys(bucket) if k.endswith(".pt"))
+    client.put_object(Bucket=bucket, Key=sample_key, Body=b"latents of another encoder")
+    lf = str(Path(sys.executable).with_name("latentforge"))
+    server_env = {k: v for k, v in prefect_server.items() if k.startswith("PREFECT_")}
+    with receiver() as hook:
+        env = {**os.environ, **server_env, "LATENTFORGE_ALERT_WEBHOOK": hook.url}
+        upload = subprocess.Popen(
+            [lf, "upload", str(out), "--to", target, "--approval-timeout", "120"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            paused = hook.wait_for(lambda body: isinstance(body, dict) and body.get("kind") == "paused", timeout=120)
+            assert paused["flow"] == "upload-cache" and paused["step"] == "upload-replace"
+            assert client.get_object(Bucket=bucket, Key=sample_key)["Body"].read() == b"latents of another encoder"
+            deadline = time.monotonic() + 60
+            while True:  # the preview is saved just after the pause
+                pending = subprocess.run([lf, "pending"], env=env, capture_output=True, text=True).stdout
+                if sample_key.removeprefix("c/") in pending:
+                    break
+                assert time.monotonic() < deadline, pending
+            answer = subprocess.run(
+                [lf, "approve", paused["run_id"], "replace", "--by", "data-lead", "--note", "ours is right"],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            assert answer.returncode == 0, answer.stderr
+            output, _ = upload.communicate(timeout=120)
+        finally:
+            if upload.poll() is None:
+                upload.kill()
+    assert upload.returncode == 0, output
+    assert f"{target}: sent 0 new, updated 0, replaced 1, unchanged 7" in output, output
+    assert client.get_object(Bucket=bucket, Key=sample_key)["Body"].read() == (out / sample_key[2:]).read_bytes()
+    report = json.loads(Path(re.search(r"upload report\s+(\S+\.json)", output)[1]).read_text())
+    assert report["decision"]["decision"] == "replace" and "data-lead" in report["decision"]["who"]
+    assert report["check"]["ok"]

@@ -310,7 +310,7 @@ def test_make_s3_remote_names_the_extra_when_boto3_is_missing(monkeypatch):
 
 LATENTFORGE = Path(sys.executable).parent / "latentforge"
 DATA_FILES = 3  # samples in the small cache
-COUNTS = re.compile(r"sent (\d+) new, updated (\d+), unchanged (\d+)")
+COUNTS = re.compile(r"sent (\d+) new, updated (\d+), replaced 0, unchanged (\d+)")
 
 
 @pytest.fixture(scope="module")

@@ -94,11 +94,13 @@ def upload_report(
     """The upload report: what was there, what was sent, who approved a replace, what the remote check found."""
     counts = None
     if plan is not None:
+        approved = stats is not None and decision is not None and decision.get("decision") == "replace"
         counts = {
             "sent": len(plan.send),
             "unchanged": len(plan.unchanged),
             "updated": len(plan.update),
             "conflicts": len(plan.conflicts),
+            "replaced": len(plan.conflicts) if approved else 0,
             "extra_remote": len(plan.extra),
         }
     return {
