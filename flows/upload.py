@@ -22,7 +22,7 @@ from flows.conflict import default_policy
 from flows.steps import step
 from infra.config import UploadConfig
 from infra.lock import out_lock
-from infra.publish.base import LocalFile, PublishError, RemoteConflict, parse_target
+from infra.publish.base import LocalFile, PublishError, Remote, RemoteConflict, parse_target
 from infra.publish.check import RemoteCheck
 from infra.publish.core import SendStats, upload_report, write_upload_report
 from infra.publish.diff import UploadPlan
@@ -44,44 +44,36 @@ class RemoteCheckFailed(PublishError):
 def upload_step(
     out: Path, config: UploadConfig, *, verify_only: bool = False, approval_timeout: int = 86400
 ) -> dict[str, Any]:
-    """Publish OUT to config.to (or only verify the remote copy). Writes an upload report either way;
-    raises after writing it when a gate, a conflict or the remote check failed."""
+    """Publish OUT to config.to (or only verify the remote copy). Once OUT is known to be whole, an upload report
+    is written whatever happens next; a failed gate, a refused conflict or a failed remote check raise after it."""
     log = get_run_logger()
     out = Path(out)
     target = parse_target(config.to)
     with step("upload"), out_lock(out):
-        manifest = build_manifest(out, config, target)
-        gates = _gates(out, manifest, config, verify_only)
-        remote = open_remote(target, config)
+        manifest = build_manifest(out, config, target)  # a cache that is not whole: an error, no report
         warnings = layout_warnings(target, manifest.files)
         for warning in warnings:
             log.warning("%s", warning)
+        gates: dict[str, Any] = {"skipped": False, "problems": []}
         plan: UploadPlan | None = None
         stats: SendStats | None = None
         decision: dict[str, Any] | None = None
-        failure: Exception | None = None
+        check: RemoteCheck | None = None
+        failure: PublishError | None = None
         try:
+            gates = _gates(out, manifest, config, verify_only)
+            remote = open_remote(target, config)
             if not verify_only:
-                plan = list_and_plan(manifest, remote)
-                log.info(
-                    "%s: %d to send, %d unchanged, %d to update, %d conflicting (%d bytes to send)",
-                    target.url,
-                    len(plan.send),
-                    len(plan.unchanged),
-                    len(plan.update),
-                    len(plan.conflicts),
-                    plan.bytes_to_send,
-                )
-                decision = _replace_decision(plan, config, approval_timeout) if plan.conflicts else None
+                plan, decision = _plan_and_decide(manifest, remote, config, approval_timeout)
                 approved = decision is not None and decision["decision"] == ReplaceChoice.replace.value
                 if plan.conflicts and not approved:
                     raise RemoteConflict(_refusal(plan, decision))
                 stats = send(plan, remote, approved, _progress(manifest, plan))
+            check = verify_remote(manifest, remote)
+            if not check.ok:
+                failure = RemoteCheckFailed(check.text())
         except PublishError as exc:
             failure = exc
-        check = verify_remote(manifest, remote) if failure is None else None
-        if check is not None and not check.ok:
-            failure = RemoteCheckFailed(check.text())
         report = upload_report(
             plan,
             stats,
@@ -98,6 +90,23 @@ def upload_step(
     if failure is not None:
         raise failure
     return {**report, "upload_report": str(path)}
+
+
+def _plan_and_decide(
+    manifest: Manifest, remote: Remote, config: UploadConfig, approval_timeout: int
+) -> tuple[UploadPlan, dict[str, Any] | None]:
+    """List the remote and plan; when files conflict, the decision (a token, a person, or abort)."""
+    plan = list_and_plan(manifest, remote)
+    get_run_logger().info(
+        "%s: %d to send, %d unchanged, %d to update, %d conflicting (%d bytes to send)",
+        plan.target.url,
+        len(plan.send),
+        len(plan.unchanged),
+        len(plan.update),
+        len(plan.conflicts),
+        plan.bytes_to_send,
+    )
+    return plan, _replace_decision(plan, config, approval_timeout) if plan.conflicts else None
 
 
 def _gates(out: Path, manifest: Manifest, config: UploadConfig, verify_only: bool) -> dict[str, Any]:
