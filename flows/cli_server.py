@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from infra import server
+from infra.automations import install_automations
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A Prefect server, work pool and worker here.")
 Opt = typer.Option
@@ -109,7 +110,7 @@ def automations(
         url = api_url or (recorded.api_url if recorded else None) or os.environ.get("PREFECT_API_URL")
         if not url:
             _fail("no server: start one (`latentforge server start`), or pass --api-url / set PREFECT_API_URL")
-        created = server.install_automations(url, block, file)
+        created = install_automations(url, block, file)
     except ObjectNotFound:
         _fail(f"no block {block!r} on {url}: create it first (see infra/deploy/README.md)")
     except (server.ServerError, OSError, ValueError) as exc:

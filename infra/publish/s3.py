@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from infra.config import UploadConfig
 from infra.publish.base import LocalFile, OnSent, PublishError, RemoteConflict, RemoteFile, Target
+from infra.publish.s3_client import make_client, transfer_config
 
 if TYPE_CHECKING:
-    from boto3.s3.transfer import TransferConfig
+    pass
 
 log = logging.getLogger(__name__)
 
-MIB = 1024 * 1024
 #: Object metadata keys (S3 stores them as x-amz-meta-*, lower case).
 SHA256_KEY = "sha256"
 ROLE_KEY = "latentforge-role"
@@ -58,8 +58,8 @@ class S3Remote:
             raise ValueError(f"S3Remote needs an s3:// target, got {target.url!r}")
         self.target = target
         self._workers = config.workers
-        self._transfer = _transfer_config(config)
-        self._client = client if client is not None else _make_client(config)
+        self._transfer = transfer_config(config)
+        self._client = client if client is not None else make_client(config)
         log.info("S3 target %s (endpoint %s)", target.url, self._client.meta.endpoint_url)
 
     def list(self) -> dict[str, RemoteFile]:
@@ -356,41 +356,3 @@ def _s3_errors(what: str) -> Iterator[None]:
         raise PublishError(f"{what}: S3 refused: {_code(exc)} (HTTP {status}): {exc}") from exc
     except BotoCoreError as exc:
         raise PublishError(f"{what}: {exc}") from exc
-
-
-def _transfer_config(config: UploadConfig) -> TransferConfig:
-    from boto3.s3.transfer import TransferConfig  # noqa: PLC0415 - optional dependency
-
-    chunk = config.chunk_mb * MIB
-    return TransferConfig(multipart_threshold=chunk, multipart_chunksize=chunk, max_concurrency=config.workers)
-
-
-def _make_client(config: UploadConfig) -> Any:
-    """An S3 client from the default chain or the named AwsCredentials block. The pool holds a connection
-    for each file thread and each part thread; retries use the standard mode."""
-    import boto3  # noqa: PLC0415 - optional dependency
-    from botocore.config import Config  # noqa: PLC0415
-
-    client_config = Config(max_pool_connections=2 * config.workers + 2, retries={"mode": "standard"})
-    if config.aws_credentials_block is None:
-        return boto3.session.Session().client("s3", config=client_config)
-    return _block_client(config.aws_credentials_block, client_config)
-
-
-def _block_client(name: str, client_config: Any) -> Any:
-    try:
-        from prefect_aws import AwsCredentials  # noqa: PLC0415 - optional, only with a named block
-    except ImportError as exc:
-        raise PublishError(
-            f"upload.aws_credentials_block={name!r} needs the prefect-aws package: pip install prefect-aws"
-        ) from exc
-    try:
-        block = AwsCredentials.load(name)
-    except ValueError as exc:
-        raise PublishError(f"no AwsCredentials block named {name!r}: {exc}") from exc
-    # The block's own client parameters (endpoint_url, verify, ...) apply; its botocore config, if any, is
-    # merged under ours.
-    params = dict(block.aws_client_parameters.get_params_override())
-    if (own := params.pop("config", None)) is not None:
-        client_config = own.merge(client_config)
-    return block.get_boto3_session().client("s3", config=client_config, **params)
