@@ -23,12 +23,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	@mkdir -p $(PREFECT_HOME)
 	@test -d $(DEMO)/data || $(LF) make-demo-data $(DEMO)/data
 	@test -d $(DEMO)/model || $(LF) make-tiny-model $(DEMO)/model
 	$(LF) build --source vbvr:$(DEMO)/data --model $(DEMO)/model --out $(DEMO)/cache $(DEMO_FLAGS)
 	$(LF) inspect $(DEMO)/cache
 
 test: $(STAMP)
+	@mkdir -p $(PREFECT_HOME)
 	$(BIN)/ruff check flows tasks infra tests bench
 	$(BIN)/python -m pytest -q
 
@@ -38,6 +40,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/decode_bench.py
+	$(BIN)/python bench/upload_bench.py
 
 clean-demo:
 	rm -rf $(DEMO)
