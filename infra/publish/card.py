@@ -211,7 +211,10 @@ def _decisions(report: dict[str, Any] | None) -> str | None:
         )
     decode = report.get("decode") or {}
     if decode:
-        lines.append(f"* decode-and-verify: mean PSNR {decode.get('mean_psnr')} dB, ok={decode.get('ok')}")
+        psnr = decode.get("mean_psnr")
+        shown = f"{psnr:.2f}" if isinstance(psnr, int | float) else "—"
+        count = len(decode.get("rows") or [])
+        lines.append(f"* decode-and-verify: mean PSNR {shown} dB over {count} sample(s), ok={decode.get('ok')}")
     for decision in report.get("decisions") or []:
         who = decision.get("who") or decision.get("by") or "—"
         rest = ", ".join(f"{k}={v}" for k, v in sorted(decision.items()) if k not in {"gate", "decision", "who", "by"})
