@@ -334,3 +334,16 @@ def test_cli_rerun_after_a_killed_upload_sends_nothing_already_there(
     assert hub_env.put_bytes() <= sum(p.stat().st_size for p in sent)
     assert hub_env.count("POST", "/commit/") == len(files) - len(landed) - 1  # one per missing file (+ .gitattributes)
     assert "cache.json" in files and "remote verified" in rerun.output
+
+
+def test_a_file_changed_since_its_ledger_row_is_not_committed(hub_env: FakeHub, tmp_path: Path) -> None:
+    files = _cache_files(tmp_path, samples=2)
+    rotten = files[1]
+    rotten.source.write_bytes(b"\0PK" + os.urandom(BINARY_BYTES))  # same size, other bytes than were recorded
+    remote = _remote()
+    remote.list()
+    with pytest.raises(PublishError, match="changed on disk since they were recorded") as info:
+        remote.send(files, replace={}, on_sent=lambda f: None)
+    assert rotten.path in str(info.value)
+    assert rotten.path not in hub_env.files(REPO)  # its batch was refused before the commit
+    assert hub_env.put_bytes() == 0  # checked before the batch was sent, so not even its good file went out

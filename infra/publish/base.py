@@ -158,5 +158,7 @@ class Remote(Protocol):
         """Store `files` (already in send order; call it once per role stage). A path not in `replace` must
         not exist on the remote: write it conditionally (S3 If-None-Match: *); a path in `replace` replaces
         only the version given (S3 If-Match its etag; the Hub: the parent commit listed). Raises
-        RemoteConflict when a condition fails; calls `on_sent` after each file is durably stored."""
+        RemoteConflict when a condition fails; calls `on_sent` after each file is durably stored.
+        The bytes sent are hashed as they are read (S3) or before the commit (the Hub): a file whose bytes no
+        longer match `LocalFile.sha256` (bit rot, an edit since its ledger row) is not stored: PublishError."""
         ...

@@ -18,7 +18,6 @@ from typing import Any
 from infra.publish.base import ROLE_ORDER, LocalFile, PublishError, Remote, RemoteFile
 from infra.publish.diff import UploadPlan
 from infra.reports import reports_dir, to_json_bytes, write_new
-from infra.storage import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -37,15 +36,6 @@ class SendStats:
     @property
     def mib_per_s(self) -> float:
         return round(self.bytes / (1 << 20) / self.seconds, 2) if self.seconds > 0 else 0.0
-
-
-def check_local(files: list[LocalFile]) -> None:
-    """Every file about to leave still has the sha256 its ledger row recorded (bit rot, a later edit)."""
-    changed = [f.path for f in files if f.source is not None and sha256_file(f.source) != f.sha256]
-    if changed:
-        raise PublishError(
-            f"{len(changed)} file(s) changed on disk since they were recorded (not uploaded): {', '.join(changed[:10])}"
-        )
 
 
 def send_plan(
@@ -72,7 +62,6 @@ def send_plan(
         )
         if not files:
             continue
-        check_local(files)
         logger.info("sending %d %s file(s) (%d replacing) to %s", len(files), role, len(replace), plan.target.url)
         remote.send(files, replace=replace, on_sent=sent)
     stats.seconds = round(time.perf_counter() - start, 3)

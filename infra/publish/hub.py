@@ -224,6 +224,10 @@ class HubRemote:
         for op, file in zip(operations, batch, strict=True):
             if op.upload_info.size != file.size:
                 raise PublishError(f"{file.path}: {op.upload_info.size} bytes on disk, {file.size} when it was hashed")
+        sent = {f.path: _sent_sha256(op, f) for op, f in zip(operations, batch, strict=True)}
+        changed = [f.path for f in batch if sent[f.path] != f.sha256]
+        if changed:  # the client hashed other bytes than the ledger's (bit rot, a later edit): send none of them
+            raise PublishError(f"{len(changed)} file(s) changed on disk since they were recorded: {', '.join(changed)}")
         roles = ", ".join(f"{n} {role}" for role, n in sorted(Counter(f.role for f in batch).items()))
         with self._errors(f"commit {label}", conflict=True):
             info = self._api.create_commit(
@@ -236,14 +240,10 @@ class HubRemote:
                 num_threads=self._workers,
             )
         self._head = info.oid
-        sent = {f.path: _sent_sha256(op, f) for op, f in zip(operations, batch, strict=True)}
         listed = self._listed if self._listed is not None else {}
         listed.update({f.path: RemoteFile(f.path, f.size, sha256=sent[f.path]) for f in batch})
         self._listed = listed
         log.info("%s: commit %s landed (%d file(s), %s): %s", self.target.url, label, len(batch), roles, info.oid)
-        changed = [f.path for f in batch if sent[f.path] != f.sha256]
-        if changed:  # the client hashed other bytes than the ledger's: the remote check will show the mismatch
-            raise PublishError(f"{len(changed)} file(s) changed on disk while being uploaded: {', '.join(changed)}")
 
     def _where(self, path: str) -> str:
         return f"hf://datasets/{self.target.repo_id}@{self.target.revision}/{self.target.key(path)}"
@@ -278,9 +278,9 @@ def _remote_file(rel: str, entry: object) -> RemoteFile:
 
 
 def _sent_sha256(op: Any, file: LocalFile) -> str:
-    """The sha256 the client hashed while uploading (LFS and xet files), else the one we were given."""
-    info = op.upload_info
-    return info.sha256.hex() if info.is_hashed else file.sha256
+    """The sha256 of the bytes the client will send, hashed now (before the commit). The client keeps it, so
+    LFS does not hash again; xet, which would hash while uploading, reads the file once more."""
+    return op.upload_info.sha256.hex()
 
 
 def _version(file: RemoteFile) -> tuple[int, str | None, str | None]:
