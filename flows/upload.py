@@ -22,7 +22,7 @@ from flows.conflict import default_policy
 from flows.steps import step
 from infra.config import UploadConfig
 from infra.lock import out_lock
-from infra.publish.base import LocalFile, PublishError, Remote, RemoteConflict, parse_target
+from infra.publish.base import LocalFile, OnSent, PublishError, Remote, RemoteConflict, parse_target
 from infra.publish.check import RemoteCheck
 from infra.publish.core import SendStats, upload_report, write_upload_report
 from infra.publish.diff import UploadPlan
@@ -51,6 +51,8 @@ def upload_step(
     target = parse_target(config.to)
     with step("upload"), out_lock(out):
         manifest = build_manifest(out, config, target)  # a cache that is not whole: an error, no report
+        if manifest.excluded:
+            log.info("%d file(s) left out by --include/--exclude", manifest.excluded)
         warnings = layout_warnings(target, manifest.files)
         for warning in warnings:
             log.warning("%s", warning)
@@ -68,7 +70,7 @@ def upload_step(
                 approved = decision is not None and decision["decision"] == ReplaceChoice.replace.value
                 if plan.conflicts and not approved:
                     raise RemoteConflict(_refusal(plan, decision))
-                stats = send(plan, remote, approved, _progress(manifest, plan))
+                stats = send(plan, remote, approved, _progress(plan))
             check = verify_remote(manifest, remote)
             if not check.ok:
                 failure = RemoteCheckFailed(check.text())
@@ -141,7 +143,7 @@ def _refusal(plan: UploadPlan, decision: dict[str, Any] | None) -> str:
     )
 
 
-def _progress(manifest: Manifest, plan: UploadPlan) -> Any:
+def _progress(plan: UploadPlan) -> OnSent:
     total = max(plan.bytes_to_send, 1)
     artifact = create_progress_artifact(0.0, key="upload-progress", description=f"{plan.target.url}: {total} bytes")
     done = {"bytes": 0, "files": 0}

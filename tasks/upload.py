@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.publish.base import LocalFile, Remote
+from infra.publish.base import OnSent, Remote
 from infra.publish.check import RemoteCheck, check_remote
 from infra.publish.core import SendStats, send_plan
 from infra.publish.diff import UploadPlan, plan_upload, remote_fingerprint
@@ -19,16 +19,12 @@ def list_and_plan(manifest: Manifest, remote: Remote) -> UploadPlan:
 
 
 @task(name="upload", cache_policy=NO_CACHE)
-def send(plan: UploadPlan, remote: Remote, replace_conflicts: bool, progress: object = None) -> SendStats:
+def send(plan: UploadPlan, remote: Remote, replace_conflicts: bool, progress: OnSent | None = None) -> SendStats:
     """Send the plan stage by stage (manifest last); `progress` is called with each file once it is stored."""
-    return send_plan(plan, remote, replace_conflicts=replace_conflicts, on_sent=progress)  # type: ignore[arg-type]
+    return send_plan(plan, remote, replace_conflicts=replace_conflicts, on_sent=progress)
 
 
 @task(name="verify-remote", cache_policy=NO_CACHE)
 def verify_remote(manifest: Manifest, remote: Remote) -> RemoteCheck:
     """List the remote again and compare it with the manifest (count, sizes, sha256)."""
     return check_remote(manifest, remote.list(), remote.target.url)
-
-
-def describe(file: LocalFile) -> str:
-    return f"{file.role} {file.path} ({file.size} bytes)"

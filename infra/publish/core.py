@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from infra.publish.base import ROLE_ORDER, LocalFile, PublishError, Remote, RemoteFile
+from infra.publish.base import ROLE_ORDER, LocalFile, OnSent, PublishError, Remote, RemoteFile
 from infra.publish.diff import UploadPlan
 from infra.reports import reports_dir, to_json_bytes, write_new
 
@@ -38,9 +37,7 @@ class SendStats:
         return round(self.bytes / (1 << 20) / self.seconds, 2) if self.seconds > 0 else 0.0
 
 
-def send_plan(
-    plan: UploadPlan, remote: Remote, *, replace_conflicts: bool, on_sent: Callable[[LocalFile], None] | None = None
-) -> SendStats:
+def send_plan(plan: UploadPlan, remote: Remote, *, replace_conflicts: bool, on_sent: OnSent | None = None) -> SendStats:
     """Send new files, in-place updates and (when approved) conflicting files, one stage per role in order."""
     stats = SendStats()
     replacing: list[tuple[LocalFile, RemoteFile]] = plan.update + (plan.conflicts if replace_conflicts else [])
