@@ -118,6 +118,32 @@ def build(
 
 
 @app.command()
+def sanity(
+    config_file: Annotated[Path | None, Opt("--config", help="YAML file; flags override its keys")] = None,
+    source: Annotated[str | None, Opt(help="KIND:PATH")] = None,
+    model: Annotated[str | None, Opt(help="local diffusers pipeline directory")] = None,
+    out: Annotated[str | None, Opt(help="cache root (nothing is written into it)")] = None,
+    frames: Annotated[int | None, Opt()] = None,
+    height: Annotated[int | None, Opt()] = None,
+    width: Annotated[int | None, Opt()] = None,
+    device: Annotated[str | None, Opt()] = None,
+    dtype: Annotated[str | None, Opt()] = None,
+) -> None:
+    """One real sample at the planned geometry (written beside OUT, never in it), checked and timed, and the
+    disk check (runs the sanity-check flow). Exit 1 when either fails."""
+    config = _config_from(config_file, {k: v for k, v in locals().items() if k != "config_file"})
+    from flows.run import run_flow  # noqa: PLC0415
+    from flows.sanity import sanity_check  # noqa: PLC0415
+
+    ok, result = run_flow(sanity_check, config=config)
+    if not ok:
+        _fail(str(result), code=1)
+    typer.echo(result["sanity_text"])
+    if result["disk"]:
+        typer.echo(result["disk"]["message"])
+
+
+@app.command()
 def verify(
     out: Annotated[Path, typer.Argument(help="cache root")],
     config_file: Annotated[Path | None, Opt("--config", help="YAML file of the planned build")] = None,

@@ -50,6 +50,7 @@ def sanity_check(config: BuildConfig) -> dict[str, Any]:
     return {
         "out_state": existing.kind,
         "sanity": sanity.to_dict(),
+        "sanity_text": sanity.text(),
         "disk": {"ok": disk.ok, "message": disk.message} if disk else None,
     }
 

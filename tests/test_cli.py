@@ -118,3 +118,20 @@ def test_model_identity_follows_weights_not_location(tmp_path, tiny_model):
     mine = model_identity(tiny_model, family)
     assert theirs["vae"] != mine["vae"] and theirs["text_encoder"] != mine["text_encoder"]
     assert theirs["tokenizer"] == mine["tokenizer"]
+
+
+def test_sanity_command_checks_one_sample_and_writes_nothing_into_out(tmp_path, tiny_model, clips):
+    src = make_shards(
+        tmp_path / "src",
+        {"s": [sample(0, 0, b"not a video", b"broken first"), sample(1, 0, cut_clip(clips["carphone"], 9), b"ok")]},
+    )
+    out = tmp_path / "out"
+    geometry = ["--frames", str(FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH), "--dtype", "fp32"]
+    flags = ["--source", f"vbvr:{src}", "--model", str(tiny_model), "--out", str(out), "--device", "cpu", *geometry]
+    result = runner.invoke(app, ["sanity", *flags])
+    assert result.exit_code == 0, result.output
+    assert f"[48, {(FRAMES - 1) // 4 + 1}, {HEIGHT // 16}, {WIDTH // 16}]" in result.output  # x0 of the usable one
+    assert "disk" in result.output.lower() and not out.exists()
+    unusable = make_shards(tmp_path / "bad", {"s": [sample(0, 0, b"x", b"p")]})
+    bad = runner.invoke(app, ["sanity", "--source", f"vbvr:{unusable}", *flags[2:]])
+    assert bad.exit_code == 1 and "no usable sample" in bad.output
