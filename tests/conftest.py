@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +17,7 @@ from infra.config import BuildConfig
 from infra.demo import DemoSample, write_vbvr_tar
 from infra.models.tiny import make_tiny_wan22
 from infra.testmedia import real_clip, real_t5_tokenizer_dir
+from tests.procs import free_port, stop_group, wait_answers
 
 #: A small geometry that keeps every constraint of the real recipe (F ≡ 1 mod 4, H and W multiples of 16,
 #: H ≠ W so a swapped axis shows).
@@ -117,9 +114,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
 
     Yields the environment a client process needs to reach it."""
     home = tmp_path_factory.mktemp("prefect-server")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {
         **os.environ,
         "PREFECT_HOME": str(home),
@@ -138,27 +133,8 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     )
     url = f"http://127.0.0.1:{port}/api"
     try:
-        _wait_healthy(url, server)
+        wait_answers(f"{url}/health", server, "prefect server", timeout=120)
         yield {**env, "PREFECT_API_URL": url}
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server)
         log.close()
-
-
-def _wait_healthy(url: str, server: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"prefect server exited with {server.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"prefect server at {url} not healthy after {timeout} s")

@@ -6,17 +6,14 @@ by its PID; `s3_env` points the default boto3 chain at it (dummy keys, AWS_ENDPO
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.procs import free_port, stop_group, wait_answers
 
 ACCESS_KEY = "AKIDLATENTFORGETEST"
 SECRET_KEY = "latentforge-test-secret-never-logged"
@@ -26,9 +23,7 @@ REGION = "us-east-1"
 @pytest.fixture(scope="session")
 def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`python -m moto.server` on a free 127.0.0.1 port; yields its endpoint URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     log_path = tmp_path_factory.mktemp("moto") / "server.log"
     with log_path.open("wb") as log:
         server = subprocess.Popen(
@@ -39,10 +34,13 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, server, log_path)
+        try:
+            wait_answers(f"{url}/moto-api/", server, "moto server", timeout=30)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}: {log_path.read_text()[-2000:]}") from None
         yield url
     finally:
-        _stop(server)
+        stop_group(server, timeout=10)
 
 
 @pytest.fixture
@@ -59,30 +57,3 @@ def s3_env(moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     return moto_server
-
-
-def _wait_healthy(url: str, server: subprocess.Popen, log_path: Path, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"moto server exited with {server.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/moto-api/", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    _stop(server)
-    raise RuntimeError(f"moto server at {url} not healthy after {timeout} s")
-
-
-def _stop(server: subprocess.Popen) -> None:
-    """SIGTERM the server's own process group (it was started in a new session), SIGKILL if it lingers."""
-    if server.poll() is not None:
-        return
-    os.killpg(server.pid, signal.SIGTERM)
-    try:
-        server.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
