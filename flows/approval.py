@@ -7,6 +7,7 @@ timeout is abort. Nothing is overwritten or deleted on a default, a timeout or a
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TypeVar
 
 from prefect import get_run_logger
 from prefect.exceptions import FlowPauseTimeout
@@ -58,49 +59,27 @@ class ReplaceAnswer(RunInput):
     by: str = ""
 
 
-#: The gate each answer model belongs to (named in approval-needed alerts).
-GATES = {"ConflictAnswer": "conflict", "LossAnswer": "loss", "ReplaceAnswer": "upload-replace"}
+C = TypeVar("C", bound=StrEnum)
 
 
-def ask(answer_model: type[RunInput], preview_markdown: str, timeout: int) -> RunInput | None:
-    """Pause this flow run for a typed answer; None when nobody answered in time."""
+def decide(gate: str, answer_model: type[RunInput], choices: type[C], preview: str, timeout: int) -> tuple[C, str]:
+    """Pause this flow run at `gate` until a person answers `answer_model` (its `choice` one of `choices`, each
+    of which has ``abort``): (the choice, who and why). An approval-needed alert goes out first; a timeout is
+    abort."""
     logger = get_run_logger()
     logger.warning("waiting for a person (up to %d s): answer in the Prefect UI or `latentforge approve`", timeout)
-    headline = next((line.lstrip("# ").strip() for line in preview_markdown.splitlines() if line.strip()), "")
-    alert_paused(GATES.get(answer_model.__name__, answer_model.__name__), headline)
+    headline = next((line.lstrip("# ").strip() for line in preview.splitlines() if line.strip()), "")
+    alert_paused(gate, headline)
     try:
-        return pause_flow_run(
-            wait_for_input=answer_model.with_initial_data(description=preview_markdown),
+        answer = pause_flow_run(
+            wait_for_input=answer_model.with_initial_data(description=preview),
             timeout=timeout,
             poll_interval=POLL_SECONDS,
         )
     except FlowPauseTimeout:
         logger.error("no answer within %d s: treated as abort", timeout)
-        return None
-
-
-def ask_conflict(preview_markdown: str, timeout: int) -> tuple[Decision, str]:
-    """The conflict gate: (decision, note). A timeout is abort."""
-    answer = ask(ConflictAnswer, preview_markdown, timeout)
-    if answer is None:
-        return Decision.abort, f"no answer within {timeout} s"
-    return Decision(answer.choice), _who(answer)
-
-
-def ask_loss(preview_markdown: str, timeout: int) -> tuple[LossChoice, str]:
-    """The loss gate: (decision, who and why). A timeout is abort."""
-    answer = ask(LossAnswer, preview_markdown, timeout)
-    if answer is None:
-        return LossChoice.abort, f"no answer within {timeout} s"
-    return LossChoice(answer.choice), _who(answer)
-
-
-def ask_replace(preview_markdown: str, timeout: int) -> tuple[ReplaceChoice, str]:
-    """The remote-conflict gate of the upload: (decision, who and why). A timeout is abort."""
-    answer = ask(ReplaceAnswer, preview_markdown, timeout)
-    if answer is None:
-        return ReplaceChoice.abort, f"no answer within {timeout} s"
-    return ReplaceChoice(answer.choice), _who(answer)
+        return choices("abort"), f"no answer within {timeout} s"
+    return choices(answer.choice), _who(answer)
 
 
 def _who(answer: RunInput) -> str:

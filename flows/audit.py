@@ -13,7 +13,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
-from flows.approval import LossChoice, ask_loss
+from flows.approval import LossAnswer, LossChoice, decide
 from flows.conflict import default_policy
 from flows.steps import set_step
 from infra.plan import BuildPlan
@@ -74,7 +74,7 @@ def audit(plan: BuildPlan, summary: dict[str, Any], timings: dict[str, float]) -
 def _loss_decision(plan: BuildPlan, recon: ReconcileReport) -> tuple[LossChoice, str]:
     policy = plan.config.on_loss or default_policy()
     if policy == "ask":
-        return ask_loss(recon.markdown(), plan.config.approval_timeout)
+        return decide("loss", LossAnswer, LossChoice, recon.markdown(), plan.config.approval_timeout)
     choice = LossChoice.accept_loss if policy == "accept" else LossChoice.abort
     return choice, f"on_loss={policy} (configuration)"
 

@@ -6,7 +6,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.settings import get_current_settings
 
-from flows.approval import ask_conflict
+from flows.approval import ConflictAnswer, decide
 from infra.conflicts import Decision, adopt_existing_spec, next_free_dir, overwrite_token
 from infra.errors import ConflictError
 from infra.plan import BuildPlan
@@ -61,7 +61,7 @@ def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> tuple[Decision
     policy = config.on_conflict or default_policy()
     if policy == "ask":
         preview = report.markdown() + _choices_markdown(plan, token)
-        return ask_conflict(preview, config.approval_timeout)
+        return decide("conflict", ConflictAnswer, Decision, preview, config.approval_timeout)
     return Decision(policy), f"on_conflict={policy}"
 
 

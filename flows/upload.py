@@ -17,7 +17,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.alerting import on_crashed, on_failure
-from flows.approval import ReplaceChoice, ask_replace
+from flows.approval import ReplaceAnswer, ReplaceChoice, decide
 from flows.conflict import default_policy
 from flows.steps import step
 from infra.config import UploadConfig
@@ -71,7 +71,9 @@ def upload_step(
                 if plan.conflicts and not approved:
                     raise RemoteConflict(_refusal(plan, decision))
                 stats = send(plan, remote, approved, _progress(plan))
-            check = verify_remote(manifest, remote)
+            unchanged = plan is not None and stats is not None and stats.files == 0
+            check = verify_remote(manifest, remote, plan.listing if unchanged else None)
+            create_markdown_artifact(check.markdown(), key="remote-verification", description=target.url)
             if not check.ok:
                 failure = RemoteCheckFailed(check.text())
         except PublishError as exc:
@@ -128,7 +130,7 @@ def _replace_decision(plan: UploadPlan, config: UploadConfig, timeout: int) -> d
     policy = config.on_conflict or default_policy()
     if policy == "ask":
         create_markdown_artifact(plan.conflicts_markdown(), key="remote-conflict", description=plan.target.url)
-        choice, who = ask_replace(plan.conflicts_markdown(), timeout)
+        choice, who = decide("upload-replace", ReplaceAnswer, ReplaceChoice, plan.conflicts_markdown(), timeout)
         return {"decision": choice.value, "who": who}
     return {"decision": "abort", "who": f"on_conflict={policy}"}
 
@@ -187,11 +189,4 @@ def upload_cache(
     out: str, upload: UploadConfig, verify_only: bool = False, approval_timeout: int = 86400
 ) -> dict[str, Any]:
     """Publish a finished cache (or verify its remote copy): `latentforge upload OUT --to TARGET`."""
-    result = upload_step(Path(out), upload, verify_only=verify_only, approval_timeout=approval_timeout)
-    if result.get("check"):
-        create_markdown_artifact(
-            RemoteCheck(**{k: v for k, v in result["check"].items() if k != "ok"}).markdown(),
-            key="remote-verification",
-            description=upload.to,
-        )
-    return result
+    return upload_step(Path(out), upload, verify_only=verify_only, approval_timeout=approval_timeout)

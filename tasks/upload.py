@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.publish.base import OnSent, Remote
+from infra.publish.base import OnSent, Remote, RemoteFile
 from infra.publish.check import RemoteCheck, check_remote
 from infra.publish.core import SendStats, send_plan
 from infra.publish.diff import UploadPlan, plan_upload, remote_fingerprint
@@ -25,6 +25,7 @@ def send(plan: UploadPlan, remote: Remote, replace_conflicts: bool, progress: On
 
 
 @task(name="verify-remote", cache_policy=NO_CACHE)
-def verify_remote(manifest: Manifest, remote: Remote) -> RemoteCheck:
-    """List the remote again and compare it with the manifest (count, sizes, sha256)."""
-    return check_remote(manifest, remote.list(), remote.target.url)
+def verify_remote(manifest: Manifest, remote: Remote, listing: dict[str, RemoteFile] | None = None) -> RemoteCheck:
+    """Compare the remote with the manifest (count, sizes, sha256): a fresh listing, or `listing` when the
+    upload sent nothing since it was taken (an unchanged rerun lists once, not twice)."""
+    return check_remote(manifest, listing if listing is not None else remote.list(), remote.target.url)

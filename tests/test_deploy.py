@@ -8,17 +8,16 @@ Crashed by the heartbeat automation, which the failure automation then reports t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 from uuid import UUID, uuid4
 
 import httpx
@@ -40,6 +39,7 @@ from infra.config import BuildConfig
 from infra.server import JOB_ENV
 from tests.conftest import config, make_shards, sample
 from tests.media_utils import cut_clip
+from tests.receiver import Receiver, receiver
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -167,6 +167,21 @@ def _wait_final(client: SyncPrefectClient, run_id: UUID, worker: subprocess.Pope
     raise AssertionError(f"flow run {run_id} not finished within {RUN_WAIT} s")
 
 
+@contextlib.contextmanager
+def _worker(env: dict[str, str], name: str, log_path: Path) -> Iterator[subprocess.Popen]:
+    """`prefect worker start` on the pool from the repository root; stopped by its process group."""
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen(
+            [PREFECT, "worker", "start", "--pool", POOL, "--name", name],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            yield worker
+        finally:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=30)
+
+
 def test_a_worker_runs_the_build_and_the_sanity_deployments(deployed, client, tiny_model, clips, tmp_path):
     videos = [cut_clip(clips["carphone"], 9), cut_clip(clips["bikes"], 9, width=160)]
     src = make_shards(tmp_path / "src", {"s": [sample(0, i, v, f"clip {i}".encode()) for i, v in enumerate(videos)]})
@@ -176,17 +191,8 @@ def test_a_worker_runs_the_build_and_the_sanity_deployments(deployed, client, ti
         deployment = client.read_deployment_by_name(f"{flow}/{name}")
         parameters = {"config": config(src, tiny_model, out).model_dump(mode="json", exclude_none=True)}
         runs[name] = client.create_flow_run_from_deployment(deployment.id, parameters=parameters).id
-    log = (tmp_path / "worker.log").open("wb")
-    worker = subprocess.Popen(
-        [PREFECT, "worker", "start", "--pool", POOL, "--name", "test-worker"],
-        cwd=ROOT, env=deployed, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
+    with _worker(deployed, "test-worker", tmp_path / "worker.log") as worker:
         finished = {name: _wait_final(client, run_id, worker) for name, run_id in runs.items()}
-    finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=30)
-        log.close()
     worker_log = (tmp_path / "worker.log").read_text(errors="replace")[-4000:]
     assert all(run.state.is_completed() for run in finished.values()), worker_log
     assert json.loads((build_out / "cache.json").read_text())["fingerprint"]
@@ -196,31 +202,49 @@ def test_a_worker_runs_the_build_and_the_sanity_deployments(deployed, client, ti
     assert "sanity" in {a.key for a in artifacts}
 
 
+def test_rerun_failed_only_of_a_deployment_run_is_a_new_run_of_that_deployment(
+    deployed, client, tiny_model, clips, tmp_path
+):
+    video = cut_clip(clips["carphone"], 9)
+    src = make_shards(tmp_path / "src", {"s": [sample(0, i, video, f"clip {i}".encode()) for i in range(2)]})
+    out = tmp_path / "cache"
+    deployment = client.read_deployment_by_name("build-cache/build-cache")
+
+    def run(**overrides: Any) -> UUID:
+        parameters = {"config": config(src, tiny_model, out, **overrides).model_dump(mode="json", exclude_none=True)}
+        return client.create_flow_run_from_deployment(deployment.id, parameters=parameters).id
+
+    with _worker(deployed, "rerun-worker", tmp_path / "worker.log") as worker:
+        assert _wait_final(client, run(max_samples_per_shard=1), worker).state.is_completed()
+        done = {p.relative_to(out).as_posix() for p in out.rglob("*.pt")}
+        (first,) = done  # sample 0; sample 1 goes beside it: a stray file there makes it fail (output_exists)
+        second = out / first.replace("00000000", "00000001")
+        second.write_bytes(b"a stray file from another encoder")
+        failing = run()
+        assert _wait_final(client, failing, worker).state.is_completed()
+        second.unlink()
+        rerun = subprocess.run(
+            [str(Path(sys.executable).with_name("latentforge")), "rerun", str(failing), "--failed-only"],
+            env=deployed, capture_output=True, text=True,
+        )  # fmt: skip
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        new_id = UUID(rerun.stdout.split("started ")[1].split()[0])
+        new = _wait_final(client, new_id, worker)
+    assert new.state.is_completed(), (tmp_path / "worker.log").read_text(errors="replace")[-3000:]
+    assert new.deployment_id == deployment.id and f"rerun-of:{failing}" in new.tags
+    only = new.parameters["config"]["only"]
+    assert len(only) == 1 and only[0].startswith("s/") and only[0].endswith("00000001")
+    assert second.is_file() and second.read_bytes() != b"a stray file from another encoder"
+
+
 # --- automations ------------------------------------------------------------------------------------------
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    bodies: ClassVar[list[dict[str, Any]]]
-
-    def do_POST(self) -> None:
-        self.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:  # quiet
-        pass
-
-
 @pytest.fixture
-def webhook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """A loopback HTTP receiver: (url, the JSON bodies it got)."""
-    bodies: list[dict[str, Any]] = []
-    handler = type("Receiver", (_Receiver,), {"bodies": bodies})
-    httpd = HTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_port}/hook", bodies
-    httpd.shutdown()
+def webhook() -> Iterator[Receiver]:
+    """A loopback HTTP receiver of the notifications."""
+    with receiver() as hook:
+        yield hook
 
 
 SLEEPER = """
@@ -278,7 +302,7 @@ def _install(api_url: str, webhook_url: str, tmp_path: Path) -> tuple[UUID, Path
 def test_automations_file_is_accepted_and_a_killed_run_is_crashed_and_reported(
     prefect_server, client, webhook, tmp_path
 ):
-    url, bodies = webhook
+    url = webhook.url
     api_url = prefect_server["PREFECT_API_URL"]
     block_id, rendered = _install(api_url, url, tmp_path)
     created = subprocess.run(
@@ -301,7 +325,7 @@ def test_automations_file_is_accepted_and_a_killed_run_is_crashed_and_reported(
             os.killpg(sleeper.pid, signal.SIGKILL)
             sleeper.wait()
         _until(lambda: client.read_flow_run(run.id).state.is_crashed(), 60, "Crashed state")
-        body = _until(lambda: next((b for b in bodies if name in b["subject"]), None), 30, "notification")
+        body = webhook.wait_for(lambda b: isinstance(b, dict) and name in b.get("subject", ""), timeout=30)
         assert "Crashed" in body["subject"] and "No heartbeat" in body["body"]
     finally:
         for automation in automations:
@@ -326,47 +350,3 @@ def test_latentforge_server_automations_fills_the_block_id_and_replaces_by_name(
         for name in names:
             for automation in client.read_automations_by_name(name):
                 client.delete_automation(automation.id)
-
-
-def test_rerun_failed_only_of_a_deployment_run_is_a_new_run_of_that_deployment(
-    deployed, client, tiny_model, clips, tmp_path
-):
-    video = cut_clip(clips["carphone"], 9)
-    src = make_shards(tmp_path / "src", {"s": [sample(0, i, video, f"clip {i}".encode()) for i in range(2)]})
-    out = tmp_path / "cache"
-    deployment = client.read_deployment_by_name("build-cache/build-cache")
-
-    def run(**overrides: Any) -> UUID:
-        parameters = {"config": config(src, tiny_model, out, **overrides).model_dump(mode="json", exclude_none=True)}
-        return client.create_flow_run_from_deployment(deployment.id, parameters=parameters).id
-
-    log = (tmp_path / "worker.log").open("wb")
-    worker = subprocess.Popen(
-        [PREFECT, "worker", "start", "--pool", POOL, "--name", "rerun-worker"],
-        cwd=ROOT, env=deployed, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    try:
-        assert _wait_final(client, run(max_samples_per_shard=1), worker).state.is_completed()
-        done = {p.relative_to(out).as_posix() for p in out.rglob("*.pt")}
-        (first,) = done  # sample 0; sample 1 goes beside it: a stray file there makes it fail (output_exists)
-        second = out / first.replace("00000000", "00000001")
-        second.write_bytes(b"a stray file from another encoder")
-        failing = run()
-        assert _wait_final(client, failing, worker).state.is_completed()
-        second.unlink()
-        rerun = subprocess.run(
-            [str(Path(sys.executable).with_name("latentforge")), "rerun", str(failing), "--failed-only"],
-            env=deployed, capture_output=True, text=True,
-        )  # fmt: skip
-        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-        new_id = UUID(rerun.stdout.split("started ")[1].split()[0])
-        new = _wait_final(client, new_id, worker)
-    finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=30)
-        log.close()
-    assert new.state.is_completed(), (tmp_path / "worker.log").read_text(errors="replace")[-3000:]
-    assert new.deployment_id == deployment.id and f"rerun-of:{failing}" in new.tags
-    only = new.parameters["config"]["only"]
-    assert len(only) == 1 and only[0].startswith("s/") and only[0].endswith("00000001")
-    assert second.is_file() and second.read_bytes() != b"a stray file from another encoder"

@@ -65,8 +65,8 @@ def test_the_build_uploads_after_its_gates_and_not_when_a_gate_stops_it(tmp_path
     uploaded = result["upload"]
     assert uploaded["counts"]["sent"] == len(_keys(bucket)) and uploaded["counts"]["conflicts"] == 0
     keys = _keys(bucket)
-    assert f"wan/{json.loads((tmp_path / 'out' / 'cache.json').read_text()) and 'cache.json'}" in keys
-    assert "wan/README.md" in keys and "wan/ledger/s.jsonl" in keys
+    assert {"wan/cache.json", "wan/README.md", "wan/ledger/s.jsonl"} <= set(keys)
+    assert keys["wan/cache.json"]["Metadata"]["latentforge-role"] == "manifest"
     data = [k for k in keys if k.endswith(".pt")]
     assert len(data) == 2 and all(keys[k]["Metadata"]["latentforge-role"] == "data" for k in data)
     report = json.loads(Path(uploaded["upload_report"]).read_text())

@@ -261,6 +261,7 @@ def test_cli_upload_creates_the_dataset_with_its_card_and_the_manifest_last(hub_
     again = _upload(out, "--commit-every", "4", "--license", "cc-by-4.0")
     assert again.exit_code == 0, again.output
     assert hub_env.put_bytes() == 0 and hub_env.count("POST", "/commit/") == 0  # unchanged: nothing sent
+    assert hub_env.count("GET", "/tree/") == 1  # listed once: the check reuses the listing when nothing was sent
     assert "sent 0 new, updated 0" in again.output
 
 

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infra.publish.base import RemoteFile, same_content
-from infra.publish.diff import TOLERATED_EXTRA
+from infra.publish.diff import foreign
 from infra.publish.manifest import Manifest
 from infra.reports import Section, render_markdown, render_text
 
@@ -73,5 +73,5 @@ def check_remote(manifest: Manifest, listing: dict[str, RemoteFile], target_url:
             check.hash_mismatch.append(ours.path)
         else:
             check.unverifiable.append(ours.path)
-    check.extra = sorted(p for p in listing if p not in manifest.all_paths and not p.startswith(TOLERATED_EXTRA))
+    check.extra = foreign(manifest, listing)
     return check

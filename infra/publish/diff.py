@@ -30,6 +30,8 @@ class UploadPlan:
     update: list[tuple[LocalFile, RemoteFile]] = field(default_factory=list)
     conflicts: list[tuple[LocalFile, RemoteFile]] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
+    #: The remote listing this plan was made from (the remote check reuses it when nothing was sent).
+    listing: dict[str, RemoteFile] = field(default_factory=dict)
 
     @property
     def token(self) -> str:
@@ -93,7 +95,7 @@ def plan_upload(
 ) -> UploadPlan:
     """Decide per file. Updating in place is allowed only for updatable roles (card, ledgers) on a remote that
     holds this same cache (same fingerprint); everything else that differs is a conflict."""
-    plan = UploadPlan(target, manifest.fingerprint, remote_fp)
+    plan = UploadPlan(target, manifest.fingerprint, remote_fp, listing=listing)
     same_cache = remote_fp == manifest.fingerprint
     for ours in manifest.files:
         theirs = listing.get(ours.path)
@@ -107,5 +109,10 @@ def plan_upload(
             plan.update.append((ours, theirs))
         else:
             plan.conflicts.append((ours, theirs))
-    plan.extra = sorted(p for p in listing if p not in manifest.all_paths and not p.startswith(TOLERATED_EXTRA))
+    plan.extra = foreign(manifest, listing)
     return plan
+
+
+def foreign(manifest: Manifest, listing: dict[str, RemoteFile]) -> list[str]:
+    """Remote paths that are not part of this cache (older reports excepted), sorted."""
+    return sorted(p for p in listing if p not in manifest.all_paths and not p.startswith(TOLERATED_EXTRA))
