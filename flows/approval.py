@@ -15,7 +15,7 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
 from flows.alerting import alert_paused
-from infra.conflicts import Decision
+from infra.gates.conflicts import Decision
 
 #: How often a paused run checks for an answer (seconds).
 POLL_SECONDS = 2

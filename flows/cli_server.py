@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from infra import server
-from infra.automations import install_automations
+from infra.ops import server
+from infra.ops.automations import install_automations
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A Prefect server, work pool and worker here.")
 Opt = typer.Option

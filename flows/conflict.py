@@ -7,10 +7,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.settings import get_current_settings
 
 from flows.approval import ConflictAnswer, decide
-from infra.conflicts import Decision, adopt_existing_spec, next_free_dir, overwrite_token
 from infra.errors import ConflictError
-from infra.plan import BuildPlan
-from infra.verify import VerifyReport
+from infra.gates.conflicts import Decision, adopt_existing_spec, next_free_dir, overwrite_token
+from infra.gates.plan import BuildPlan
+from infra.gates.verify import VerifyReport
 from tasks.plan import plan_build
 
 WRITABLE = ("absent", "compatible")

@@ -17,9 +17,9 @@ from uuid import UUID
 from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 
-from infra import ledger
+from infra.audit.reports import RUN_PREFIX, reports_dir
+from infra.cache import ledger
 from infra.config import BuildConfig
-from infra.reports import RUN_PREFIX, reports_dir
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from prefect.artifacts import create_markdown_artifact
 from flows.alerting import on_crashed, on_failure
 from flows.steps import set_step
 from infra.config import BuildConfig
-from infra.sanity import DiskCheck, SanityReport
-from infra.verify import VerifyReport
+from infra.gates.sanity import DiskCheck, SanityReport
+from infra.gates.verify import VerifyReport
 from tasks.plan import plan_build
 from tasks.sanity import disk_check, one_sample_sanity
 from tasks.verify import verify_existing

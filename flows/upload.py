@@ -20,8 +20,8 @@ from flows.alerting import on_crashed, on_failure
 from flows.approval import ReplaceAnswer, ReplaceChoice, decide
 from flows.conflict import default_policy
 from flows.steps import step
+from infra.cache.lock import out_lock
 from infra.config import UploadConfig
-from infra.lock import out_lock
 from infra.publish.base import LocalFile, OnSent, PublishError, Remote, RemoteConflict, parse_target
 from infra.publish.check import RemoteCheck
 from infra.publish.core import SendStats, upload_report, write_upload_report

@@ -7,8 +7,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.decode_verify import DecodeReport, decode_and_verify
-from infra.plan import BuildPlan
+from infra.audit.decode_verify import DecodeReport, decode_and_verify
+from infra.gates.plan import BuildPlan
 
 
 @task(name="decode-and-verify", cache_policy=NO_CACHE)

@@ -9,10 +9,10 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from infra import progress
 from infra.errors import InputError
-from infra.plan import BuildPlan, ShardPlan
-from infra.preprocess import ShardResult, encode_sample, load_encoder, process_shard
+from infra.gates.plan import BuildPlan, ShardPlan
+from infra.preprocess import progress
+from infra.preprocess.shard import ShardResult, encode_sample, load_encoder, process_shard
 from infra.sources import open_source
 
 

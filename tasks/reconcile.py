@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.plan import BuildPlan
-from infra.reconcile import ReconcileReport, reconcile, write_reconcile_report
+from infra.audit.reconcile import ReconcileReport, reconcile, write_reconcile_report
+from infra.gates.plan import BuildPlan
 
 
 @task(name="reconcile-counts", cache_policy=NO_CACHE)

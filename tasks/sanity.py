@@ -7,8 +7,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.plan import BuildPlan
-from infra.sanity import DiskCheck, SanityReport, check_disk, run_sanity
+from infra.gates.plan import BuildPlan
+from infra.gates.sanity import DiskCheck, SanityReport, check_disk, run_sanity
 
 
 @task(name="one-sample-sanity", cache_policy=NO_CACHE)

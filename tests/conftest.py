@@ -14,9 +14,9 @@ import pytest
 
 import flows  # noqa: F401  (offline defaults before Prefect loads)
 from infra.config import BuildConfig
-from infra.demo import DemoSample, write_vbvr_tar
+from infra.demo.data import DemoSample, write_vbvr_tar
+from infra.demo.testmedia import real_clip, real_t5_tokenizer_dir
 from infra.models.tiny import make_tiny_wan22
-from infra.testmedia import real_clip, real_t5_tokenizer_dir
 from tests.procs import free_port, stop_group, wait_answers
 
 #: A small geometry that keeps every constraint of the real recipe (F ≡ 1 mod 4, H and W multiples of 16,

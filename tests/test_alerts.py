@@ -16,8 +16,8 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.run import run_build
 from flows.runs import pending_runs
-from infra.alerts import Alert, destinations, post_webhook
 from infra.config import AlertConfig
+from infra.ops.alerts import Alert, destinations, post_webhook
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
 from tests.receiver import receiver

@@ -18,7 +18,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.run import run_build
 from flows.runs import pending_runs
-from infra.conflicts import overwrite_token
+from infra.gates.conflicts import overwrite_token
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
 

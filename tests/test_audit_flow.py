@@ -13,7 +13,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.run import run_build
 from flows.runs import pending_runs
-from infra.reports import latest_run_report
+from infra.audit.reports import latest_run_report
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
 

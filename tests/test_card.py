@@ -15,8 +15,8 @@ import yaml
 
 import infra.sources
 from flows.run import run_build
-from infra.cachedir import read_cache_json
-from infra.ledger import read_all
+from infra.cache.cachedir import read_cache_json
+from infra.cache.ledger import read_all
 from infra.publish.base import parse_target
 from infra.publish.card import MARKER, card_file, dataset_card
 from infra.sources import SourceError

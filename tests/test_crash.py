@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from flows.run import run_build
-from infra import ledger
-from infra.lock import LOCK_NAME, out_lock
-from infra.storage import TEMP_SUFFIX, atomic_write, remove_stale_temps
+from infra.cache import ledger
+from infra.cache.lock import LOCK_NAME, out_lock
+from infra.cache.storage import TEMP_SUFFIX, atomic_write, remove_stale_temps
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
 
@@ -31,7 +31,7 @@ LATENTFORGE = Path(sys.executable).parent / "latentforge"
 WRITER = """
 import sys
 from pathlib import Path
-from infra.storage import atomic_write
+from infra.cache.storage import atomic_write
 atomic_write(Path(sys.argv[1]), b"\\xa5" * int(sys.argv[2]))
 """
 

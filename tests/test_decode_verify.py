@@ -19,12 +19,12 @@ from diffusers import AutoencoderKLWan
 from PIL import Image
 
 from flows.run import run_build
-from infra import ledger
-from infra.cachedir import read_cache_json
-from infra.decode_verify import DecodeReport, choose_samples, decode_and_verify
-from infra.ledger import LedgerRow
-from infra.media import frames_to_pixels, sample_frames
-from infra.metrics import K1, psnr, ssim
+from infra.audit.decode_verify import DecodeReport, choose_samples, decode_and_verify
+from infra.audit.metrics import K1, psnr, ssim
+from infra.cache import ledger
+from infra.cache.cachedir import read_cache_json
+from infra.cache.ledger import LedgerRow
+from infra.media.video import frames_to_pixels, sample_frames
 from tests.conftest import HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
 

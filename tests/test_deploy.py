@@ -34,9 +34,9 @@ from typer.testing import CliRunner
 from flows.build import build_cache
 from flows.cli import app
 from flows.sanity import sanity_check
-from infra.automations import render_automations
 from infra.config import BuildConfig
-from infra.server import JOB_ENV
+from infra.ops.automations import render_automations
+from infra.ops.server import JOB_ENV
 from tests.conftest import config, make_shards, sample
 from tests.media_utils import cut_clip
 from tests.receiver import Receiver, receiver

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from flows.run import run_build
-from infra.conflicts import overwrite_token
-from infra.ledger import Journal, LedgerRow, journal_path, read_all, read_shard, seal, sealed_path
+from infra.cache.ledger import Journal, LedgerRow, journal_path, read_all, read_shard, seal, sealed_path
+from infra.gates.conflicts import overwrite_token
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
 

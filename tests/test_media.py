@@ -1,4 +1,4 @@
-"""infra.media and infra.prompts on real clips, each result checked against a plain PyAV reference written here.
+"""infra.media (video, prompts) on real clips, each result checked against a plain PyAV reference written here.
 
 The reference shares no code with the pipeline: it decodes every frame with PyAV (no threading),
 converts each one with ``to_ndarray(format="rgb24")`` and picks ``np.linspace(0, T-1, F).round()``
@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from infra.errors import InputError
-from infra.media import MediaError, SampledClip, frames_to_pixels, sample_frames
-from infra.prompts import decode_prompt
+from infra.media.prompts import decode_prompt
+from infra.media.video import MediaError, SampledClip, frames_to_pixels, sample_frames
 from tests.media_utils import annexb, cut_clip, faststart, remux
 
 LONG_F, SHORT_F = 33, 17  # two frame counts of the real recipe (F ≡ 1 mod 4)
@@ -288,7 +288,7 @@ def test_truncated_faststart_mp4(clips: dict[str, bytes]) -> None:
 SAMPLE_ON_CPUS = """
 import os, sys
 os.sched_setaffinity(0, {cpus})
-from infra.media import MediaError, sample_frames
+from infra.media.video import MediaError, sample_frames
 try:
     print(sample_frames(sys.stdin.buffer.read(), {count}).source_frames)
 except MediaError as exc:

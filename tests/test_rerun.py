@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.run import run_build
-from infra import ledger
+from infra.cache import ledger
 from infra.formats import get_format
-from infra.plan import parse_only
+from infra.gates.plan import parse_only
 from infra.sources import open_source
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip

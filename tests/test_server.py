@@ -16,7 +16,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from typer.testing import CliRunner
 
 from flows.cli import app
-from infra import server
+from infra.ops import server
 
 LF = str(Path(sys.executable).with_name("latentforge"))
 POOL = "lf-test-pool"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.demo import DemoSample, write_vbvr_tar
+from infra.demo.data import DemoSample, write_vbvr_tar
 from infra.errors import InputError
 from infra.sources import SampleRef, Shard, SourceError, is_safe_name, open_source
 from infra.sources.vbvr import ShardReadError, VbvrSource

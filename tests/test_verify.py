@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from flows.run import run_build
-from infra import ledger
+from infra.cache import ledger
+from infra.cache.lock import LOCK_NAME
 from infra.config import CacheSpec
-from infra.lock import LOCK_NAME
+from infra.gates.plan import make_spec
+from infra.gates.verify import VerifyReport, verify_out
 from infra.models.tiny import make_tiny_wan22
-from infra.plan import make_spec
-from infra.verify import VerifyReport, verify_out
 from tests.conftest import FRAMES, HEIGHT, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import torch
 
-from infra.storage import Written
+from infra.cache.storage import Written
 
 
 @dataclass

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from infra.cache.storage import Written, atomic_write
 from infra.formats.base import EncodedSample
-from infra.storage import Written, atomic_write
 
 
 def to_record(sample: EncodedSample) -> dict[str, Any]:

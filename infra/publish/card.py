@@ -19,16 +19,16 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from infra import ledger
-from infra.cachedir import CACHE_JSON, read_cache_json
+from infra.audit.reports import REPORTS_DIR, latest_run_report
+from infra.cache import ledger
+from infra.cache.cachedir import CACHE_JSON, read_cache_json
+from infra.cache.ledger import LedgerRow
 from infra.config import BuildConfig
 from infra.errors import ConfigError
 from infra.formats import get_format
-from infra.ledger import LedgerRow
+from infra.gates.sanity import human_bytes
 from infra.publish.base import LocalFile, Target
 from infra.publish.manifest import UNPUBLISHED_REPORTS
-from infra.reports import REPORTS_DIR, latest_run_report
-from infra.sanity import human_bytes
 from infra.sources import SourceError
 
 logger = logging.getLogger(__name__)
@@ -245,7 +245,7 @@ def _estimate(rows: list[LedgerRow], report: dict[str, Any] | None) -> str | Non
 
 def _source_samples(config: dict[str, Any]) -> tuple[int | None, str]:
     """Samples in the run's source and shard selection, without its caps (tar headers only); or None and why."""
-    from infra.plan import plan_shards  # noqa: PLC0415 - plan pulls in the model registry
+    from infra.gates.plan import plan_shards  # noqa: PLC0415 - plan pulls in the model registry
     from infra.sources import open_source  # noqa: PLC0415
 
     try:

@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from infra.audit.reports import reports_dir, to_json_bytes, write_new
 from infra.publish.base import ROLE_ORDER, LocalFile, OnSent, PublishError, Remote, RemoteFile
 from infra.publish.diff import UploadPlan
-from infra.reports import reports_dir, to_json_bytes, write_new
 
 logger = logging.getLogger(__name__)
 

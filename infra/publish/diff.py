@@ -8,7 +8,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 
-from infra.cachedir import CACHE_JSON
+from infra.cache.cachedir import CACHE_JSON
 from infra.publish.base import UPDATABLE_ROLES, LocalFile, Remote, RemoteFile, Target, same_content
 from infra.publish.manifest import Manifest
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra import ledger
-from infra.cachedir import CACHE_JSON, read_cache_json
+from infra.audit.reports import REPORTS_DIR, latest_run_report
+from infra.cache import ledger
+from infra.cache.cachedir import CACHE_JSON, read_cache_json
+from infra.cache.storage import TEMP_SUFFIX, sha256_file
 from infra.config import UploadConfig
 from infra.publish.base import ROLE_ORDER, LocalFile, PublishError, Role, Target
-from infra.reports import REPORTS_DIR, latest_run_report
-from infra.storage import TEMP_SUFFIX, sha256_file
 
 logger = logging.getLogger(__name__)
 

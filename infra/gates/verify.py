@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from infra import ledger
-from infra.cachedir import OutKind, classify, read_cache_json
+from infra.cache import ledger
+from infra.cache.cachedir import OutKind, classify, read_cache_json
 from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import Format, get_format

@@ -1,4 +1,4 @@
-"""Demo shards in the VBVR layout, built from real video clips (see ``infra.testmedia``).
+"""Demo shards in the VBVR layout, built from real video clips (see ``infra.demo.testmedia``).
 
 A VBVR tar shard holds ``{generator}/{task}_task/{task}_{8 digits}/`` sample folders, each with
 ``ground_truth.mp4`` and ``prompt.txt`` (what the consumer reads) plus ``first_frame.png`` and
@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import av
 
-from infra.testmedia import CLIPS, real_clip
+from infra.demo.testmedia import CLIPS, real_clip
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from infra.ledger import LedgerRow
+from infra.cache.ledger import LedgerRow
 
 _lock = threading.Lock()
 _runs: dict[str, Counter[str]] = {}

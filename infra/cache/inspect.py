@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from infra import ledger
-from infra.cachedir import read_cache_json
+from infra.cache import ledger
+from infra.cache.cachedir import read_cache_json
 from infra.formats import get_format
 
 

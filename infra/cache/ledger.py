@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from infra.storage import atomic_write
+from infra.cache.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 

@@ -17,10 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra import ledger, reports
+from infra.audit import reports
+from infra.cache import ledger
+from infra.cache.ledger import LedgerRow
 from infra.errors import ConfigError
-from infra.ledger import LedgerRow
-from infra.plan import BuildPlan, ShardPlan
+from infra.gates.plan import BuildPlan, ShardPlan
 from infra.sources import Source, open_source
 
 logger = logging.getLogger(__name__)

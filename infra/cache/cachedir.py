@@ -17,9 +17,9 @@ from typing import Any, Literal
 import torch
 from pydantic import ValidationError
 
+from infra.cache.lock import LOCK_NAME
+from infra.cache.storage import atomic_write
 from infra.config import CacheSpec
-from infra.lock import LOCK_NAME
-from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 

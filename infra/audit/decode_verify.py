@@ -22,17 +22,18 @@ import av
 import torch
 from PIL import Image
 
-from infra import ledger, metrics, reports
-from infra.cachedir import read_cache_json
+from infra.audit import metrics, reports
+from infra.cache import ledger
+from infra.cache.cachedir import read_cache_json
+from infra.cache.ledger import LedgerRow
+from infra.cache.storage import atomic_write
 from infra.config import CacheSpec
 from infra.devices import resolve_device, resolve_dtype
 from infra.errors import ConfigError
 from infra.formats import Format, get_format
-from infra.ledger import LedgerRow
-from infra.media import frames_to_pixels, sample_frames
+from infra.media.video import frames_to_pixels, sample_frames
 from infra.models import LoadedFamily, get_family, load_family, model_identity
 from infra.sources import Shard, Source, is_safe_name, open_source
-from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 

@@ -17,17 +17,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra import ledger
+from infra.cache import ledger
+from infra.cache.ledger import LedgerRow
+from infra.cache.storage import sha256_file
 from infra.devices import resolve_device, resolve_dtype
 from infra.errors import InputError
 from infra.formats import EncodedSample, Writer, get_format
-from infra.ledger import LedgerRow
-from infra.media import frames_to_pixels, sample_frames
+from infra.gates.plan import BuildPlan, ShardPlan, parse_only
+from infra.media.prompts import decode_prompt
+from infra.media.video import frames_to_pixels, sample_frames
 from infra.models import LoadedFamily, load_family
-from infra.plan import BuildPlan, ShardPlan, parse_only
-from infra.prompts import decode_prompt
 from infra.sources import SampleRef, ShardReadError, open_source
-from infra.storage import sha256_file
 
 logger = logging.getLogger(__name__)
 

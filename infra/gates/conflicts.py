@@ -11,10 +11,10 @@ import hashlib
 from enum import StrEnum
 from pathlib import Path
 
-from infra.cachedir import CACHE_JSON, read_cache_json
+from infra.cache.cachedir import CACHE_JSON, read_cache_json
+from infra.cache.storage import atomic_write
 from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConflictError
-from infra.storage import atomic_write
 
 
 class Decision(StrEnum):

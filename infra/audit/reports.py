@@ -19,8 +19,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from infra.plan import BuildPlan
-from infra.storage import atomic_write
+from infra.cache.storage import atomic_write
+from infra.gates.plan import BuildPlan
 
 logger = logging.getLogger(__name__)
 

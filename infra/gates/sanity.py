@@ -24,9 +24,9 @@ import torch
 from infra.devices import resolve_device
 from infra.errors import ConfigError, ConflictError, InputError
 from infra.formats import EncodedSample, get_format
+from infra.gates.plan import BuildPlan
 from infra.models import LoadedFamily
-from infra.plan import BuildPlan
-from infra.preprocess import encode_sample, load_encoder
+from infra.preprocess.shard import encode_sample, load_encoder
 from infra.sources import SampleRef, ShardReadError, open_source
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from infra.cachedir import read_cache_json
+from infra.cache.cachedir import read_cache_json
 from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from infra.preprocess import ShardResult
+from infra.preprocess.shard import ShardResult
 
 
 class BuildSummary(BaseModel):
