@@ -7,7 +7,7 @@ timeout is abort. Nothing is overwritten or deleted on a default, a timeout or a
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prefect import get_run_logger
 from prefect.exceptions import FlowPauseTimeout
@@ -15,7 +15,8 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
 from flows.alerting import alert_paused
-from infra.gates.conflicts import Decision
+from infra.gates.conflicts import ConflictChoice
+from infra.gates.decision import Decision
 
 #: How often a paused run checks for an answer (seconds).
 POLL_SECONDS = 2
@@ -24,7 +25,7 @@ POLL_SECONDS = 2
 class ConflictAnswer(RunInput):
     """OUT holds something else: reuse its spec, write OUT-vN, overwrite (replace sample by sample), or abort."""
 
-    choice: Decision
+    choice: ConflictChoice
     note: str = ""
     by: str = ""
 
@@ -62,10 +63,12 @@ class ReplaceAnswer(RunInput):
 C = TypeVar("C", bound=StrEnum)
 
 
-def decide(gate: str, answer_model: type[RunInput], choices: type[C], preview: str, timeout: int) -> tuple[C, str]:
+def decide(
+    gate: str, answer_model: type[RunInput], choices: type[C], preview: str, timeout: int, **details: Any
+) -> Decision:
     """Pause this flow run at `gate` until a person answers `answer_model` (its `choice` one of `choices`, each
-    of which has ``abort``): (the choice, who and why). An approval-needed alert goes out first; a timeout is
-    abort."""
+    of which has ``abort``): the recorded Decision (with `details`). An approval-needed alert goes out first;
+    a timeout is abort."""
     logger = get_run_logger()
     logger.warning("waiting for a person (up to %d s): answer in the Prefect UI or `latentforge approve`", timeout)
     headline = next((line.lstrip("# ").strip() for line in preview.splitlines() if line.strip()), "")
@@ -78,10 +81,9 @@ def decide(gate: str, answer_model: type[RunInput], choices: type[C], preview: s
         )
     except FlowPauseTimeout:
         logger.error("no answer within %d s: treated as abort", timeout)
-        return choices("abort"), f"no answer within {timeout} s"
-    return choices(answer.choice), _who(answer)
-
-
-def _who(answer: RunInput) -> str:
+        return Decision(gate=gate, choice="abort", how="timeout", by=f"no answer within {timeout} s", details=details)
+    choice = choices(answer.choice).value
     by, note = getattr(answer, "by", ""), getattr(answer, "note", "")
-    return f"answered by {by or 'someone (no name given)'} in the Prefect run input" + (f": {note}" if note else "")
+    return Decision(
+        gate=gate, choice=choice, how="person", by=by or "someone (no name given)", note=note, details=details
+    )

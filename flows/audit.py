@@ -17,36 +17,41 @@ from flows.approval import LossAnswer, LossChoice, decide
 from flows.conflict import default_policy
 from flows.steps import set_step
 from infra.audit.reconcile import ReconcileReport
-from infra.audit.reports import run_report, write_run_report
+from infra.audit.run_report import run_report, write_run_report
+from infra.errors import GateFailed
+from infra.gates.decision import Decision
 from infra.gates.plan import BuildPlan
 from tasks.decode_verify import decode_verify
 from tasks.reconcile import reconcile_counts
 
 
-class LossAborted(RuntimeError):
+class LossAborted(GateFailed):
     """Samples are missing and nobody accepted the loss."""
 
 
-class DecodeGateFailed(RuntimeError):
+class DecodeGateFailed(GateFailed):
     """A decoded sample fell below --min-psnr."""
 
 
-def audit(plan: BuildPlan, summary: dict[str, Any], timings: dict[str, float]) -> dict[str, Any]:
-    """Reconcile, gate on loss, decode and verify, write the run report; raise after writing it if a gate failed."""
+def audit(
+    plan: BuildPlan, summary: dict[str, Any], timings: dict[str, float], decisions: list[Decision]
+) -> dict[str, Any]:
+    """Reconcile, gate on loss, decode and verify, write the run report (with `decisions`, those made before,
+    and the ones made here); raise after writing it if a gate failed."""
     logger = get_run_logger()
     set_step("reconcile-counts")
     recon = reconcile_counts(plan)
     logger.info("%s", recon.text())
     create_table_artifact(recon.table(), key="reconciliation", description=f"expected vs produced in {plan.out}")
-    decisions: list[dict[str, Any]] = []
+    decisions = list(decisions)
     failure: Exception | None = None
     if not recon.ok:
         set_step("loss-gate")
-        choice, who = _loss_decision(plan, recon)
-        decisions.append({"gate": "loss", "decision": choice.value, "who": who, "shortfall": recon.shortfall})
-        logger.warning("%d sample(s) missing: %s (%s)", recon.shortfall, choice.value, who)
-        if choice is LossChoice.abort:
-            failure = LossAborted(f"{recon.shortfall} sample(s) missing {recon.reasons()}: abort ({who})")
+        loss = _loss_decision(plan, recon)
+        decisions.append(loss)
+        logger.warning("%d sample(s) missing: %s", recon.shortfall, loss.text())
+        if loss.choice == LossChoice.abort:
+            failure = LossAborted(f"{recon.shortfall} sample(s) missing {recon.reasons()}: {loss.text()}")
     decode = None
     if failure is None and plan.config.decode_samples > 0:
         set_step("decode-and-verify")
@@ -68,15 +73,22 @@ def audit(plan: BuildPlan, summary: dict[str, Any], timings: dict[str, float]) -
     logger.info("run report: %s", path)
     if failure is not None:
         raise failure
-    return {"run_report": str(path), "reconciled": recon.ok, "decisions": decisions}
+    return {
+        "run_report": str(path),
+        "reconciled": recon.ok,
+        "decisions": [d.model_dump() for d in decisions],
+        "decode_headline": decode.headline() if decode is not None else None,
+        "decode_strips": [str(p) for p in decode.strip_paths] if decode is not None else [],
+    }
 
 
-def _loss_decision(plan: BuildPlan, recon: ReconcileReport) -> tuple[LossChoice, str]:
+def _loss_decision(plan: BuildPlan, recon: ReconcileReport) -> Decision:
+    details = {"shortfall": recon.shortfall, "reasons": recon.reasons()}
     policy = plan.config.on_loss or default_policy()
     if policy == "ask":
-        return decide("loss", LossAnswer, LossChoice, recon.markdown(), plan.config.approval_timeout)
+        return decide("loss", LossAnswer, LossChoice, recon.markdown(), plan.config.approval_timeout, **details)
     choice = LossChoice.accept_loss if policy == "accept" else LossChoice.abort
-    return choice, f"on_loss={policy} (configuration)"
+    return Decision(gate="loss", choice=choice.value, how="policy", by=f"on_loss={policy}", details=details)
 
 
 def _publish_decode(decode: Any) -> None:

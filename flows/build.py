@@ -30,6 +30,7 @@ from infra.cache.cachedir import CACHE_JSON, write_cache_json
 from infra.cache.lock import out_lock
 from infra.cache.storage import remove_stale_temps
 from infra.config import BuildConfig
+from infra.errors import GateFailed
 from infra.gates.conflicts import keep_old_cache_json
 from infra.gates.plan import BuildPlan, parse_only
 from infra.gates.sanity import SanityReport
@@ -44,10 +45,6 @@ from tasks.verify import verify_existing
 #: Upper bound on threads; config.workers (≤ this) is how many shards actually run at once.
 MAX_WORKERS = 16
 POLL_SECONDS = 2.0
-
-
-class GateFailed(RuntimeError):
-    """A gate (sanity, disk) stopped the run before the full preprocess."""
 
 
 @flow(
@@ -72,7 +69,7 @@ def build_cache(config: BuildConfig) -> dict[str, Any]:
         logger.info("dry run (nothing written): %s", shapes)
         return {"dry_run": shapes, "out_state": report.kind}
     set_step("conflict-gate")
-    plan = resolve_conflict(plan, report)
+    plan, conflict = resolve_conflict(plan, report)
     sanity = _gates(plan)
     start = time.perf_counter()
     set_step("preprocess")
@@ -91,7 +88,8 @@ def build_cache(config: BuildConfig) -> dict[str, Any]:
     )
     _publish(summary)
     timings = {"sanity_sample_seconds": sanity.seconds, "preprocess_seconds": summary.seconds}
-    audited = audit(plan, summary.model_dump(), timings)  # a crashed shard's samples are missing there
+    decided = [conflict] if conflict is not None else []
+    audited = audit(plan, summary.model_dump(), timings, decided)  # a crashed shard's samples are missing there
     result = {**summary.model_dump(), **audited, "sanity": sanity.to_dict(), "sanity_text": sanity.text()}
     if config.upload is not None:
         uploaded = upload_step(plan.out, config.upload, approval_timeout=config.approval_timeout)

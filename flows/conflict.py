@@ -8,7 +8,8 @@ from prefect.settings import get_current_settings
 
 from flows.approval import ConflictAnswer, decide
 from infra.errors import ConflictError
-from infra.gates.conflicts import Decision, adopt_existing_spec, next_free_dir, overwrite_token
+from infra.gates.conflicts import ConflictChoice, adopt_existing_spec, next_free_dir, overwrite_token
+from infra.gates.decision import Decision
 from infra.gates.plan import BuildPlan
 from infra.gates.verify import VerifyReport
 from tasks.plan import plan_build
@@ -25,31 +26,39 @@ def default_policy() -> str:
     return "ask" if get_current_settings().api.url else "abort"
 
 
-def resolve_conflict(plan: BuildPlan, report: VerifyReport) -> BuildPlan:
-    """Return the plan to run: unchanged, adopted (reuse), moved (new_dir) or allowed to replace (overwrite)."""
+def resolve_conflict(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, Decision | None]:
+    """The plan to run — unchanged, adopted (reuse), moved (new_dir) or allowed to replace (overwrite) — and the
+    recorded decision (None when OUT was writable and nothing had to be decided)."""
     if report.kind in WRITABLE:
-        return plan
+        return plan, None
     token = overwrite_token(plan.out, report.existing_fingerprint, plan.fingerprint)
-    decision, note = _decide(plan, report, token)
-    get_run_logger().warning("conflict at %s (%s): decision %s %s", plan.out, report.kind, decision.value, note)
+    decision = _decide(plan, report, token)
+    get_run_logger().warning("conflict at %s (%s): %s", plan.out, report.kind, decision.text())
     create_markdown_artifact(
-        f"## Conflict at `{plan.out}`: **{decision.value}**\n\n{note}\n\n{report.markdown()}",
+        f"## Conflict at `{plan.out}`: **{decision.choice}**\n\n{decision.text()}\n\n{report.markdown()}",
         key="conflict-decision",
-        description=f"{report.kind}: {decision.value}",
+        description=f"{report.kind}: {decision.choice}",
     )
-    if decision is Decision.abort:
-        raise ConflictAborted(f"{report.text()}\ndecision: abort ({note}); nothing was written to {plan.out}")
-    if decision is Decision.new_dir:
-        return plan_build(plan.config.model_copy(update={"out": str(next_free_dir(plan.out))}))
-    if decision is Decision.reuse:
+    choice = ConflictChoice(decision.choice)
+    if choice is ConflictChoice.abort:
+        raise ConflictAborted(f"{report.text()}\ndecision: {decision.text()}; nothing was written to {plan.out}")
+    if choice is ConflictChoice.new_dir:
+        return plan_build(plan.config.model_copy(update={"out": str(next_free_dir(plan.out))})), decision
+    if choice is ConflictChoice.reuse:
         if report.kind != "incompatible":
             raise ConflictAborted(f"reuse needs a latentforge cache in {plan.out}; it is {report.kind}")
-        return plan_build(adopt_existing_spec(plan.config, plan.spec, plan.out))
-    return plan.model_copy(update={"replace_from": report.existing_fingerprint or "foreign"})
+        return plan_build(adopt_existing_spec(plan.config, plan.spec, plan.out)), decision
+    return plan.model_copy(update={"replace_from": report.existing_fingerprint or "foreign"}), decision
 
 
-def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> tuple[Decision, str]:
+def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:
     config = plan.config
+    details = {
+        "out": str(plan.out),
+        "state": report.kind,
+        "existing": report.existing_fingerprint,
+        "planned": plan.fingerprint,
+    }
     if config.approve_overwrite is not None:
         if config.approve_overwrite != token:
             raise ConflictAborted(
@@ -57,12 +66,12 @@ def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> tuple[Decision
                 f"{(report.existing_fingerprint or 'foreign')[:16]} → {plan.fingerprint[:16]} "
                 "(a token approves one path and one change only; `latentforge verify` prints the current one)"
             )
-        return Decision.overwrite, "approved by --approve-overwrite token"
+        return Decision(gate="conflict", choice="overwrite", how="token", by="--approve-overwrite", details=details)
     policy = config.on_conflict or default_policy()
     if policy == "ask":
         preview = report.markdown() + _choices_markdown(plan, token)
-        return decide("conflict", ConflictAnswer, Decision, preview, config.approval_timeout)
-    return Decision(policy), f"on_conflict={policy}"
+        return decide("conflict", ConflictAnswer, ConflictChoice, preview, config.approval_timeout, **details)
+    return Decision(gate="conflict", choice=policy, how="policy", by=f"on_conflict={policy}", details=details)
 
 
 def _choices_markdown(plan: BuildPlan, token: str) -> str:

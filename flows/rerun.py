@@ -7,19 +7,18 @@ from the Prefect API that ran it; a deployment run is rerun as a new run of the 
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from uuid import UUID
 
 from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 
-from infra.audit.reports import RUN_PREFIX, reports_dir
+from infra.audit.run_report import run_report_of
 from infra.cache import ledger
 from infra.config import BuildConfig
+from infra.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -34,18 +33,6 @@ class Rerun:
     deployment_id: str | None
 
 
-def run_report_of(out: Path, run_id: str) -> dict[str, Any] | None:
-    """The run report a flow run wrote in OUT, or None (it stopped before its audit)."""
-    for path in sorted(reports_dir(out).glob(f"{RUN_PREFIX}-*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and data.get("flow_run_id") == run_id:
-            return data
-    return None
-
-
 def failed_selectors(out: Path, run_id: str) -> list[str]:
     """``SHARD/KEY`` for each sample RUN_ID left failed (and still failed now), ``SHARD`` for each shard it crashed."""
     selectors = {
@@ -54,8 +41,8 @@ def failed_selectors(out: Path, run_id: str) -> list[str]:
         for key, row in rows.items()
         if row.status == "failed" and row.extra.get("run_id") == run_id
     }
-    report = run_report_of(out, run_id) or {}
-    selectors |= {str(shard) for shard in (report.get("shard_errors") or {})}
+    report = run_report_of(out, run_id)
+    selectors |= set(report.shard_errors) if report is not None else set()
     return sorted(selectors)
 
 
@@ -65,7 +52,7 @@ def plan_rerun(run_id: str) -> Rerun:
         run = client.read_flow_run(UUID(run_id))
     raw = (run.parameters or {}).get("config")
     if raw is None:
-        raise ValueError(f"flow run {run_id} ({run.name}) is not a build-cache run (no config parameter)")
+        raise ConfigError(f"flow run {run_id} ({run.name}) is not a build-cache run (no config parameter)")
     config = BuildConfig.model_validate(raw)
     selectors = failed_selectors(Path(config.out), run_id)
     # Same spec and settings; a token approved that run's change, not this one's.

@@ -10,6 +10,7 @@ from prefect.settings import PREFECT_RUNNER_HEARTBEAT_FREQUENCY, temporary_setti
 
 from flows.build import build_cache
 from infra.config import BuildConfig
+from infra.errors import RunFailed
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,14 @@ def run_flow(flow: Flow, **parameters: Any) -> tuple[bool, Any]:
     except BaseException as exc:  # noqa: BLE001  (the flow's own error, reported to the user)
         return False, f"{type(exc).__name__}: {exc}"
     return False, state.message or state.name
+
+
+def run_or_raise(flow: Flow, **parameters: Any) -> Any:
+    """Run `flow` to its end and return its result; RunFailed with the reason when it fails."""
+    ok, result = run_flow(flow, **parameters)
+    if not ok:
+        raise RunFailed(str(result))
+    return result
 
 
 def run_build(config: BuildConfig) -> tuple[bool, Any]:

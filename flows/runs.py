@@ -17,9 +17,11 @@ from prefect.flow_runs import resume_flow_run
 from prefect.input.run_input import keyset_from_paused_state, read_flow_run_input
 from prefect.settings import get_current_settings
 
+from infra.errors import ConfigError, NoServerError
 
-class NoServerError(RuntimeError):
-    """Approvals need a Prefect server that other processes can reach."""
+
+class ApprovalRefused(ConfigError):
+    """The server refused the answer (a choice the paused run does not offer, a run that is not paused)."""
 
 
 @dataclass(frozen=True)
@@ -63,4 +65,7 @@ def pending_runs() -> list[PendingRun]:
 def approve(run_id: str, choice: str, note: str = "", by: str = "") -> None:
     """Resume a paused run with {choice, note, by}; raises RuntimeError when the server refuses the answer."""
     require_server()
-    resume_flow_run(UUID(run_id), run_input={"choice": choice, "note": note, "by": by})
+    try:
+        resume_flow_run(UUID(run_id), run_input={"choice": choice, "note": note, "by": by})
+    except (RuntimeError, ValueError) as exc:  # the server's REJECT, a malformed id
+        raise ApprovalRefused(f"not resumed: {exc}") from exc

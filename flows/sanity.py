@@ -15,14 +15,16 @@ from prefect.artifacts import create_markdown_artifact
 from flows.alerting import on_crashed, on_failure
 from flows.steps import set_step
 from infra.config import BuildConfig
-from infra.gates.sanity import DiskCheck, SanityReport
+from infra.errors import GateFailed
+from infra.gates.disk import DiskCheck
+from infra.gates.sanity import SanityReport
 from infra.gates.verify import VerifyReport
 from tasks.plan import plan_build
 from tasks.sanity import disk_check, one_sample_sanity
 from tasks.verify import verify_existing
 
 
-class SanityFailed(RuntimeError):
+class SanityFailed(GateFailed):
     """The sample could not be encoded and checked, or the disk cannot hold the projected cache."""
 
 

@@ -22,23 +22,16 @@ from flows.conflict import default_policy
 from flows.steps import step
 from infra.cache.lock import out_lock
 from infra.config import UploadConfig
-from infra.publish.base import LocalFile, OnSent, PublishError, Remote, RemoteConflict, parse_target
-from infra.publish.check import RemoteCheck
-from infra.publish.core import SendStats, upload_report, write_upload_report
+from infra.errors import PublishError
+from infra.gates.decision import Decision
+from infra.publish.base import LocalFile, OnSent, Remote, RemoteConflict, parse_target
 from infra.publish.diff import UploadPlan
-from infra.publish.manifest import Manifest, build_manifest, gate_problems
+from infra.publish.manifest import Manifest, build_manifest
 from infra.publish.remotes import layout_warnings, open_remote
+from infra.publish.step import RemoteCheckFailed, UploadRun, check_gates, refusal, standing_decision
 from tasks.upload import list_and_plan, send, verify_remote
 
 logger = logging.getLogger(__name__)
-
-
-class UploadGateFailed(PublishError):
-    """The cache's newest run report does not show its gates passed (and --skip-gates was not given)."""
-
-
-class RemoteCheckFailed(PublishError):
-    """After the upload, the remote does not hold what the ledger says it should."""
 
 
 def upload_step(
@@ -53,53 +46,37 @@ def upload_step(
         manifest = build_manifest(out, config, target)  # a cache that is not whole: an error, no report
         if manifest.excluded:
             log.info("%d file(s) left out by --include/--exclude", manifest.excluded)
-        warnings = layout_warnings(target, manifest.files)
-        for warning in warnings:
+        run = UploadRun(out, target, verify_only, warnings=layout_warnings(target, manifest.files))
+        for warning in run.warnings:
             log.warning("%s", warning)
-        gates: dict[str, Any] = {"skipped": False, "problems": []}
-        plan: UploadPlan | None = None
-        stats: SendStats | None = None
-        decision: dict[str, Any] | None = None
-        check: RemoteCheck | None = None
-        failure: PublishError | None = None
         try:
-            gates = _gates(out, manifest, config, verify_only)
+            run.gates = check_gates(out, manifest, config, verify_only)
+            if run.gates["skipped"]:
+                log.warning("GATES SKIPPED (--skip-gates): %s", "; ".join(run.gates["problems"]))
             remote = open_remote(target, config)
             if not verify_only:
-                plan, decision = _plan_and_decide(manifest, remote, config, approval_timeout)
-                approved = decision is not None and decision["decision"] == ReplaceChoice.replace.value
-                if plan.conflicts and not approved:
-                    raise RemoteConflict(_refusal(plan, decision))
-                stats = send(plan, remote, approved, _progress(plan))
-            unchanged = plan is not None and stats is not None and stats.files == 0
-            check = verify_remote(manifest, remote, plan.listing if unchanged else None)
-            create_markdown_artifact(check.markdown(), key="remote-verification", description=target.url)
-            if not check.ok:
-                failure = RemoteCheckFailed(check.text())
+                run.plan = _plan(manifest, remote)
+                if run.plan.conflicts:
+                    run.decision = _replace_decision(run.plan, config, approval_timeout)
+                    if not run.approved:
+                        raise RemoteConflict(refusal(run.plan, run.decision))
+                run.stats = send(run.plan, remote, run.approved, _progress(run.plan))
+            unchanged = run.plan is not None and run.stats is not None and run.stats.files == 0
+            run.check = verify_remote(manifest, remote, run.plan.listing if unchanged and run.plan else None)
+            create_markdown_artifact(run.check.markdown(), key="remote-verification", description=target.url)
+            if not run.check.ok:
+                run.failure = RemoteCheckFailed(run.check.text())
         except PublishError as exc:
-            failure = exc
-        report = upload_report(
-            plan,
-            stats,
-            out=out,
-            target=target.url,
-            gates=gates,
-            decision=decision,
-            check=check.to_dict() if check else None,
-            warnings=warnings,
-            verify_only=verify_only,
-        )
-        path = write_upload_report(out, report, _markdown(target.url, plan, stats, check, failure))
+            run.failure = exc
+        path = run.write()
     log.info("upload report: %s", path)
-    if failure is not None:
-        raise failure
-    return {**report, "upload_report": str(path)}
+    if run.failure is not None:
+        raise run.failure
+    return {**run.report(), "upload_report": str(path)}
 
 
-def _plan_and_decide(
-    manifest: Manifest, remote: Remote, config: UploadConfig, approval_timeout: int
-) -> tuple[UploadPlan, dict[str, Any] | None]:
-    """List the remote and plan; when files conflict, the decision (a token, a person, or abort)."""
+def _plan(manifest: Manifest, remote: Remote) -> UploadPlan:
+    """List the remote and plan what to send."""
     plan = list_and_plan(manifest, remote)
     get_run_logger().info(
         "%s: %d to send, %d unchanged, %d to update, %d conflicting (%d bytes to send)",
@@ -110,39 +87,17 @@ def _plan_and_decide(
         len(plan.conflicts),
         plan.bytes_to_send,
     )
-    return plan, _replace_decision(plan, config, approval_timeout) if plan.conflicts else None
+    return plan
 
 
-def _gates(out: Path, manifest: Manifest, config: UploadConfig, verify_only: bool) -> dict[str, Any]:
-    problems = [] if verify_only else gate_problems(out, manifest.fingerprint)
-    if problems and not config.skip_gates:
-        raise UploadGateFailed("not uploaded: " + "; ".join(problems) + " (--skip-gates uploads anyway, logged)")
-    if problems:
-        get_run_logger().warning("GATES SKIPPED (--skip-gates): %s", "; ".join(problems))
-    return {"skipped": bool(problems), "problems": problems}
-
-
-def _replace_decision(plan: UploadPlan, config: UploadConfig, timeout: int) -> dict[str, Any]:
-    if config.approve_replace is not None:
-        if config.approve_replace != plan.token:
-            return {"decision": "abort", "who": "--approve-replace token does not match these conflicts"}
-        return {"decision": ReplaceChoice.replace.value, "who": "approved by --approve-replace token"}
-    policy = config.on_conflict or default_policy()
-    if policy == "ask":
-        create_markdown_artifact(plan.conflicts_markdown(), key="remote-conflict", description=plan.target.url)
-        choice, who = decide("upload-replace", ReplaceAnswer, ReplaceChoice, plan.conflicts_markdown(), timeout)
-        return {"decision": choice.value, "who": who}
-    return {"decision": "abort", "who": f"on_conflict={policy}"}
-
-
-def _refusal(plan: UploadPlan, decision: dict[str, Any] | None) -> str:
-    listed = ", ".join(ours.path for ours, _ in plan.conflicts[:10])
-    why = decision["who"] if decision else "no approval"
-    return (
-        f"{len(plan.conflicts)} remote file(s) at {plan.target.url} differ from this cache's and were not replaced "
-        f"({why}): {listed}. Files sent before this point stay; to replace exactly these: "
-        f"--approve-replace {plan.token}"
-    )
+def _replace_decision(plan: UploadPlan, config: UploadConfig, timeout: int) -> Decision:
+    """A token or a policy decides; otherwise a person is asked (a pause)."""
+    decision = standing_decision(plan, config, config.on_conflict or default_policy())
+    if decision is not None:
+        return decision
+    create_markdown_artifact(plan.conflicts_markdown(), key="remote-conflict", description=plan.target.url)
+    details = {"target": plan.target.url, "conflicts": [ours.path for ours, _ in plan.conflicts]}
+    return decide("upload-replace", ReplaceAnswer, ReplaceChoice, plan.conflicts_markdown(), timeout, **details)
 
 
 def _progress(plan: UploadPlan) -> OnSent:
@@ -158,24 +113,6 @@ def _progress(plan: UploadPlan) -> OnSent:
             logger.info("uploaded %d files, %d of %d bytes", done["files"], done["bytes"], total)
 
     return on_sent
-
-
-def _markdown(
-    target: str, plan: UploadPlan | None, stats: SendStats | None, check: RemoteCheck | None, failure: Exception | None
-) -> str:
-    lines = [f"# Upload to `{target}`", ""]
-    if failure is not None:
-        lines += [f"**FAILED**: {failure}", ""]
-    if plan is not None:
-        lines += [
-            f"* sent {len(plan.send)} new, updated {len(plan.update)}, unchanged {len(plan.unchanged)}, "
-            f"conflicting {len(plan.conflicts)}"
-        ]
-    if stats is not None:
-        lines += [f"* {stats.files} files, {stats.bytes} bytes in {stats.seconds} s ({stats.mib_per_s} MiB/s)"]
-    if check is not None:
-        lines += ["", check.markdown()]
-    return "\n".join(lines) + "\n"
 
 
 @flow(

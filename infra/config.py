@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from infra.errors import ConfigError
+
 #: Bump when the meaning of a spec field or the stored layout changes: old caches stop matching.
 SPEC_VERSION = 1
 
@@ -77,53 +79,80 @@ class AlertConfig(StrictModel):
     block: str | None = Field(None, description="Name of a saved Prefect notification block (Slack, webhook, ...)")
 
 
-class BuildConfig(StrictModel):
-    """Everything `latentforge build` takes; each field is a config-file key and a ``--flag``."""
+def _in(group: str, **extra: Any) -> dict[str, Any]:
+    """A field's group (which steps take it as an option: see `STEP_GROUPS`) for ``json_schema_extra``."""
+    return {"json_schema_extra": {"group": group, **extra}}
 
-    source: str = Field(description="KIND:PATH, e.g. vbvr:/data/shards (a directory, one .tar, or a glob)")
-    model: str = Field(description="Local diffusers pipeline directory (model_index.json, vae/, ...)")
-    out: str = Field(description="Cache root directory")
-    family: str | None = Field(None, description="Model family; detected from model_index.json when omitted")
-    format: str = Field("pt", description="Output format")
-    frames: int = Field(33, gt=0, description="Frames per sample (F)")
-    height: int = Field(832, gt=0)
-    width: int = Field(832, gt=0)
-    temporal: Literal["linspace"] = Field("linspace", description="Temporal sampling policy")
-    text_max_length: int = Field(512, gt=0, description="Tokenizer max_length; embeddings padded to it")
-    text_padding: Literal["zeros", "raw"] = Field(
-        "zeros", description="Embedding rows past the real tokens: zeros (as WanPipeline) or raw encoder output"
+
+class BuildConfig(StrictModel):
+    """Everything `latentforge build` takes; each field is a config-file key and a ``--flag``.
+
+    Every field names its group; `STEP_GROUPS` says which steps (sanity, verify, reconcile, decode) take it."""
+
+    source: str = Field(
+        description="KIND:PATH, e.g. vbvr:/data/shards (a directory, one .tar, or a glob)", **_in("source")
     )
-    device: Device = "auto"
-    dtype: ComputeDtype = Field("bf16", description="Compute dtype; stored tensors are bf16 either way")
-    limit: int | None = Field(None, gt=0, description="Process at most N samples in total")
-    shard_filter: str | None = Field(None, description="Only shards whose name contains this text")
-    max_samples_per_shard: int | None = Field(None, gt=0)
-    dry_run: bool = Field(False, description="Encode one sample, print its shapes, write nothing")
+    model: str = Field(description="Local diffusers pipeline directory (model_index.json, vae/, ...)", **_in("model"))
+    out: str = Field(description="Cache root directory", **_in("out"))
+    family: str | None = Field(
+        None, description="Model family; detected from model_index.json when omitted", **_in("family")
+    )
+    format: str = Field("pt", description="Output format", **_in("spec"))
+    frames: int = Field(33, gt=0, description="Frames per sample (F)", **_in("spec"))
+    height: int = Field(832, gt=0, description="Height of the encoded frames (H)", **_in("spec"))
+    width: int = Field(832, gt=0, description="Width of the encoded frames (W)", **_in("spec"))
+    temporal: Literal["linspace"] = Field("linspace", description="Temporal sampling policy", **_in("spec"))
+    text_max_length: int = Field(512, gt=0, description="Tokenizer max_length; embeddings padded to it", **_in("spec"))
+    text_padding: Literal["raw", "zeros"] = Field(
+        "raw",
+        description="Embedding rows past the prompt's tokens: raw (the encoder's output, as the published Wan2.2 "
+        "recipe stores it) or zeros (what WanPipeline feeds the transformer)",
+        **_in("spec"),
+    )
+    device: Device = Field("auto", description="auto → cuda, else neuron (torch-neuronx), else cpu", **_in("device"))
+    dtype: ComputeDtype = Field("bf16", description="Compute dtype; stored tensors are bf16 either way", **_in("dtype"))
+    limit: int | None = Field(None, gt=0, description="Process at most N samples in total", **_in("selection"))
+    shard_filter: str | None = Field(None, description="Only shards whose name contains this text", **_in("selection"))
+    max_samples_per_shard: int | None = Field(None, gt=0, description="At most N samples per shard", **_in("selection"))
+    dry_run: bool = Field(False, description="Encode one sample, print its shapes, write nothing", **_in("build"))
     on_conflict: OnConflict | None = Field(
         None,
         description="When OUT holds another cache or foreign files: ask (pause for a person), abort, new_dir "
         "(write OUT-vN), reuse (adopt its spec and resume). Default: ask on a Prefect server, else abort. "
         "Overwriting is never a standing setting: see approve_overwrite.",
+        **_in("conflict"),
     )
     approve_overwrite: str | None = Field(
-        None, description="Token printed by `latentforge verify`, bound to OUT and its old→new fingerprint"
+        None,
+        description="Token printed by `latentforge verify`, bound to OUT and its old→new fingerprint",
+        **_in("conflict"),
     )
-    approval_timeout: int = Field(86400, gt=0, description="Seconds an approval waits; no answer means abort")
+    approval_timeout: int = Field(
+        86400, gt=0, description="Seconds an approval waits; no answer means abort", **_in("approvals")
+    )
     on_loss: Literal["ask", "abort", "accept"] | None = Field(
         None,
         description="When reconciliation finds samples missing: ask (pause), abort (exit non-zero) or accept "
         "(recorded in the run report). Default: ask on a Prefect server, else abort.",
+        **_in("loss"),
     )
-    decode_samples: int = Field(4, ge=0, description="Samples decoded back to pixels after the build (0: none)")
-    min_psnr: float | None = Field(None, description="Make decode-and-verify a gate: every decoded sample ≥ this")
-    workers: int = Field(2, ge=1, le=64, description="Shards processed at once (bounded task runner)")
+    decode_samples: int = Field(
+        4, ge=0, description="Samples decoded back to pixels after the build (0: none)", **_in("decode")
+    )
+    min_psnr: float | None = Field(
+        None, description="Make decode-and-verify a gate: every decoded sample ≥ this PSNR (dB)", **_in("decode")
+    )
+    workers: int = Field(2, ge=1, le=64, description="Shards processed at once (bounded task runner)", **_in("run"))
     only: list[str] | None = Field(
         None,
         description="Process only these shards (SHARD) or samples (SHARD/KEY); every other ledger row is kept "
         "as it is (`latentforge rerun RUN_ID --failed-only` sets it)",
+        **_in("rerun"),
     )
-    upload: UploadConfig | None = Field(None, description="Publish the cache after the gates pass")
-    alerts: AlertConfig | None = Field(None, description="Notifications on failure, crash and approval-needed")
+    upload: UploadConfig | None = Field(None, description="Publish the cache after the gates pass", **_in("publish"))
+    alerts: AlertConfig | None = Field(
+        None, description="Notifications on failure, crash and approval-needed", **_in("alerts")
+    )
 
     @field_validator("source")
     @classmethod
@@ -131,6 +160,32 @@ class BuildConfig(StrictModel):
         if ":" not in value or value.index(":") == 0:
             raise ValueError(f"source must be KIND:PATH (e.g. vbvr:/data/shards), got {value!r}")
         return value
+
+
+#: The groups of BuildConfig fields each single step takes as options (`build` takes every field). OUT is
+#: the positional argument of verify, reconcile and decode.
+STEP_GROUPS: dict[str, tuple[str, ...]] = {
+    "sanity": ("source", "model", "family", "out", "spec", "dtype", "device", "selection", "alerts"),
+    "verify": ("model", "family", "spec", "dtype"),
+    "reconcile": ("source", "model", "family", "spec", "dtype", "selection"),
+    "decode": ("source", "model", "device", "dtype", "decode"),
+}
+
+
+def field_group(name: str) -> str:
+    """The group a BuildConfig field belongs to."""
+    extra = BuildConfig.model_fields[name].json_schema_extra
+    if not isinstance(extra, dict) or "group" not in extra:
+        raise TypeError(f"BuildConfig.{name} names no group")
+    return str(extra["group"])
+
+
+def step_fields(step: str) -> list[str]:
+    """The BuildConfig fields that `step` takes as options, in the model's order (``build``: all of them)."""
+    if step == "build":
+        return list(BuildConfig.model_fields)
+    groups = STEP_GROUPS[step]
+    return [name for name in BuildConfig.model_fields if field_group(name) in groups]
 
 
 class CacheSpec(StrictModel):
@@ -186,7 +241,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
     """Read a YAML config file into a plain dict (keys use underscores, like the flags)."""
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a config file must be a mapping of keys to values")
+        raise ConfigError(f"{path}: a config file must be a mapping of keys to values")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 

@@ -1,9 +1,40 @@
-"""Errors that are data: a bad input becomes a ledger row with a reason, never a crash."""
+"""The errors latentforge raises on purpose, and the command line's exit codes, decided here only.
+
+Every such error derives from `LatentforgeError` and carries the exit code the CLI ends with. Bad input of
+one sample is not an error of the run: `InputError` becomes a ledger row with its reason.
+"""
 
 from __future__ import annotations
 
+from typing import ClassVar
 
-class InputError(Exception):
+#: Exit codes of the `latentforge` command.
+EXIT_OK = 0
+EXIT_FAILED = 1  # the run or the check ran and found a problem (a gate, a conflict, a shortfall, a mismatch)
+EXIT_USAGE = 2  # the command could not run as given (bad flags or config, unknown names, missing model parts)
+
+
+class LatentforgeError(Exception):
+    """Base of every error latentforge raises on purpose; `exit_code` is what the CLI exits with."""
+
+    exit_code: ClassVar[int] = EXIT_FAILED
+
+
+class ConfigError(LatentforgeError, ValueError):
+    """A configuration that cannot run (bad geometry, unknown family, missing model part)."""
+
+    exit_code = EXIT_USAGE
+
+
+class SourceError(ConfigError):
+    """A source that cannot be listed at all (bad path, no shards)."""
+
+
+class NoServerError(ConfigError):
+    """The command needs a Prefect server that other processes can reach."""
+
+
+class InputError(LatentforgeError):
     """A sample's input cannot be used. `reason` is a short code for the ledger and reports."""
 
     def __init__(self, reason: str, detail: str) -> None:
@@ -12,9 +43,36 @@ class InputError(Exception):
         self.detail = detail
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run (bad geometry, unknown family, missing model part)."""
-
-
-class ConflictError(RuntimeError):
+class ConflictError(LatentforgeError, RuntimeError):
     """OUT holds something that this run must not write over."""
+
+
+class GateFailed(LatentforgeError, RuntimeError):
+    """A gate (sanity, disk, reconciliation, audio, decode, upload) stopped the run; the message says why."""
+
+
+class ModelLoadError(LatentforgeError, RuntimeError):
+    """The model could not be loaded: a problem of the run, not of one sample."""
+
+
+class PublishError(LatentforgeError, RuntimeError):
+    """The upload or the remote verification failed; the message says what and where."""
+
+
+class ServerError(LatentforgeError, RuntimeError):
+    """The Prefect server or the worker could not be started, stopped or read."""
+
+
+class LedgerError(LatentforgeError, ValueError):
+    """A ledger that cannot be read (a corrupt line anywhere but a journal's torn tail)."""
+
+
+class RunFailed(LatentforgeError, RuntimeError):
+    """A flow run ended failed; the message is its error."""
+
+
+def exit_code(exc: BaseException) -> int:
+    """The CLI's exit code for an error that ends a command."""
+    if isinstance(exc, LatentforgeError):
+        return exc.exit_code
+    return EXIT_USAGE if isinstance(exc, ValueError | OSError) else EXIT_FAILED

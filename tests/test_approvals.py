@@ -18,6 +18,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.run import run_build
 from flows.runs import pending_runs
+from infra.audit.run_report import latest_run_report
 from infra.gates.conflicts import overwrite_token
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
@@ -101,6 +102,9 @@ def test_a_bad_choice_is_refused_and_the_run_stays_paused(built, tiny_model, pre
     assert tree_hashes(out) == before
     moved = json.loads((tmp_path / "out-v2" / "cache.json").read_text())
     assert moved["spec"]["frames"] == NEW_FRAMES
+    (decision,) = latest_run_report(tmp_path / "out-v2").decisions  # who decided, in the new cache's run report
+    assert (decision.gate, decision.choice, decision.how, decision.note) == ("conflict", "new_dir", "person", "test")
+    assert decision.details["state"] == "incompatible" and decision.details["out"] == str(out)
 
 
 def test_reuse_adopts_the_existing_spec_and_resumes(built, tiny_model, prefect_server, tmp_path):
@@ -170,6 +174,13 @@ def test_unattended_policies_new_dir_and_reuse(built, tiny_model, tmp_path):
     (tmp_path / "out-v2").mkdir()  # never a directory that exists
     ok, result = run_build(config(src, tiny_model, out, frames=NEW_FRAMES, on_conflict="new_dir"))
     assert ok and result["out"] == str(tmp_path / "out-v3")
+    (decision,) = latest_run_report(tmp_path / "out-v3").decisions
+    assert (decision.gate, decision.choice, decision.how, decision.by) == (
+        "conflict",
+        "new_dir",
+        "policy",
+        "on_conflict=new_dir",
+    )
     ok, result = run_build(config(src, tiny_model, out, frames=NEW_FRAMES, on_conflict="reuse"))
     assert ok and result["reused"] == 2 and result["encoded"] == 0
     assert tree_hashes(out) == before

@@ -13,7 +13,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.run import run_build
 from flows.runs import pending_runs
-from infra.audit.reports import latest_run_report
+from infra.audit.run_report import latest_run_report
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
 
@@ -43,19 +43,18 @@ def test_on_loss_abort_exits_non_zero_and_still_writes_the_run_report(tmp_path, 
     assert "2 sample(s) missing" in done.stderr
     report = latest_run_report(out)
     assert report is not None
-    assert report["decisions"] == [
-        {"gate": "loss", "decision": "abort", "who": "on_loss=abort (configuration)", "shortfall": 2}
-    ]
-    assert report["reconciliation"]["shortfall"] == 2
+    (decision,) = report.decisions
+    assert (decision.gate, decision.choice, decision.how, decision.by) == ("loss", "abort", "policy", "on_loss=abort")
+    assert decision.details["shortfall"] == 2 and report.reconciliation.shortfall == 2
 
 
 def test_on_loss_accept_finishes_decodes_and_records_the_decision(tmp_path, tiny_model, lossy_source):
     out = tmp_path / "out"
     ok, result = run_build(config(lossy_source, tiny_model, out, on_loss="accept", decode_samples=2))
     assert ok, result
-    assert result["decisions"][0]["decision"] == "accept_loss"
+    assert result["decisions"][0]["choice"] == "accept_loss"
     report = json.loads(Path(result["run_report"]).read_text())
-    assert report["decisions"][0]["who"] == "on_loss=accept (configuration)"
+    assert report["decisions"][0]["by"] == "on_loss=accept" and report["decisions"][0]["how"] == "policy"
     assert report["fingerprint"] == result["fingerprint"]
     assert report["reconciliation"]["shortfall"] == 2
     reasons = report["reconciliation"]["missing"]
@@ -86,6 +85,6 @@ def test_the_loss_gate_asks_and_is_answered_from_another_process(tmp_path, tiny_
     assert subprocess.run(answer, env=prefect_server, capture_output=True, text=True).returncode == 0
     stdout, stderr = build.communicate(timeout=300)
     assert build.returncode == 0, stdout + stderr
-    report = latest_run_report(out)
-    assert report["decisions"][0]["decision"] == "accept_loss"
-    assert "qa-lead" in report["decisions"][0]["who"] and "two broken clips" in report["decisions"][0]["who"]
+    (decision,) = latest_run_report(out).decisions
+    assert (decision.gate, decision.choice, decision.how) == ("loss", "accept_loss", "person")
+    assert (decision.by, decision.note) == ("qa-lead", "two broken clips")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-import infra.preprocess.shard
+import infra.preprocess.encode
 from flows.run import run_build
 from infra.cache import ledger
 from infra.demo.testmedia import real_t5_tokenizer_dir
@@ -77,8 +77,8 @@ def test_bad_inputs_become_ledger_rows_and_the_rest_finish(tmp_path, tiny_model,
 
 def test_resume_decodes_nothing_already_done(tmp_path, tiny_model, source, monkeypatch):
     decoded: list[int] = []
-    real = infra.preprocess.shard.sample_frames
-    monkeypatch.setattr(infra.preprocess.shard, "sample_frames", lambda data, n: decoded.append(n) or real(data, n))
+    real = infra.preprocess.encode.sample_frames
+    monkeypatch.setattr(infra.preprocess.encode, "sample_frames", lambda data, n: decoded.append(n) or real(data, n))
     out = tmp_path / "out"
     sanity = 1  # every run encodes its first sample once more, beside OUT, as the one-sample sanity check
 

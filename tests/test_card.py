@@ -62,7 +62,7 @@ def test_the_card_states_what_the_cache_holds(caches: dict[str, Path]) -> None:
     assert read_cache_json(out)["fingerprint"] in card
     assert f"bfloat16 {tuple(record['x0'].shape)}" in card and f"bfloat16 {tuple(record['text_embeds'].shape)}" in card
     assert "| skipped | missing_prompt | 1 |" in card and "the sample has no prompt file" in card
-    assert "**accept_loss**, decided by on_loss=accept (configuration)" in card
+    assert "**accept_loss**, decided by on_loss=accept (policy, " in card
     assert "np.linspace(0, T - 1, 17).round()" in card and "`align_corners=False`" in card
     assert "pixels / 127.5 - 1" in card and "(posterior.mode - latents_mean) / latents_std" in card
     done_bytes = sum(r.bytes or 0 for rows in read_all(out).values() for r in rows.values() if r.status == "done")

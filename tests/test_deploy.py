@@ -345,7 +345,7 @@ def test_latentforge_server_automations_fills_the_block_id_and_replaces_by_name(
         assert len(automations) == 2 and automations[1].actions[0].block_document_id == block_id
         assert automations[0].trigger.within.total_seconds() == 90
         missing = CliRunner().invoke(app, [*args[:2], "--block", "custom-webhook/nope", *args[4:]])
-        assert missing.exit_code == 1 and "no block" in missing.output
+        assert missing.exit_code == 2 and "no block" in missing.output
     finally:
         for name in names:
             for automation in client.read_automations_by_name(name):

@@ -1,7 +1,8 @@
 """The default recipe, bit for bit: the cache equals a straight-line implementation written here.
 
-The reference below shares no code with the pipeline: it decodes every frame with PyAV, picks
-linspace indices, normalises, resizes, runs the VAE and UMT5 exactly as the recipe says.
+The reference below shares no code with the pipeline and follows the published steps literally: it decodes
+every frame with PyAV, picks linspace indices, normalises, resizes, runs the VAE (posterior mode, (z-mean)/std)
+and UMT5 (padded to 512, ``last_hidden_state`` stored as is, pad rows included), all to bf16.
 """
 
 from __future__ import annotations
@@ -60,8 +61,7 @@ def reference(video: bytes, prompt: str, model_dir: Path) -> tuple[torch.Tensor,
     with torch.no_grad():
         hidden = encoder(tokens.input_ids, tokens.attention_mask).last_hidden_state[0]
     seq_len = int(tokens.attention_mask.sum())
-    hidden[seq_len:] = 0  # WanPipeline zeroes the rows past the prompt's tokens
-    return x0, hidden.to(torch.bfloat16), seq_len
+    return x0, hidden.to(torch.bfloat16), seq_len  # stored as is: the pad rows hold the encoder's own output
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +103,14 @@ def test_source_shape_counts_decoded_frames(tmp_path, t5_model, real_videos):
     assert ok, result
     stored = torch.load(tmp_path / "out" / item.generator / f"{item.task}_00000000.pt", weights_only=True)
     assert stored["source_shape"] == [7, 144, 176, 3]
+
+
+def test_zero_padding_is_the_option_that_zeroes_only_the_pad_rows(tmp_path, t5_model, real_videos):
+    item = sample(0, 0, real_videos[2], PROMPTS[2].encode())
+    src = make_shards(tmp_path / "src", {"s": [item]})
+    ok, result = run_build(config(src, t5_model, tmp_path / "out", text_padding="zeros"))
+    assert ok, result
+    stored = torch.load(tmp_path / "out" / item.generator / f"{item.task}_00000000.pt", weights_only=True)
+    _, raw, seq_len = reference(real_videos[2], PROMPTS[2], t5_model)
+    assert torch.equal(stored["text_embeds"][:seq_len], raw[:seq_len])
+    assert not stored["text_embeds"][seq_len:].any() and raw[seq_len:].abs().sum() > 0

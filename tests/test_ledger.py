@@ -10,6 +10,7 @@ import torch
 
 from flows.run import run_build
 from infra.cache.ledger import Journal, LedgerRow, journal_path, read_all, read_shard, seal, sealed_path
+from infra.errors import LedgerError
 from infra.gates.conflicts import overwrite_token
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
@@ -82,11 +83,12 @@ def test_journal_then_seal_round_trip_and_the_journal_wins(tmp_path):
     assert read_all(tmp_path / "no-such-cache") == {}
 
 
-def test_unknown_keys_in_a_row_are_ignored(tmp_path):
+def test_unknown_keys_in_a_row_are_an_error_even_on_the_last_journal_line(tmp_path):
     data = json.loads(_row("k").to_json()) | {"added_by_a_newer_version": 1}
     journal_path(tmp_path, "s1").parent.mkdir(parents=True)
     journal_path(tmp_path, "s1").write_text(json.dumps(data) + "\n")
-    assert read_shard(tmp_path, "s1") == {"k": _row("k")}
+    with pytest.raises(LedgerError, match="added_by_a_newer_version"):
+        read_shard(tmp_path, "s1")
 
 
 def test_a_torn_last_journal_line_is_ignored_and_a_corrupt_one_elsewhere_is_an_error(tmp_path):

@@ -86,7 +86,7 @@ def test_gate_reads_the_newest_run_report(cache, tmp_path):
     out = _copy(cache, tmp_path)
     fingerprint = build_manifest(out, UPLOAD, TARGET).fingerprint
     report = json.loads(max((out / "reports").glob("run-*.json")).read_text())
-    assert report["reconciliation"]["ok"] is False and report["decisions"][0]["decision"] == "accept_loss"
+    assert report["reconciliation"]["ok"] is False and report["decisions"][0]["choice"] == "accept_loss"
     assert gate_problems(out, fingerprint) == []  # a loss accepted by a recorded decision passes
 
     def newer(**changes):
@@ -96,8 +96,23 @@ def test_gate_reads_the_newest_run_report(cache, tmp_path):
 
     newer(decisions=[])
     assert "nobody accepted the loss" in gate_problems(out, fingerprint)[0]
-    newer(decode={"ok": False})
+    failed_decode = {
+        "out": "o",
+        "model": "m",
+        "source": "s",
+        "report_dir": "d",
+        "min_psnr": 30.0,
+        "rows": [],
+        "problems": [],
+        "mean_psnr": None,
+        "mean_ssim": None,
+        "ok": False,
+        "strip_paths": [],
+    }
+    newer(decode=failed_decode)
     assert any("decode gate failed" in p for p in gate_problems(out, fingerprint))
+    newer(decode={"ok": False})  # a section missing its keys is not read as anything
+    assert any("not a run report of this version" in p for p in gate_problems(out, fingerprint))
     newer(reconciliation=None)
     assert any("no reconciliation" in p for p in gate_problems(out, fingerprint))
     assert "build (or resume)" in gate_problems(tmp_path / "nothing", fingerprint)[0]

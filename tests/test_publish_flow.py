@@ -163,5 +163,11 @@ def test_on_a_server_a_remote_conflict_pauses_and_a_person_approves_the_replace(
     assert f"{target}: sent 0 new, updated 0, replaced 1, unchanged 7" in output, output
     assert client.get_object(Bucket=bucket, Key=sample_key)["Body"].read() == (out / sample_key[2:]).read_bytes()
     report = json.loads(Path(re.search(r"upload report\s+(\S+\.json)", output)[1]).read_text())
-    assert report["decision"]["decision"] == "replace" and "data-lead" in report["decision"]["who"]
+    (decision,) = report["decisions"]
+    assert (decision["gate"], decision["choice"], decision["how"], decision["by"]) == (
+        "upload-replace",
+        "replace",
+        "person",
+        "data-lead",
+    )
     assert report["check"]["ok"]

@@ -13,9 +13,10 @@ from PIL import Image
 import infra.audit.reports
 from flows.run import run_build
 from infra.audit.reconcile import ReconcileReport, reconcile, write_reconcile_report
-from infra.audit.reports import latest_run_report, run_report, write_run_report
+from infra.audit.run_report import ReportError, RunReport, latest_run_report, run_report, write_run_report
 from infra.cache import ledger
 from infra.config import BuildConfig
+from infra.gates.decision import Decision
 from infra.gates.plan import make_plan
 from tests.conftest import GENERATORS, config, make_shards, sample
 from tests.media_utils import cut_clip
@@ -203,22 +204,60 @@ def test_report_files_are_never_overwritten(tmp_path, tiny_model, good, monkeypa
     assert "| not_processed | 1 |" in first[1].read_text()
 
 
+def _report(n: int) -> RunReport:
+    """A minimal run report, told apart by its flow run id."""
+    model = {"path": "m", "family": "wan22", "identity": {}}
+    return RunReport.model_validate(
+        {
+            "flow_run_id": str(n),
+            "out": "o",
+            "source": "vbvr:s",
+            "model": model,
+            "spec": {},
+            "fingerprint": "f",
+            "config": {},
+            "shards": [],
+            "counts": {},
+            "reasons": {},
+            "shard_errors": {},
+            "timings": {},
+            "reconciliation": None,
+            "decode": None,
+            "decisions": [],
+            "versions": {},
+        }
+    )
+
+
 def test_run_reports_one_per_run_and_the_newest_wins(tmp_path, monkeypatch):
     out = tmp_path / "out"
     assert latest_run_report(out) is None
-    paths = [write_run_report(out, {"run": n}) for n in range(2)]  # the same second, most likely
-    assert len(set(paths)) == 2 and latest_run_report(out) == {"run": 1}
+    paths = [write_run_report(out, _report(n)) for n in range(2)]  # the same second, most likely
+    assert len(set(paths)) == 2 and latest_run_report(out).flow_run_id == "1"
 
     monkeypatch.setattr(infra.audit.reports, "utc_stamp", lambda now=None: "29991231T235959Z")
-    same_second = [write_run_report(out, {"run": n}) for n in range(2, 13)]
+    same_second = [write_run_report(out, _report(n)) for n in range(2, 13)]
     assert [p.name for p in same_second[:3]] == [
         "run-29991231T235959Z.json",
         "run-29991231T235959Z-2.json",
         "run-29991231T235959Z-3.json",
     ]
-    assert [json.loads(p.read_text()) for p in [*paths, *same_second]] == [{"run": n} for n in range(13)]
-    assert latest_run_report(out) == {"run": 12}  # "-11" is newer than "-9" and than the unnumbered name
+    assert [json.loads(p.read_text())["flow_run_id"] for p in [*paths, *same_second]] == [str(n) for n in range(13)]
+    assert latest_run_report(out).flow_run_id == "12"  # "-11" is newer than "-9" and than the unnumbered name
     assert len(list((out / "reports").glob("run-*.json"))) == 13
+
+
+def test_a_run_report_with_an_unknown_or_missing_key_is_refused(tmp_path):
+    out = tmp_path / "out"
+    path = write_run_report(out, _report(1))
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "surprise": 1}))
+    with pytest.raises(ReportError, match="surprise"):
+        latest_run_report(out)
+    del data["reconciliation"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ReportError, match="reconciliation"):
+        latest_run_report(out)
 
 
 def test_one_file_for_two_source_samples_counts_once(tmp_path, tiny_model, good):
@@ -244,7 +283,7 @@ def test_the_run_report_holds_the_build_and_the_newest_is_found(tmp_path, tiny_m
     ok, result = run_build(cfg)
     assert ok, result
     report = reconcile(make_plan(cfg))
-    decisions = [{"gate": "loss", "decision": "accept_loss", "by": "test", "note": "none lost"}]
+    decisions = [Decision(gate="loss", choice="accept_loss", how="person", by="test", note="none lost")]
     data = run_report(
         make_plan(cfg),
         result,
@@ -256,12 +295,11 @@ def test_the_run_report_holds_the_build_and_the_newest_is_found(tmp_path, tiny_m
     path = write_run_report(out, data)
     assert path.parent == out / "reports" and path.name.startswith("run-")
     loaded = latest_run_report(out)
-    assert loaded == json.loads(json.dumps(data, default=str))
-    assert loaded["counts"]["done"] == 2 and loaded["reconciliation"]["ok"] is True
-    assert loaded["fingerprint"] == result["fingerprint"] == loaded["reconciliation"]["fingerprint"]
-    assert loaded["model"]["path"] == str(tiny_model) and loaded["timings"] == {"preprocess": 1.235}
-    assert all(loaded["versions"][name] for name in ("latentforge", "torch", "prefect"))
-    assert "approve_overwrite" not in loaded["config"]
-    assert list(json.loads(path.read_text())) == sorted(data)
-    with pytest.raises(ValueError, match="'gate' and 'decision'"):
-        run_report(make_plan(cfg), result, reconciliation=None, decode=None, decisions=[{"by": "x"}], timings={})
+    assert loaded == data
+    assert loaded.counts["done"] == 2 and loaded.reconciliation is not None and loaded.reconciliation.ok
+    assert loaded.fingerprint == result["fingerprint"] == loaded.reconciliation.fingerprint
+    assert loaded.model.path == str(tiny_model) and loaded.timings == {"preprocess": 1.235}
+    assert all(loaded.versions[name] for name in ("latentforge", "torch", "prefect"))
+    assert "approve_overwrite" not in loaded.config
+    assert list(json.loads(path.read_text())) == sorted(RunReport.model_fields)
+    assert loaded.decisions_at("loss")[0].by == "test"

@@ -11,11 +11,13 @@ import pytest
 import torch
 
 from flows.run import run_build
+from infra.audit.reports import human_bytes
 from infra.demo.testmedia import real_t5_tokenizer_dir
+from infra.errors import ModelLoadError
 from infra.formats.pt import PtFormat
+from infra.gates.disk import check_disk
 from infra.gates.plan import make_plan
-from infra.gates.sanity import MARKER, SanityDirError, check_disk, human_bytes, peak_memory, run_sanity, sanity_dir
-from infra.preprocess.shard import ModelLoadError
+from infra.gates.sanity import MARKER, SanityDirError, peak_memory, run_sanity, sanity_dir
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
 

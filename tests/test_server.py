@@ -80,7 +80,7 @@ def test_start_refuses_a_port_in_use(tmp_path, prefect_server):
 def test_a_stale_state_file_is_reported_and_removed(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # its PID is gone (and reaped)
-    gone = server.Proc(pid=dead.pid, start_ticks=None, log=str(tmp_path / "x.log"))
+    gone = server.Proc(pid=dead.pid, create_time=None, log=str(tmp_path / "x.log"))
     state = server.ServerState(
         "127.0.0.1", _free_port(), "http://127.0.0.1:1/api", "http://127.0.0.1:1", "p", str(tmp_path), gone, gone, "t"
     )
@@ -96,10 +96,10 @@ def test_a_reused_pid_is_neither_running_nor_signalled():
     """A PID recorded with another start time (reused since, e.g. after a reboot) is not ours: stop leaves it."""
     other = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        recorded = server.Proc(pid=other.pid, start_ticks="1", log="")
+        recorded = server.Proc(pid=other.pid, create_time=1.0, log="")
         assert not server.is_running(recorded)
         assert not server.stop_group(recorded, timeout=1) and other.poll() is None
-        ours = server.Proc(pid=other.pid, start_ticks=server.process_start_ticks(other.pid), log="")
+        ours = server.Proc(pid=other.pid, create_time=server.create_time(other.pid), log="")
         assert server.is_running(ours)
         assert not server.stop_group(ours, timeout=5)  # True only when SIGKILL was needed
         assert other.wait(timeout=5) == -signal.SIGTERM

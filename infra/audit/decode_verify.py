@@ -287,12 +287,13 @@ def decode_and_verify(
     model_dir: Path | None = None,
     n: int | None = 4,
     device: str = "auto",
-    dtype: str = "fp32",
+    dtype: str | None = None,
     min_psnr: float | None = None,
     report_dir: Path | None = None,
     source: str | None = None,
 ) -> DecodeReport:
-    """Decode `n` chosen samples of the cache at `out` (None: all) and measure them against their source.
+    """Decode `n` chosen samples of the cache at `out` (None: all) and measure them against their source; the
+    VAE runs in `dtype` (None: the cache's own compute dtype).
 
     The model is `model_dir` or the cache's provenance ``model_path``; the source `source` (``KIND:PATH``) or
     its provenance ``source``. Raises when cache.json or the ledgers cannot be read or the model cannot load."""
@@ -310,7 +311,7 @@ def decode_and_verify(
         if model_identity(model, get_family(spec.family)).get("vae") != spec.model_identity.get("vae"):
             report.problems.append(DecodeProblem("*", "*", "*", f"the VAE in {model} is not the one of this cache"))
         target = resolve_device(device)
-        family = load_family(model, spec.family, target, resolve_dtype(dtype))
+        family = load_family(model, spec.family, target, resolve_dtype(dtype or spec.compute_dtype))
         on = target if target.type == "cuda" else torch.device("cpu")
         _verify_all(_Run(out, spec, get_format(spec.format), folder, family, report, on), source_spec, chosen)
         order = {(r.group, r.id, r.path): i for i, r in enumerate(chosen)}

@@ -20,8 +20,9 @@ from typing import Any
 from infra.audit import reports
 from infra.cache import ledger
 from infra.cache.ledger import LedgerRow
-from infra.errors import ConfigError
+from infra.formats import Format, get_format
 from infra.gates.plan import BuildPlan, ShardPlan
+from infra.models import get_family
 from infra.sources import Source, open_source
 
 logger = logging.getLogger(__name__)
@@ -31,27 +32,6 @@ FILE_MISSING = "file_missing"
 FILE_SIZE = "file_size_mismatch"
 OTHER_SPEC = "fingerprint_mismatch"
 DUPLICATE = "duplicate_output"  # two source samples (same group and id, two shards) map to one file
-
-
-@dataclass(frozen=True)
-class OutputFile:
-    """Where one output kind of a done sample lives (OUT-relative) and its size per the ledger."""
-
-    path: str | None
-    bytes: int | None
-
-
-Locator = Callable[[LedgerRow], OutputFile]
-
-
-def sample_file(row: LedgerRow) -> OutputFile:
-    """The row's own file: for formats that store every kind of a sample in one file."""
-    return OutputFile(row.path, row.bytes)
-
-
-#: Per format: output kind → where a done row keeps it. pt holds both kinds in the row's one file; a format
-#: with a file per kind maps each kind to its own locator (e.g. a path and size its writer puts in row.extra).
-OUTPUT_KINDS: dict[str, dict[str, Locator]] = {"pt": {"latents": sample_file, "text_embeddings": sample_file}}
 
 
 @dataclass
@@ -185,22 +165,14 @@ class ReconcileReport:
         ]
 
 
-def output_kinds(format_name: str) -> dict[str, Locator]:
-    """The output kinds a format stores, and where."""
-    try:
-        return OUTPUT_KINDS[format_name]
-    except KeyError as exc:
-        raise ConfigError(f"no output kinds declared for format {format_name!r} (see OUTPUT_KINDS)") from exc
-
-
 def reconcile(plan: BuildPlan) -> ReconcileReport:
     """Re-list the plan's selection from the source and account for every sample in the ledgers and on disk."""
-    locators = output_kinds(plan.spec.format)
     spec = plan.spec
+    kinds = list(get_family(spec.family).output_kinds)
     report = ReconcileReport(
-        str(plan.out), plan.config.source, plan.fingerprint, spec.format, list(locators), spec.text_max_length
+        str(plan.out), plan.config.source, plan.fingerprint, spec.format, kinds, spec.text_max_length
     )
-    tally = _Tally(plan, locators, report, functools.cache(functools.partial(_size, plan.out)))
+    tally = _Tally(plan, get_format(spec.format), report, functools.cache(functools.partial(_size, plan.out)))
     source = open_source(plan.config.source)
     for shard in plan.shards:
         listed = _list_shard(source, shard, report)
@@ -242,7 +214,7 @@ class _Tally:
     """Accounts expected samples into a report."""
 
     plan: BuildPlan
-    locators: dict[str, Locator]
+    format: Format
     report: ReconcileReport
     size: Callable[[str | None], int | None]  # an OUT-relative file's size, cached (kinds may share a file)
     owners: dict[str, MissingSample] = field(default_factory=dict)  # output path → the sample that claimed it
@@ -279,8 +251,7 @@ class _Tally:
     def check_outputs(self, row: LedgerRow, counts: GroupCounts) -> dict[str, str]:
         """{problem: reason} over the output kinds (on disk, inside OUT, the ledger's size); counts kinds present."""
         problems: dict[str, str] = {}
-        for kind, locate in self.locators.items():
-            wanted = locate(row)
+        for kind, wanted in self.format.files(row, self.report.kinds).items():
             size = self.size(wanted.path)
             if size is None:
                 problems[f"{kind}: {wanted.path} not on disk"] = FILE_MISSING

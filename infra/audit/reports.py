@@ -1,4 +1,4 @@
-"""Reports under ``OUT/reports/``: the run report (one JSON per run) and the naming rule every report shares.
+"""Reports under ``OUT/reports/``: the naming rule every report shares, and tables rendered as markdown or text.
 
 A report is named ``<kind>-<UTC YYYYmmddTHHMMSSZ>[-N].<ext>`` and never overwritten: when a name is taken
 (two reports in the same second), the next free ``-2``, ``-3``, ... is used, and the files go through
@@ -15,22 +15,27 @@ import re
 from collections.abc import Mapping
 from dataclasses import astuple, fields
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from infra.cache.storage import atomic_write
-from infra.gates.plan import BuildPlan
 
 logger = logging.getLogger(__name__)
 
 REPORTS_DIR = "reports"
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
-RUN_PREFIX = "run"
-RUN_REPORT_VERSION = 1
-#: Summary fields that become the run report's counts.
-COUNT_FIELDS = ("samples", "done", "skipped", "failed", "encoded", "reused", "bytes")
+#: Report prefixes that are not part of the cache: each upload writes one, so publishing them would make
+#: every upload send something new.
+UNPUBLISHED_REPORTS = ("upload-",)
 _NAME = re.compile(r"^(?P<prefix>[a-z]+)-(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<n>[1-9]\d*))?$")
+
+
+def human_bytes(n: float) -> str:
+    """1234567 → '1.2 MB' (decimal units)."""
+    unit = 0
+    while abs(n) >= 1000 and unit < 5:
+        n, unit = n / 1000, unit + 1
+    return f"{n:.0f} B" if unit == 0 else f"{n:.1f} {'KMGTP'[unit - 1]}B"
 
 
 def reports_dir(out: Path) -> Path:
@@ -117,83 +122,3 @@ def render_text(title: str, intro: list[str], sections: list[Section]) -> str:
 def to_json_bytes(data: Mapping[str, Any]) -> bytes:
     """Sorted keys, indented, UTF-8; paths and times as strings."""
     return (json.dumps(data, sort_keys=True, indent=2, ensure_ascii=False, default=str) + "\n").encode()
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def versions() -> dict[str, str | None]:
-    """Installed versions of latentforge and the libraries that decide the bytes or run the flow."""
-    return {name: _version(name) for name in ("latentforge", "torch", "prefect", "diffusers", "transformers", "av")}
-
-
-def run_report(
-    plan: BuildPlan,
-    summary: Mapping[str, Any],
-    *,
-    reconciliation: Mapping[str, Any] | None,
-    decode: Mapping[str, Any] | None,
-    decisions: list[dict[str, Any]],
-    timings: Mapping[str, float],
-    flow_run_id: str | None = None,
-) -> dict[str, Any]:
-    """The run report: what was built from what, with which model and spec, what came out, who decided what.
-
-    `summary` is a `BuildSummary.model_dump()`; `reconciliation` a `ReconcileReport.to_dict()`; `decisions`
-    one dict per gate decision, each with at least ``gate`` and ``decision`` (e.g. ``{"gate": "loss",
-    "decision": "accept_loss", "by": "...", "note": "..."}``); `timings` seconds per step."""
-    for decision in decisions:
-        if not {"gate", "decision"} <= decision.keys():
-            raise ValueError(f"a decision needs 'gate' and 'decision': {decision!r}")
-    # Tokens are approvals, not settings; a webhook URL may hold a secret.
-    hidden: dict[str, Any] = {"approve_overwrite": True, "upload": {"approve_replace"}, "alerts": {"webhook"}}
-    config = plan.config.model_dump(mode="json", exclude=hidden)
-    return {
-        "report": "latentforge-run",
-        "report_version": RUN_REPORT_VERSION,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "flow_run_id": flow_run_id,
-        "out": str(plan.out),
-        "source": plan.config.source,
-        "model": {"path": plan.config.model, "family": plan.family, "identity": dict(plan.spec.model_identity)},
-        "spec": plan.spec.model_dump(mode="json"),
-        "fingerprint": plan.fingerprint,
-        "config": config,
-        "shards": [{"id": s.id, "quota": s.quota, "samples": s.samples} for s in plan.shards],
-        "counts": {name: summary.get(name) for name in COUNT_FIELDS},
-        "reasons": dict(summary.get("reasons") or {}),
-        "shard_errors": dict(summary.get("shard_errors") or {}),
-        "timings": {step: round(float(seconds), 3) for step, seconds in timings.items()},
-        "reconciliation": dict(reconciliation) if reconciliation is not None else None,
-        "decode": dict(decode) if decode is not None else None,
-        "decisions": [dict(d) for d in decisions],
-        "versions": versions(),
-    }
-
-
-def write_run_report(out: Path, report: Mapping[str, Any]) -> Path:
-    """``OUT/reports/run-<UTC stamp>[-N].json`` (sorted keys); a new file per call, never an overwrite."""
-    (path,) = write_new(reports_dir(out), RUN_PREFIX, {".json": to_json_bytes(report)})
-    return path
-
-
-def latest_run_report(out: Path) -> dict[str, Any] | None:
-    """The newest run report under OUT (by name: timestamp, then collision number), or None if there is none.
-
-    Raises ValueError when the newest one cannot be read: an older report is never silently used instead."""
-    directory = reports_dir(out)
-    named = [(key, p) for p in directory.glob(f"{RUN_PREFIX}-*.json") if (key := report_order(p, RUN_PREFIX))]
-    if not named:
-        return None
-    _, newest = max(named)
-    try:
-        data = json.loads(newest.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{newest}: unreadable run report ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{newest}: a run report is a JSON object, not {type(data).__name__}")
-    return data

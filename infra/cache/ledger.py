@@ -12,11 +12,13 @@ import json
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from infra.cache.storage import atomic_write
+from infra.errors import LedgerError
 
 logger = logging.getLogger(__name__)
 
@@ -24,9 +26,10 @@ LEDGER_DIR = "ledger"
 Status = Literal["done", "skipped", "failed"]
 
 
-@dataclass
-class LedgerRow:
-    """One source sample's fate."""
+class LedgerRow(BaseModel):
+    """One source sample's fate. Unknown keys are an error (a newer latentforge wrote the ledger): never ignored."""
+
+    model_config = ConfigDict(extra="forbid")
 
     key: str  # the sample's key in its shard (unique within the shard)
     id: str
@@ -45,15 +48,10 @@ class LedgerRow:
     truncated: bool = False
     seconds: float = 0.0
     fingerprint: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, ensure_ascii=False)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LedgerRow:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
 
 
 def ledger_dir(out: Path) -> Path:
@@ -78,14 +76,17 @@ def _read_jsonl(path: Path, *, tolerate_torn_tail: bool) -> list[LedgerRow]:
             continue
         try:
             data = json.loads(line)
-            if not isinstance(data, dict):
-                raise TypeError(f"a row is a JSON object, not {type(data).__name__}")
-            rows.append(LedgerRow.from_dict(data))
-        except (json.JSONDecodeError, TypeError) as exc:
+        except json.JSONDecodeError as exc:
             if tolerate_torn_tail and number == len(lines):
                 logger.warning("%s: ignoring a torn last line (a crash mid-append)", path)
-            else:
-                raise ValueError(f"{path}:{number}: unreadable ledger line ({exc})") from exc
+                continue
+            raise LedgerError(f"{path}:{number}: unreadable ledger line ({exc})") from exc
+        try:
+            if not isinstance(data, dict):
+                raise TypeError(f"a row is a JSON object, not {type(data).__name__}")
+            rows.append(LedgerRow.model_validate(data))
+        except (TypeError, ValidationError) as exc:  # whole JSON of another shape: damage, never a torn tail
+            raise LedgerError(f"{path}:{number}: not a ledger row of this version ({exc})") from exc
     return rows
 
 

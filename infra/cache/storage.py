@@ -12,8 +12,10 @@ import hashlib
 import logging
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 logger = logging.getLogger(__name__)
 
@@ -39,15 +41,42 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, replace: bool = False) -> Written:
-    """Write `data` to `path` atomically. Raises FileExistsError if it exists and not `replace`."""
+class AtomicFile:
+    """A file being written under a temp name: bytes are counted and hashed as they go (`write`)."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self._fh = fh
+        self._hash = hashlib.sha256()
+        self.bytes = 0
+        self.written: Written | None = None  # set once the file is in place
+
+    def write(self, data: bytes) -> int:
+        self._fh.write(data)
+        self._hash.update(data)
+        self.bytes += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.bytes
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, *, replace: bool = False) -> Iterator[AtomicFile]:
+    """Stream a file into place atomically: written to a temp file in the same directory, fsynced, then linked
+    (or, with `replace`, renamed) to `path` when the block ends without an error. Raises FileExistsError when
+    `path` exists and not `replace`; on an error nothing appears at `path`. ``.written`` is set at the end."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            handle = AtomicFile(fh)
+            yield handle
             fh.flush()
             os.fsync(fh.fileno())
         if replace:
@@ -58,7 +87,15 @@ def atomic_write(path: Path, data: bytes, *, replace: bool = False) -> Written:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     _fsync_dir(path.parent)
-    return Written(path, len(data), hashlib.sha256(data).hexdigest())
+    handle.written = Written(path, handle.bytes, handle.sha256)
+
+
+def atomic_write(path: Path, data: bytes, *, replace: bool = False) -> Written:
+    """Write `data` to `path` atomically. Raises FileExistsError if it exists and not `replace`."""
+    with atomic_file(path, replace=replace) as fh:
+        fh.write(data)
+    assert fh.written is not None
+    return fh.written
 
 
 def _link_no_clobber(tmp: Path, path: Path) -> None:

@@ -12,9 +12,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import tarfile
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -23,7 +21,9 @@ from typing import NamedTuple
 
 import av
 
+from infra.cache.storage import atomic_file
 from infra.demo.testmedia import CLIPS, real_clip
+from infra.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -176,20 +176,10 @@ def write_vbvr_tar(path: Path, samples: Iterable[DemoSample], *, dir_entries: bo
     path = Path(path)
     if path.exists():
         raise FileExistsError(f"refusing to overwrite existing shard {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            with tarfile.open(fileobj=fh, mode="w", format=tarfile.PAX_FORMAT) as tf:
-                seen: set[str] = set()
-                for sample in samples:
-                    _add_sample(tf, sample, seen if dir_entries else None)
-            fh.flush()
-            os.fsync(fh.fileno())
-        path.hardlink_to(tmp)  # atomic and never overwrites: FileExistsError if someone won the race
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(path) as fh, tarfile.open(fileobj=fh, mode="w", format=tarfile.PAX_FORMAT) as tf:  # type: ignore[arg-type]
+        seen: set[str] = set()
+        for sample in samples:
+            _add_sample(tf, sample, seen if dir_entries else None)
     return path
 
 
@@ -235,7 +225,7 @@ def make_demo_data(out_dir: Path, *, n_shards: int = 2, with_bad_sample: bool = 
     Raises ``FileExistsError`` (before encoding anything) if a shard file already exists.
     """
     if not 1 <= n_shards <= len(_SPECS):
-        raise ValueError(f"n_shards must be between 1 and {len(_SPECS)}, got {n_shards}")
+        raise ConfigError(f"n_shards must be between 1 and {len(_SPECS)}, got {n_shards}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = _plan(out_dir, n_shards, with_bad_sample)

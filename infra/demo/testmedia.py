@@ -27,6 +27,9 @@ from filelock import FileLock
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import Version
 
+from infra.cache.storage import atomic_write
+from infra.errors import LatentforgeError
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -77,6 +80,11 @@ T5_TOKENIZER_FILES: tuple[str, ...] = (
     "special_tokens_map.json",
 )
 
+
+class MediaFetchError(LatentforgeError, RuntimeError):
+    """A test-media package could not be downloaded from the registry."""
+
+
 _PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([A-Za-z0-9.+!_-]+)\s*$")
 _LOCK_TIMEOUT_S = 900.0
 _PIP_TIMEOUT_S = 600.0
@@ -86,21 +94,6 @@ def media_cache_dir() -> Path:
     """The cache root: ``$LATENTFORGE_MEDIA_CACHE``, else ``~/.cache/latentforge/media``."""
     env = os.environ.get("LATENTFORGE_MEDIA_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "latentforge" / "media"
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a unique temp file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _parse_pin(requirement: str) -> tuple[str, Version]:
@@ -141,9 +134,9 @@ def _pip_download(requirement: str, dest: Path, sdist: bool) -> None:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=_PIP_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RuntimeError(f"pip download of {requirement!r} could not run: {exc}") from exc
+        raise MediaFetchError(f"pip download of {requirement!r} could not run: {exc}") from exc
     if proc.returncode != 0:
-        raise RuntimeError(
+        raise MediaFetchError(
             f"pip download of {requirement!r} ({'sdist' if sdist else 'wheel'}) failed with exit "
             f"{proc.returncode}:\n{proc.stderr.strip() or proc.stdout.strip()}"
         )
@@ -170,7 +163,7 @@ def fetch_package(requirement: str, *, sdist: bool = False) -> Path:
             got = [p for p in tmp.iterdir() if _archive_matches(p, name, version, sdist)]
             if len(got) != 1:
                 names = sorted(p.name for p in tmp.iterdir())
-                raise RuntimeError(f"pip download of {requirement!r} produced {names}, expected one archive")
+                raise MediaFetchError(f"pip download of {requirement!r} produced {names}, expected one archive")
             final = pkgs / got[0].name
             got[0].replace(final)
         finally:
@@ -206,7 +199,7 @@ def real_clip(name: str) -> Path:
     if target.is_file():
         return target
     archive = fetch_package(src.requirement, sdist=src.sdist)
-    _atomic_write(target, _read_member(archive, src.member))
+    atomic_write(target, _read_member(archive, src.member), replace=True)
     log.info("extracted %s from %s -> %s", src.member, archive.name, target)
     return target
 
@@ -222,6 +215,6 @@ def real_t5_tokenizer_dir() -> Path:
     archive = fetch_package(_DIFFSYNTH)
     for fname in T5_TOKENIZER_FILES:
         if not (target / fname).is_file():
-            _atomic_write(target / fname, _read_member(archive, _T5_PREFIX + fname))
+            atomic_write(target / fname, _read_member(archive, _T5_PREFIX + fname), replace=True)
     log.info("extracted T5 tokenizer from %s -> %s", archive.name, target)
     return target

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from infra.errors import ConfigError
 from infra.formats.base import EncodedSample, Format, Writer
 from infra.formats.pt import PtFormat
+from infra.registry import Registry
 
-FORMATS: dict[str, Format] = {"pt": PtFormat()}
+FORMATS: Registry[Format] = Registry("format")
+FORMATS.add("pt", PtFormat())
 
 __all__ = ["FORMATS", "EncodedSample", "Format", "Writer", "get_format"]
 
 
 def get_format(name: str) -> Format:
     """The format registered under `name`."""
-    try:
-        return FORMATS[name]
-    except KeyError as exc:
-        raise ConfigError(f"unknown format {name!r}; known formats: {', '.join(sorted(FORMATS))}") from exc
+    return FORMATS.get(name)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from infra.cache.storage import Written, atomic_write
-from infra.formats.base import EncodedSample
+from infra.formats.base import EncodedSample, Format, Writer
 
 
 def to_record(sample: EncodedSample) -> dict[str, Any]:
@@ -45,32 +45,21 @@ def serialize(sample: EncodedSample) -> bytes:
     return buffer.getvalue()
 
 
-class PtWriter:
+class PtWriter(Writer):
     """Writes OUT/<group>/<id>.pt atomically."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = Path(out)
-
-    def __enter__(self) -> PtWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def relpath(self, group: str, sample_id: str) -> str:
-        return relpath(group, sample_id)
 
     def write(self, sample: EncodedSample, *, replace: bool = False) -> Written:
         return atomic_write(self.out / self.relpath(sample.group, sample.id), serialize(sample), replace=replace)
 
 
-class PtFormat:
+class PtFormat(Format):
     """The pt format: writer, path rule and reader."""
 
     name = "pt"
+    keys: ClassVar[dict[str, str]] = {"latents": "x0", "text_embeddings": "text_embeds"}
 
     def writer(self, out: Path) -> PtWriter:
-        return PtWriter(out)
+        return PtWriter(out, self)
 
     def relpath(self, group: str, sample_id: str) -> str:
         return relpath(group, sample_id)

@@ -17,7 +17,7 @@ from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConflictError
 
 
-class Decision(StrEnum):
+class ConflictChoice(StrEnum):
     """The answers to "OUT holds something else: what now?". A timeout or no answer is abort."""
 
     abort = "abort"

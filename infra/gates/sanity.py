@@ -1,5 +1,6 @@
 """Gates before the full run: one real sample encoded, written to ``<OUT>.sanity/`` (never OUT), read back and
-checked, with time and bytes projected for the whole plan (`run_sanity`); free space against that (`check_disk`).
+checked, with time and bytes projected for the whole plan (`run_sanity`); `infra.gates.disk` checks free space
+against that projection.
 
 Check failures come back as ``ok=False`` with problems; a model that cannot load raises.
 """
@@ -9,31 +10,31 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import resource
-import shutil
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import psutil
 import torch
 
+from infra.audit.reports import human_bytes
+from infra.cache.storage import atomic_write
 from infra.devices import resolve_device
 from infra.errors import ConfigError, ConflictError, InputError
 from infra.formats import EncodedSample, get_format
 from infra.gates.plan import BuildPlan
 from infra.models import LoadedFamily
-from infra.preprocess.shard import encode_sample, load_encoder
+from infra.preprocess.encode import encode_sample, load_encoder
 from infra.sources import SampleRef, ShardReadError, open_source
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MARKER = ".latentforge-sanity"
-DISK_MARGIN_PERCENT = 5  # on top of the bytes still to write
-_LATENT_KEYS = ("x0", "latents")  # where a format's record keeps the latents
 
 
 class SanityDirError(ConflictError):
@@ -102,25 +103,6 @@ class SanityReport:
         return "\n".join(lines)
 
 
-@dataclass
-class DiskCheck:
-    """Free space on OUT's file system against the bytes the run still has to write."""
-
-    free_bytes: int
-    needed_bytes: int
-    current_cache_bytes: int
-    ok: bool
-    message: str
-
-
-def human_bytes(n: float) -> str:
-    """1234567 → '1.2 MB' (decimal units)."""
-    unit = 0
-    while abs(n) >= 1000 and unit < 5:
-        n, unit = n / 1000, unit + 1
-    return f"{n:.0f} B" if unit == 0 else f"{n:.1f} {'KMGTP'[unit - 1]}B"
-
-
 def sanity_dir(out: Path) -> Path:
     """``/cache/wan22`` → ``/cache/wan22.sanity`` (a sibling of OUT, never inside it)."""
     out = Path(out).expanduser().absolute()
@@ -138,12 +120,12 @@ def prepare_sanity_dir(path: Path, *, create: bool = True) -> None:
         )
     if create and not (path / MARKER).is_file():
         path.mkdir(parents=True, exist_ok=True)
-        (path / MARKER).write_text("scratch space of latentforge's sanity check; its files are replaced\n")
+        note = b"scratch space of latentforge's sanity check; its files are replaced\n"
+        atomic_write(path / MARKER, note, replace=True)
 
 
 def _rss() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * resource.getpagesize()
+    return psutil.Process().memory_info().rss
 
 
 @contextlib.contextmanager
@@ -181,19 +163,16 @@ def _same(stored: object, tensor: torch.Tensor) -> bool:
 
 def _check(sample: EncodedSample, path: Path, plan: BuildPlan, report: SanityReport) -> None:
     """Shapes, dtypes, finiteness and the bit-exact round trip through the format's reader."""
-    tensors = {"x0": sample.latents, "text_embeds": sample.text_embeds}
-    planned = {"x0": list(plan.latent_shape), "text_embeds": list(plan.text_shape)}
+    fmt = get_format(plan.spec.format)
+    tensors = {fmt.keys[kind]: tensor for kind, tensor in sample.outputs().items()}
+    planned = {fmt.keys["latents"]: list(plan.latent_shape), fmt.keys["text_embeddings"]: list(plan.text_shape)}
     report.latent_shape, report.text_shape = list(sample.latents.shape), list(sample.text_embeds.shape)
     report.latent_dtype, report.text_dtype = str(sample.latents.dtype), str(sample.text_embeds.dtype)
     report.finite = all(bool(torch.isfinite(t).all()) for t in tensors.values())
-    record = get_format(plan.spec.format).read(path)
-    stored = {
-        "x0": next((record[k] for k in _LATENT_KEYS if k in record), None),
-        "text_embeds": record.get("text_embeds"),
-    }
-    report.round_trip = all(_same(stored[name], t) for name, t in tensors.items())
+    record = fmt.read(path)
+    report.round_trip = all(_same(record.get(key), t) for key, t in tensors.items())
     for name, tensor in tensors.items():
-        if list(tensor.shape) != planned[name]:
+        if name in planned and list(tensor.shape) != planned[name]:
             report.problems.append(f"{name} shape {list(tensor.shape)}, planned {planned[name]}")
         if tensor.dtype != torch.bfloat16:
             report.problems.append(f"{name} dtype {tensor.dtype}, expected torch.bfloat16")
@@ -201,6 +180,20 @@ def _check(sample: EncodedSample, path: Path, plan: BuildPlan, report: SanityRep
         report.problems.append("non-finite values (nan or inf) in the encoded tensors")
     if not report.round_trip:
         report.problems.append(f"round trip through the {plan.spec.format} reader is not bit-identical")
+
+
+def _trying(
+    report: SanityReport, plan: BuildPlan, encoder: LoadedFamily, out: Path, repeats: int
+) -> Callable[[SampleRef], Any]:
+    """The sanity's attempt on one sample: encoded, written and timed; the report names the sample being tried
+    (so an encode error names it) and keeps the time."""
+
+    def attempt(ref: SampleRef) -> Any:
+        report.sample_key = ref.key
+        found, report.seconds = _timed(ref, plan, encoder, out, repeats)
+        return found
+
+    return attempt
 
 
 def _timed(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, out: Path, repeats: int) -> tuple[Any, float]:
@@ -215,27 +208,46 @@ def _timed(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, out: Path, re
     return (sample, written), statistics.median(times)
 
 
-def _first_usable(plan: BuildPlan, encoder: LoadedFamily, out: Path, report: SanityReport, repeats: int) -> Any:
-    """Encode the first usable sample in plan order (within each shard's quota); None if there is none."""
+def first_usable(
+    plan: BuildPlan, attempt: Callable[[SampleRef], T], skipped: list[tuple[str, str]]
+) -> tuple[SampleRef, T] | None:
+    """`attempt` on the plan's samples in plan order (within each shard's quota) until one does not raise
+    InputError: (that sample, what `attempt` returned), or None. Skipped samples and unreadable shards are
+    added to `skipped` as (key, reason). Any other error of `attempt` propagates."""
     source = open_source(plan.config.source)
     for shard in plan.shards:
         try:
             with contextlib.closing(source.samples(shard.shard)) as samples:
                 for ref in itertools.islice(samples, shard.quota):
-                    report.sample_key = ref.key  # the sample being tried (named if its encode fails)
                     try:
-                        found, report.seconds = _timed(ref, plan, encoder, out, repeats)
+                        return ref, attempt(ref)
                     except InputError as exc:
-                        logger.info("sanity: skipping %s (%s)", ref.key, exc)
-                        report.skipped_before.append((ref.key, exc.reason))
-                        continue
-                    report.sample_id, report.sample_group = ref.id, ref.group
-                    return found
+                        logger.info("skipping %s (%s)", ref.key, exc)
+                        skipped.append((ref.key, exc.reason))
         except ShardReadError as exc:
-            logger.warning("sanity: %s", exc)
-            report.skipped_before.append((shard.id, f"shard_unreadable: {exc}"))
-    report.sample_key = None
+            logger.warning("%s", exc)
+            skipped.append((shard.id, f"shard_unreadable: {exc}"))
     return None
+
+
+def dry_run(plan: BuildPlan) -> dict[str, Any]:
+    """The first usable sample encoded in memory (nothing written): its shapes, dtypes and token counts."""
+    encoder = load_encoder(plan)
+    skipped: list[tuple[str, str]] = []
+    found = first_usable(plan, lambda ref: encode_sample(ref, plan, lambda: encoder), skipped)
+    if found is None:
+        raise InputError("no_usable_sample", f"no sample could be encoded; skipped: {skipped}")
+    _, (sample, text) = found
+    fmt = get_format(plan.spec.format)
+    tensors = {fmt.keys[kind]: [list(t.shape), str(t.dtype)] for kind, t in sample.outputs().items()}
+    return {
+        "sample": f"{sample.group}/{sample.id}",
+        **tensors,
+        "seq_len": sample.seq_len,
+        "source_shape": sample.source_shape,
+        "skipped_before": [f"{key}: {reason}" for key, reason in skipped],
+        **text,
+    }
 
 
 def run_sanity(plan: BuildPlan, repeats: int = 1) -> SanityReport:
@@ -251,16 +263,18 @@ def run_sanity(plan: BuildPlan, repeats: int = 1) -> SanityReport:
     report = SanityReport(device=str(device), total_samples=sum(s.samples for s in plan.shards))
     try:
         with peak_memory(device) as peak:
-            found = _first_usable(plan, encoder, scratch, report, max(1, repeats))
+            found = first_usable(plan, _trying(report, plan, encoder, scratch, max(1, repeats)), report.skipped_before)
     except Exception as exc:  # a sample that cannot be encoded or written is the sanity's finding, not a crash
         logger.exception("sanity: %s could not be encoded or written", report.sample_key)
         report.problems.append(f"encode_error on {report.sample_key}: {type(exc).__name__}: {exc}")
         return report
     report.peak_memory_bytes = peak[0]
     if found is None:
+        report.sample_key = None
         report.problems.append(f"no usable sample in the plan ({len(report.skipped_before)} skipped)")
         return report
-    sample, written = found
+    ref, (sample, written) = found
+    report.sample_id, report.sample_group = ref.id, ref.group
     report.path, report.bytes = str(written.path), written.bytes
     _check(sample, Path(written.path), plan, report)
     report.projected_seconds = round(report.seconds * report.total_samples, 3)
@@ -273,21 +287,3 @@ def run_sanity(plan: BuildPlan, repeats: int = 1) -> SanityReport:
         report.total_samples,
     )
     return report
-
-
-def check_disk(out: Path, projected_bytes: int) -> DiskCheck:
-    """Free space on OUT's file system (OUT or its nearest existing parent) against what is left to write.
-
-    needed = max(0, projected_bytes − current cache bytes (files under OUT, links not followed)) + 5%: what is
-    on disk already counts as written (a resume); the margin covers the ledger, temp files and estimate error."""
-    out = Path(out).expanduser().absolute()
-    probe = next(p for p in (out, *out.parents) if p.exists())
-    free = shutil.disk_usage(probe).free
-    current = sum(p.lstat().st_size for p in out.rglob("*") if p.is_file() and not p.is_symlink())
-    left = max(0, int(projected_bytes) - current)
-    needed = left + -(-left * DISK_MARGIN_PERCENT // 100)  # integer ceil: exact for any size
-    ok = free >= needed
-    sizes = f"the cache {out} holds {human_bytes(current)} and {human_bytes(free)} are free on {probe}"
-    head = "disk ok" if ok else "not enough disk"
-    message = f"{head}: {human_bytes(needed)} still to write (projection + {DISK_MARGIN_PERCENT}%); {sizes}"
-    return DiskCheck(free_bytes=free, needed_bytes=needed, current_cache_bytes=current, ok=ok, message=message)

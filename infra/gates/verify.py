@@ -7,6 +7,7 @@ Existing files are read only as JSON or through that reader, so a planted pickle
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -21,14 +22,19 @@ from infra.cache.cachedir import OutKind, classify, read_cache_json
 from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import Format, get_format
+from infra.models import get_family
 
 logger = logging.getLogger(__name__)
 
-#: Per family: output kind → the key that holds it in a stored sample. A family with audio adds
-#: ``"audio_latents": "<its key>"`` and passes its planned shape in ``verify_out(extra_shapes=...)``.
-OUTPUT_KEYS: dict[str, dict[str, str]] = {"wan22": {"latents": "x0", "text_embeddings": "text_embeds"}}
 STORE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16}
 MAX_LISTED = 20
+#: Column headings of the preview's two-column tables (by section title); others are "what | value".
+HEADERS: dict[str, tuple[str, str]] = {
+    "What differs": ("field", "existing → planned"),
+    "Done per group": ("group", "samples"),
+    "Outputs": ("output", "state"),
+    "Spec of the existing cache": ("field", "value"),
+}
 
 CONSEQUENCES: dict[str, str] = {
     "absent": "A run creates OUT, writes cache.json, then encodes every planned sample.",
@@ -67,11 +73,13 @@ class VerifyReport:
 
     def markdown(self) -> str:
         """The preview for a human approving in the Prefect UI."""
-        lines = [f"## verify-existing: `{self.kind}`", "", _md(self.message)]
+        lines = [f"## verify-existing: `{self.kind}`", "", _md(_short(self.message))]
         for title, rows in _sections(self):
             lines += ["", f"**{title}**", ""]
             if any(label for label, _ in rows):
-                lines += ["| | |", "|---|---|", *(f"| {_md(label)} | {_md(value)} |" for label, value in rows)]
+                first, second = HEADERS.get(title.split(" (")[0], ("what", "value"))
+                lines += [f"| {first} | {second} |", "|---|---|"]
+                lines += [f"| {_md(label)} | {_md(_short(value))} |" for label, value in rows]
             else:
                 lines += [f"* {_md(value)}" for _, value in rows]
         return "\n".join(lines) + "\n"
@@ -107,7 +115,7 @@ def verify_out(
         shapes = {"latents": tuple(latent_shape), "text_embeddings": tuple(text_shape), **(extra_shapes or {})}
         try:
             fmt = get_format((existing or spec).format)
-            _check_samples(out, fmt, _choose(rows, max_samples), _expected(spec, shapes), report)
+            _check_samples(out, fmt, _choose(rows, max_samples), _expected(spec, fmt, shapes), report)
         except ConfigError as exc:
             report.problems.append(f"cannot read samples: {exc}")
         _settle(report)
@@ -184,13 +192,17 @@ def _load(fmt: Format, path: Path, report: VerifyReport) -> dict[str, Any] | Non
     return record
 
 
-def _expected(spec: CacheSpec, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, dict[str, Any]]:
-    """Per output kind the mode needs: its key, planned shape (None: not planned) and stored dtype."""
+def _expected(spec: CacheSpec, fmt: Format, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, dict[str, Any]]:
+    """Per output kind the family stores: the format's key for it, the planned shape (None: not planned) and the
+    stored dtype. A kind the format has no key for is a ConfigError (a family and a format that do not fit)."""
     dtype = str(STORE_DTYPES.get(spec.store_dtype, torch.bfloat16))
-    keys = OUTPUT_KEYS.get(spec.family, OUTPUT_KEYS["wan22"])
+    kinds = get_family(spec.family).output_kinds
+    unknown = [kind for kind in kinds if kind not in fmt.keys]
+    if unknown:
+        raise ConfigError(f"format {fmt.name} has no place for {', '.join(unknown)} (family {spec.family})")
     return {
-        kind: {"key": key, "shape": list(shapes[kind]) if kind in shapes else None, "dtype": dtype}
-        for kind, key in keys.items()
+        kind: {"key": fmt.keys[kind], "shape": list(shapes[kind]) if kind in shapes else None, "dtype": dtype}
+        for kind in kinds
     }
 
 
@@ -297,3 +309,13 @@ def _sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, str]]]]:
 def _md(value: str) -> str:
     """Escape a table cell."""
     return value.replace("|", "\\|").replace("\n", " ")
+
+
+_DIGEST = re.compile(r"\b([0-9a-f]{16})[0-9a-f]{16,}\b")
+
+
+def _short(value: str) -> str:
+    """For the UI's dialog: hex digests cut to their first 16 digits, and long paths given break points after
+    each ``/`` (zero-width spaces), so neither runs off the dialog. The text and JSON forms keep them whole."""
+    value = _DIGEST.sub(r"\1…", value)
+    return value.replace("/", "/\u200b") if len(value) > 40 else value

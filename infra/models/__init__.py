@@ -12,8 +12,10 @@ from infra.errors import ConfigError
 from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, read_json
 from infra.models.identity import component_identity
 from infra.models.wan22 import Wan22Spec
+from infra.registry import Registry
 
-FAMILIES: dict[str, FamilySpec] = {"wan22": Wan22Spec()}
+FAMILIES: Registry[FamilySpec] = Registry("family", plural="families", entry_points="latentforge.families")
+FAMILIES.add("wan22", Wan22Spec())
 
 __all__ = [
     "FAMILIES",
@@ -31,10 +33,7 @@ __all__ = [
 
 def get_family(name: str) -> FamilySpec:
     """The family registered under `name`."""
-    try:
-        return FAMILIES[name]
-    except KeyError as exc:
-        raise ConfigError(f"unknown family {name!r}; known families: {', '.join(sorted(FAMILIES))}") from exc
+    return FAMILIES.get(name)
 
 
 def resolve_family(model_dir: Path, name: str | None) -> FamilySpec:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import torch
 
@@ -57,50 +59,61 @@ class TextEmbedding:
         return self.tokens_total > self.embeds.shape[0]
 
 
-class LoadedFamily(Protocol):
+class LoadedFamily(ABC):
     """A family with its models loaded on a device. Calls are serialised by the implementation."""
 
-    name: str
+    name: ClassVar[str]
 
+    @abstractmethod
     def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
-        """(1,3,F,H,W) float32 in [-1,1] → normalised latents (C,F',H',W') in bf16, on CPU."""
-        ...
+        """(1,3,F,H,W) float32 in [-1,1] → normalised latents (C,F',H',W') in the stored dtype, on CPU."""
 
-    def encode_text(self, prompt: str, max_length: int, zero_padding: bool = True) -> TextEmbedding:
-        """One prompt → its embedding padded to max_length (padding rows zeroed unless told not to)."""
-        ...
+    @abstractmethod
+    def encode_text(self, prompt: str, max_length: int, *, zero_padding: bool) -> TextEmbedding:
+        """One prompt → its embedding padded to max_length: the encoder's own output at the pad positions, or
+        zeros there (`zero_padding`)."""
 
+    @abstractmethod
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Stored latents (C,F',H',W') → pixels (3,F,H,W) float32 in [-1,1], on CPU."""
-        ...
 
 
-class FamilySpec(Protocol):
-    """A family before loading: detection, declared constraints, the components it reads."""
+class FamilySpec(ABC):
+    """A family before loading: detection, declared constraints, the components it reads, what it stores."""
 
-    name: str
-    components: tuple[str, ...]
-    latent_norm: str
+    name: ClassVar[str]
+    #: Model directory components the cache depends on (their identity is part of the fingerprint).
+    components: ClassVar[tuple[str, ...]]
+    latent_norm: ClassVar[str]
+    #: The output kinds every sample of this family holds (a format says where each kind is stored).
+    output_kinds: ClassVar[tuple[str, ...]] = ("latents", "text_embeddings")
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = ("name", "components", "latent_norm")
+        missing = [a for a in declared if not inspect.isabstract(cls) and not hasattr(cls, a)]
+        if missing:
+            raise TypeError(f"family {cls.__name__} does not declare {', '.join(missing)}")
+
+    @abstractmethod
     def matches(self, model_dir: Path, index: dict[str, Any]) -> bool:
         """True when `model_dir` (with its model_index.json) is a model of this family."""
-        ...
 
+    @abstractmethod
     def rules(self, model_dir: Path) -> GeometryRules:
         """Geometry constraints, read from the model's configs."""
-        ...
 
+    @abstractmethod
     def latent_shape(self, model_dir: Path, frames: int, height: int, width: int) -> tuple[int, ...]:
         """Shape of one sample's stored latents."""
-        ...
 
+    @abstractmethod
     def text_shape(self, model_dir: Path, max_length: int) -> tuple[int, ...]:
         """Shape of one sample's stored text embedding."""
-        ...
 
+    @abstractmethod
     def load(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> LoadedFamily:
         """Load the encoders from local files."""
-        ...
 
 
 def read_json(path: Path) -> dict[str, Any]:

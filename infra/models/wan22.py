@@ -10,14 +10,14 @@ from typing import Any
 import torch
 
 from infra.errors import ConfigError
-from infra.models.base import GeometryRules, TextEmbedding, read_json
+from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, read_json
 
 logger = logging.getLogger(__name__)
 
 STORE_DTYPE = torch.bfloat16
 
 
-class Wan22Spec:
+class Wan22Spec(FamilySpec):
     """Detection, constraints and loading for the wan22 family."""
 
     name = "wan22"
@@ -56,7 +56,7 @@ class Wan22Spec:
         return Wan22Encoder(model_dir, device, dtype)
 
 
-class Wan22Encoder:
+class Wan22Encoder(LoadedFamily):
     """Loaded VAE + UMT5 + tokenizer. The Wan VAE keeps a feature cache on itself while it encodes,
     so every call holds a lock: shards run in parallel threads, model calls one at a time."""
 
@@ -88,7 +88,7 @@ class Wan22Encoder:
         return ((z - self.mean) / self.std).to(STORE_DTYPE)[0].contiguous()
 
     @torch.inference_mode()
-    def encode_text(self, prompt: str, max_length: int, zero_padding: bool = True) -> TextEmbedding:
+    def encode_text(self, prompt: str, max_length: int, *, zero_padding: bool) -> TextEmbedding:
         tokens = self.tokenizer(
             [prompt],
             padding="max_length",
@@ -106,7 +106,7 @@ class Wan22Encoder:
             ).last_hidden_state
         embeds = out[0].float().cpu()
         if zero_padding:
-            embeds[seq_len:] = 0  # as WanPipeline._get_t5_prompt_embeds: padding rows are zeros
+            embeds[seq_len:] = 0  # as WanPipeline._get_t5_prompt_embeds feeds the transformer
         return TextEmbedding(embeds.to(STORE_DTYPE).contiguous(), seq_len, total)
 
     @torch.inference_mode()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from infra.errors import ConfigError
+
 AUTOMATION_BLOCK_PLACEHOLDER = "${LATENTFORGE_NOTIFY_BLOCK_ID}"
 
 
@@ -12,7 +14,7 @@ def render_automations(text: str, block_document_id: str) -> str:
     """infra/deploy/automations.yaml with the notification block's id filled in (the file format wants an id,
     not a name: `send-notification` takes `block_document_id: UUID`)."""
     if AUTOMATION_BLOCK_PLACEHOLDER not in text:
-        raise ValueError(f"no {AUTOMATION_BLOCK_PLACEHOLDER} in the automations file")
+        raise ConfigError(f"no {AUTOMATION_BLOCK_PLACEHOLDER} in the automations file")
     return text.replace(AUTOMATION_BLOCK_PLACEHOLDER, block_document_id)
 
 
@@ -26,7 +28,7 @@ def install_automations(api_url: str, block: str, path: Path) -> list[tuple[str,
 
     block_type, _, name = block.partition("/")
     if not name:
-        raise ValueError(f"--block takes TYPE-SLUG/NAME (e.g. custom-webhook/latentforge-alerts), not {block!r}")
+        raise ConfigError(f"--block takes TYPE-SLUG/NAME (e.g. custom-webhook/latentforge-alerts), not {block!r}")
     created = []
     with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
         block_id = str(client.read_block_document_by_name(name, block_type).id)

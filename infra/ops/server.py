@@ -4,7 +4,9 @@
 logs to files in the state directory and records both PIDs (with their kernel start times, so a reused PID
 is not mistaken for ours) in ``server.json``. `stop` ends both groups (SIGTERM, then SIGKILL after a timeout).
 One state directory per Prefect home, so several servers (other ports and homes) can run side by side.
-Linux only (process state is read from /proc: a zombie or a reused PID is not taken for ours).
+Processes are checked with psutil (Linux and macOS): a zombie, or a PID reused by another process (another
+create time), is not taken for ours. The UI is told the API URL of the server it belongs to, so it works on
+any host and port.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
+
+from infra.cache.storage import atomic_write
+from infra.errors import ServerError
+
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "server.json"
@@ -32,16 +39,12 @@ JOB_ENV = {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
-class ServerError(RuntimeError):
-    """The server or the worker could not be started, or is already running."""
-
-
 @dataclass
 class Proc:
     """One process we started: its PID (= its process group) and the kernel's start time of that PID."""
 
     pid: int
-    start_ticks: str | None
+    create_time: float | None  # psutil's create time of that PID when we started it
     log: str
 
 
@@ -108,42 +111,43 @@ def read_state(directory: Path) -> ServerState | None:
 
 def write_state(directory: Path, state: ServerState) -> Path:
     """Atomic: a reader sees the old file or the new one."""
-    path = directory / STATE_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=2))
-    tmp.replace(path)
-    return path
+    return atomic_write(directory / STATE_FILE, json.dumps(asdict(state), indent=2).encode(), replace=True).path
 
 
-def _proc_stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat from the state (field 3) on; None when there is no such process."""
+def create_time(pid: int) -> float | None:
+    """The process's create time, None when there is no such process."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
         return None
-    return text.rsplit(")", 1)[1].split()
 
 
-def process_start_ticks(pid: int) -> str | None:
-    stat = _proc_stat(pid)
-    return stat[19] if stat else None
+def _ours(proc: Proc) -> psutil.Process | None:
+    """The recorded process when it still runs as ours: not gone, not a zombie, the PID not reused."""
+    try:
+        process = psutil.Process(proc.pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        if proc.create_time is not None and abs(process.create_time() - proc.create_time) > 0.01:
+            return None
+        return process
+    except psutil.Error:
+        return None
 
 
 def is_running(proc: Proc) -> bool:
     """The recorded process is alive: not gone, not a zombie, and the PID not reused by another process."""
-    stat = _proc_stat(proc.pid)
-    if stat is None or stat[0] == "Z":
-        return False
-    return proc.start_ticks is None or stat[19] == proc.start_ticks
+    return _ours(proc) is not None
 
 
 def _group_alive(pgid: int) -> bool:
     """Any live (non-zombie) process left in the process group?"""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            stat = _proc_stat(int(entry.name))
-            if stat and stat[2] == str(pgid) and stat[0] != "Z":
+    for process in psutil.process_iter(["status"]):
+        try:
+            if process.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(process.pid) == pgid:
                 return True
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
     return False
 
 
@@ -174,8 +178,8 @@ def stop_group(proc: Proc, timeout: float) -> bool:
 
     A PID now held by another process (other start time) means our group is long gone: Linux does not reuse a
     number while a process group still has it, so nothing is signalled then."""
-    stat = _proc_stat(proc.pid)
-    reused = stat is not None and proc.start_ticks is not None and stat[19] != proc.start_ticks
+    now = create_time(proc.pid)
+    reused = now is not None and proc.create_time is not None and abs(now - proc.create_time) > 0.01
     if reused or not _group_alive(proc.pid):
         return False
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
@@ -216,7 +220,7 @@ def _spawn(args: list[str], env: dict[str, str], log: Path, cwd: Path) -> Proc:
             args, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-    return Proc(pid=process.pid, start_ticks=process_start_ticks(process.pid), log=str(log))
+    return Proc(pid=process.pid, create_time=create_time(process.pid), log=str(log))
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -281,10 +285,13 @@ def start(
     home: Path | None = None,
     cwd: Path | None = None,
     timeout: float = 120.0,
+    ui_api_url: str | None = None,
 ) -> ServerState:
     """Start server and worker detached, wait until the API answers and the worker is in the pool; record both.
 
-    Refuses when this home's recorded server still runs; a stale record (both PIDs gone) is removed first."""
+    The UI (in a browser) calls `ui_api_url`, by default this server's own API URL (on a wildcard host that is
+    127.0.0.1: through an ssh tunnel; pass the host's address for browsers elsewhere). Refuses when this
+    home's recorded server still runs; a stale record (both PIDs gone) is removed first."""
     directory = state_dir(home)
     current = status(home)
     if current is not None and not current.stale:
@@ -299,6 +306,7 @@ def start(
     api_url, cwd = f"{base}/api", Path(cwd or Path.cwd())
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    env["PREFECT_SERVER_UI_API_URL"] = ui_api_url or api_url  # unset, the UI calls 127.0.0.1:4200 on any port
     if home is not None:
         env["PREFECT_HOME"] = str(home)
     server_args = [*_prefect(), "server", "start", "--host", host, "--port", str(port)]

@@ -1,4 +1,4 @@
-"""Encode one sample and one shard: the plain functions behind the preprocess task.
+"""Encode one shard: the plain function behind the preprocess task.
 
 A shard resumes from its ledger: a sample whose row is done and whose file is still there is kept
 without reading or decoding its video. Every sample ends as a ledger row; one sample's error never
@@ -20,13 +20,11 @@ from pathlib import Path
 from infra.cache import ledger
 from infra.cache.ledger import LedgerRow
 from infra.cache.storage import sha256_file
-from infra.devices import resolve_device, resolve_dtype
-from infra.errors import InputError
-from infra.formats import EncodedSample, Writer, get_format
+from infra.errors import InputError, LatentforgeError, ModelLoadError
+from infra.formats import Writer, get_format
 from infra.gates.plan import BuildPlan, ShardPlan, parse_only
-from infra.media.prompts import decode_prompt
-from infra.media.video import frames_to_pixels, sample_frames
-from infra.models import LoadedFamily, load_family
+from infra.models import LoadedFamily
+from infra.preprocess.encode import encode_sample, load_encoder
 from infra.sources import SampleRef, ShardReadError, open_source
 
 logger = logging.getLogger(__name__)
@@ -34,6 +32,10 @@ logger = logging.getLogger(__name__)
 RowCallback = Callable[[LedgerRow], None]
 #: A shard whose first N encode attempts all fail is broken (model, device, bug), not its inputs: stop it.
 FAIL_FAST_AFTER = 3
+
+
+class ShardBroken(LatentforgeError, RuntimeError):
+    """A shard's first encodes all failed: the model or the device is broken, not the inputs."""
 
 
 @dataclass
@@ -49,51 +51,6 @@ class ShardResult:
     bytes: int = 0
     seconds: float = 0.0
     error: str | None = None
-
-
-class ModelLoadError(RuntimeError):
-    """The model could not be loaded: a problem of the run, not of one sample."""
-
-
-def load_encoder(plan: BuildPlan) -> LoadedFamily:
-    """The plan's family, loaded once per process on the configured device."""
-    cfg = plan.config
-    try:
-        device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
-        return load_family(Path(cfg.model).expanduser(), plan.family, device, dtype)
-    except Exception as exc:
-        raise ModelLoadError(f"cannot load {plan.family} from {cfg.model}: {type(exc).__name__}: {exc}") from exc
-
-
-def encode_sample(
-    ref: SampleRef, plan: BuildPlan, get_encoder: Callable[[], LoadedFamily]
-) -> tuple[EncodedSample, dict]:
-    """Decode, sample, resize and encode one sample. Raises InputError for bad input.
-
-    Inputs are checked before the model is asked for, so a run of bad inputs never loads a model."""
-    cfg = plan.config
-    if "layout_error" in ref.extra:
-        raise InputError("bad_layout", ref.extra["layout_error"])
-    prompt = decode_prompt(ref.read_prompt())
-    media = ref.read_media()
-    if media is None:
-        raise InputError("missing_video", "the sample has no video file")
-    clip = sample_frames(media, cfg.frames)
-    pixels = frames_to_pixels(clip.frames, cfg.height, cfg.width)
-    encoder = get_encoder()
-    latents = encoder.encode_video(pixels)
-    text = encoder.encode_text(prompt, cfg.text_max_length, zero_padding=cfg.text_padding == "zeros")
-    sample = EncodedSample(
-        id=ref.id,
-        group=ref.group,
-        prompt=prompt,
-        latents=latents,
-        text_embeds=text.embeds,
-        seq_len=text.seq_len,
-        source_shape=clip.source_shape,
-        fingerprint=plan.fingerprint,
-    )
-    return sample, {"tokens_total": text.tokens_total, "truncated": text.truncated}
 
 
 def _adopt_existing(path: Path, plan: BuildPlan, row: LedgerRow) -> LedgerRow:
@@ -211,7 +168,7 @@ def _count_new(result: ShardResult, row: LedgerRow) -> None:
     result.reused += adopted
     result.encode_errors += row.reason == "encode_error"
     if result.encoded == 0 and result.encode_errors >= FAIL_FAST_AFTER:
-        raise RuntimeError(f"the first {FAIL_FAST_AFTER} encodes of shard {result.shard} failed: {row.detail}")
+        raise ShardBroken(f"the first {FAIL_FAST_AFTER} encodes of shard {result.shard} failed: {row.detail}")
 
 
 def _tally(result: ShardResult, rows: object) -> None:

@@ -12,10 +12,13 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal, Protocol
+from typing import BinaryIO, Literal
+
+from infra.errors import ConfigError, PublishError
 
 #: What a file is to the cache. Files are sent in this order: the manifest (cache.json) last, so a remote
 #: that has a cache.json has everything the manifest describes.
@@ -24,10 +27,6 @@ ROLE_ORDER: dict[str, int] = {"data": 0, "report": 1, "card": 2, "ledger": 3, "m
 #: Roles latentforge updates in place, without an approval, on a remote holding the same cache fingerprint
 #: (a resumed shard reseals its ledger; the card's counts grow). Data and reports are never updated in place.
 UPDATABLE_ROLES = frozenset({"card", "ledger"})
-
-
-class PublishError(RuntimeError):
-    """The upload or the remote verification failed; the message says what and where."""
 
 
 class RemoteConflict(PublishError):
@@ -126,34 +125,35 @@ def parse_target(url: str) -> Target:
         prefix = (match["prefix"] or "").strip("/")
         _check_parts(url, prefix)
         return Target(url, "s3", bucket=match["bucket"], prefix=prefix)
-    raise ValueError(
+    raise ConfigError(
         f"unsupported upload target {url!r}: use hf://datasets/ORG/NAME[@revision][/path] or s3://BUCKET/PREFIX"
     )
 
 
 def _check_parts(url: str, path: str) -> None:
     if any(part in {"", ".", ".."} for part in path.split("/")) and path:
-        raise ValueError(f"{url!r}: the path inside the target may not contain empty, '.' or '..' parts")
+        raise ConfigError(f"{url!r}: the path inside the target may not contain empty, '.' or '..' parts")
 
 
 #: Called after each file is stored on the remote (progress, the upload journal).
 OnSent = Callable[[LocalFile], None]
 
 
-class Remote(Protocol):
+class Remote(ABC):
     """A store the cache is published to. Implementations: `infra.publish.s3.S3Remote`,
     `infra.publish.hub.HubRemote`; both built by `infra.publish.remotes.open_remote`."""
 
     target: Target
 
+    @abstractmethod
     def list(self) -> dict[str, RemoteFile]:
         """Every file under the target, keyed by target-relative path (an absent repo/bucket prefix: {})."""
-        ...
 
+    @abstractmethod
     def read(self, path: str) -> bytes | None:
         """A small remote file's bytes (the remote cache.json), or None when it is not there."""
-        ...
 
+    @abstractmethod
     def send(self, files: Sequence[LocalFile], *, replace: Mapping[str, RemoteFile], on_sent: OnSent) -> None:
         """Store `files` (already in send order; call it once per role stage). A path not in `replace` must
         not exist on the remote: write it conditionally (S3 If-None-Match: *); a path in `replace` replaces
@@ -161,4 +161,3 @@ class Remote(Protocol):
         RemoteConflict when a condition fails; calls `on_sent` after each file is durably stored.
         The bytes sent are hashed as they are read (S3) or before the commit (the Hub): a file whose bytes no
         longer match `LocalFile.sha256` (bit rot, an edit since its ledger row) is not stored: PublishError."""
-        ...

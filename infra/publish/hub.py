@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra.config import UploadConfig
-from infra.publish.base import LocalFile, OnSent, PublishError, RemoteConflict, RemoteFile, Target
+from infra.publish.base import LocalFile, OnSent, PublishError, Remote, RemoteConflict, RemoteFile, Target
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
@@ -93,7 +93,7 @@ def _make_api(config: UploadConfig) -> HfApi:
     return HfApi(endpoint=endpoint, token=_token(config), library_name="latentforge", library_version=version)
 
 
-class HubRemote:
+class HubRemote(Remote):
     """`Remote` on a Hub dataset repo, at `target.revision`, under `target.prefix`."""
 
     def __init__(self, target: Target, config: UploadConfig, *, api: HfApi | None = None) -> None:

@@ -15,20 +15,17 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from infra.audit.reports import REPORTS_DIR, latest_run_report
+from infra.audit.reports import REPORTS_DIR, UNPUBLISHED_REPORTS
+from infra.audit.run_report import ReportError, latest_run_report
 from infra.cache import ledger
 from infra.cache.cachedir import CACHE_JSON, read_cache_json
 from infra.cache.storage import TEMP_SUFFIX, sha256_file
 from infra.config import UploadConfig
 from infra.publish.base import ROLE_ORDER, LocalFile, PublishError, Role, Target
+from infra.publish.card import card_file
 
 logger = logging.getLogger(__name__)
-
-#: Report prefixes that are not part of the cache: each upload writes one, so publishing them would make
-#: every upload send something new.
-UNPUBLISHED_REPORTS = ("upload-",)
 
 
 @dataclass
@@ -126,8 +123,6 @@ def _chosen(file: LocalFile, config: UploadConfig) -> bool:
 
 
 def _card(out: Path, config: UploadConfig, target: Target) -> LocalFile:
-    from infra.publish.card import card_file  # noqa: PLC0415 - the card reads the reports and ledgers again
-
     return card_file(out, target=target, license=config.license)
 
 
@@ -137,26 +132,22 @@ def gate_problems(out: Path, fingerprint: str) -> list[str]:
     Passed means: a run report of this cache's fingerprint, reconciliation ok (or a shortfall accepted by a
     recorded decision), decode-and-verify not failed, and the audio gate (where the family has one) ok."""
     try:
-        report: dict[str, Any] | None = latest_run_report(out)
-    except ValueError as exc:
+        report = latest_run_report(out)
+    except ReportError as exc:
         return [str(exc)]
     if report is None:
         return [f"no run report in {Path(out) / REPORTS_DIR}: build (or resume) the cache first"]
     problems = []
-    if report.get("fingerprint") != fingerprint:
+    if report.fingerprint != fingerprint:
         problems.append(
-            f"the newest run report is of fingerprint {str(report.get('fingerprint'))[:16]}, "
-            f"the cache is {fingerprint[:16]}"
+            f"the newest run report is of fingerprint {report.fingerprint[:16]}, the cache is {fingerprint[:16]}"
         )
-    recon = report.get("reconciliation")
-    decisions = report.get("decisions") or []
-    accepted = [d for d in decisions if d.get("gate") == "loss" and d.get("decision") == "accept_loss"]
-    if not isinstance(recon, dict):
+    recon = report.reconciliation
+    accepted = [d for d in report.decisions_at("loss") if d.choice == "accept_loss"]
+    if recon is None:
         problems.append("the newest run report has no reconciliation (the run stopped before it)")
-    elif not recon.get("ok") and not accepted:
-        problems.append(f"reconciliation found {recon.get('shortfall')} sample(s) missing and nobody accepted the loss")
-    for gate in ("decode", "audio"):
-        section = report.get(gate)
-        if isinstance(section, dict) and section.get("ok") is False:
-            problems.append(f"the {gate} gate failed in the newest run report")
+    elif not recon.ok and not accepted:
+        problems.append(f"reconciliation found {recon.shortfall} sample(s) missing and nobody accepted the loss")
+    if report.decode is not None and not report.decode.ok:
+        problems.append("the decode gate failed in the newest run report")
     return problems

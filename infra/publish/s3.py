@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from infra.config import UploadConfig
-from infra.publish.base import LocalFile, OnSent, PublishError, RemoteConflict, RemoteFile, Target
+from infra.publish.base import LocalFile, OnSent, PublishError, Remote, RemoteConflict, RemoteFile, Target
 from infra.publish.s3_client import make_client, transfer_config
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def make_s3_remote(target: Target, config: UploadConfig) -> S3Remote:
     return S3Remote(target, config)
 
 
-class S3Remote:
+class S3Remote(Remote):
     """`Remote` on an S3 bucket prefix (AWS, or any S3-compatible store through AWS_ENDPOINT_URL)."""
 
     def __init__(self, target: Target, config: UploadConfig, *, client: Any = None) -> None:

@@ -8,9 +8,13 @@ reading or decoding their video.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar
+
+from infra.errors import LatentforgeError, SourceError
+from infra.registry import Registry
 
 #: Groups, ids and shard ids become path components: only these characters, never "." or "..".
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}$")
@@ -43,38 +47,37 @@ class SampleRef:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-class Source(Protocol):
-    """What every source kind implements."""
+class Source(ABC):
+    """What every source kind implements: built from the PATH of ``KIND:PATH``."""
 
-    kind: str
+    kind: ClassVar[str]
 
+    @abstractmethod
+    def __init__(self, path: str) -> None: ...
+
+    @abstractmethod
     def shards(self) -> list[Shard]:
         """All shards, in a stable order."""
-        ...
 
+    @abstractmethod
     def samples(self, shard: Shard) -> Iterator[SampleRef]:
-        """The samples of one shard, in a stable order."""
-        ...
+        """The samples of one shard, in a stable order; a shard damaged part way yields what it can, then raises
+        ShardReadError."""
 
 
-class ShardReadError(RuntimeError):
+class ShardReadError(LatentforgeError, RuntimeError):
     """A shard could not be read to its end; the samples listed before the damage were yielded first."""
 
 
-class SourceError(ValueError):
-    """A source that cannot be listed at all (bad path, no shards)."""
+SOURCES: Registry[type[Source]] = Registry("source kind", error=SourceError)
 
 
-SourceFactory = Callable[[str], Source]
-_REGISTRY: dict[str, SourceFactory] = {}
-
-
-def register_source(kind: str) -> Callable[[SourceFactory], SourceFactory]:
+def register_source(kind: str) -> Callable[[type[Source]], type[Source]]:
     """Class decorator: make a source kind available as ``KIND:PATH``."""
 
-    def wrap(factory: SourceFactory) -> SourceFactory:
-        _REGISTRY[kind] = factory
-        return factory
+    def wrap(cls: type[Source]) -> type[Source]:
+        cls.kind = kind
+        return SOURCES.add(kind, cls)
 
     return wrap
 
@@ -82,7 +85,4 @@ def register_source(kind: str) -> Callable[[SourceFactory], SourceFactory]:
 def open_source(spec: str) -> Source:
     """Build a Source from ``KIND:PATH``."""
     kind, _, path = spec.partition(":")
-    if kind not in _REGISTRY:
-        known = ", ".join(sorted(_REGISTRY)) or "none"
-        raise SourceError(f"unknown source kind {kind!r} in {spec!r}; known kinds: {known}")
-    return _REGISTRY[kind](path)
+    return SOURCES.get(kind)(path)

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.errors import InputError
-from infra.sources.base import SampleRef, Shard, ShardReadError, SourceError, is_safe_name, register_source
+from infra.errors import InputError, SourceError
+from infra.sources.base import SampleRef, Shard, ShardReadError, Source, is_safe_name, register_source
 
 __all__ = ["ShardReadError", "VbvrSource", "shard_id_for"]
 
@@ -56,10 +56,8 @@ def _find_tars(spec: str) -> list[Path]:
 
 
 @register_source("vbvr")
-class VbvrSource:
+class VbvrSource(Source):
     """A directory of VBVR tar shards, one tar, or a glob."""
-
-    kind = "vbvr"
 
     def __init__(self, path: str) -> None:
         self.path = path

@@ -1,0 +1,175 @@
+"""Command-line options made from the config models: name, type, default and help come from the fields.
+
+`config_command` turns a function ``f(..., flags: dict)`` into a typer command whose options are the fields
+of a config model (BuildConfig, UploadConfig) that the step uses, ``--config FILE`` included; the values a
+user set arrive in ``flags`` (unset ones are left out, so they never override the file). Errors leave the
+command through `cli_errors`, the one place that prints them and picks the exit code.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+import typing
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import click
+import typer
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+
+from infra.errors import LatentforgeError, exit_code
+
+#: Nested sections set from the command line by one flag each: flag name → (field, key inside the section).
+SECTION_FLAGS: dict[str, tuple[str, str]] = {
+    "upload": ("upload", "to"),
+    "alert_webhook": ("alerts", "webhook"),
+    "alert_block": ("alerts", "block"),
+}
+SECTION_HELP = {
+    "upload": "publish to hf://datasets/ORG/NAME or s3://BUCKET/PREFIX after the gates",
+    "alert_webhook": "POST alerts here (or LATENTFORGE_ALERT_WEBHOOK)",
+    "alert_block": "Prefect notification block TYPE/NAME for alerts (or LATENTFORGE_ALERT_BLOCK)",
+}
+
+
+def fail(message: str, code: int = 2) -> typing.NoReturn:
+    """Print ``error: message`` to stderr and exit with `code`."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def describe(exc: BaseException) -> str:
+    """One line per problem, for any error a command ends with."""
+    if isinstance(exc, ValidationError):
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+        return f"invalid configuration: {problems}"
+    return str(exc)
+
+
+def cli_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The one place a command's errors leave it: ``error: ...`` on stderr, exit code from `exit_code`."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (typer.Exit, typer.Abort, click.ClickException):
+            raise
+        except (LatentforgeError, ValidationError, OSError) as exc:
+            fail(describe(exc), exit_code(exc))
+
+    return wrapper
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def _help(field: FieldInfo, show_default: bool = True) -> str:
+    text = field.description or ""
+    if show_default and field.default is not None and not field.is_required():
+        shown = field.default if not isinstance(field.default, list) else ",".join(map(str, field.default))
+        text += f" (default: {shown})"
+    return text.strip()
+
+
+def field_option(name: str, field: FieldInfo, show_default: bool = True) -> inspect.Parameter:
+    """A keyword parameter with a typer Option for one config field (default None: unset)."""
+    kind = _unwrap_optional(field.annotation)
+    if typing.get_origin(kind) is Literal:
+        pass  # typer offers the choices and refuses others
+    elif typing.get_origin(kind) is list:
+        kind = list[str]
+    elif kind not in (int, float, str, bool):
+        raise TypeError(f"no command-line form for {name}: {field.annotation}")
+    decls = [f"{_flag(name)}/--no-{name.replace('_', '-')}"] if kind is bool else [_flag(name)]
+    option = typer.Option(*decls, help=_help(field, show_default), show_default=False)
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[kind | None, option]
+    )
+
+
+def model_options(model: type[BaseModel], names: Iterable[str], show_defaults: bool = True) -> list[inspect.Parameter]:
+    """Options for the named fields of `model`; nested sections get their one-flag forms (`SECTION_FLAGS`)."""
+    params = []
+    for name in names:
+        field = model.model_fields[name]
+        section_flags = [flag for flag, (section, _) in SECTION_FLAGS.items() if section == name]
+        if section_flags:
+            for flag in section_flags:
+                option = typer.Option(_flag(flag), help=SECTION_HELP[flag], show_default=False)
+                params.append(
+                    inspect.Parameter(
+                        flag, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[str | None, option]
+                    )
+                )
+        else:
+            params.append(field_option(name, field, show_defaults))
+    return params
+
+
+def collect_flags(values: dict[str, Any]) -> dict[str, Any]:
+    """Option values → config keys: unset options dropped, one-flag sections nested."""
+    flags: dict[str, Any] = {}
+    for name, value in values.items():
+        if value is None or value == []:
+            continue
+        if name in SECTION_FLAGS:
+            section, key = SECTION_FLAGS[name]
+            flags.setdefault(section, {})[key] = value
+        else:
+            flags[name] = value
+    return flags
+
+
+CONFIG_FILE = inspect.Parameter(
+    "config_file",
+    inspect.Parameter.KEYWORD_ONLY,
+    default=None,
+    annotation=Annotated[Path | None, typer.Option("--config", help="YAML file; flags override its keys")],
+)
+
+
+def config_command(
+    model: type[BaseModel], names: Iterable[str], *, config_file: bool = True, show_defaults: bool = True
+) -> Callable:
+    """Decorate ``f(*own, flags: dict, config_file: Path | None)``: its options become its own parameters plus
+    the fields `names` of `model` (and ``--config``); errors leave through `cli_errors`. `show_defaults`:
+    say the model's defaults in the help (not for steps on an existing OUT, whose defaults are its own)."""
+    names = list(names)
+
+    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+        own = [
+            p
+            for p in inspect.signature(func, eval_str=True).parameters.values()
+            if p.name not in ("flags", "config_file")
+        ]
+        generated = model_options(model, names, show_defaults)
+        taken = {p.name for p in generated}
+
+        @functools.wraps(func)
+        def command(**kwargs: Any) -> Any:
+            flag_values = {k: kwargs.pop(k) for k in list(kwargs) if k in taken}
+            extra = {"config_file": kwargs.pop("config_file", None)} if config_file else {}
+            return func(**kwargs, **extra, flags=collect_flags(flag_values))
+
+        params = [*own, *([CONFIG_FILE] if config_file else []), *generated]
+        command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
+        )
+        command.__annotations__ = {}
+        return cli_errors(command)
+
+    return wrap

@@ -1,0 +1,206 @@
+"""The run report: one JSON file per build run, ``OUT/reports/run-<UTC>.json``, never overwritten.
+
+It says what was built from what, with which model and spec, what came out, what each gate found and who
+decided what. It is a typed record (`RunReport`): what reads it back (the upload gate, the card, `rerun`)
+gets a validated model, and a missing or unknown key is an error, never a silent default.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from infra.audit.reports import report_order, reports_dir, to_json_bytes, write_new
+from infra.errors import LatentforgeError
+from infra.gates.decision import Decision
+from infra.gates.plan import BuildPlan
+
+logger = logging.getLogger(__name__)
+
+RUN_PREFIX = "run"
+RUN_REPORT_VERSION = 2
+#: Summary fields that become the run report's counts.
+COUNT_FIELDS = ("samples", "done", "skipped", "failed", "encoded", "reused", "bytes")
+
+
+class ReportError(LatentforgeError):
+    """A report that cannot be read as what it claims to be."""
+
+
+class Record(BaseModel):
+    """Base of the report records: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelRecord(Record):
+    path: str
+    family: str
+    identity: dict[str, str]
+
+
+class ShardRecord(Record):
+    id: str
+    quota: int | None
+    samples: int
+
+
+class ReconcileRecord(Record):
+    """`ReconcileReport.to_dict()`: expected against produced, every missing sample with its reason."""
+
+    out: str
+    source: str
+    fingerprint: str
+    format: str
+    kinds: list[str]
+    max_length: int
+    groups: dict[str, dict[str, Any]]
+    missing: list[dict[str, Any]]
+    truncated: list[dict[str, Any]]
+    shard_problems: dict[str, str]
+    unlisted: int
+    expected: int
+    produced: int
+    shortfall: int
+    ok: bool
+    reasons: dict[str, int]
+
+
+class DecodeRecord(Record):
+    """`DecodeReport.to_dict()`: PSNR/SSIM per decoded sample, and whether the gate passed."""
+
+    out: str
+    model: str
+    source: str
+    report_dir: str
+    min_psnr: float | None
+    rows: list[dict[str, Any]]
+    problems: list[dict[str, Any]]
+    mean_psnr: float | str | None
+    mean_ssim: float | None
+    ok: bool
+    strip_paths: list[str]
+
+
+class RunReport(Record):
+    """One build run, as recorded in ``OUT/reports/run-<UTC>.json``."""
+
+    report: Literal["latentforge-run"] = "latentforge-run"
+    report_version: Literal[2] = RUN_REPORT_VERSION
+    created: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    flow_run_id: str | None
+    out: str
+    source: str
+    model: ModelRecord
+    spec: dict[str, Any]
+    fingerprint: str
+    config: dict[str, Any]
+    shards: list[ShardRecord]
+    counts: dict[str, int | None]
+    reasons: dict[str, int]
+    shard_errors: dict[str, str]
+    timings: dict[str, float]
+    reconciliation: ReconcileRecord | None
+    decode: DecodeRecord | None
+    decisions: list[Decision]
+    versions: dict[str, str | None]
+
+    def decisions_at(self, gate: str) -> list[Decision]:
+        """The decisions recorded at one gate, in the order they were made."""
+        return [d for d in self.decisions if d.gate == gate]
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of latentforge and the libraries that decide the bytes or run the flow."""
+    return {name: _version(name) for name in ("latentforge", "torch", "prefect", "diffusers", "transformers", "av")}
+
+
+def run_report(
+    plan: BuildPlan,
+    summary: Mapping[str, Any],
+    *,
+    reconciliation: Mapping[str, Any] | None,
+    decode: Mapping[str, Any] | None,
+    decisions: list[Decision],
+    timings: Mapping[str, float],
+    flow_run_id: str | None = None,
+) -> RunReport:
+    """The run report of `plan`: `summary` is a `BuildSummary.model_dump()`, `reconciliation` a
+    `ReconcileReport.to_dict()`, `decode` a `DecodeReport.to_dict()`, `timings` seconds per step."""
+    # Tokens are approvals, not settings; a webhook URL may hold a secret.
+    hidden: dict[str, Any] = {"approve_overwrite": True, "upload": {"approve_replace"}, "alerts": {"webhook"}}
+    return RunReport(
+        flow_run_id=flow_run_id,
+        out=str(plan.out),
+        source=plan.config.source,
+        model=ModelRecord(path=plan.config.model, family=plan.family, identity=dict(plan.spec.model_identity)),
+        spec=plan.spec.model_dump(mode="json"),
+        fingerprint=plan.fingerprint,
+        config=plan.config.model_dump(mode="json", exclude=hidden),
+        shards=[ShardRecord(id=s.id, quota=s.quota, samples=s.samples) for s in plan.shards],
+        counts={name: summary.get(name) for name in COUNT_FIELDS},
+        reasons=dict(summary.get("reasons") or {}),
+        shard_errors=dict(summary.get("shard_errors") or {}),
+        timings={step: round(float(seconds), 3) for step, seconds in timings.items()},
+        reconciliation=ReconcileRecord.model_validate(reconciliation) if reconciliation is not None else None,
+        decode=DecodeRecord.model_validate(decode) if decode is not None else None,
+        decisions=list(decisions),
+        versions=versions(),
+    )
+
+
+def write_run_report(out: Path, report: RunReport) -> Path:
+    """``OUT/reports/run-<UTC stamp>[-N].json`` (sorted keys); a new file per call, never an overwrite."""
+    (path,) = write_new(reports_dir(out), RUN_PREFIX, {".json": to_json_bytes(report.model_dump(mode="json"))})
+    return path
+
+
+def read_run_report(path: Path) -> RunReport:
+    """One run report, validated; ReportError names the file and what is wrong with it."""
+    try:
+        return RunReport.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:  # ValidationError is a ValueError
+        what = "not a run report of this version" if isinstance(exc, ValidationError) else "unreadable"
+        raise ReportError(f"{path}: {what} ({exc})") from exc
+
+
+def run_report_paths(out: Path) -> list[Path]:
+    """Every run report under OUT, oldest first (by name: timestamp, then collision number)."""
+    named = [(key, p) for p in reports_dir(out).glob(f"{RUN_PREFIX}-*.json") if (key := report_order(p, RUN_PREFIX))]
+    return [p for _, p in sorted(named)]
+
+
+def latest_run_report(out: Path) -> RunReport | None:
+    """The newest run report under OUT, or None if there is none.
+
+    Raises ReportError when the newest one cannot be read: an older report is never silently used instead."""
+    paths = run_report_paths(out)
+    return read_run_report(paths[-1]) if paths else None
+
+
+def run_report_of(out: Path, flow_run_id: str) -> RunReport | None:
+    """The run report a flow run wrote in OUT, or None (it stopped before its audit). Unreadable or older-version
+    reports are passed over with a warning: they cannot be that run's."""
+    for path in reversed(run_report_paths(out)):
+        try:
+            report = read_run_report(path)
+        except ReportError as exc:
+            logger.warning("%s", exc)
+            continue
+        if report.flow_run_id == flow_run_id:
+            return report
+    return None

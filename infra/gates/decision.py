@@ -1,0 +1,41 @@
+"""A gate's decision, as it is recorded: which gate, what was chosen, how, by whom, why, and when.
+
+Every gate that stops a run for a person records one (conflict, loss, upload replace): in the run report, the
+upload report, the artifacts and the card. ``how`` says where the answer came from: a person (the Prefect form,
+`latentforge approve`), a token bound to the change (``--approve-overwrite``/``--approve-replace``), a standing
+policy (``--on-conflict new_dir``, ``--on-loss accept``), or a timeout (always abort).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+How = Literal["person", "token", "policy", "timeout"]
+
+
+def utc_now() -> str:
+    """Now, UTC, ISO 8601 to the second."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class Decision(BaseModel):
+    """One answer at one gate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gate: str = Field(description="conflict, loss, upload-replace, ...")
+    choice: str
+    how: How
+    by: str = Field(description="who answered (a person's name), or which token or setting decided")
+    note: str = ""
+    at: str = Field(default_factory=utc_now)
+    details: dict[str, Any] = Field(default_factory=dict, description="what was decided about (counts, paths)")
+
+    def text(self) -> str:
+        """``abort by data-lead (person): keep last week's cache``."""
+        return f"{self.choice} by {self.by or 'someone (no name given)'} ({self.how})" + (
+            f": {self.note}" if self.note else ""
+        )

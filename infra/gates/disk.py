@@ -1,0 +1,40 @@
+"""The disk gate: free space on OUT's file system against the bytes the run still has to write."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.audit.reports import human_bytes
+
+DISK_MARGIN_PERCENT = 5  # on top of the bytes still to write
+
+
+@dataclass
+class DiskCheck:
+    """Free space on OUT's file system against the bytes the run still has to write."""
+
+    free_bytes: int
+    needed_bytes: int
+    current_cache_bytes: int
+    ok: bool
+    message: str
+
+
+def check_disk(out: Path, projected_bytes: int) -> DiskCheck:
+    """Free space on OUT's file system (OUT or its nearest existing parent) against what is left to write.
+
+    needed = max(0, projected_bytes − current cache bytes (files under OUT, links not followed)) + 5%: what is
+    on disk already counts as written (a resume); the margin covers the ledger, temp files and estimate error."""
+    out = Path(out).expanduser().absolute()
+    probe = next(p for p in (out, *out.parents) if p.exists())
+    free = shutil.disk_usage(probe).free
+    current = sum(p.lstat().st_size for p in out.rglob("*") if p.is_file() and not p.is_symlink())
+    left = max(0, int(projected_bytes) - current)
+    needed = left + -(-left * DISK_MARGIN_PERCENT // 100)  # integer ceil: exact for any size
+    ok = free >= needed
+    sizes = f"the cache {out} holds {human_bytes(current)} and {human_bytes(free)} are free on {probe}"
+    head = "disk ok" if ok else "not enough disk"
+    message = f"{head}: {human_bytes(needed)} still to write (projection + {DISK_MARGIN_PERCENT}%); {sizes}"
+    return DiskCheck(free_bytes=free, needed_bytes=needed, current_cache_bytes=current, ok=ok, message=message)

@@ -1,0 +1,130 @@
+"""Headless Chromium (Debian's chromium + chromium-driver) driven by selenium, for the Prefect UI tests.
+
+`browser_missing()` says why a test cannot run here (and how to install what is missing); `open_resume_form`
+and `submit_answer` answer a paused run's approval form in the Prefect 3.9 UI (its V1 pages, which serve
+``/runs/flow-run/<id>``). Selectors were read off that UI: the enum field is a native ``<select>`` inside
+prefect-design's ``p-select`` (next to an empty placeholder ``<select>``), text fields are ``<textarea>``s.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+INSTALL = "apt-get install -y chromium chromium-driver (Debian), and selenium (pip, in the dev extra)"
+#: Without the background-networking flags Chromium's own connections are refused on a closed network.
+CHROME_ARGS = (
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+    "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--window-size=1400,1100",
+)  # fmt: skip
+WAIT_S = 60  # a click takes seconds on a loaded 2-core machine
+
+
+def browser_missing() -> str | None:
+    """None when headless Chromium can be driven here, else what is missing and how to install it."""
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
+    if importlib.util.find_spec("selenium") is None:
+        missing.append("selenium")
+    return f"no {', '.join(missing)}: {INSTALL}" if missing else None
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """A headless Chromium with a fresh profile, quit and removed at the end."""
+    from selenium import webdriver  # noqa: PLC0415 - optional: the test is skipped without it
+    from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in CHROME_ARGS:
+        options.add_argument(arg)
+    profile = tempfile.mkdtemp(prefix="lf-chromium-")
+    options.add_argument(f"--user-data-dir={profile}")
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)  # no Selenium Manager download
+    driver.set_page_load_timeout(WAIT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _by() -> Any:
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    return By
+
+
+def _field(label: str, tail: str) -> tuple[str, str]:
+    """A form field by its label ("Choice", "Note (Optional)"): the exact class token, since the outer
+    ``schema-form-property-object`` containers contain the same text and would match every field."""
+    return (
+        _by().XPATH,
+        "//div[contains(@class,'p-modal__body')]"
+        "//div[contains(concat(' ', normalize-space(@class), ' '), ' schema-form-property ')]"
+        f"[.//span[contains(@class,'schema-form-property__label')][normalize-space()='{label}' "
+        f"or starts-with(normalize-space(),'{label} (')]]{tail}",
+    )
+
+
+def _wait(driver: Any) -> Any:
+    from selenium.common.exceptions import StaleElementReferenceException  # noqa: PLC0415
+    from selenium.webdriver.support.ui import WebDriverWait  # noqa: PLC0415
+
+    return WebDriverWait(driver, WAIT_S, ignored_exceptions=(StaleElementReferenceException,))
+
+
+def open_resume_form(driver: Any, ui_url: str, run_id: str, screenshot: Path | None = None) -> str:
+    """Open the run's page, press Resume, wait for the form; returns the preview text shown above it."""
+    from selenium.webdriver.support import expected_conditions as ec  # noqa: PLC0415
+
+    by, wait = _by(), _wait(driver)
+    driver.get(f"{ui_url.rstrip('/')}/runs/flow-run/{run_id}")
+    resume = (by.XPATH, "//div[contains(@class,'page-heading__trailing')]//button[normalize-space()='Resume']")
+    wait.until(ec.element_to_be_clickable(resume)).click()
+    preview = wait.until(
+        ec.visibility_of_element_located((by.CSS_SELECTOR, ".p-modal__body article.markdown-renderer"))
+    )
+    wait.until(ec.presence_of_element_located(_choice()))  # the form renders once the input schema is fetched
+    if screenshot is not None:
+        driver.save_screenshot(str(screenshot))
+    return str(preview.text)
+
+
+def _choice() -> tuple[str, str]:
+    return _field("Choice", "//select[not(contains(@class,'p-native-select__control--placeholder'))]")
+
+
+def submit_answer(driver: Any, choice: str | None, note: str = "", by: str = "") -> None:
+    """Pick `choice` (None: leave it empty), fill note and by, press Submit; wait for the UI's verdict
+    (the "Flow run resumed" toast, or, without a choice, the form's "required" error)."""
+    from selenium.webdriver.support import expected_conditions as ec  # noqa: PLC0415
+    from selenium.webdriver.support.ui import Select  # noqa: PLC0415
+
+    xpath, wait = _by().XPATH, _wait(driver)
+    if choice is not None:
+        Select(wait.until(ec.presence_of_element_located(_choice()))).select_by_value(choice)
+        wait.until(lambda d: Select(d.find_element(*_choice())).first_selected_option.get_attribute("value") == choice)
+    for label, value in (("Note", note), ("By", by)):
+        if value:
+            area = wait.until(ec.element_to_be_clickable(_field(label, "//textarea")))
+            area.clear()
+            area.send_keys(value)
+            wait.until(
+                lambda d, lb=label, v=value: d.find_element(*_field(lb, "//textarea")).get_property("value") == v
+            )
+    submit = (xpath, "//div[contains(@class,'p-modal__footer')]//button[normalize-space()='Submit']")
+    wait.until(ec.element_to_be_clickable(submit)).click()
+    if choice is None:
+        error = "//div[contains(@class,'p-modal__body')]//*[normalize-space()=\"'choice' is a required property\"]"
+        wait.until(ec.visibility_of_element_located((xpath, error)))
+        return
+    toast = "//div[contains(@class,'p-toast-container')]//*[normalize-space()='Flow run resumed']"
+    wait.until(ec.visibility_of_element_located((xpath, toast)))
