@@ -7,10 +7,11 @@ import shutil
 
 import pytest
 import torch
+import typer
 from typer.testing import CliRunner
 
 from flows.cli import app
-from infra.config import BuildConfig, merge_config
+from infra.config import BuildConfig, merge_config, step_fields
 from infra.models import load_family, model_identity, resolve_family
 from infra.models.tiny import make_tiny_wan22
 from infra.models.wan_constants import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD
@@ -135,3 +136,38 @@ def test_sanity_command_checks_one_sample_and_writes_nothing_into_out(tmp_path, 
     unusable = make_shards(tmp_path / "bad", {"s": [sample(0, 0, b"x", b"p")]})
     bad = runner.invoke(app, ["sanity", "--source", f"vbvr:{unusable}", *flags[2:]])
     assert bad.exit_code == 1 and "no usable sample" in bad.output
+
+
+@pytest.mark.parametrize("step", ["build", "sanity", "verify", "reconcile", "decode"])
+def test_every_step_takes_the_options_of_its_settings_from_the_model(step):
+    command = typer.main.get_command(app).commands[step]
+    options = {opt for param in command.params for opt in param.opts}
+    sections = {"upload": "--upload", "alerts": "--alert-webhook"}
+    wanted = {sections.get(name, "--" + name.replace("_", "-")) for name in step_fields(step)}
+    assert wanted <= options and "--config" in options
+    help_text = {opt: param.help for param in command.params for opt in param.opts}
+    for name in step_fields(step):
+        field = BuildConfig.model_fields[name]
+        flag = sections.get(name, "--" + name.replace("_", "-"))
+        if name not in sections:
+            assert help_text[flag].startswith(field.description or "")  # help taken from the model, not restated
+
+
+def test_the_single_steps_take_the_builds_options(tmp_path, tiny_model, clips):
+    src = make_shards(tmp_path / "src", {"s": [sample(0, 0, cut_clip(clips["carphone"], 9), b"a man talks")]})
+    out = tmp_path / "out"
+    spec = ["--format", "pt", "--text-padding", "raw", "--text-max-length", "512", "--frames", str(FRAMES)]
+    spec += ["--height", str(HEIGHT), "--width", str(WIDTH), "--dtype", "fp32"]
+    where = ["--source", f"vbvr:{src}", "--model", str(tiny_model)]
+    sane = runner.invoke(app, ["sanity", *where, "--out", str(out), "--device", "cpu", *spec])
+    assert sane.exit_code == 0, sane.output
+    built = runner.invoke(app, ["build", *where, "--out", str(out), "--device", "cpu", *spec, "--decode-samples", "0"])
+    assert built.exit_code == 0, built.output
+    same = runner.invoke(app, ["verify", str(out), *spec])
+    assert same.exit_code == 0 and "COMPATIBLE" in same.output, same.output
+    other = runner.invoke(app, ["verify", str(out), *spec, "--text-padding", "zeros"])
+    assert other.exit_code == 1 and "text_padding" in other.output
+    counted = runner.invoke(app, ["reconcile", str(out), *spec, "--max-samples-per-shard", "1"])
+    assert counted.exit_code == 0 and "OK (1 of 1" in counted.output, counted.output
+    refused = runner.invoke(app, ["verify", str(out), "--text-padding", "nonsense"])
+    assert refused.exit_code == 2 and "nonsense" in refused.output
