@@ -41,6 +41,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/decode_bench.py
 	$(BIN)/python bench/upload_bench.py
+	$(BIN)/python bench/identity_bench.py
 
 clean-demo:
 	rm -rf $(DEMO)

@@ -45,6 +45,23 @@ class LossAnswer(RunInput):
     by: str = ""
 
 
+class StaleChoice(StrEnum):
+    """Done samples' sources changed since they were encoded: re-encode exactly those, keep them (recorded), or
+    abort."""
+
+    replace_stale = "replace_stale"
+    keep = "keep"
+    abort = "abort"
+
+
+class StaleAnswer(RunInput):
+    """Samples changed in the source since they were encoded: replace exactly those, keep them, or abort."""
+
+    choice: StaleChoice
+    note: str = ""
+    by: str = ""
+
+
 class ReplaceChoice(StrEnum):
     """Remote files differ from this cache's: replace exactly those (recorded) or abort."""
 

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from flows.alerting import on_crashed, on_failure
 from flows.audit import audit
 from flows.conflict import WRITABLE, ConflictAborted, resolve_conflict
+from flows.stale import resolve_stale
 from flows.steps import set_step
 from flows.upload import upload_step
 from infra.cache.cachedir import CACHE_JSON, write_cache_json
@@ -70,6 +71,10 @@ def build_cache(config: BuildConfig) -> dict[str, Any]:
         return {"dry_run": shapes, "out_state": report.kind}
     set_step("conflict-gate")
     plan, conflict = resolve_conflict(plan, report)
+    if conflict is not None and conflict.choice == "reuse":
+        report = verify_existing(plan)  # the adopted spec's resume: its stale samples
+    set_step("stale-gate")
+    plan, stale = resolve_stale(plan, report)
     sanity = _gates(plan)
     start = time.perf_counter()
     set_step("preprocess")
@@ -88,7 +93,7 @@ def build_cache(config: BuildConfig) -> dict[str, Any]:
     )
     _publish(summary)
     timings = {"sanity_sample_seconds": sanity.seconds, "preprocess_seconds": summary.seconds}
-    decided = [conflict] if conflict is not None else []
+    decided = [d for d in (conflict, stale) if d is not None]
     audited = audit(plan, summary.model_dump(), timings, decided)  # a crashed shard's samples are missing there
     result = {**summary.model_dump(), **audited, "sanity": sanity.to_dict(), "sanity_text": sanity.text()}
     if config.upload is not None:
@@ -114,7 +119,7 @@ def _gates(plan: BuildPlan) -> SanityReport:
 
 def _check_unchanged(plan: BuildPlan) -> None:
     """Under the lock: OUT is still what the gate saw (writable, or the state an overwrite was approved for)."""
-    report = verify_existing(plan)
+    report = verify_existing(plan, stale=False)
     if report.kind in WRITABLE:
         return
     if plan.replace_from is not None and (report.existing_fingerprint or "foreign") == plan.replace_from:

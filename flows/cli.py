@@ -22,7 +22,7 @@ from flows.cli_options import cli_errors, config_command
 from flows.cli_publish import rerun, upload
 from flows.cli_server import app as server_app
 from infra.config import BuildConfig, load_config_file, merge_config, step_fields
-from infra.errors import ConfigError
+from infra.errors import ConfigError, SourceError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A verified, resumable latent cache.")
 app.add_typer(server_app, name="server")
@@ -105,13 +105,18 @@ def verify(out: OutArg, as_json: JsonOpt = False, *, config_file: Path | None, f
 
     Exit 0 when a build may write there (absent, compatible), 1 otherwise; prints the overwrite token."""
     from infra.gates.conflicts import overwrite_token  # noqa: PLC0415
-    from infra.gates.plan import make_spec  # noqa: PLC0415
-    from infra.gates.verify import verify_out  # noqa: PLC0415
+    from infra.gates.plan import make_plan, make_spec  # noqa: PLC0415
+    from infra.gates.verify import verify_out, verify_plan  # noqa: PLC0415
 
-    _, spec, latent_shape, text_shape = make_spec(_out_config(out, config_file, flags))
-    report = verify_out(out, spec, latent_shape=latent_shape, text_shape=text_shape)
+    config = _out_config(out, config_file, flags)
+    try:
+        report = verify_plan(make_plan(config))  # with the source: stale samples too
+    except SourceError as exc:
+        logger.warning("source not readable (%s): stale samples not checked", exc)
+        _, spec, latent_shape, text_shape = make_spec(config)
+        report = verify_out(out, spec, latent_shape=latent_shape, text_shape=text_shape)
     writable = report.kind in ("absent", "compatible")
-    token = None if writable else overwrite_token(out, report.existing_fingerprint, spec.fingerprint())
+    token = None if writable else overwrite_token(out, report.existing_fingerprint, report.planned_fingerprint)
     if as_json:
         typer.echo(json.dumps({**report.to_dict(), "overwrite_token": token}, indent=2, default=str))
     else:

@@ -109,6 +109,12 @@ class BuildConfig(StrictModel):
         "recipe stores it) or zeros (what WanPipeline feeds the transformer)",
         **_in("spec"),
     )
+    identity_scheme: Literal["content", "sampled"] = Field(
+        "content",
+        description="How the model's identity is computed: content (every byte of every file) or sampled "
+        "(latentforge 0.1's headers and samples: only to resume a cache made with it)",
+        **_in("spec"),
+    )
     device: Device = Field("auto", description="auto → cuda, else neuron (torch-neuronx), else cpu", **_in("device"))
     dtype: ComputeDtype = Field("bf16", description="Compute dtype; stored tensors are bf16 either way", **_in("dtype"))
     limit: int | None = Field(None, gt=0, description="Process at most N samples in total", **_in("selection"))
@@ -126,6 +132,13 @@ class BuildConfig(StrictModel):
         None,
         description="Token printed by `latentforge verify`, bound to OUT and its old→new fingerprint",
         **_in("conflict"),
+    )
+    on_stale: Literal["ask", "abort", "replace", "keep"] | None = Field(
+        None,
+        description="When done samples' sources changed since they were encoded (stale): ask (pause for a "
+        "person), abort, replace (re-encode exactly those, replacing their files) or keep (record that the "
+        "cache knowingly holds them). Default: ask on a Prefect server, else abort.",
+        **_in("stale"),
     )
     approval_timeout: int = Field(
         86400, gt=0, description="Seconds an approval waits; no answer means abort", **_in("approvals")
@@ -193,7 +206,9 @@ class CacheSpec(StrictModel):
 
     spec_version: int = SPEC_VERSION
     family: str
-    model_identity: dict[str, str] = Field(description="Per component: hash of configs and weight headers")
+    model_identity: dict[str, str] = Field(description="Per component: the hash of its files, by identity_scheme")
+    #: A cache.json without the field was made by latentforge 0.1, with the sampled identity.
+    identity_scheme: Literal["content", "sampled"] = "sampled"
     format: str
     frames: int
     height: int
@@ -208,8 +223,12 @@ class CacheSpec(StrictModel):
     text_encoder_output: str = "last_hidden_state"
 
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON of the spec (sorted keys, no whitespace)."""
-        return fingerprint_of(self.model_dump(mode="json"))
+        """sha256 of the canonical JSON of the spec (sorted keys, no whitespace). A spec of the sampled identity
+        scheme leaves that field out, as latentforge 0.1 did, so its caches keep their fingerprints."""
+        data = self.model_dump(mode="json")
+        if data["identity_scheme"] == "sampled":
+            del data["identity_scheme"]
+        return fingerprint_of(data)
 
     def build_settings(self) -> dict[str, Any]:
         """The BuildConfig keys that reproduce this spec (reuse, verify against OUT's own cache.json)."""
@@ -222,6 +241,7 @@ class CacheSpec(StrictModel):
             "dtype": self.compute_dtype,
             "text_max_length": self.text_max_length,
             "text_padding": self.text_padding,
+            "identity_scheme": self.identity_scheme,
         }
 
     def differences(self, other: CacheSpec) -> dict[str, tuple[Any, Any]]:

@@ -6,10 +6,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra.gates.plan import BuildPlan
-from infra.gates.verify import VerifyReport, verify_out
+from infra.gates.verify import VerifyReport, verify_plan
 
 
 @task(name="verify-existing", cache_policy=NO_CACHE)
-def verify_existing(plan: BuildPlan) -> VerifyReport:
-    """Classify OUT (absent, compatible, incompatible, foreign, damaged) with what differs and one sample checked."""
-    return verify_out(plan.out, plan.spec, latent_shape=plan.latent_shape, text_shape=plan.text_shape)
+def verify_existing(plan: BuildPlan, stale: bool = True) -> VerifyReport:
+    """Classify OUT (absent, compatible, incompatible, foreign, damaged) with what differs and one sample checked;
+    for a resume, the samples whose source changed since (stale)."""
+    return verify_plan(plan, stale=stale)

@@ -26,6 +26,19 @@ GENERATORS = ("G-11_handle_object_reappearance_data-generator", "O-21_ball_traje
 
 
 @pytest.fixture(scope="session", autouse=True)
+def hash_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The model-file hash cache of this session (subprocesses inherit it): never the user's own."""
+    root = tmp_path_factory.mktemp("latentforge-cache")
+    previous = os.environ.get("LATENTFORGE_CACHE_DIR")
+    os.environ["LATENTFORGE_CACHE_DIR"] = str(root)
+    yield root
+    if previous is None:
+        os.environ.pop("LATENTFORGE_CACHE_DIR", None)
+    else:
+        os.environ["LATENTFORGE_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
 def prefect_harness() -> Iterator[None]:
     """One temporary Prefect database and ephemeral API for the whole session."""
     from prefect.testing.utilities import prefect_test_harness  # noqa: PLC0415 - after the offline defaults
@@ -88,6 +101,7 @@ def config(src: Path, model: Path, out: Path, **overrides: Any) -> BuildConfig:
         "dtype": "fp32",
         "workers": 2,
         "on_conflict": "abort",  # the harness is a reachable API, where the default would be to ask
+        "on_stale": "abort",
         "approval_timeout": 60,
         "decode_samples": 0,  # decode-and-verify has its own tests; elsewhere it would only add time
         "on_loss": "accept",  # unattended: a shortfall is recorded in the run report (the gate has its own tests)

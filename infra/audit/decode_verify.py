@@ -32,7 +32,8 @@ from infra.devices import resolve_device, resolve_dtype
 from infra.errors import ConfigError
 from infra.formats import Format, get_format
 from infra.media.video import frames_to_pixels, sample_frames
-from infra.models import LoadedFamily, get_family, load_family, model_identity
+from infra.models import LoadedFamily, load_family
+from infra.models.identity import component_identity
 from infra.sources import Shard, Source, is_safe_name, open_source
 
 logger = logging.getLogger(__name__)
@@ -308,7 +309,7 @@ def decode_and_verify(
     folder = _run_folder(Path(report_dir) if report_dir else reports.reports_dir(out) / DECODE_DIR, chosen)
     report = DecodeReport(str(out), str(model), source_spec, str(folder), min_psnr)
     if chosen:
-        if model_identity(model, get_family(spec.family)).get("vae") != spec.model_identity.get("vae"):
+        if component_identity(model / "vae", spec.identity_scheme) != spec.model_identity.get("vae"):
             report.problems.append(DecodeProblem("*", "*", "*", f"the VAE in {model} is not the one of this cache"))
         target = resolve_device(device)
         family = load_family(model, spec.family, target, resolve_dtype(dtype or spec.compute_dtype))

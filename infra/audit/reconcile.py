@@ -75,6 +75,14 @@ class TruncatedPrompt(SampleName):
 
 
 @dataclass
+class GoneSample(SampleName):
+    """A sample the ledger has (and OUT keeps) that is no longer in the source: removed upstream since."""
+
+    status: str
+    path: str | None
+
+
+@dataclass
 class ReconcileReport:
     """Expected against produced, per group, with every missing sample and every truncated prompt."""
 
@@ -90,6 +98,8 @@ class ReconcileReport:
     shard_problems: dict[str, str] = field(default_factory=dict)
     #: Ledger rows of planned shards for samples outside this selection (an earlier, wider run): not counted.
     unlisted: int = 0
+    #: Ledger rows of samples the source no longer has (their shard, or the sample in it): kept, listed here.
+    gone_from_source: list[GoneSample] = field(default_factory=list)
 
     @property
     def expected(self) -> int:
@@ -149,6 +159,12 @@ class ReconcileReport:
         lines.append(f"produced = done in the ledger and on disk at its size, for each of: {', '.join(self.kinds)}")
         if self.unlisted:
             lines.append(f"{self.unlisted} ledger row(s) outside this selection (not counted)")
+        if self.gone_from_source:
+            done = sum(g.status == "done" for g in self.gone_from_source)
+            lines.append(
+                f"{len(self.gone_from_source)} sample(s) of the ledger are gone from the source ({done} done: their "
+                "files are kept, nothing is deleted)"
+            )
         return lines
 
     def _sections(self, limit: int | None) -> list[reports.Section]:
@@ -162,6 +178,10 @@ class ReconcileReport:
                 *reports.dataclass_rows(TruncatedPrompt, cut[:limit]),
             ),
             ("Shard problems", ["shard", "problem"], [list(item) for item in sorted(self.shard_problems.items())]),
+            (
+                f"Gone from the source, kept in the cache ({reports.shown(self.gone_from_source, limit)})",
+                *reports.dataclass_rows(GoneSample, self.gone_from_source[:limit]),
+            ),
         ]
 
 
@@ -175,28 +195,52 @@ def reconcile(plan: BuildPlan) -> ReconcileReport:
     tally = _Tally(plan, get_format(spec.format), report, functools.cache(functools.partial(_size, plan.out)))
     source = open_source(plan.config.source)
     for shard in plan.shards:
-        listed = _list_shard(source, shard, report)
+        listed, every_key, whole = _list_shard(source, shard, report)
         rows, note = _read_rows(plan.out, shard.id, report)
         for key, sample_id, group in listed:
             tally.account(MissingSample(sample_id, group, shard.id, key, None, NOT_PROCESSED, note), rows.get(key))
-        report.unlisted += len(rows.keys() - {key for key, _, _ in listed})
+        beyond = rows.keys() - {key for key, _, _ in listed}
+        gone = beyond - every_key if whole else set()  # a shard not listed to its end cannot say what is gone
+        report.unlisted += len(beyond - gone)
+        report.gone_from_source += [_gone(rows[key]) for key in sorted(gone)]
+    report.gone_from_source += _gone_shards(plan, source)
     logger.info("%s", report.headline())
     return report
 
 
-def _list_shard(source: Source, shard: ShardPlan, report: ReconcileReport) -> list[tuple[str, str, str]]:
-    """(key, id, group) of the shard's selected samples, in order: the first `quota` (the build's selection)."""
+def _gone(row: LedgerRow) -> GoneSample:
+    return GoneSample(row.id, row.group, row.shard, row.key, row.status, row.path)
+
+
+def _gone_shards(plan: BuildPlan, source: Source) -> list[GoneSample]:
+    """Every row of the ledgers of shards the source no longer has at all (not merely filtered out)."""
+    try:
+        present = {s.id for s in source.shards()}
+        ledgers = ledger.read_all(plan.out)
+    except (OSError, ValueError) as exc:
+        logger.warning("cannot tell which shards are gone from the source: %s", exc)
+        return []
+    return [_gone(row) for sid in sorted(ledgers.keys() - present) for _, row in sorted(ledgers[sid].items())]
+
+
+def _list_shard(
+    source: Source, shard: ShardPlan, report: ReconcileReport
+) -> tuple[list[tuple[str, str, str]], set[str], bool]:
+    """(key, id, group) of the shard's selected samples, in order (the first `quota`: the build's selection);
+    every key the shard lists; and whether it was listed to its end."""
     listed: list[tuple[str, str, str]] = []
+    every_key: set[str] = set()
     try:
         with contextlib.closing(source.samples(shard.shard)) as samples:
             for ref in samples:
-                if shard.quota is not None and len(listed) >= shard.quota:
-                    break
-                listed.append((ref.key, ref.id, ref.group))
+                every_key.add(ref.key)
+                if shard.quota is None or len(listed) < shard.quota:
+                    listed.append((ref.key, ref.id, ref.group))
     except (RuntimeError, OSError, ValueError) as exc:  # a damaged or vanished shard: counted up to the damage
         logger.warning("shard %s: %s", shard.id, exc)
         report.shard_problems[shard.id] = f"listed {len(listed)} sample(s), then: {exc}"
-    return listed
+        return listed, every_key, False
+    return listed, every_key, True
 
 
 def _read_rows(out: Path, shard_id: str, report: ReconcileReport) -> tuple[dict[str, LedgerRow], str]:

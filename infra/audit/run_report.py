@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 RUN_PREFIX = "run"
 RUN_REPORT_VERSION = 2
 #: Summary fields that become the run report's counts.
-COUNT_FIELDS = ("samples", "done", "skipped", "failed", "encoded", "reused", "bytes")
+COUNT_FIELDS = ("samples", "done", "skipped", "failed", "encoded", "reused", "stale_kept", "stale_undecided", "bytes")
 
 
 class ReportError(LatentforgeError):
@@ -66,6 +66,7 @@ class ReconcileRecord(Record):
     truncated: list[dict[str, Any]]
     shard_problems: dict[str, str]
     unlisted: int
+    gone_from_source: list[dict[str, Any]]
     expected: int
     produced: int
     shortfall: int

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra.cache.storage import atomic_write
 from infra.errors import LedgerError
+from infra.sources.identity import SourceIdentity
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,9 @@ class LedgerRow(BaseModel):
     truncated: bool = False
     seconds: float = 0.0
     fingerprint: str | None = None
+    #: What the sample was made from: its members as listed and the sha256 of the bytes read (None: a row
+    #: written before latentforge recorded it).
+    source: SourceIdentity | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
     def to_json(self) -> str:

@@ -15,6 +15,7 @@ from infra.cache.cachedir import CACHE_JSON, read_cache_json
 from infra.cache.storage import atomic_write
 from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConflictError
+from infra.models import get_family, model_identity
 
 
 class ConflictChoice(StrEnum):
@@ -44,10 +45,13 @@ def next_free_dir(out: Path) -> Path:
 def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> BuildConfig:
     """The config that reproduces the cache in OUT (reuse). Refused when the model differs: that would mix encoders."""
     existing = CacheSpec.model_validate(read_cache_json(out)["spec"])
-    if existing.model_identity != planned.model_identity or existing.family != planned.family:
+    ours = planned.model_identity
+    if existing.identity_scheme != planned.identity_scheme:  # the model's identity under the cache's own scheme
+        ours = model_identity(Path(config.model).expanduser(), get_family(planned.family), existing.identity_scheme)
+    if existing.model_identity != ours or existing.family != planned.family:
         raise ConflictError(
             f"reuse refused: {out} was made with another model ({existing.family}, {existing.model_identity}); "
-            f"--model is {planned.family}, {planned.model_identity}. Reusing it would mix latents of two encoders."
+            f"--model is {planned.family}, {ours}. Reusing it would mix latents of two encoders."
         )
     return BuildConfig.model_validate({**config.model_dump(), **existing.build_settings()})
 

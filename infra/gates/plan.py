@@ -53,6 +53,10 @@ class BuildPlan(BaseModel):
     shards: list[ShardPlan]
     #: Set only by an approved overwrite: the fingerprint ("foreign" for no cache.json) whose files may be replaced.
     replace_from: str | None = None
+    #: Set only by the stale gate: ``SHARD/KEY`` of the stale samples to re-encode (their files replaced), and of
+    #: those the cache knowingly keeps.
+    stale_replace: frozenset[str] = frozenset()
+    stale_keep: frozenset[str] = frozenset()
 
     @property
     def total_samples(self) -> int:
@@ -89,7 +93,8 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
     get_format(config.format)
     spec = CacheSpec(
         family=family.name,
-        model_identity=model_identity(model_dir, family),
+        model_identity=model_identity(model_dir, family, config.identity_scheme),
+        identity_scheme=config.identity_scheme,
         format=config.format,
         frames=config.frames,
         height=config.height,

@@ -22,6 +22,8 @@ from infra.cache.cachedir import OutKind, classify, read_cache_json
 from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import Format, get_format
+from infra.gates.plan import BuildPlan
+from infra.gates.stale import StaleReport, find_stale
 from infra.models import get_family
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ HEADERS: dict[str, tuple[str, str]] = {
     "Done per group": ("group", "samples"),
     "Outputs": ("output", "state"),
     "Spec of the existing cache": ("field", "value"),
+    "Changed in the source since encoded: stale": ("sample", "what changed"),
 }
 
 CONSEQUENCES: dict[str, str] = {
@@ -66,6 +69,17 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     #: Done in the ledger but gone from disk: not damage (nothing is there to overwrite); a run re-encodes them.
     missing: list[str] = field(default_factory=list)
+    #: Done samples whose source changed since they were encoded (`infra.gates.stale`; a compatible OUT only).
+    stale: list[dict[str, Any]] = field(default_factory=list)
+    stale_kept: int = 0
+    unrecorded_sources: int = 0
+
+    def add_stale(self, found: StaleReport) -> None:
+        """Take in the stale check of the plan's selection."""
+        self.stale = [asdict(s) | {"selector": s.selector} for s in found.stale]
+        self.stale_kept, self.unrecorded_sources = found.kept, found.unknown
+        if self.stale and self.kind == "compatible":
+            self.message += f"; {len(self.stale)} done sample(s) changed in the source since (stale: a run asks)"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data."""
@@ -120,6 +134,15 @@ def verify_out(
             report.problems.append(f"cannot read samples: {exc}")
         _settle(report)
     logger.info("verify-existing %s: %s (%d problem(s))", out, report.kind, len(report.problems))
+    return report
+
+
+def verify_plan(plan: BuildPlan, *, stale: bool = True) -> VerifyReport:
+    """`verify_out` for a plan's OUT; for a compatible OUT (a resume), also the plan's stale samples (a pass over
+    the source's listing: `stale=False` leaves it out)."""
+    report = verify_out(plan.out, plan.spec, latent_shape=plan.latent_shape, text_shape=plan.text_shape)
+    if stale and report.kind == "compatible":
+        report.add_stale(find_stale(plan))
     return report
 
 
@@ -300,6 +323,13 @@ def _sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, str]]]]:
     sections.append((f"Problems ({len(report.problems)})", problems))
     gone = [("", p) for p in report.missing[:MAX_LISTED]]
     sections.append((f"Missing on disk, re-encoded by a run ({len(report.missing)})", gone))
+    stale = [(s["selector"], ", ".join(f"{k}: {v}" for k, v in s["changed"].items())) for s in report.stale]
+    sections.append((f"Changed in the source since encoded: stale ({len(report.stale)})", stale[:MAX_LISTED]))
+    notes = [("kept stale by an earlier decision", str(report.stale_kept))] if report.stale_kept else []
+    notes += (
+        [("done rows with no recorded source", str(report.unrecorded_sources))] if report.unrecorded_sources else []
+    )
+    sections.append(("Source identity", notes))
     spec = report.existing_spec or {}
     sections.append(("Spec of the existing cache", [row for k, v in sorted(spec.items()) for row in _flat(k, v)]))
     sections.append(("What would change", [("", CONSEQUENCES[report.kind])]))

@@ -10,7 +10,7 @@ import torch
 
 from infra.errors import ConfigError
 from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, read_json
-from infra.models.identity import component_identity
+from infra.models.identity import Scheme, component_identity
 from infra.models.wan22 import Wan22Spec
 from infra.registry import Registry
 
@@ -66,9 +66,9 @@ def check_model_dir(model_dir: Path, family: FamilySpec) -> None:
         )
 
 
-def model_identity(model_dir: Path, family: FamilySpec) -> dict[str, str]:
-    """Per component the family reads: a hash of its configs and weight headers."""
-    return {c: component_identity(Path(model_dir) / c) for c in family.components}
+def model_identity(model_dir: Path, family: FamilySpec, scheme: Scheme = "content") -> dict[str, str]:
+    """Per component the family reads: the hash of every byte of its files (`infra.models.identity`)."""
+    return {c: component_identity(Path(model_dir) / c, scheme) for c in family.components}
 
 
 _load_lock = threading.Lock()

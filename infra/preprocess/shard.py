@@ -23,6 +23,7 @@ from infra.cache.storage import sha256_file
 from infra.errors import InputError, LatentforgeError, ModelLoadError
 from infra.formats import Writer, get_format
 from infra.gates.plan import BuildPlan, ShardPlan, parse_only
+from infra.gates.stale import kept, refreshed, source_state
 from infra.models import LoadedFamily
 from infra.preprocess.encode import encode_sample, load_encoder
 from infra.sources import SampleRef, ShardReadError, open_source
@@ -48,6 +49,8 @@ class ShardResult:
     encoded: int = 0  # samples decoded and encoded by this run
     reused: int = 0  # done samples kept from an earlier run
     encode_errors: int = 0
+    stale_kept: int = 0  # done samples whose source changed, kept by a `keep` decision
+    stale_undecided: int = 0  # changed after the stale gate looked: kept as they were, the next run asks
     bytes: int = 0
     seconds: float = 0.0
     error: str | None = None
@@ -72,14 +75,22 @@ def _adopt_existing(path: Path, plan: BuildPlan, row: LedgerRow) -> LedgerRow:
 
 
 def process_sample(
-    ref: SampleRef, plan: BuildPlan, writer: Writer, get_encoder: Callable[[], LoadedFamily]
+    ref: SampleRef,
+    plan: BuildPlan,
+    writer: Writer,
+    get_encoder: Callable[[], LoadedFamily],
+    *,
+    replace_stale: str | None = None,
 ) -> LedgerRow:
-    """One sample → one ledger row (done / skipped with a reason / failed with the error)."""
+    """One sample → one ledger row (done / skipped with a reason / failed with the error); the row records the
+    sample's source identity. `replace_stale` (the old file's sha256) re-encodes a sample whose source changed
+    and replaces its file: approved at the stale gate."""
     start = time.perf_counter()
     row = LedgerRow(key=ref.key, id=ref.id, group=ref.group, shard="", status="failed", fingerprint=plan.fingerprint)
+    row.source = ref.identity
     target = plan.out / writer.relpath(ref.group, ref.id) if ref.group else None
-    replace = False
-    if target is not None and target.exists():
+    replace = replace_stale is not None
+    if target is not None and target.exists() and not replace:
         row.path = writer.relpath(ref.group, ref.id)
         row = _adopt_existing(target, plan, row)
         if row.status == "done" or plan.replace_from is None:
@@ -88,7 +99,9 @@ def process_sample(
     try:
         sample, text_info = encode_sample(ref, plan, get_encoder)
         written = writer.write(sample, replace=replace)
-        if replace:
+        if replace_stale is not None:
+            row.extra["replaced_stale"] = replace_stale
+        elif replace:
             row.extra["replaced"] = plan.replace_from
         row.status, row.path, row.bytes, row.sha256 = (
             "done",
@@ -112,6 +125,7 @@ def process_sample(
 
 
 def _reusable(row: LedgerRow | None, plan: BuildPlan) -> bool:
+    """Done for this fingerprint and its file on disk at the ledger's size."""
     if row is None or row.status != "done" or not row.path or row.fingerprint != plan.fingerprint:
         return False
     path = plan.out / row.path
@@ -139,11 +153,13 @@ def process_shard(
                 for ref in itertools.islice(samples, shard.quota):
                     if keys is not None and ref.key not in keys:
                         continue
-                    row = previous.get(ref.key)
-                    if _reusable(row, plan):
-                        result.reused += 1
-                    else:
-                        row = process_sample(ref, plan, writer, get_encoder)
+                    row, replace = previous.get(ref.key), None
+                    if row is not None and _reusable(row, plan):
+                        row, replace = _resumed(row, ref, plan, f"{shard.id}/{ref.key}", result)
+                        if row is not previous[ref.key]:
+                            journal.append(row)
+                    if row is None or not _reusable(row, plan) or replace is not None:
+                        row = process_sample(ref, plan, writer, get_encoder, replace_stale=replace)
                         row.shard = shard.id
                         if run_id:
                             row.extra["run_id"] = run_id
@@ -159,6 +175,26 @@ def process_shard(
     _tally(result, rows.values())
     result.seconds = round(time.perf_counter() - start, 3)
     return result
+
+
+def _resumed(
+    row: LedgerRow, ref: SampleRef, plan: BuildPlan, selector: str, result: ShardResult
+) -> tuple[LedgerRow, str | None]:
+    """A done sample on resume, checked against its source as listed now: (the row to keep, or None for "encode
+    it again"; the old file's sha256 when an approved stale replacement re-encodes it)."""
+    state, changed = source_state(row, ref)
+    if state == "stale" and selector in plan.stale_replace:
+        return row, row.sha256 or ""
+    result.reused += 1
+    if state == "refreshed":
+        return refreshed(row, ref), None
+    if state == "stale" and selector in plan.stale_keep:
+        result.stale_kept += 1
+        return kept(row, ref), None
+    if state == "stale":  # changed after the stale gate looked: keep the output, the next run asks
+        result.stale_undecided += 1
+        logger.warning("%s changed in the source during this run (%s): kept as it was", selector, changed)
+    return row, None
 
 
 def _count_new(result: ShardResult, row: LedgerRow) -> None:

@@ -23,6 +23,8 @@ class BuildSummary(BaseModel):
     failed: int
     encoded: int
     reused: int
+    stale_kept: int = 0
+    stale_undecided: int = 0
     reasons: dict[str, int]
     shard_errors: dict[str, str]
     bytes: int
@@ -72,6 +74,11 @@ class BuildSummary(BaseModel):
             f"bytes       {self.bytes:,} total, {self.bytes_per_sample:,.0f} per sample",
             f"time        {self.seconds:.1f} s, {self.seconds_per_encoded_sample:.2f} s per encoded sample",
         ]
+        if self.stale_kept or self.stale_undecided:
+            lines.append(
+                f"stale       {self.stale_kept} kept by decision, {self.stale_undecided} changed in the source during "
+                "this run (kept as they were; the next run asks)"
+            )
         lines += [f"  {n:>5} × {reason}" for reason, n in sorted(self.reasons.items())]
         lines += [f"  shard {s}: {e}" for s, e in sorted(self.shard_errors.items())]
         return "\n".join(lines)
@@ -90,12 +97,13 @@ def summarize(
     """Add up shard results."""
     counts: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
-    encoded = reused = total_bytes = 0
+    encoded = reused = total_bytes = stale_kept = stale_undecided = 0
     errors: dict[str, str] = {}
     for r in results:
         counts.update(r.counts)
         reasons.update(r.reasons)
         encoded, reused, total_bytes = encoded + r.encoded, reused + r.reused, total_bytes + r.bytes
+        stale_kept, stale_undecided = stale_kept + r.stale_kept, stale_undecided + r.stale_undecided
         if r.error:
             errors[r.shard] = r.error
     return BuildSummary(
@@ -108,6 +116,8 @@ def summarize(
         failed=counts["failed"],
         encoded=encoded,
         reused=reused,
+        stale_kept=stale_kept,
+        stale_undecided=stale_undecided,
         reasons=dict(reasons),
         shard_errors=errors,
         bytes=total_bytes,

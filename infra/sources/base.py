@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from infra.errors import LatentforgeError, SourceError
 from infra.registry import Registry
+from infra.sources.identity import SourceIdentity
 
 #: Groups, ids and shard ids become path components: only these characters, never "." or "..".
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}$")
@@ -37,7 +38,10 @@ class Shard:
 @dataclass
 class SampleRef:
     """One source sample. `read_media` / `read_prompt` return None when the member is missing and raise
-    InputError when it is there but cannot be read. Readable while its shard is being iterated."""
+    InputError when it is there but cannot be read. Readable while its shard is being iterated.
+
+    `identity` is what the sample is made from, as listed (no bytes read); a source's readers add the sha256
+    of the bytes they return to ``identity.read_sha256``."""
 
     id: str
     group: str
@@ -45,6 +49,7 @@ class SampleRef:
     read_media: Callable[[], bytes | None]
     read_prompt: Callable[[], bytes | None]
     extra: dict[str, str] = field(default_factory=dict)
+    identity: SourceIdentity = field(default_factory=SourceIdentity)
 
 
 class Source(ABC):

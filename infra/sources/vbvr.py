@@ -7,6 +7,7 @@ ones); nothing is extracted to disk. group = the generator directory, id = the s
 from __future__ import annotations
 
 import glob
+import hashlib
 import logging
 import re
 import tarfile
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from infra.errors import InputError, SourceError
 from infra.sources.base import SampleRef, Shard, ShardReadError, Source, is_safe_name, register_source
+from infra.sources.identity import MemberIdentity, SourceIdentity
 
 __all__ = ["ShardReadError", "VbvrSource", "shard_id_for"]
 
@@ -125,18 +127,22 @@ def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers) -> SampleRef:
         extra["layout_error"] = f"not {{generator}}/{{task}}_task/{{task}}_NNNNNNNN/: {sample.directory!r}"
     elif not (is_safe_name(group) and is_safe_name(sid)):
         extra["layout_error"] = f"unsafe group or id for a path: {sample.directory!r}"
+    members = {name: MemberIdentity(size=info.size, mtime=info.mtime) for name, info in sample.members.items()}
+    identity = SourceIdentity(members=members)
     return SampleRef(
         id=sid,
         group=group,
         key=sample.directory,
-        read_media=lambda: _read(tf, sample.members.get(VIDEO_MEMBER)),
-        read_prompt=lambda: _read(tf, sample.members.get(PROMPT_MEMBER)),
+        read_media=lambda: _read(tf, sample.members.get(VIDEO_MEMBER), identity),
+        read_prompt=lambda: _read(tf, sample.members.get(PROMPT_MEMBER), identity),
         extra=extra,
+        identity=identity,
     )
 
 
-def _read(tf: tarfile.TarFile, info: tarfile.TarInfo | None) -> bytes | None:
-    """A member's bytes; None when missing or not a regular file; InputError when the shard cuts it off."""
+def _read(tf: tarfile.TarFile, info: tarfile.TarInfo | None, identity: SourceIdentity) -> bytes | None:
+    """A member's bytes (their sha256 noted in `identity`); None when missing or not a regular file; InputError
+    when the shard cuts it off."""
     if info is None or not info.isfile():
         return None
     try:
@@ -146,4 +152,6 @@ def _read(tf: tarfile.TarFile, info: tarfile.TarInfo | None) -> bytes | None:
         raise InputError("member_unreadable", f"{info.name}: {exc}") from exc
     if data is not None and len(data) != info.size:
         raise InputError("member_unreadable", f"{info.name}: {len(data)} of {info.size} bytes (shard cut short)")
+    if data is not None:
+        identity.read_sha256[info.name.rpartition("/")[2]] = hashlib.sha256(data).hexdigest()
     return data

@@ -1,0 +1,131 @@
+"""Stale samples: done in the ledger, but their source changed since they were encoded (an upstream revision
+of a prompt or a clip). They are never reused silently: verify-existing lists them and the run stops for a
+decision (``replace_stale`` re-encodes exactly those, ``keep`` records that the cache knowingly holds them).
+
+A sample's recorded source identity (its members' names, sizes and mtimes as listed, and the sha256 of the
+bytes read) is compared with the current listing, which costs no read. When only mtimes differ (a re-packed
+shard), the bytes are read and their sha256 compared: the same bytes are not stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from infra.cache import ledger
+from infra.cache.ledger import LedgerRow
+from infra.errors import InputError
+from infra.gates.plan import BuildPlan
+from infra.sources import SampleRef, ShardReadError, open_source
+from infra.sources.identity import SourceIdentity
+
+logger = logging.getLogger(__name__)
+
+#: same: unchanged; refreshed: only mtimes changed, the bytes are the same; kept: a `keep` decision covers this
+#: change; unknown: the row records no source identity (made before latentforge recorded it); stale: changed.
+SourceState = Literal["same", "refreshed", "kept", "unknown", "stale"]
+KEPT = "stale_kept"  # ledger row extra: the listing a `keep` decision accepted
+
+
+def listing(identity: SourceIdentity) -> dict[str, Any]:
+    """The part of an identity a `keep` decision is bound to (members as listed)."""
+    return {name: member.model_dump() for name, member in sorted(identity.members.items())}
+
+
+def source_state(row: LedgerRow, ref: SampleRef) -> tuple[SourceState, dict[str, str]]:
+    """How the sample `ref` (as listed now) stands against what its done `row` was made from."""
+    if row.source is None:
+        return "unknown", {}
+    changed = row.source.differs_in(ref.identity)
+    if not changed:
+        return "same", {}
+    if row.extra.get(KEPT) == listing(ref.identity):
+        return "kept", changed
+    if set(changed.values()) == {"mtime"} and all(name in row.source.read_sha256 for name in changed):
+        try:
+            ref.read_media(), ref.read_prompt()  # the readers note each member's sha256
+        except InputError:
+            return "stale", changed
+        if all(ref.identity.read_sha256.get(name) == row.source.read_sha256[name] for name in changed):
+            return "refreshed", {}
+    return "stale", changed
+
+
+def refreshed(row: LedgerRow, ref: SampleRef) -> LedgerRow:
+    """The row with its members' listing brought up to date (same bytes, new mtimes)."""
+    assert row.source is not None
+    source = SourceIdentity(members=dict(ref.identity.members), read_sha256=dict(row.source.read_sha256))
+    return row.model_copy(update={"source": source})
+
+
+def kept(row: LedgerRow, ref: SampleRef) -> LedgerRow:
+    """The row marked as knowingly kept for the source as listed now (a `keep` decision)."""
+    return row.model_copy(update={"extra": {**row.extra, KEPT: listing(ref.identity)}})
+
+
+@dataclass(frozen=True)
+class StaleSample:
+    """A done sample whose source changed since it was encoded."""
+
+    shard: str
+    key: str
+    id: str
+    group: str
+    path: str | None
+    changed: dict[str, str]
+
+    @property
+    def selector(self) -> str:
+        """``SHARD/KEY``: what a decision names."""
+        return f"{self.shard}/{self.key}"
+
+
+@dataclass
+class StaleReport:
+    """The plan's done samples checked against the source as listed now."""
+
+    stale: list[StaleSample] = field(default_factory=list)
+    kept: int = 0  # covered by an earlier `keep` decision
+    unknown: int = 0  # rows with no source identity (made before latentforge recorded it)
+    refreshed: int = 0  # mtimes changed, bytes the same
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "selectors": [s.selector for s in self.stale]}
+
+
+def _reusable(out_row: LedgerRow, plan: BuildPlan) -> bool:
+    return out_row.status == "done" and out_row.fingerprint == plan.fingerprint and bool(out_row.path)
+
+
+def find_stale(plan: BuildPlan) -> StaleReport:
+    """Every done sample of the plan's selection whose source changed (a pass over the source's listing)."""
+    report = StaleReport()
+    source = open_source(plan.config.source)
+    for shard in plan.shards:
+        try:
+            rows = ledger.read_shard(plan.out, shard.id)
+        except (OSError, ValueError) as exc:
+            report.problems.append(f"ledger of {shard.id} unreadable: {exc}")
+            continue
+        if not rows:
+            continue
+        try:
+            with contextlib.closing(source.samples(shard.shard)) as samples:
+                for ref in itertools.islice(samples, shard.quota):
+                    row = rows.get(ref.key)
+                    if row is None or not _reusable(row, plan):
+                        continue
+                    state, changed = source_state(row, ref)
+                    if state == "stale":
+                        report.stale.append(StaleSample(shard.id, ref.key, ref.id, ref.group, row.path, changed))
+                    elif state in ("kept", "unknown", "refreshed"):
+                        setattr(report, state, getattr(report, state) + 1)
+        except ShardReadError as exc:  # listed up to the damage; the shard's task reports it
+            report.problems.append(str(exc))
+    if report.stale:
+        logger.warning("%d done sample(s) changed in the source since they were encoded", len(report.stale))
+    return report
