@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/decode_bench.py
 	$(BIN)/python bench/upload_bench.py
 	$(BIN)/python bench/identity_bench.py
+	$(BIN)/python bench/sanity_bench.py
 
 clean-demo:
 	rm -rf $(DEMO)

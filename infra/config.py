@@ -101,8 +101,40 @@ class BuildConfig(StrictModel):
     frames: int = Field(33, gt=0, description="Frames per sample (F)", **_in("spec"))
     height: int = Field(832, gt=0, description="Height of the encoded frames (H)", **_in("spec"))
     width: int = Field(832, gt=0, description="Width of the encoded frames (W)", **_in("spec"))
-    temporal: Literal["linspace"] = Field("linspace", description="Temporal sampling policy", **_in("spec"))
-    text_max_length: int = Field(512, gt=0, description="Tokenizer max_length; embeddings padded to it", **_in("spec"))
+    buckets: str | None = Field(
+        None,
+        description="Resolution buckets WxHxF;WxHxF (images WxHx1): per clip the nearest aspect ratio among those "
+        "with F ≤ its frames, then the most frames, then the largest area (the LTX-2 trainer's rule); replaces "
+        "frames/height/width",
+        **_in("spec"),
+    )
+    temporal: Literal["linspace", "head"] | None = Field(
+        None,
+        description="Temporal sampling: linspace (F frames spread over the clip: Wan2.2) or head (the first F: the "
+        "LTX-2 trainer's). Default: the family's",
+        **_in("spec"),
+    )
+    resize: Literal["stretch", "cover-crop"] | None = Field(
+        None,
+        description="Resize: stretch (bilinear to H×W: Wan2.2) or cover-crop (bicubic to cover, centre crop: the "
+        "LTX-2 trainer's). Default: the family's",
+        **_in("spec"),
+    )
+    text_max_length: int | None = Field(
+        None,
+        gt=0,
+        description="Tokenizer max_length; embeddings padded to it. Default: the family's (512, LTX-2 1024)",
+        **_in("spec"),
+    )
+    text_stage: Literal["pre_connector", "post_connector"] | None = Field(
+        None,
+        description="LTX-2: the text tensor cached: pre_connector (normalised, projected Gemma features: what the "
+        "LTX-2 trainer caches) or post_connector (the connectors' outputs: FastVideo's overfit parquet)",
+        **_in("spec"),
+    )
+    audio: bool = Field(
+        False, description="Also encode each clip's audio track (families with an audio VAE)", **_in("spec")
+    )
     text_padding: Literal["raw", "zeros"] = Field(
         "raw",
         description="Embedding rows past the prompt's tokens: raw (the encoder's output, as the published Wan2.2 "
@@ -201,6 +233,11 @@ def step_fields(step: str) -> list[str]:
     return [name for name in BuildConfig.model_fields if field_group(name) in groups]
 
 
+#: Spec fields added after latentforge 0.1, with the value that means "not used": left out of the fingerprint at
+#: that value, so a cache made without them keeps its fingerprint.
+ADDED_LATER: dict[str, Any] = {"identity_scheme": "sampled", "buckets": None, "audio": False}
+
+
 class CacheSpec(StrictModel):
     """What decides the bytes of the cache. Its fingerprint gates resume."""
 
@@ -215,6 +252,8 @@ class CacheSpec(StrictModel):
     width: int
     temporal: str
     resize: str = "bilinear-align_corners_false"
+    buckets: list[tuple[int, int, int]] | None = Field(None, description="(W, H, F) per bucket")
+    audio: bool = False
     compute_dtype: ComputeDtype
     store_dtype: Literal["bf16"] = "bf16"
     text_max_length: int
@@ -226,23 +265,39 @@ class CacheSpec(StrictModel):
         """sha256 of the canonical JSON of the spec (sorted keys, no whitespace). A spec of the sampled identity
         scheme leaves that field out, as latentforge 0.1 did, so its caches keep their fingerprints."""
         data = self.model_dump(mode="json")
-        if data["identity_scheme"] == "sampled":
-            del data["identity_scheme"]
+        for name, absent in ADDED_LATER.items():  # a field added since 0.1, at its absent value: left out
+            if data[name] == absent:
+                del data[name]
         return fingerprint_of(data)
 
     def build_settings(self) -> dict[str, Any]:
         """The BuildConfig keys that reproduce this spec (reuse, verify against OUT's own cache.json)."""
-        return {
+        from infra.media.video import resize_policy_of  # noqa: PLC0415 - config stays importable on its own
+
+        settings: dict[str, Any] = {
             "format": self.format,
             "frames": self.frames,
             "height": self.height,
             "width": self.width,
             "temporal": self.temporal,
+            "resize": resize_policy_of(self.resize),
             "dtype": self.compute_dtype,
             "text_max_length": self.text_max_length,
             "text_padding": self.text_padding,
             "identity_scheme": self.identity_scheme,
+            "audio": self.audio,
         }
+        if self.buckets:
+            settings["buckets"] = ";".join(f"{w}x{h}x{f}" for w, h, f in self.buckets)
+        if self.text_encoder_output in ("pre_connector", "post_connector"):
+            settings["text_stage"] = self.text_encoder_output
+        return settings
+
+    def text_settings(self) -> Any:
+        """The family's text settings of this spec (an `infra.models.base.TextSettings`)."""
+        from infra.models.base import TextSettings  # noqa: PLC0415 - config stays importable on its own
+
+        return TextSettings(self.text_max_length, self.text_padding, self.text_encoder_output)
 
     def differences(self, other: CacheSpec) -> dict[str, tuple[Any, Any]]:
         """Field by field: {field: (mine, theirs)} where they differ."""

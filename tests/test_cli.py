@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from infra.config import BuildConfig, merge_config, step_fields
 from infra.models import load_family, model_identity, resolve_family
+from infra.models.base import TextSettings
 from infra.models.tiny import make_tiny_wan22
 from infra.models.wan_constants import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD
 from tests.conftest import FRAMES, HEIGHT, WIDTH, make_shards, sample
@@ -104,7 +105,7 @@ def test_make_tiny_model_loads_through_the_snapshot_path(tmp_path):
     encoder = load_family(target, family.name, torch.device("cpu"), torch.float32)
     pixels = torch.zeros(1, 3, FRAMES, HEIGHT, WIDTH)
     assert list(encoder.encode_video(pixels).shape) == [48, 5, HEIGHT // 16, WIDTH // 16]
-    text = encoder.encode_text("a red ball rolls", 512, zero_padding=False)
+    text = encoder.encode_text("a red ball rolls", TextSettings(max_length=512))
     assert text.embeds.shape == (512, 64) and 1 < text.seq_len < 512
     assert runner.invoke(app, ["make-tiny-model", str(target)]).exit_code == 2  # never over an existing model
 

@@ -21,7 +21,7 @@ runner = CliRunner()
 
 def _paths_of(src: Path, shard: str) -> dict[str, str]:
     refs = open_source(f"vbvr:{src}").samples(next(s for s in open_source(f"vbvr:{src}").shards() if s.id == shard))
-    return {ref.key: get_format("pt").relpath(ref.group, ref.id) for ref in refs}
+    return {ref.key: get_format("pt").paths(ref.stem, ["latents"])["latents"] for ref in refs}
 
 
 def test_rerun_failed_only_touches_only_what_failed(tmp_path, tiny_model, clips):

@@ -154,31 +154,17 @@ def test_a_model_that_cannot_load_raises(tmp_path, tiny_model, source):
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.sanity").exists()
 
 
-def test_the_projection_is_within_2x_of_the_full_run(tmp_path, tiny_model, source):
-    """Best of three on both sides: the machine is shared, and a burst of other load is not the run's cost.
-    A larger geometry than the other tests, so that encoding, not fixed per-task costs, is what is measured."""
-    geometry = {"frames": 33, "height": 96, "width": 160}
-    warm = config(source, tiny_model, tmp_path / "warm", **geometry)
-    run_sanity(make_plan(warm))  # loads the model (cached per process) and pays the first calls
-    assert run_build(warm)[0]
-    builds, reports = [], []
-    for attempt in range(3):
-        out = tmp_path / f"out{attempt}"
-        ok, summary = run_build(config(source, tiny_model, out, **geometry))
-        assert ok and summary["encoded"] == 6, summary
-        before = tree_hashes(out)
-        report = run_sanity(make_plan(config(source, tiny_model, out, **geometry)), repeats=3)
-        assert report.ok, report.problems
-        assert tree_hashes(out) == before, "the sanity wrote into OUT"
-        builds.append(summary)
-        reports.append(report)
-    seconds = min(s["seconds"] for s in builds)
-    projected = min(r.projected_seconds for r in reports)
-    logger.warning(
-        "full runs %s s; projections %s s", [s["seconds"] for s in builds], [r.projected_seconds for r in reports]
-    )
-    assert 0.5 <= projected / seconds <= 2.0, (projected, seconds)
-    assert 0.5 <= reports[0].projected_bytes / builds[0]["bytes"] <= 2.0
+def test_the_projection_is_the_sample_times_the_plan_and_its_bytes_match_the_build(tmp_path, tiny_model, source):
+    """How close the time projection comes to a real run is a benchmark (bench/sanity_bench.py: timing belongs
+    on a quiet machine); here the arithmetic, and the bytes, which do not depend on the machine's load."""
+    out = tmp_path / "out"
+    ok, summary = run_build(config(source, tiny_model, out))
+    assert ok and summary["encoded"] == 6, summary
+    report = run_sanity(make_plan(config(source, tiny_model, tmp_path / "fresh")))
+    assert report.ok and report.total_samples == 6
+    assert report.projected_seconds == round(report.seconds * 6, 3) and report.seconds > 0
+    assert report.projected_bytes == report.bytes * 6
+    assert 0.9 <= report.projected_bytes / summary["bytes"] <= 1.1
 
 
 def test_check_disk(tmp_path):

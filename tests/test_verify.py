@@ -231,7 +231,7 @@ def test_a_ledger_path_outside_out_is_never_read(tmp_path, built):
     sealed.write_text("".join(json.dumps(row) + "\n" for row in rows))
     report = _verify(out, built["plan"])
     assert not marker.exists() and report.kind == "damaged" and len(report.checked) == 3
-    assert any("has no path inside OUT ('../outside.pt')" in p for p in report.problems)
+    assert any("has a path outside OUT ('../outside.pt')" in p for p in report.problems)
 
 
 def test_an_unreadable_ledger_is_damage(tmp_path, built):

@@ -31,9 +31,9 @@ from infra.config import CacheSpec
 from infra.devices import resolve_device, resolve_dtype
 from infra.errors import ConfigError
 from infra.formats import Format, get_format
-from infra.media.video import frames_to_pixels, sample_frames
 from infra.models import LoadedFamily, load_family
 from infra.models.identity import component_identity
+from infra.preprocess.encode import prepare_video
 from infra.sources import Shard, Source, is_safe_name, open_source
 
 logger = logging.getLogger(__name__)
@@ -181,28 +181,30 @@ class _Run:
             self.problem(row, f"{type(exc).__name__}: {exc}")
 
     def _measure(self, row: LedgerRow, read_media: Callable[[], bytes | None]) -> DecodedSample:
-        if not (is_safe_name(row.group) and is_safe_name(row.id)):
+        group, name = row.group or "ungrouped", Path(row.id).stem
+        if not (is_safe_name(group) and is_safe_name(name)):
             raise ValueError(f"unsafe group or id for a report path: {row.group!r}/{row.id!r}")
-        path = (self.out / str(row.path)).resolve()
-        if not path.is_relative_to(self.out.resolve()):
-            raise ValueError(f"the ledger's path {row.path!r} is outside OUT")
+        file = row.file_of("latents")
+        path = (self.out / str(file.path if file else "")).resolve()
+        if file is None or not path.is_relative_to(self.out.resolve()) or path == self.out.resolve():
+            raise ValueError(f"the ledger's latents file {file and file.path!r} is not inside OUT")
+        key = self.fmt.keys["latents"]
         record = self.fmt.read(path)  # weights_only
-        if not isinstance(record, dict) or not isinstance(record.get("x0"), torch.Tensor):
-            raise ValueError(f"{path}: no x0 tensor in the stored sample")
+        if not isinstance(record, dict) or not isinstance(record.get(key), torch.Tensor):
+            raise ValueError(f"{path}: no {key} tensor in the stored sample")
         if (media := read_media()) is None:
             raise ValueError("the source sample has no video")
-        clip = sample_frames(media, self.spec.frames)
-        source = frames_to_pixels(clip.frames, self.spec.height, self.spec.width)[0]
-        decoded = self.family.decode(record["x0"])
+        source = prepare_video(media, self.spec).pixels[0]  # the recipe's pixels, re-derived
+        decoded = self.family.decode(record[key])
         if decoded.shape != source.shape:
             raise ValueError(f"decoded shape {tuple(decoded.shape)} is not the source's {tuple(source.shape)}")
-        mp4, png = (self.folder / row.group / f"{row.id}{suffix}" for suffix in (".mp4", ".png"))
+        mp4, png = (self.folder / group / f"{name}{suffix}" for suffix in (".mp4", ".png"))
         atomic_write(mp4, side_by_side_mp4(source, decoded))
         atomic_write(png, frame_strip_png(source, decoded))
         psnr = metrics.psnr(source, decoded, self.metrics_device)
         ssim = metrics.ssim(source, decoded, self.metrics_device)
         logger.info("decode-verify %s/%s: PSNR %.2f dB, SSIM %.4f", row.group, row.id, psnr, ssim)
-        return DecodedSample(row.id, row.group, str(row.path), psnr, ssim, int(source.shape[1]), str(mp4), str(png))
+        return DecodedSample(row.id, row.group, str(file.path), psnr, ssim, int(source.shape[1]), str(mp4), str(png))
 
 
 def _to_uint8(video: torch.Tensor) -> torch.Tensor:

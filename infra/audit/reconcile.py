@@ -20,7 +20,6 @@ from typing import Any
 from infra.audit import reports
 from infra.cache import ledger
 from infra.cache.ledger import LedgerRow
-from infra.formats import Format, get_format
 from infra.gates.plan import BuildPlan, ShardPlan
 from infra.models import get_family
 from infra.sources import Source, open_source
@@ -188,11 +187,11 @@ class ReconcileReport:
 def reconcile(plan: BuildPlan) -> ReconcileReport:
     """Re-list the plan's selection from the source and account for every sample in the ledgers and on disk."""
     spec = plan.spec
-    kinds = list(get_family(spec.family).output_kinds)
+    kinds = list(get_family(spec.family).kinds(spec))
     report = ReconcileReport(
         str(plan.out), plan.config.source, plan.fingerprint, spec.format, kinds, spec.text_max_length
     )
-    tally = _Tally(plan, get_format(spec.format), report, functools.cache(functools.partial(_size, plan.out)))
+    tally = _Tally(plan, report, functools.cache(functools.partial(_size, plan.out)))
     source = open_source(plan.config.source)
     for shard in plan.shards:
         listed, every_key, whole = _list_shard(source, shard, report)
@@ -258,7 +257,6 @@ class _Tally:
     """Accounts expected samples into a report."""
 
     plan: BuildPlan
-    format: Format
     report: ReconcileReport
     size: Callable[[str | None], int | None]  # an OUT-relative file's size, cached (kinds may share a file)
     owners: dict[str, MissingSample] = field(default_factory=dict)  # output path → the sample that claimed it
@@ -289,13 +287,20 @@ class _Tally:
             return DUPLICATE, f"{row.path} is already the output of {owner.key!r} in shard {owner.shard}"
         problems = self.check_outputs(row, counts)
         if problems:
-            return FILE_MISSING if FILE_MISSING in problems.values() else FILE_SIZE, "; ".join(problems)
+            reasons = set(problems.values())
+            reason = FILE_MISSING if FILE_MISSING in reasons else FILE_SIZE if FILE_SIZE in reasons else min(reasons)
+            return reason, "; ".join(problems)
         return None
 
     def check_outputs(self, row: LedgerRow, counts: GroupCounts) -> dict[str, str]:
         """{problem: reason} over the output kinds (on disk, inside OUT, the ledger's size); counts kinds present."""
         problems: dict[str, str] = {}
-        for kind, wanted in self.format.files(row, self.report.kinds).items():
+        for kind in self.report.kinds:
+            wanted = row.file_of(kind)
+            if wanted is None:  # the sample has none of this kind, and the ledger says why
+                reason = row.missing.get(kind, f"{FILE_MISSING}: no file for {kind}")
+                problems[f"{kind}: {reason}"] = reason.split(":", 1)[0]
+                continue
             size = self.size(wanted.path)
             if size is None:
                 problems[f"{kind}: {wanted.path} not on disk"] = FILE_MISSING

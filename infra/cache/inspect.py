@@ -28,7 +28,7 @@ def inspect_cache(out: Path) -> dict[str, Any]:
     fmt = get_format(meta["spec"]["format"])
     groups: dict[str, Counter[str]] = defaultdict(Counter)
     reasons: Counter[str] = Counter()
-    first_done: dict[str, str] = {}
+    first_done: dict[str, list[str]] = {}
     total_bytes = 0
     for rows in ledger.read_all(out).values():
         for row in rows.values():
@@ -37,11 +37,14 @@ def inspect_cache(out: Path) -> dict[str, Any]:
                 reasons[row.reason] += 1
             if row.status == "done":
                 total_bytes += row.bytes or 0
-                first_done.setdefault(row.group, row.path or "")
+                first_done.setdefault(row.group, [f.path for f in row.output_files()])
     samples = {}
-    for group, rel in sorted(first_done.items()):
-        record = fmt.read(out / rel)  # weights_only: nothing in OUT can run code
-        samples[group] = {"path": rel, **{k: _describe(v) for k, v in record.items()}}
+    for group, paths in sorted(first_done.items()):
+        merged: dict[str, Any] = {}
+        for rel in paths:  # a format may keep a sample in several files (latents, conditions, audio)
+            record = fmt.read(out / rel)  # weights_only: nothing in OUT can run code
+            merged.update({k: _describe(v) for k, v in record.items()})
+        samples[group] = {"path": paths[0] if len(paths) == 1 else paths, **merged}
     return {
         "out": str(out),
         "fingerprint": meta["fingerprint"],

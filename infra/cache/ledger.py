@@ -27,6 +27,17 @@ LEDGER_DIR = "ledger"
 Status = Literal["done", "skipped", "failed"]
 
 
+class FileRecord(BaseModel):
+    """One output file of a sample: OUT-relative path, size, sha256, and the output kinds it holds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    bytes: int
+    sha256: str
+    kinds: list[str] = Field(default_factory=list, description="output kinds in this file ([]: all of them)")
+
+
 class LedgerRow(BaseModel):
     """One source sample's fate. Unknown keys are an error (a newer latentforge wrote the ledger): never ignored."""
 
@@ -39,9 +50,13 @@ class LedgerRow(BaseModel):
     status: Status
     reason: str | None = None  # short code: missing_prompt, video_decode_error, ...
     detail: str | None = None  # human-readable error text
-    path: str | None = None  # OUT-relative output path
-    bytes: int | None = None
-    sha256: str | None = None
+    path: str | None = None  # OUT-relative output path (the first file, where a format writes several)
+    bytes: int | None = None  # all of the sample's files
+    sha256: str | None = None  # of the first file
+    #: Where a format writes a file per output kind: every file (empty: the one file `path` holds every kind).
+    files: list[FileRecord] = Field(default_factory=list)
+    #: Output kinds this done sample has none of, and why (a clip without an audio track in an audio run).
+    missing: dict[str, str] = Field(default_factory=dict)
     source_shape: list[int] | None = None
     latent_shape: list[int] | None = None
     seq_len: int | None = None
@@ -53,6 +68,20 @@ class LedgerRow(BaseModel):
     #: written before latentforge recorded it).
     source: SourceIdentity | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
+
+    def output_files(self) -> list[FileRecord]:
+        """Every file of the sample (one for formats that keep a sample in one file)."""
+        if self.files:
+            return list(self.files)
+        if self.path and self.bytes is not None and self.sha256 is not None:
+            return [FileRecord(path=self.path, bytes=self.bytes, sha256=self.sha256)]
+        return []
+
+    def file_of(self, kind: str) -> FileRecord | None:
+        """The file holding output kind `kind`, or None (the sample has none: see `missing`)."""
+        if kind in self.missing:
+            return None
+        return next((f for f in self.output_files() if not f.kinds or kind in f.kinds), None)
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)

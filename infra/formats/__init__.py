@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from infra.formats.base import EncodedSample, Format, Writer
+from infra.formats.base import AUDIO_KIND, EncodedSample, Format, PerSampleWriter, Writer, WrittenSample
 from infra.formats.pt import PtFormat
 from infra.registry import Registry
 
 FORMATS: Registry[Format] = Registry("format")
 FORMATS.add("pt", PtFormat())
 
-__all__ = ["FORMATS", "EncodedSample", "Format", "Writer", "get_format"]
+__all__ = [
+    "AUDIO_KIND",
+    "FORMATS",
+    "EncodedSample",
+    "Format",
+    "PerSampleWriter",
+    "Writer",
+    "WrittenSample",
+    "get_format",
+]
 
 
 def get_format(name: str) -> Format:

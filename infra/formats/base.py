@@ -6,6 +6,7 @@ tested by a round trip through its reader.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -15,8 +16,17 @@ from typing import Any, ClassVar
 
 import torch
 
-from infra.cache.ledger import LedgerRow
-from infra.cache.storage import Written
+from infra.cache.ledger import FileRecord
+from infra.cache.storage import Written, atomic_write
+
+#: The output kind a family with audio adds (LTX-2): its tensor travels in ``EncodedSample.extras``.
+AUDIO_KIND = "audio_latents"
+#: The dtype each output kind is stored in (the LTX-2 trainer keeps audio latents in float32).
+KIND_DTYPES: dict[str, torch.dtype] = {
+    "latents": torch.bfloat16,
+    "text_embeddings": torch.bfloat16,
+    AUDIO_KIND: torch.float32,
+}
 
 
 @dataclass
@@ -25,30 +35,39 @@ class EncodedSample:
 
     id: str
     group: str
+    stem: str  # OUT-relative name of its outputs, without a suffix (mirrors the source: ``group/id``, ``dir/clip``)
     prompt: str
     latents: torch.Tensor  # (C, F', H', W') bf16
     text_embeds: torch.Tensor  # (max_length, D) bf16
     seq_len: int
     source_shape: list[int]  # [T, H, W, C]
     fingerprint: str
-    extras: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)  # more to store: the family's (masks, audio latents)
+    info: dict[str, Any] = field(default_factory=dict)  # facts a format may store: fps, frames, audio_duration
 
     @property
     def latent_shape(self) -> list[int]:
         return list(self.latents.shape)
 
     def outputs(self) -> dict[str, torch.Tensor]:
-        """Each output kind's tensor: latents, text_embeddings, and any other kind the family adds in extras."""
-        tensors = {k: v for k, v in self.extras.items() if isinstance(v, torch.Tensor)}
-        return {"latents": self.latents, "text_embeddings": self.text_embeds, **tensors}
+        """Each output kind's tensor: latents, text_embeddings, and audio_latents where the sample has audio."""
+        audio = self.extras.get(AUDIO_KIND)
+        extra = {AUDIO_KIND: audio} if isinstance(audio, torch.Tensor) else {}
+        return {"latents": self.latents, "text_embeddings": self.text_embeds, **extra}
 
 
 @dataclass(frozen=True)
-class OutputFile:
-    """Where one output kind of a done sample lives (OUT-relative) and its size per the ledger."""
+class WrittenSample:
+    """What a writer put on disk for one sample: each file with the output kinds it holds."""
 
-    path: str | None
-    bytes: int | None
+    files: list[tuple[list[str], Written]]
+
+    def records(self, out: Path) -> list[FileRecord]:
+        """The ledger's records of the files (paths relative to OUT)."""
+        return [
+            FileRecord(path=w.path.relative_to(out).as_posix(), bytes=w.bytes, sha256=w.sha256, kinds=kinds)
+            for kinds, w in self.files
+        ]
 
 
 class Writer(ABC):
@@ -68,13 +87,34 @@ class Writer(ABC):
     def close(self) -> None:  # noqa: B027 - a hook: per-sample formats have nothing to finish
         """Finish what is open (a shard file, say)."""
 
-    def relpath(self, group: str, sample_id: str) -> str:
-        """Where a sample goes, relative to OUT (deterministic: mirrors the source ids)."""
-        return self.format.relpath(group, sample_id)
+    @abstractmethod
+    def write(self, sample: EncodedSample, *, replace: bool = False) -> WrittenSample:
+        """Write one sample's files atomically; FileExistsError if one exists and not `replace`."""
+
+
+class PerSampleWriter(Writer):
+    """A writer of one or more files per sample (pt, the LTX-2 trainer's layout): `render` makes their bytes,
+    `write` puts each in place atomically. Rendering without writing lets a rerun tell whether a file left by
+    an interrupted run is exactly what this run would write."""
 
     @abstractmethod
-    def write(self, sample: EncodedSample, *, replace: bool = False) -> Written:
-        """Write one sample atomically; FileExistsError if it exists and not `replace`."""
+    def render(self, sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
+        """(output kinds, OUT-relative path, bytes) of each file of the sample ([] kinds: every kind)."""
+
+    def write(self, sample: EncodedSample, *, replace: bool = False) -> WrittenSample:
+        return self.write_rendered(self.render(sample), replace=replace)
+
+    def write_rendered(
+        self, files: list[tuple[list[str], str, bytes]], *, replace: bool = False, present: frozenset[str] = frozenset()
+    ) -> WrittenSample:
+        """Write rendered files; those in `present` are already on disk with exactly these bytes: left as they are."""
+        written = []
+        for kinds, rel, data in files:
+            if rel in present:
+                written.append((kinds, Written(self.out / rel, len(data), hashlib.sha256(data).hexdigest())))
+            else:
+                written.append((kinds, atomic_write(self.out / rel, data, replace=replace)))
+        return WrittenSample(written)
 
 
 class Format(ABC):
@@ -90,17 +130,30 @@ class Format(ABC):
         if missing:
             raise TypeError(f"format {cls.__name__} does not declare {', '.join(missing)}")
 
-    def files(self, row: LedgerRow, kinds: Iterable[str]) -> dict[str, OutputFile]:
-        """Where each output kind of a done row is stored; by default all kinds share the row's one file."""
-        return {kind: OutputFile(row.path, row.bytes) for kind in kinds}
+    def load_outputs(self, out: Path, paths: dict[str, str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """Read back a sample's files (kind → OUT-relative path) safely: (kind → the value under the format's key
+        for it, None when absent; path → the whole record). Raises what `read` raises for a damaged file."""
+        records: dict[str, dict[str, Any]] = {}
+        values: dict[str, Any] = {}
+        for kind, relpath in paths.items():
+            if relpath not in records:
+                records[relpath] = self.read(Path(out) / relpath)
+            record = records[relpath]
+            values[kind] = record.get(self.keys[kind]) if isinstance(record, dict) and kind in self.keys else None
+        return values, records
 
     @abstractmethod
     def writer(self, out: Path) -> Writer:
         """A writer of samples under OUT."""
 
     @abstractmethod
-    def relpath(self, group: str, sample_id: str) -> str:
-        """OUT-relative path of one sample's (first) file."""
+    def paths(self, stem: str, kinds: Iterable[str]) -> dict[str, str]:
+        """OUT-relative path of the file holding each output kind of the sample named `stem` (kinds may share
+        one file): deterministic, mirroring the source's names."""
+
+    #: True when `read` returns the cache's fingerprint under the key ``fingerprint`` (a file of another run can
+    #: be told apart without re-encoding); formats that store exactly a trainer's keys have none.
+    has_fingerprint: ClassVar[bool] = False
 
     @abstractmethod
     def read(self, path: Path) -> dict[str, Any]:

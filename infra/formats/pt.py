@@ -7,13 +7,13 @@ Each file is a plain dict of tensors, strings, ints and lists, so it loads with
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from infra.cache.storage import Written, atomic_write
-from infra.formats.base import EncodedSample, Format, Writer
+from infra.formats.base import EncodedSample, Format, PerSampleWriter
 
 
 def to_record(sample: EncodedSample) -> dict[str, Any]:
@@ -33,9 +33,9 @@ def to_record(sample: EncodedSample) -> dict[str, Any]:
     return record
 
 
-def relpath(group: str, sample_id: str) -> str:
-    """OUT-relative path of one sample."""
-    return f"{group}/{sample_id}.pt"
+def relpath(stem: str) -> str:
+    """OUT-relative path of one sample: ``<group>/<id>.pt`` for a VBVR source."""
+    return f"{stem}.pt"
 
 
 def serialize(sample: EncodedSample) -> bytes:
@@ -45,24 +45,30 @@ def serialize(sample: EncodedSample) -> bytes:
     return buffer.getvalue()
 
 
-class PtWriter(Writer):
-    """Writes OUT/<group>/<id>.pt atomically."""
+class PtWriter(PerSampleWriter):
+    """Writes OUT/<group>/<id>.pt atomically: one file holds every output kind."""
 
-    def write(self, sample: EncodedSample, *, replace: bool = False) -> Written:
-        return atomic_write(self.out / self.relpath(sample.group, sample.id), serialize(sample), replace=replace)
+    def render(self, sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
+        return [([], relpath(sample.stem), serialize(sample))]
 
 
 class PtFormat(Format):
     """The pt format: writer, path rule and reader."""
 
     name = "pt"
-    keys: ClassVar[dict[str, str]] = {"latents": "x0", "text_embeddings": "text_embeds"}
+    keys: ClassVar[dict[str, str]] = {
+        "latents": "x0",
+        "text_embeddings": "text_embeds",
+        "audio_latents": "audio_latents",
+    }
 
     def writer(self, out: Path) -> PtWriter:
         return PtWriter(out, self)
 
-    def relpath(self, group: str, sample_id: str) -> str:
-        return relpath(group, sample_id)
+    has_fingerprint = True
+
+    def paths(self, stem: str, kinds: Iterable[str]) -> dict[str, str]:
+        return dict.fromkeys(kinds, relpath(stem))
 
     def read(self, path: Path) -> dict[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=True)

@@ -17,7 +17,9 @@ from infra.cache.cachedir import read_cache_json
 from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
-from infra.models import model_identity, resolve_family
+from infra.media.buckets import parse_buckets
+from infra.media.video import RESIZE_POLICIES
+from infra.models import FamilySpec, get_family, model_identity, resolve_family
 from infra.sources import Shard, ShardReadError, Source, open_source
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ class BuildPlan(BaseModel):
     latent_shape: tuple[int, ...]
     text_shape: tuple[int, ...]
     shards: list[ShardPlan]
+    #: The output kinds every sample holds (latents, text_embeddings, audio_latents for an audio run).
+    kinds: tuple[str, ...] = ("latents", "text_embeddings")
     #: Set only by an approved overwrite: the fingerprint ("foreign" for no cache.json) whose files may be replaced.
     replace_from: str | None = None
     #: Set only by the stale gate: ``SHARD/KEY`` of the stale samples to re-encode (their files replaced), and of
@@ -85,28 +89,55 @@ def parse_only(only: list[str] | None) -> dict[str, frozenset[str] | None] | Non
     return {shard: frozenset(keys) if keys is not None else None for shard, keys in chosen.items()}
 
 
+def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
+    """The spec's settings: the user's, else the family's defaults; ConfigError for what the family cannot do."""
+    chosen = {k: getattr(config, k) if getattr(config, k) is not None else v for k, v in family.defaults.items()}
+    if chosen["text_stage"] not in family.text_stages:
+        raise ConfigError(
+            f"--text-stage {chosen['text_stage']}: family {family.name} stores {', '.join(family.text_stages)}"
+        )
+    if config.audio and not family.has_audio:
+        raise ConfigError(f"--audio: family {family.name} has no audio encoder")
+    if config.buckets is not None and chosen["temporal"] != "head":
+        raise ConfigError("--buckets choose among the first frames of a clip: use them with --temporal head")
+    return chosen
+
+
 def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tuple[int, ...]]:
-    """Resolve the family, check geometry and format, hash the model: (family, spec, latent, text shape)."""
+    """Resolve the family, check geometry and format, hash the model: (family, spec, latent, text shape). With
+    buckets, the latent shape is the first bucket's (each sample's is its own bucket's)."""
     model_dir = Path(config.model).expanduser()
-    family = resolve_family(model_dir, config.family)
-    family.rules(model_dir).check(family.name, config.frames, config.height, config.width)
+    family = resolve_family(model_dir, config.family, config.audio)
+    chosen = _settings(config, family)
+    buckets = parse_buckets(config.buckets) if config.buckets is not None else None
+    geometry = (
+        [(b.frames, b.height, b.width) for b in buckets] if buckets else [(config.frames, config.height, config.width)]
+    )
+    rules = family.rules(model_dir)
+    for frames, height, width in geometry:
+        rules.check(family.name, frames, height, width)
     get_format(config.format)
+    frames, height, width = geometry[0]
     spec = CacheSpec(
         family=family.name,
-        model_identity=model_identity(model_dir, family, config.identity_scheme),
+        model_identity=model_identity(model_dir, family, config.identity_scheme, config.audio),
         identity_scheme=config.identity_scheme,
         format=config.format,
-        frames=config.frames,
-        height=config.height,
-        width=config.width,
-        temporal=config.temporal,
+        frames=frames,
+        height=height,
+        width=width,
+        buckets=[(b.width, b.height, b.frames) for b in buckets] if buckets else None,
+        temporal=chosen["temporal"],
+        resize=RESIZE_POLICIES[chosen["resize"]],
+        audio=config.audio,
         compute_dtype=config.dtype,
-        text_max_length=config.text_max_length,
+        text_max_length=chosen["text_max_length"],
         text_padding=config.text_padding,
+        text_encoder_output=chosen["text_stage"],
         latent_norm=family.latent_norm,
     )
-    latent_shape = family.latent_shape(model_dir, config.frames, config.height, config.width)
-    return family.name, spec, latent_shape, family.text_shape(model_dir, config.text_max_length)
+    latent_shape = family.latent_shape(model_dir, frames, height, width)
+    return family.name, spec, latent_shape, family.text_shape(model_dir, spec.text_settings())
 
 
 def _count_samples(source: Source, shard: Shard, stop_at: int | None) -> int:
@@ -152,6 +183,7 @@ def make_plan(config: BuildConfig) -> BuildPlan:
         latent_shape=latent_shape,
         text_shape=text_shape,
         shards=shards,
+        kinds=get_family(family).kinds(spec),
     )
 
 

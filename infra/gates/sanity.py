@@ -25,13 +25,15 @@ from infra.audit.reports import human_bytes
 from infra.cache.storage import atomic_write
 from infra.devices import resolve_device
 from infra.errors import ConfigError, ConflictError, InputError
-from infra.formats import EncodedSample, get_format
+from infra.formats import EncodedSample, WrittenSample, get_format
+from infra.formats.base import KIND_DTYPES
 from infra.gates.plan import BuildPlan
-from infra.models import LoadedFamily
+from infra.models import LoadedFamily, get_family
 from infra.preprocess.encode import encode_sample, load_encoder
 from infra.sources import SampleRef, ShardReadError, open_source
 
 logger = logging.getLogger(__name__)
+
 T = TypeVar("T")
 
 MARKER = ".latentforge-sanity"
@@ -55,6 +57,7 @@ class SanityReport:
     latent_shape: list[int] = field(default_factory=list)
     text_shape: list[int] = field(default_factory=list)
     latent_dtype: str = ""
+    bucket: str | None = None  # WxHxF of the sample's bucket, where the spec has buckets
     text_dtype: str = ""
     finite: bool = False
     round_trip: bool = False
@@ -77,6 +80,7 @@ class SanityReport:
         return [
             ("sample", f"{self.sample_group}/{self.sample_id}" if self.sample_id else "none usable"),
             ("device", self.device),
+            ("bucket", self.bucket or "—"),
             ("x0", f"{self.latent_shape} {self.latent_dtype}"),
             ("text_embeds", f"{self.text_shape} {self.text_dtype}"),
             ("finite / round trip", f"{self.finite} / {self.round_trip}"),
@@ -161,21 +165,28 @@ def _same(stored: object, tensor: torch.Tensor) -> bool:
     return isinstance(stored, torch.Tensor) and stored.dtype == tensor.dtype and torch.equal(stored, tensor)
 
 
-def _check(sample: EncodedSample, path: Path, plan: BuildPlan, report: SanityReport) -> None:
-    """Shapes, dtypes, finiteness and the bit-exact round trip through the format's reader."""
+def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, report: SanityReport) -> None:
+    """Shapes, dtypes, finiteness and the bit-exact round trip through the format's reader (every file)."""
     fmt = get_format(plan.spec.format)
     tensors = {fmt.keys[kind]: tensor for kind, tensor in sample.outputs().items()}
-    planned = {fmt.keys["latents"]: list(plan.latent_shape), fmt.keys["text_embeddings"]: list(plan.text_shape)}
+    latent = plan.latent_shape
+    if plan.spec.buckets:  # the planned shape is the sample's bucket's
+        frames, height, width = sample.info["geometry"]
+        latent = get_family(plan.family).latent_shape(Path(plan.config.model).expanduser(), frames, height, width)
+    planned = {fmt.keys["latents"]: list(latent), fmt.keys["text_embeddings"]: list(plan.text_shape)}
     report.latent_shape, report.text_shape = list(sample.latents.shape), list(sample.text_embeds.shape)
     report.latent_dtype, report.text_dtype = str(sample.latents.dtype), str(sample.text_embeds.dtype)
     report.finite = all(bool(torch.isfinite(t).all()) for t in tensors.values())
-    record = fmt.read(path)
-    report.round_trip = all(_same(record.get(key), t) for key, t in tensors.items())
+    stored: dict[str, Any] = {}
+    for _, file in written.files:
+        stored.update(fmt.read(file.path))
+    report.round_trip = all(_same(stored.get(key), t) for key, t in tensors.items())
+    want_dtype = {fmt.keys[kind]: KIND_DTYPES[kind] for kind in sample.outputs()}
     for name, tensor in tensors.items():
         if name in planned and list(tensor.shape) != planned[name]:
             report.problems.append(f"{name} shape {list(tensor.shape)}, planned {planned[name]}")
-        if tensor.dtype != torch.bfloat16:
-            report.problems.append(f"{name} dtype {tensor.dtype}, expected torch.bfloat16")
+        if tensor.dtype != want_dtype[name]:
+            report.problems.append(f"{name} dtype {tensor.dtype}, expected {want_dtype[name]}")
     if not report.finite:
         report.problems.append("non-finite values (nan or inf) in the encoded tensors")
     if not report.round_trip:
@@ -275,8 +286,11 @@ def run_sanity(plan: BuildPlan, repeats: int = 1) -> SanityReport:
         return report
     ref, (sample, written) = found
     report.sample_id, report.sample_group = ref.id, ref.group
-    report.path, report.bytes = str(written.path), written.bytes
-    _check(sample, Path(written.path), plan, report)
+    if (bucket := sample.info.get("geometry")) and plan.spec.buckets:
+        report.bucket = "x".join(str(n) for n in (bucket[2], bucket[1], bucket[0]))
+    report.path = str(written.files[0][1].path)
+    report.bytes = sum(w.bytes for _, w in written.files)
+    _check(sample, written, plan, report)
     report.projected_seconds = round(report.seconds * report.total_samples, 3)
     report.projected_bytes = report.bytes * report.total_samples
     report.ok = not report.problems

@@ -22,13 +22,13 @@ from infra.cache.cachedir import OutKind, classify, read_cache_json
 from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import Format, get_format
+from infra.formats.base import KIND_DTYPES
 from infra.gates.plan import BuildPlan
 from infra.gates.stale import StaleReport, find_stale
 from infra.models import get_family
 
 logger = logging.getLogger(__name__)
 
-STORE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16}
 MAX_LISTED = 20
 #: Column headings of the preview's two-column tables (by section title); others are "what | value".
 HEADERS: dict[str, tuple[str, str]] = {
@@ -127,6 +127,8 @@ def verify_out(
         rows = _done_rows(out, report)
         _check_files(out, rows, report)
         shapes = {"latents": tuple(latent_shape), "text_embeddings": tuple(text_shape), **(extra_shapes or {})}
+        if spec.buckets:  # each sample's latents have its own bucket's shape
+            del shapes["latents"]
         try:
             fmt = get_format((existing or spec).format)
             _check_samples(out, fmt, _choose(rows, max_samples), _expected(spec, fmt, shapes), report)
@@ -166,28 +168,34 @@ def _done_rows(out: Path, report: VerifyReport) -> list[ledger.LedgerRow]:
     return rows
 
 
-def _sample_path(out: Path, row: ledger.LedgerRow) -> Path | None:
-    """The row's file, if its path stays inside OUT."""
+def _inside(out: Path, relpath: str | None) -> Path | None:
+    """OUT/relpath, if that path stays inside OUT."""
     try:
-        path = out / str(row.path or "")
-        return path if row.path and path.resolve().is_relative_to(out.resolve()) else None
+        path = out / str(relpath or "")
+        return path if relpath and path.resolve().is_relative_to(out.resolve()) else None
     except (OSError, ValueError):  # a NUL byte, a link loop
         return None
 
 
 def _check_files(out: Path, rows: list[ledger.LedgerRow], report: VerifyReport) -> None:
-    """Every done row's file exists with the ledger's size; bytes sums what is there."""
+    """Every file of every done row exists with the ledger's size; bytes sums what is there."""
     for row in rows:
-        path = _sample_path(out, row)
-        if path is None:
-            report.problems.append(f"ledger/{row.shard}: done row {row.key!r} has no path inside OUT ({row.path!r})")
-        elif not path.is_file():
-            report.missing.append(str(path))
-        else:
-            size = path.stat().st_size
-            report.bytes += size
-            if row.bytes is not None and size != row.bytes:
-                report.problems.append(f"{path}: {size} bytes on disk, {row.bytes} in ledger/{row.shard}")
+        files = row.output_files()
+        if not files:
+            report.problems.append(f"ledger/{row.shard}: done row {row.key!r} names no output file")
+        for file in files:
+            path = _inside(out, file.path)
+            if path is None:
+                report.problems.append(
+                    f"ledger/{row.shard}: done row {row.key!r} has a path outside OUT ({file.path!r})"
+                )
+            elif not path.is_file():
+                report.missing.append(str(path))
+            else:
+                size = path.stat().st_size
+                report.bytes += size
+                if size != file.bytes:
+                    report.problems.append(f"{path}: {size} bytes on disk, {file.bytes} in ledger/{row.shard}")
 
 
 def _choose(rows: list[ledger.LedgerRow], limit: int) -> list[ledger.LedgerRow]:
@@ -218,13 +226,16 @@ def _load(fmt: Format, path: Path, report: VerifyReport) -> dict[str, Any] | Non
 def _expected(spec: CacheSpec, fmt: Format, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, dict[str, Any]]:
     """Per output kind the family stores: the format's key for it, the planned shape (None: not planned) and the
     stored dtype. A kind the format has no key for is a ConfigError (a family and a format that do not fit)."""
-    dtype = str(STORE_DTYPES.get(spec.store_dtype, torch.bfloat16))
-    kinds = get_family(spec.family).output_kinds
+    kinds = get_family(spec.family).kinds(spec)
     unknown = [kind for kind in kinds if kind not in fmt.keys]
     if unknown:
         raise ConfigError(f"format {fmt.name} has no place for {', '.join(unknown)} (family {spec.family})")
     return {
-        kind: {"key": fmt.keys[kind], "shape": list(shapes[kind]) if kind in shapes else None, "dtype": dtype}
+        kind: {
+            "key": fmt.keys[kind],
+            "shape": list(shapes[kind]) if kind in shapes else None,
+            "dtype": str(KIND_DTYPES[kind]),
+        }
         for kind in kinds
     }
 
@@ -232,28 +243,37 @@ def _expected(spec: CacheSpec, fmt: Format, shapes: Mapping[str, tuple[int, ...]
 def _check_samples(
     out: Path, fmt: Format, rows: list[ledger.LedgerRow], want: dict[str, dict[str, Any]], report: VerifyReport
 ) -> None:
-    """Load the chosen samples; judge each output kind; keep the first loaded sample's shape check."""
-    holding, loaded = dict.fromkeys(want, 0), 0
+    """Load the chosen samples (every file of each); judge each output kind; keep the first loaded sample's shape
+    check. A kind the row records as missing (a clip without audio) is not looked for."""
+    holding, expected = dict.fromkeys(want, 0), dict.fromkeys(want, 0)
     for row in rows:
-        path = _sample_path(out, row)
-        if path is None or not path.is_file():
+        files = [(f, _inside(out, f.path)) for f in row.output_files()]
+        if not files or any(path is None or not path.is_file() for _, path in files):
             continue  # already reported by _check_files
         report.checked.append(row.path or "")
-        record = _load(fmt, path, report)
-        if record is None:
+        merged: dict[str, Any] = {}
+        records = [_load(fmt, path, report) for _, path in files if path is not None]
+        if any(r is None for r in records):
             continue
-        loaded += 1
+        for record in records:
+            merged.update(record or {})
+            stored = (record or {}).get("fingerprint")
+            if report.existing_fingerprint and isinstance(stored, str) and stored != report.existing_fingerprint:
+                report.problems.append(f"{files[0][1]}: written for fingerprint {stored}, not this cache's")
         for kind, target in want.items():
-            if torch.is_tensor(record.get(target["key"])):
+            if kind in row.missing:
+                continue
+            expected[kind] += 1
+            if torch.is_tensor(merged.get(target["key"])):
                 holding[kind] += 1
             else:
-                report.problems.append(f"{path}: no {target['key']!r} tensor ({kind})")
-        stored = record.get("fingerprint")
-        if report.existing_fingerprint and isinstance(stored, str) and stored != report.existing_fingerprint:
-            report.problems.append(f"{path}: written for fingerprint {stored}, not this cache's")
+                report.problems.append(f"{files[0][1]}: no {target['key']!r} tensor ({kind})")
         if report.sample_check is None:
-            report.sample_check = _sample_check(row.path or "", record, want)
-    report.outputs = {kind: "present" if loaded > 0 and n == loaded else "missing" for kind, n in holding.items()}
+            wanted = {k: v for k, v in want.items() if k not in row.missing}
+            report.sample_check = _sample_check(row.path or "", merged, wanted)
+    report.outputs = {
+        kind: "present" if expected[kind] and n == expected[kind] else "missing" for kind, n in holding.items()
+    }
 
 
 def _sample_check(relpath: str, record: Mapping[str, Any], want: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -33,6 +33,18 @@ class MediaError(InputError):
     """A sample's video cannot be used."""
 
 
+#: Resize policies: the name a user gives → the value the CacheSpec records (stretch keeps latentforge 0.1's).
+RESIZE_POLICIES: dict[str, str] = {
+    "stretch": "bilinear-align_corners_false",
+    "cover-crop": "bicubic-antialias-cover-center-crop",
+}
+
+
+def resize_policy_of(spec_value: str) -> str:
+    """The policy name of a CacheSpec's ``resize`` value."""
+    return next((name for name, value in RESIZE_POLICIES.items() if value == spec_value), spec_value)
+
+
 @dataclass(frozen=True)
 class SampledClip:
     """F frames picked from a clip, and what the clip was."""
@@ -42,6 +54,7 @@ class SampledClip:
     source_height: int
     source_width: int
     indices: tuple[int, ...]
+    fps: float = 24.0  # the stream's average rate, else its base rate, else 24 (as the LTX-2 trainer reads it)
 
     @property
     def source_shape(self) -> list[int]:
@@ -68,6 +81,25 @@ def sample_frames(data: bytes, num_frames: int) -> SampledClip:
         if again != decoded:
             raise MediaError("video_decode_error", f"frame count unstable ({decoded} then {again})")
     return clip
+
+
+def head_frames(data: bytes, count: int) -> SampledClip:
+    """The first `count` decoded frames of a video file (fewer when it is shorter): the LTX-2 trainer's sampling.
+    `source_frames` is the clip's frame count (its packets); `fps` as the trainer records it."""
+    if not data:
+        raise MediaError("empty_video", "the video file has 0 bytes")
+    packets = _count_packets(data)
+    clip, decoded = _decode_picking(data, np.arange(count), allow_short=True)
+    if decoded == 0 or clip.frames.shape[0] == 0:
+        raise MediaError("no_frames", "the video stream decoded to 0 frames")
+    return SampledClip(
+        clip.frames, max(packets, decoded), clip.source_height, clip.source_width, clip.indices, clip.fps
+    )
+
+
+def _fps(stream: av.video.stream.VideoStream) -> float:
+    rate = stream.average_rate or stream.base_rate
+    return float(rate) if rate else 24.0
 
 
 def _open(data: bytes) -> tuple[av.container.InputContainer, av.video.stream.VideoStream]:
@@ -102,11 +134,14 @@ def _count_packets(data: bytes) -> int:
     return count
 
 
-def _decode_picking(data: bytes, indices: np.ndarray) -> tuple[SampledClip, int]:
-    """One decode pass keeping only frames whose index is in `indices`; returns (clip, frames decoded)."""
+def _decode_picking(data: bytes, indices: np.ndarray, *, allow_short: bool = False) -> tuple[SampledClip, int]:
+    """One decode pass keeping only frames whose index is in `indices` (with `allow_short`, stopping after the
+    last of them and keeping what the clip has); returns (clip, frames decoded)."""
     wanted = set(indices.tolist())
+    last = max(wanted, default=-1)
     kept: dict[int, np.ndarray] = {}
     container, stream = _open(data)
+    fps = _fps(stream)
     n = 0
     with container:
         try:
@@ -114,18 +149,23 @@ def _decode_picking(data: bytes, indices: np.ndarray) -> tuple[SampledClip, int]
                 if n in wanted:
                     kept[n] = frame.to_ndarray(format="rgb24")
                 n += 1
+                if allow_short and n > last:
+                    break
         except av.FFmpegError as exc:
             raise MediaError("video_decode_error", f"decoding failed after {n} frames: {exc}") from exc
+    if allow_short:
+        indices = np.array(sorted(kept), dtype=np.int64)
+        wanted = set(indices.tolist())
     if not kept or any(i not in kept for i in wanted):
         empty = np.zeros((0, 0, 0, 3), dtype=np.uint8)
-        return SampledClip(empty, n, 0, 0, tuple(indices.tolist())), n
+        return SampledClip(empty, n, 0, 0, tuple(indices.tolist()), fps), n
     shapes = {frame.shape for frame in kept.values()}
     if len(shapes) > 1:
         sizes = ", ".join(f"{w}x{h}" for h, w, _ in sorted(shapes))
         raise MediaError("variable_resolution", f"the picked frames differ in size ({sizes})")
     frames = np.stack([kept[i] for i in indices.tolist()])
     height, width = frames.shape[1:3]
-    return SampledClip(frames, n, height, width, tuple(indices.tolist())), n
+    return SampledClip(frames, n, height, width, tuple(indices.tolist()), fps), n
 
 
 def frames_to_pixels(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
@@ -133,4 +173,21 @@ def frames_to_pixels(frames: np.ndarray, height: int, width: int) -> torch.Tenso
     x = torch.from_numpy(frames).float() / 127.5 - 1.0
     x = x.permute(0, 3, 1, 2)  # (T, C, H, W)
     x = F.interpolate(x, size=(height, width), mode="bilinear", align_corners=False)
+    return x.permute(1, 0, 2, 3).unsqueeze(0).contiguous()
+
+
+def cover_crop_pixels(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
+    """(F,H,W,3) uint8 → (1,3,F,height,width) float32 in [-1, 1], as the LTX-2 trainer prepares a clip: /255,
+    bicubic resize (antialiased, as torchvision's tensor resize by default) so the frame covers height×width with
+    its aspect kept (the other side truncated to an int), centre crop, clamp to [0, 1], then (x - 0.5) / 0.5."""
+    x = torch.from_numpy(frames).float().div(255.0).permute(0, 3, 1, 2)  # (F, C, H, W)
+    src_h, src_w = x.shape[-2:]
+    if src_w / src_h > width / height:
+        size = (height, int(src_w * height / src_h))
+    else:
+        size = (int(src_h * width / src_w), width)
+    x = F.interpolate(x, size=size, mode="bicubic", align_corners=False, antialias=True)
+    top, left = (x.shape[-2] - height) // 2, (x.shape[-1] - width) // 2
+    x = x[:, :, top : top + height, left : left + width].clamp_(0, 1)
+    x = (x - 0.5) / 0.5
     return x.permute(1, 0, 2, 3).unsqueeze(0).contiguous()

@@ -36,7 +36,7 @@ def get_family(name: str) -> FamilySpec:
     return FAMILIES.get(name)
 
 
-def resolve_family(model_dir: Path, name: str | None) -> FamilySpec:
+def resolve_family(model_dir: Path, name: str | None, audio: bool = False) -> FamilySpec:
     """The named family, or the one whose detection matches model_index.json; check the directory."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -52,23 +52,26 @@ def resolve_family(model_dir: Path, name: str | None) -> FamilySpec:
                 f"(_class_name={index.get('_class_name')!r}, vae={index.get('vae')}); pass --family"
             )
         family = found[0]
-    check_model_dir(model_dir, family)
+    check_model_dir(model_dir, family, audio)
     return family
 
 
-def check_model_dir(model_dir: Path, family: FamilySpec) -> None:
+def check_model_dir(model_dir: Path, family: FamilySpec, audio: bool = False) -> None:
     """Every component the family reads must be there (a missing transformer/ is normal)."""
-    missing = [c for c in family.components if not (model_dir / c).is_dir()]
+    needed = family.components_for(audio)
+    missing = [c for c in needed if not (model_dir / c).is_dir()]
     if missing:
         raise ConfigError(
             f"{model_dir}: missing {', '.join(c + '/' for c in missing)} needed by family {family.name} "
-            f"(encoding reads {', '.join(family.components)}; transformer/ is not needed)"
+            f"(encoding reads {', '.join(needed)}; transformer/ is not needed)"
         )
 
 
-def model_identity(model_dir: Path, family: FamilySpec, scheme: Scheme = "content") -> dict[str, str]:
+def model_identity(
+    model_dir: Path, family: FamilySpec, scheme: Scheme = "content", audio: bool = False
+) -> dict[str, str]:
     """Per component the family reads: the hash of every byte of its files (`infra.models.identity`)."""
-    return {c: component_identity(Path(model_dir) / c, scheme) for c in family.components}
+    return {c: component_identity(Path(model_dir) / c, scheme) for c in family.components_for(audio)}
 
 
 _load_lock = threading.Lock()

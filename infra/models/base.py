@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,16 +47,37 @@ def _nearest(lower: int, upper: int) -> str:
 
 
 @dataclass(frozen=True)
+class TextSettings:
+    """How prompts are encoded: tokenizer max_length, what is stored at pad positions (``raw`` | ``zeros``) and
+    which tensor (``last_hidden_state``; LTX-2: ``pre_connector`` | ``post_connector``)."""
+
+    max_length: int
+    padding: str = "raw"
+    stage: str = "last_hidden_state"
+
+
+@dataclass(frozen=True)
 class TextEmbedding:
-    """One prompt's embedding: (max_length, D) on CPU, stored dtype, plus token accounting."""
+    """One prompt's embedding: (max_length, D) on CPU, stored dtype, plus token accounting. `extras` holds what a
+    family stores beside it (LTX-2: the attention mask and the audio prompt embedding)."""
 
     embeds: torch.Tensor
     seq_len: int
     tokens_total: int
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def truncated(self) -> bool:
         return self.tokens_total > self.embeds.shape[0]
+
+
+@dataclass(frozen=True)
+class AudioEmbedding:
+    """One clip's audio latents (C, T', M) float32 on CPU, the mel they were made from, and its duration (s)."""
+
+    latents: torch.Tensor
+    mel: torch.Tensor
+    duration: float
 
 
 class LoadedFamily(ABC):
@@ -69,9 +90,18 @@ class LoadedFamily(ABC):
         """(1,3,F,H,W) float32 in [-1,1] → normalised latents (C,F',H',W') in the stored dtype, on CPU."""
 
     @abstractmethod
-    def encode_text(self, prompt: str, max_length: int, *, zero_padding: bool) -> TextEmbedding:
-        """One prompt → its embedding padded to max_length: the encoder's own output at the pad positions, or
-        zeros there (`zero_padding`)."""
+    def encode_text(self, prompt: str, settings: TextSettings) -> TextEmbedding:
+        """One prompt → its embedding padded to ``settings.max_length`` (the encoder's own output at the pad
+        positions, or zeros there: ``settings.padding``)."""
+
+    def encode_audio(self, media: bytes, seconds: float) -> AudioEmbedding | None:
+        """A clip's audio track, `seconds` long (trimmed or zero-padded), → its latents; None when the file has no
+        audio track; InputError("audio_decode_error") when it cannot be decoded. Families without audio: error."""
+        raise ConfigError(f"family {self.name} has no audio encoder")
+
+    def decode_audio(self, latents: torch.Tensor) -> torch.Tensor:
+        """Stored audio latents → the log-mel spectrogram they decode to (the audio check of decode-and-verify)."""
+        raise ConfigError(f"family {self.name} has no audio decoder")
 
     @abstractmethod
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -87,6 +117,25 @@ class FamilySpec(ABC):
     latent_norm: ClassVar[str]
     #: The output kinds every sample of this family holds (a format says where each kind is stored).
     output_kinds: ClassVar[tuple[str, ...]] = ("latents", "text_embeddings")
+    #: Settings the family decides when the user does not: temporal policy, resize policy, text max_length and
+    #: text stage (see BuildConfig).
+    defaults: ClassVar[dict[str, Any]] = {
+        "temporal": "linspace",
+        "resize": "stretch",
+        "text_max_length": 512,
+        "text_stage": "last_hidden_state",
+    }
+    #: Text stages the family can store (BuildConfig.text_stage); audio: whether it has an audio encoder.
+    text_stages: ClassVar[tuple[str, ...]] = ("last_hidden_state",)
+    has_audio: ClassVar[bool] = False
+
+    def kinds(self, spec: Any) -> tuple[str, ...]:
+        """The output kinds of a cache of this family made with `spec` (a CacheSpec: audio adds a kind)."""
+        return (*self.output_kinds, "audio_latents") if getattr(spec, "audio", False) else self.output_kinds
+
+    def components_for(self, audio: bool) -> tuple[str, ...]:
+        """The components a cache depends on (their identity is in the fingerprint): audio adds the audio VAE."""
+        return self.components
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -108,7 +157,7 @@ class FamilySpec(ABC):
         """Shape of one sample's stored latents."""
 
     @abstractmethod
-    def text_shape(self, model_dir: Path, max_length: int) -> tuple[int, ...]:
+    def text_shape(self, model_dir: Path, settings: TextSettings) -> tuple[int, ...]:
         """Shape of one sample's stored text embedding."""
 
     @abstractmethod

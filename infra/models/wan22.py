@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from infra.errors import ConfigError
-from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, read_json
+from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, TextSettings, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,8 @@ class Wan22Spec(FamilySpec):
         t, s = int(cfg.get("scale_factor_temporal", 4)), int(cfg.get("scale_factor_spatial", 16))
         return (int(cfg["z_dim"]), 1 + (frames - 1) // t, height // s, width // s)
 
-    def text_shape(self, model_dir: Path, max_length: int) -> tuple[int, ...]:
-        return (max_length, int(read_json(model_dir / "text_encoder" / "config.json")["d_model"]))
+    def text_shape(self, model_dir: Path, settings: TextSettings) -> tuple[int, ...]:
+        return (settings.max_length, int(read_json(model_dir / "text_encoder" / "config.json")["d_model"]))
 
     def load(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> Wan22Encoder:
         return Wan22Encoder(model_dir, device, dtype)
@@ -88,7 +88,8 @@ class Wan22Encoder(LoadedFamily):
         return ((z - self.mean) / self.std).to(STORE_DTYPE)[0].contiguous()
 
     @torch.inference_mode()
-    def encode_text(self, prompt: str, max_length: int, *, zero_padding: bool) -> TextEmbedding:
+    def encode_text(self, prompt: str, settings: TextSettings) -> TextEmbedding:
+        max_length = settings.max_length
         tokens = self.tokenizer(
             [prompt],
             padding="max_length",
@@ -105,7 +106,7 @@ class Wan22Encoder(LoadedFamily):
                 tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
             ).last_hidden_state
         embeds = out[0].float().cpu()
-        if zero_padding:
+        if settings.padding == "zeros":
             embeds[seq_len:] = 0  # as WanPipeline._get_t5_prompt_embeds feeds the transformer
         return TextEmbedding(embeds.to(STORE_DTYPE).contiguous(), seq_len, total)
 

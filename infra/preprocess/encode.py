@@ -7,14 +7,27 @@ re-derivation of source frames, so every step sees the recipe's exact numbers.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import torch
+
+from infra.config import CacheSpec
 from infra.devices import resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
-from infra.formats import EncodedSample
+from infra.formats import AUDIO_KIND, EncodedSample
 from infra.gates.plan import BuildPlan
+from infra.media.buckets import Bucket, choose_bucket
 from infra.media.prompts import decode_prompt
-from infra.media.video import frames_to_pixels, sample_frames
+from infra.media.video import (
+    SampledClip,
+    cover_crop_pixels,
+    frames_to_pixels,
+    head_frames,
+    resize_policy_of,
+    sample_frames,
+)
 from infra.models import LoadedFamily, load_family
 from infra.sources import SampleRef
 
@@ -29,32 +42,89 @@ def load_encoder(plan: BuildPlan) -> LoadedFamily:
         raise ModelLoadError(f"cannot load {plan.family} from {cfg.model}: {type(exc).__name__}: {exc}") from exc
 
 
+@dataclass(frozen=True)
+class PreparedVideo:
+    """A clip as the recipe feeds it to the VAE: pixels (1, 3, F, H, W) in [-1, 1], the frames picked, and the
+    bucket chosen (None without buckets)."""
+
+    pixels: torch.Tensor
+    clip: SampledClip
+    bucket: Bucket | None
+
+
+def prepare_video(media: bytes, spec: CacheSpec) -> PreparedVideo:
+    """The recipe's pixels of one clip under `spec`: frames by its temporal policy (linspace over the clip, or the
+    first F), the bucket by the LTX-2 trainer's rule, resized by its resize policy. InputError for bad input or a
+    clip too short for the policy (head without buckets: fewer than F frames)."""
+    buckets = [Bucket(*b) for b in spec.buckets] if spec.buckets else None
+    if spec.temporal == "head":
+        clip = head_frames(media, max(b.frames for b in buckets) if buckets else spec.frames)
+    else:
+        clip = sample_frames(media, spec.frames)
+    frames, height, width, bucket = spec.frames, spec.height, spec.width, None
+    if buckets:
+        bucket = choose_bucket(buckets, len(clip.frames), clip.source_height, clip.source_width)
+        frames, height, width = bucket.frames, bucket.height, bucket.width
+    if len(clip.frames) < frames:
+        raise InputError("clip_too_short", f"the clip decodes to {len(clip.frames)} frame(s); {frames} needed")
+    picked = clip.frames[:frames]
+    resize = cover_crop_pixels if resize_policy_of(spec.resize) == "cover-crop" else frames_to_pixels
+    return PreparedVideo(resize(picked, height, width), clip, bucket)
+
+
 def encode_sample(
     ref: SampleRef, plan: BuildPlan, get_encoder: Callable[[], LoadedFamily]
 ) -> tuple[EncodedSample, dict]:
-    """Decode, sample, resize and encode one sample. Raises InputError for bad input.
+    """Decode, sample, resize and encode one sample (its audio too, for an audio spec). Raises InputError for bad
+    input. Inputs are checked before the model is asked for, so a run of bad inputs never loads a model.
 
-    Inputs are checked before the model is asked for, so a run of bad inputs never loads a model."""
-    cfg = plan.config
+    A clip without an audio track (or whose audio cannot be decoded) in an audio run is still encoded: its row
+    records the missing audio with the reason (``extras["missing_outputs"]``), and reconciliation and the audio
+    gate count it as a loss."""
+    spec = plan.spec
     if "layout_error" in ref.extra:
         raise InputError("bad_layout", ref.extra["layout_error"])
     prompt = decode_prompt(ref.read_prompt())
     media = ref.read_media()
     if media is None:
         raise InputError("missing_video", "the sample has no video file")
-    clip = sample_frames(media, cfg.frames)
-    pixels = frames_to_pixels(clip.frames, cfg.height, cfg.width)
+    video = prepare_video(media, spec)
     encoder = get_encoder()
-    latents = encoder.encode_video(pixels)
-    text = encoder.encode_text(prompt, cfg.text_max_length, zero_padding=cfg.text_padding == "zeros")
+    latents = encoder.encode_video(video.pixels)
+    text = encoder.encode_text(prompt, spec.text_settings())
+    extras: dict[str, Any] = dict(text.extras)
+    info: dict[str, Any] = {"fps": video.clip.fps, "geometry": tuple(int(n) for n in video.pixels.shape[2:])}
+    if spec.audio:
+        audio, facts = _audio(encoder, ref, media, video.pixels.shape[2] / video.clip.fps)
+        extras.update(audio)
+        info.update(facts)
     sample = EncodedSample(
         id=ref.id,
         group=ref.group,
+        stem=ref.stem,
         prompt=prompt,
         latents=latents,
         text_embeds=text.embeds,
         seq_len=text.seq_len,
-        source_shape=clip.source_shape,
+        source_shape=video.clip.source_shape,
         fingerprint=plan.fingerprint,
+        extras=extras,
+        info=info,
     )
     return sample, {"tokens_total": text.tokens_total, "truncated": text.truncated}
+
+
+def _audio(
+    encoder: LoadedFamily, ref: SampleRef, media: bytes, seconds: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """({audio_latents: tensor}, {audio_duration}) of the clip, or ({}, {missing_outputs: why it has none})."""
+    data = ref.read_audio() if ref.read_audio is not None else media
+    if data is None:
+        return {}, {"missing_outputs": {AUDIO_KIND: "missing_audio: the sample's audio file is not there"}}
+    try:
+        audio = encoder.encode_audio(data, seconds)
+    except InputError as exc:
+        return {}, {"missing_outputs": {AUDIO_KIND: f"{exc.reason}: {exc.detail}"}}
+    if audio is None:
+        return {}, {"missing_outputs": {AUDIO_KIND: "no_audio_track: the file has no audio stream"}}
+    return {AUDIO_KIND: audio.latents}, {"audio_duration": audio.duration}

@@ -15,13 +15,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from infra.cache import ledger
-from infra.cache.ledger import LedgerRow
+from infra.cache.ledger import FileRecord, LedgerRow
 from infra.cache.storage import sha256_file
 from infra.errors import InputError, LatentforgeError, ModelLoadError
-from infra.formats import Writer, get_format
+from infra.formats import EncodedSample, Format, PerSampleWriter, Writer, WrittenSample, get_format
 from infra.gates.plan import BuildPlan, ShardPlan, parse_only
 from infra.gates.stale import kept, refreshed, source_state
 from infra.models import LoadedFamily
@@ -56,22 +55,43 @@ class ShardResult:
     error: str | None = None
 
 
-def _adopt_existing(path: Path, plan: BuildPlan, row: LedgerRow) -> LedgerRow:
-    """A file at the target with no done row: ours (same fingerprint) is adopted; anything else is left alone."""
+def _adopt_ours(plan: BuildPlan, fmt: Format, existing: list[str], row: LedgerRow) -> LedgerRow | None:
+    """Files at a sample's paths with no done row (an interrupted run wrote them): adopted, the row done, when every
+    file is there and carries this spec's fingerprint; None when they are another's (nothing is adopted)."""
     try:
-        record = get_format(plan.spec.format).read(path)
-        fingerprint = record.get("fingerprint") if isinstance(record, dict) else None
+        records = {rel: fmt.read(plan.out / rel) for rel in existing}
+        prints = {r.get("fingerprint") if isinstance(r, dict) else None for r in records.values()}
     except Exception as exc:  # noqa: BLE001 - any unreadable file is simply not ours
-        fingerprint, record = f"unreadable ({type(exc).__name__})", {}
-    if fingerprint != plan.fingerprint:
-        row.status, row.reason = "failed", "output_exists"
-        row.detail = f"{path} exists and was not written by this spec (fingerprint {fingerprint}); not overwritten"
-        return row
-    row.status, row.bytes, row.sha256 = "done", path.stat().st_size, sha256_file(path)
+        prints = {f"unreadable ({type(exc).__name__})"}
+    if prints != {plan.fingerprint}:
+        row.detail = f"{existing[0]} exists and was not written by this spec (fingerprint {prints}); not overwritten"
+        return None
+    files = [
+        FileRecord(path=rel, bytes=(plan.out / rel).stat().st_size, sha256=sha256_file(plan.out / rel))
+        for rel in existing
+    ]
+    record = records[existing[0]]
+    row.status, row.path, row.bytes, row.sha256 = "done", files[0].path, sum(f.bytes for f in files), files[0].sha256
+    row.files = files if len(files) > 1 else []
     row.extra["adopted"] = True  # written by an interrupted run of this spec, not encoded now
     row.latent_shape, row.seq_len = record.get("latent_shape"), record.get("seq_len")
     row.source_shape = record.get("source_shape")
     return row
+
+
+def _write(
+    plan: BuildPlan, writer: Writer, sample: EncodedSample, existing: list[str], replace: bool
+) -> tuple[WrittenSample, bool]:
+    """Write the sample: (what was written, whether files left by an interrupted run were adopted). A format
+    without a fingerprint in its files (the trainer's exact keys) adopts a file only when it holds exactly the
+    bytes this run renders; any other file there is not overwritten (FileExistsError) unless `replace`."""
+    if not existing or replace or not isinstance(writer, PerSampleWriter):
+        return writer.write(sample, replace=replace), False
+    rendered = writer.render(sample)
+    same = {rel for _, rel, data in rendered if rel in existing and (plan.out / rel).read_bytes() == data}
+    if same != set(existing):
+        raise FileExistsError(f"{sorted(set(existing) - same)[0]} exists with other bytes: not overwritten")
+    return writer.write_rendered(rendered, present=frozenset(same)), True
 
 
 def process_sample(
@@ -83,32 +103,36 @@ def process_sample(
     replace_stale: str | None = None,
 ) -> LedgerRow:
     """One sample → one ledger row (done / skipped with a reason / failed with the error); the row records the
-    sample's source identity. `replace_stale` (the old file's sha256) re-encodes a sample whose source changed
-    and replaces its file: approved at the stale gate."""
+    sample's source identity and every file written. `replace_stale` (the old file's sha256) re-encodes a sample
+    whose source changed and replaces its files: approved at the stale gate."""
     start = time.perf_counter()
     row = LedgerRow(key=ref.key, id=ref.id, group=ref.group, shard="", status="failed", fingerprint=plan.fingerprint)
     row.source = ref.identity
-    target = plan.out / writer.relpath(ref.group, ref.id) if ref.group else None
+    fmt = get_format(plan.spec.format)
+    paths = fmt.paths(ref.stem, plan.kinds) if ref.stem else {}
+    existing = sorted({rel for rel in paths.values() if (plan.out / rel).exists()})
     replace = replace_stale is not None
-    if target is not None and target.exists() and not replace:
-        row.path = writer.relpath(ref.group, ref.id)
-        row = _adopt_existing(target, plan, row)
-        if row.status == "done" or plan.replace_from is None:
+    if existing and not replace and fmt.has_fingerprint:
+        adopted = _adopt_ours(plan, fmt, existing, row)
+        if adopted is not None and len(existing) == len(set(paths.values())):
+            return adopted
+        if adopted is None and plan.replace_from is None:
+            row.status, row.reason, row.path = "failed", "output_exists", existing[0]
             return row
-        row.status, row.reason, row.detail, replace = "failed", None, None, True  # approved overwrite
+        row.status, row.detail, replace = "failed", None, True  # approved overwrite, or ours but incomplete
     try:
         sample, text_info = encode_sample(ref, plan, get_encoder)
-        written = writer.write(sample, replace=replace)
+        written, adopted_files = _write(plan, writer, sample, existing, replace or plan.replace_from is not None)
         if replace_stale is not None:
             row.extra["replaced_stale"] = replace_stale
-        elif replace:
+        elif replace or (existing and plan.replace_from is not None and not adopted_files):
             row.extra["replaced"] = plan.replace_from
-        row.status, row.path, row.bytes, row.sha256 = (
-            "done",
-            writer.relpath(ref.group, ref.id),
-            written.bytes,
-            written.sha256,
-        )
+        if adopted_files:
+            row.extra["adopted"] = True
+        files = written.records(plan.out)
+        row.status, row.path, row.sha256 = "done", files[0].path, files[0].sha256
+        row.bytes, row.files = sum(f.bytes for f in files), files if len(files) > 1 else []
+        row.missing = dict(sample.info.get("missing_outputs") or {})
         row.source_shape, row.latent_shape, row.seq_len = sample.source_shape, sample.latent_shape, sample.seq_len
         row.tokens_total, row.truncated = text_info["tokens_total"], text_info["truncated"]
     except InputError as exc:
@@ -125,11 +149,13 @@ def process_sample(
 
 
 def _reusable(row: LedgerRow | None, plan: BuildPlan) -> bool:
-    """Done for this fingerprint and its file on disk at the ledger's size."""
-    if row is None or row.status != "done" or not row.path or row.fingerprint != plan.fingerprint:
+    """Done for this fingerprint and every one of its files on disk at the ledger's size."""
+    if row is None or row.status != "done" or row.fingerprint != plan.fingerprint:
         return False
-    path = plan.out / row.path
-    return path.is_file() and path.stat().st_size == row.bytes
+    files = row.output_files()
+    return bool(files) and all(
+        (plan.out / f.path).is_file() and (plan.out / f.path).stat().st_size == f.bytes for f in files
+    )
 
 
 def process_shard(

@@ -60,19 +60,22 @@ def _data_files(out: Path, problems: list[str]) -> list[LocalFile]:
     files: dict[str, LocalFile] = {}
     for shard, rows in ledger.read_all(out).items():
         for row in rows.values():
-            if row.status != "done" or not row.path:
+            if row.status != "done":
                 continue
-            path = out / row.path
-            if not path.is_file():
-                problems.append(f"{row.path}: done in ledger {shard} but not on disk")
-                continue
-            if row.bytes is None or row.sha256 is None or path.stat().st_size != row.bytes:
-                problems.append(f"{row.path}: {path.stat().st_size} bytes on disk, ledger {shard} says {row.bytes}")
-                continue
-            seen = files.get(row.path)
-            if seen is not None and seen.sha256 != row.sha256:
-                problems.append(f"{row.path}: two ledger rows with different sha256 (duplicate output)")
-            files[row.path] = LocalFile(row.path, row.bytes, row.sha256, "data", source=path)
+            for record in row.output_files():
+                path = out / record.path
+                if not path.is_file():
+                    problems.append(f"{record.path}: done in ledger {shard} but not on disk")
+                    continue
+                if path.stat().st_size != record.bytes:
+                    problems.append(
+                        f"{record.path}: {path.stat().st_size} bytes on disk, ledger {shard} says {record.bytes}"
+                    )
+                    continue
+                seen = files.get(record.path)
+                if seen is not None and seen.sha256 != record.sha256:
+                    problems.append(f"{record.path}: two ledger rows with different sha256 (duplicate output)")
+                files[record.path] = LocalFile(record.path, record.bytes, record.sha256, "data", source=path)
     return list(files.values())
 
 

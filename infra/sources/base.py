@@ -50,6 +50,11 @@ class SampleRef:
     read_prompt: Callable[[], bytes | None]
     extra: dict[str, str] = field(default_factory=dict)
     identity: SourceIdentity = field(default_factory=SourceIdentity)
+    #: The sample's audio, where it is a file of its own (a metadata file's ``audio`` column); None: the media's.
+    read_audio: Callable[[], bytes | None] | None = None
+    #: OUT-relative name of the sample's outputs without a suffix (``group/id`` for VBVR, the media path without
+    #: its extension for a metadata file); "" when the sample cannot be named safely (a layout error).
+    stem: str = ""
 
 
 class Source(ABC):

@@ -137,6 +137,7 @@ def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers) -> SampleRef:
         read_prompt=lambda: _read(tf, sample.members.get(PROMPT_MEMBER), identity),
         extra=extra,
         identity=identity,
+        stem=f"{group}/{sid}" if group and "layout_error" not in extra else "",
     )
 
 

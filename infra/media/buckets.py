@@ -1,0 +1,61 @@
+"""Resolution buckets: ``WxHxF;WxHxF`` (an image bucket is ``WxHx1``), and the LTX-2 trainer's choice of one per
+clip: among buckets with F ≤ the clip's decoded frames, the smallest |log aspect-ratio difference|, then the most
+frames, then the largest area. A clip shorter than every bucket is skipped with its frame count."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import NamedTuple
+
+from infra.errors import ConfigError, InputError
+
+_BUCKET = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*(\d+)\s*$")
+
+
+class Bucket(NamedTuple):
+    """One bucket: width, height, frames."""
+
+    width: int
+    height: int
+    frames: int
+
+    def __str__(self) -> str:
+        return f"{self.width}x{self.height}x{self.frames}"
+
+
+def parse_buckets(text: str) -> list[Bucket]:
+    """``"768x512x49;512x512x49"`` → buckets, in the given order; ConfigError names the bad part."""
+    parts = [part for part in text.split(";") if part.strip()]
+    if not parts:
+        raise ConfigError(f"--buckets {text!r}: no bucket given (expected WxHxF;WxHxF, e.g. 768x512x49)")
+    buckets = []
+    for part in parts:
+        match = _BUCKET.fullmatch(part)
+        if match is None:
+            raise ConfigError(f"--buckets: {part.strip()!r} is not WxHxF (three positive integers, e.g. 768x512x49)")
+        bucket = Bucket(*(int(g) for g in match.groups()))
+        if min(bucket) <= 0:
+            raise ConfigError(f"--buckets: {part.strip()!r} has a zero size")
+        if bucket in buckets:
+            raise ConfigError(f"--buckets: {part.strip()!r} is given twice")
+        buckets.append(bucket)
+    return buckets
+
+
+def choose_bucket(buckets: list[Bucket], frames: int, height: int, width: int) -> Bucket:
+    """The trainer's bucket for a clip of `frames` decoded frames of `width`×`height`; InputError
+    ``too_short_for_buckets`` (with the frame count and the fewest frames a bucket needs) when none fits."""
+    fitting = [b for b in buckets if b.frames <= frames]
+    if not fitting:
+        shortest = min(buckets, key=lambda b: b.frames)
+        raise InputError(
+            "too_short_for_buckets",
+            f"the clip decodes to {frames} frame(s); the shortest bucket, {shortest}, needs {shortest.frames}",
+        )
+    ratio = math.log(width / height)
+
+    def key(b: Bucket) -> tuple[float, int, int]:
+        return abs(ratio - math.log(b.width / b.height)), -b.frames, -(b.width * b.height)
+
+    return min(fitting, key=key)
