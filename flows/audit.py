@@ -1,4 +1,4 @@
-"""After the preprocess: reconcile_counts → [loss approval] → decode_and_verify → the run report.
+"""After the preprocess: reconcile_counts → [loss approval] → audio_gate → decode_and_verify → the run report.
 
 A shortfall is a hard stop: the run pauses for accept_loss / abort (or follows on_loss). Whatever
 happens, the run report is written, one per run, before the run ends.
@@ -21,6 +21,7 @@ from infra.audit.run_report import run_report, write_run_report
 from infra.errors import GateFailed
 from infra.gates.decision import Decision
 from infra.gates.plan import BuildPlan
+from tasks.audio_gate import audio_gate
 from tasks.decode_verify import decode_verify
 from tasks.reconcile import reconcile_counts
 
@@ -31,6 +32,10 @@ class LossAborted(GateFailed):
 
 class DecodeGateFailed(GateFailed):
     """A decoded sample fell below --min-psnr."""
+
+
+class AudioGateFailed(GateFailed):
+    """An audio run holds no audio latent at all (or unreadable ones): never passed, whatever --on-loss says."""
 
 
 def audit(
@@ -52,6 +57,15 @@ def audit(
         logger.warning("%d sample(s) missing: %s", recon.shortfall, loss.text())
         if loss.choice == LossChoice.abort:
             failure = LossAborted(f"{recon.shortfall} sample(s) missing {recon.reasons()}: {loss.text()}")
+    audio = None
+    if failure is None:
+        set_step("audio-gate")
+        audio = audio_gate(plan)
+        logger.info("%s", audio.text())
+        if audio.audio_run:
+            create_markdown_artifact(audio.markdown(), key="audio-gate", description=f"audio latents in {plan.out}")
+        if not audio.ok:
+            failure = AudioGateFailed(audio.headline())
     decode = None
     if failure is None and plan.config.decode_samples > 0:
         set_step("decode-and-verify")
@@ -65,6 +79,7 @@ def audit(
         summary,
         reconciliation=recon.to_dict(),
         decode=decode.to_dict() if decode is not None else None,
+        audio=audio.to_dict() if audio is not None else None,
         decisions=decisions,
         timings=timings,
         flow_run_id=str(flow_run.get_id()) if flow_run.get_id() else None,

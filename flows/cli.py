@@ -169,6 +169,18 @@ def decode(
     raise typer.Exit(0 if report.ok else 1)
 
 
+@app.command("audio-check")
+@cli_errors
+def audio_check(out: OutArg, as_json: JsonOpt = False) -> None:
+    """Every done sample's audio latent loaded and checked; the clips without one, with why. Exit 1 when the audio
+    gate fails (an audio run with no audio latent at all, or unreadable ones); "not an audio run" otherwise."""
+    from infra.audit.audio_gate import audio_check as check  # noqa: PLC0415
+
+    report = check(out)
+    typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.text())
+    raise typer.Exit(0 if report.ok else 1)
+
+
 @app.command()
 @cli_errors
 def pending() -> None:
@@ -206,17 +218,19 @@ def approve(
 @cli_errors
 def make_tiny_model(
     directory: Annotated[Path, typer.Argument(help="where to write the model")],
-    family: Annotated[str, Opt(help="wan22")] = "wan22",
+    family: Annotated[str, Opt(help="wan22 | ltx2")] = "wan22",
     seed: Annotated[int, Opt()] = 0,
     tokenizer: Annotated[Path | None, Opt(help="copy this tokenizer instead of building one")] = None,
 ) -> None:
     """A tiny random-weight model with the real architecture and snapshot layout (tests, demos)."""
-    if family != "wan22":
-        raise ConfigError(f"make-tiny-model knows wan22 only, not {family!r}")
     from infra.models.tiny import make_tiny_wan22  # noqa: PLC0415
+    from infra.models.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415
 
+    makers = {"wan22": make_tiny_wan22, "ltx2": make_tiny_ltx2}
+    if family not in makers:
+        raise ConfigError(f"make-tiny-model knows {', '.join(makers)}, not {family!r}")
     try:
-        path = make_tiny_wan22(directory, seed=seed, tokenizer_dir=tokenizer)
+        path = makers[family](directory, seed=seed, tokenizer_dir=tokenizer)
     except FileExistsError as exc:
         raise ConfigError(str(exc)) from exc
     typer.echo(f"tiny {family} model written to {path}")

@@ -96,7 +96,7 @@ def test_a_contract_with_a_missing_method_fails_at_construction(contract):
 
 def test_a_family_or_format_that_does_not_declare_its_names_fails_at_import():
     with pytest.raises(TypeError, match="does not declare name"):
-        type("Nameless", (Format,), {"writer": None, "relpath": None, "read": None, "keys": {}})
+        type("Nameless", (Format,), {"writer": None, "paths": None, "read": None, "keys": {}})
     methods = dict.fromkeys(("matches", "rules", "latent_shape", "text_shape", "load"))
     with pytest.raises(TypeError, match="does not declare components"):
         type("Partless", (FamilySpec,), {**methods, "name": "x", "latent_norm": "n"})

@@ -8,6 +8,7 @@ if any of those names exists, the run takes a new ``<UTC stamp>[-N]/`` subfolder
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import itertools
 import logging
@@ -30,7 +31,8 @@ from infra.cache.storage import atomic_write
 from infra.config import CacheSpec
 from infra.devices import resolve_device, resolve_dtype
 from infra.errors import ConfigError
-from infra.formats import Format, get_format
+from infra.formats import AUDIO_KIND, Format, get_format
+from infra.media.audio import trainer_audio
 from infra.models import LoadedFamily, load_family
 from infra.models.identity import component_identity
 from infra.preprocess.encode import prepare_video
@@ -54,6 +56,7 @@ class DecodedSample:
     frames: int
     mp4: str
     png: str
+    audio_mel_l1: float | None = None  # audio runs: mean |log-mel error| of the decoded audio latent (nats)
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,8 @@ class _Run:
             raise ValueError(f"{path}: no {key} tensor in the stored sample")
         if (media := read_media()) is None:
             raise ValueError("the source sample has no video")
-        source = prepare_video(media, self.spec).pixels[0]  # the recipe's pixels, re-derived
+        prepared = prepare_video(media, self.spec)
+        source = prepared.pixels[0]  # the recipe's pixels, re-derived
         decoded = self.family.decode(record[key])
         if decoded.shape != source.shape:
             raise ValueError(f"decoded shape {tuple(decoded.shape)} is not the source's {tuple(source.shape)}")
@@ -203,8 +207,22 @@ class _Run:
         atomic_write(png, frame_strip_png(source, decoded))
         psnr = metrics.psnr(source, decoded, self.metrics_device)
         ssim = metrics.ssim(source, decoded, self.metrics_device)
+        mel_l1 = self._audio_error(row, media, source.shape[1] / prepared.clip.fps) if self.spec.audio else None
         logger.info("decode-verify %s/%s: PSNR %.2f dB, SSIM %.4f", row.group, row.id, psnr, ssim)
-        return DecodedSample(row.id, row.group, str(file.path), psnr, ssim, int(source.shape[1]), str(mp4), str(png))
+        sample = DecodedSample(row.id, row.group, str(file.path), psnr, ssim, int(source.shape[1]), str(mp4), str(png))
+        return dataclasses.replace(sample, audio_mel_l1=mel_l1)
+
+    def _audio_error(self, row: LedgerRow, media: bytes, seconds: float) -> float | None:
+        """Mean |log-mel difference| between the clip's audio front end and the decoded audio latent (the frames
+        both have); None when the sample has no audio."""
+        file = row.file_of(AUDIO_KIND)
+        reference = trainer_audio(media, seconds) if file is not None else None
+        if file is None or reference is None:
+            return None
+        latents = self.fmt.read(self.out / file.path)[self.fmt.keys[AUDIO_KIND]]
+        decoded = self.family.decode_audio(latents)
+        frames = min(decoded.shape[1], reference[0].shape[1])
+        return float((decoded[:, :frames] - reference[0][:, :frames]).abs().mean())
 
 
 def _to_uint8(video: torch.Tensor) -> torch.Tensor:

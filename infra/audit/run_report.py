@@ -90,6 +90,20 @@ class DecodeRecord(Record):
     strip_paths: list[str]
 
 
+class AudioRecord(Record):
+    """`AudioReport.to_dict()`: audio latents present, the samples without one and why, the verdict."""
+
+    out: str
+    audio_run: bool
+    done: int
+    with_audio: int
+    without: list[dict[str, Any]]
+    unreadable: list[str]
+    first_error: str | None
+    ok: bool
+    headline: str
+
+
 class RunReport(Record):
     """One build run, as recorded in ``OUT/reports/run-<UTC>.json``."""
 
@@ -110,6 +124,7 @@ class RunReport(Record):
     timings: dict[str, float]
     reconciliation: ReconcileRecord | None
     decode: DecodeRecord | None
+    audio: AudioRecord | None
     decisions: list[Decision]
     versions: dict[str, str | None]
 
@@ -137,6 +152,7 @@ def run_report(
     reconciliation: Mapping[str, Any] | None,
     decode: Mapping[str, Any] | None,
     decisions: list[Decision],
+    audio: Mapping[str, Any] | None = None,
     timings: Mapping[str, float],
     flow_run_id: str | None = None,
 ) -> RunReport:
@@ -159,6 +175,7 @@ def run_report(
         timings={step: round(float(seconds), 3) for step, seconds in timings.items()},
         reconciliation=ReconcileRecord.model_validate(reconciliation) if reconciliation is not None else None,
         decode=DecodeRecord.model_validate(decode) if decode is not None else None,
+        audio=AudioRecord.model_validate(audio) if audio is not None else None,
         decisions=list(decisions),
         versions=versions(),
     )

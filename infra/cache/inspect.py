@@ -40,11 +40,11 @@ def inspect_cache(out: Path) -> dict[str, Any]:
                 first_done.setdefault(row.group, [f.path for f in row.output_files()])
     samples = {}
     for group, paths in sorted(first_done.items()):
-        merged: dict[str, Any] = {}
-        for rel in paths:  # a format may keep a sample in several files (latents, conditions, audio)
-            record = fmt.read(out / rel)  # weights_only: nothing in OUT can run code
-            merged.update({k: _describe(v) for k, v in record.items()})
-        samples[group] = {"path": paths[0] if len(paths) == 1 else paths, **merged}
+        described = {rel: {k: _describe(v) for k, v in fmt.read(out / rel).items()} for rel in paths}  # weights_only
+        if len(paths) == 1:
+            samples[group] = {"path": paths[0], **described[paths[0]]}
+        else:  # a format that keeps a sample in several files (the LTX-2 layout: latents, conditions, audio)
+            samples[group] = {"path": paths[0], "files": described}
     return {
         "out": str(out),
         "fingerprint": meta["fingerprint"],
@@ -77,5 +77,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", "reasons: " + ", ".join(f"{k} × {v}" for k, v in sorted(report["reasons"].items()))]
     for group, sample in report["samples"].items():
         lines += ["", f"sample of {group}: {sample['path']}"]
-        lines += [f"  {k:<14} {v}" for k, v in sample.items() if k != "path"]
+        for rel, record in (sample.get("files") or {sample["path"]: sample}).items():
+            if "files" in sample:
+                lines.append(f"  {rel}")
+            lines += [f"  {k:<22} {v}" for k, v in record.items() if k not in ("path", "files")]
     return "\n".join(lines)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from infra.formats.base import AUDIO_KIND, EncodedSample, Format, PerSampleWriter, Writer, WrittenSample
+from infra.formats.ltx import LtxFormat
 from infra.formats.pt import PtFormat
 from infra.registry import Registry
 
 FORMATS: Registry[Format] = Registry("format")
 FORMATS.add("pt", PtFormat())
+FORMATS.add("ltx", LtxFormat())
 
 __all__ = [
     "AUDIO_KIND",

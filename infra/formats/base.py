@@ -130,6 +130,12 @@ class Format(ABC):
         if missing:
             raise TypeError(f"format {cls.__name__} does not declare {', '.join(missing)}")
 
+    def label(self, kind: str) -> str:
+        """What a report calls an output kind: its key (x0, text_embeds), or the kind where keys repeat across
+        files (the LTX-2 layout's ``latents`` holds video in one file and audio in another)."""
+        key = self.keys[kind]
+        return kind if sum(k == key for k in self.keys.values()) > 1 and kind != "latents" else key
+
     def load_outputs(self, out: Path, paths: dict[str, str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         """Read back a sample's files (kind → OUT-relative path) safely: (kind → the value under the format's key
         for it, None when absent; path → the whole record). Raises what `read` raises for a damaged file."""

@@ -140,12 +140,22 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
     return family.name, spec, latent_shape, family.text_shape(model_dir, spec.text_settings())
 
 
-def _count_samples(source: Source, shard: Shard, stop_at: int | None) -> int:
+def _count_samples(source: Source, shard: Shard, stop_at: int | None, stems: dict[str, tuple[str, str]]) -> int:
+    """How many samples this run visits in `shard`; their output names go into `stems` (name → shard, id), and
+    two samples of different ids that would write one output name (``a.mp4`` and ``a.mov``) are refused."""
     count = 0
     with contextlib.closing(source.samples(shard)) as samples:
         try:
-            for _ in samples:
+            for ref in samples:
                 count += 1
+                if ref.stem:
+                    first = stems.setdefault(ref.stem, (shard.id, ref.id))
+                    if first[1] != ref.id:
+                        raise ConfigError(
+                            f"two samples would write the same outputs {ref.stem!r}: {first[1]!r} (shard "
+                            f"{first[0]}) and {ref.id!r} (shard {shard.id}); rename one (the LTX-2 trainer would "
+                            "overwrite one of them silently)"
+                        )
                 if stop_at is not None and count >= stop_at:
                     break
         except ShardReadError as exc:  # a damaged shard: counted up to the damage, reported by its task
@@ -159,12 +169,13 @@ def plan_shards(config: BuildConfig, source: Source) -> list[ShardPlan]:
     if not shards:
         raise ConfigError(f"no shard of {config.source} matches --shard-filter {config.shard_filter!r}")
     plans, left = [], config.limit
+    stems: dict[str, tuple[str, str]] = {}
     for shard in shards:
         if left is not None and left <= 0:
             break
         caps = [c for c in (left, config.max_samples_per_shard) if c is not None]
         cap = min(caps) if caps else None
-        count = _count_samples(source, shard, cap)
+        count = _count_samples(source, shard, cap, stems)
         plans.append(ShardPlan(id=shard.id, path=shard.path, size=shard.size, quota=cap, samples=count))
         if left is not None:
             left -= count

@@ -168,25 +168,26 @@ def _same(stored: object, tensor: torch.Tensor) -> bool:
 def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, report: SanityReport) -> None:
     """Shapes, dtypes, finiteness and the bit-exact round trip through the format's reader (every file)."""
     fmt = get_format(plan.spec.format)
-    tensors = {fmt.keys[kind]: tensor for kind, tensor in sample.outputs().items()}
+    outputs = sample.outputs()
     latent = plan.latent_shape
     if plan.spec.buckets:  # the planned shape is the sample's bucket's
         frames, height, width = sample.info["geometry"]
         latent = get_family(plan.family).latent_shape(Path(plan.config.model).expanduser(), frames, height, width)
-    planned = {fmt.keys["latents"]: list(latent), fmt.keys["text_embeddings"]: list(plan.text_shape)}
+    planned = {"latents": list(latent), "text_embeddings": list(plan.text_shape)}
     report.latent_shape, report.text_shape = list(sample.latents.shape), list(sample.text_embeds.shape)
     report.latent_dtype, report.text_dtype = str(sample.latents.dtype), str(sample.text_embeds.dtype)
-    report.finite = all(bool(torch.isfinite(t).all()) for t in tensors.values())
-    stored: dict[str, Any] = {}
-    for _, file in written.files:
-        stored.update(fmt.read(file.path))
-    report.round_trip = all(_same(stored.get(key), t) for key, t in tensors.items())
-    want_dtype = {fmt.keys[kind]: KIND_DTYPES[kind] for kind in sample.outputs()}
-    for name, tensor in tensors.items():
-        if name in planned and list(tensor.shape) != planned[name]:
-            report.problems.append(f"{name} shape {list(tensor.shape)}, planned {planned[name]}")
-        if tensor.dtype != want_dtype[name]:
-            report.problems.append(f"{name} dtype {tensor.dtype}, expected {want_dtype[name]}")
+    report.finite = all(bool(torch.isfinite(t).all()) for t in outputs.values())
+    records = {str(w.path): fmt.read(w.path) for _, w in written.files}
+    same = []
+    for kind, tensor in outputs.items():
+        path = next(str(w.path) for kinds, w in written.files if not kinds or kind in kinds)
+        same.append(_same(records[path].get(fmt.keys[kind]), tensor))
+        name = fmt.label(kind)
+        if kind in planned and list(tensor.shape) != planned[kind]:
+            report.problems.append(f"{name} shape {list(tensor.shape)}, planned {planned[kind]}")
+        if tensor.dtype != KIND_DTYPES[kind]:
+            report.problems.append(f"{name} dtype {tensor.dtype}, expected {KIND_DTYPES[kind]}")
+    report.round_trip = all(same)
     if not report.finite:
         report.problems.append("non-finite values (nan or inf) in the encoded tensors")
     if not report.round_trip:
@@ -250,7 +251,7 @@ def dry_run(plan: BuildPlan) -> dict[str, Any]:
         raise InputError("no_usable_sample", f"no sample could be encoded; skipped: {skipped}")
     _, (sample, text) = found
     fmt = get_format(plan.spec.format)
-    tensors = {fmt.keys[kind]: [list(t.shape), str(t.dtype)] for kind, t in sample.outputs().items()}
+    tensors = {fmt.label(kind): [list(t.shape), str(t.dtype)] for kind, t in sample.outputs().items()}
     return {
         "sample": f"{sample.group}/{sample.id}",
         **tensors,

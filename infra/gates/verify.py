@@ -243,49 +243,51 @@ def _expected(spec: CacheSpec, fmt: Format, shapes: Mapping[str, tuple[int, ...]
 def _check_samples(
     out: Path, fmt: Format, rows: list[ledger.LedgerRow], want: dict[str, dict[str, Any]], report: VerifyReport
 ) -> None:
-    """Load the chosen samples (every file of each); judge each output kind; keep the first loaded sample's shape
-    check. A kind the row records as missing (a clip without audio) is not looked for."""
+    """Load the chosen samples (every file of each); judge each output kind in the file that holds it; keep the
+    first loaded sample's shape check. A kind the row records as missing (a clip without audio) is not looked for."""
     holding, expected = dict.fromkeys(want, 0), dict.fromkeys(want, 0)
     for row in rows:
-        files = [(f, _inside(out, f.path)) for f in row.output_files()]
-        if not files or any(path is None or not path.is_file() for _, path in files):
+        files = {f.path: _inside(out, f.path) for f in row.output_files()}
+        if not files or any(path is None or not path.is_file() for path in files.values()):
             continue  # already reported by _check_files
         report.checked.append(row.path or "")
-        merged: dict[str, Any] = {}
-        records = [_load(fmt, path, report) for _, path in files if path is not None]
-        if any(r is None for r in records):
+        records = {rel: _load(fmt, path, report) for rel, path in files.items() if path is not None}
+        if any(r is None for r in records.values()):
             continue
-        for record in records:
-            merged.update(record or {})
+        for rel, record in records.items():
             stored = (record or {}).get("fingerprint")
             if report.existing_fingerprint and isinstance(stored, str) and stored != report.existing_fingerprint:
-                report.problems.append(f"{files[0][1]}: written for fingerprint {stored}, not this cache's")
+                report.problems.append(f"{files[rel]}: written for fingerprint {stored}, not this cache's")
+        found: dict[str, Any] = {}
         for kind, target in want.items():
-            if kind in row.missing:
+            file = row.file_of(kind)
+            if kind in row.missing or file is None:
                 continue
             expected[kind] += 1
-            if torch.is_tensor(merged.get(target["key"])):
+            value = (records.get(file.path) or {}).get(target["key"])
+            if torch.is_tensor(value):
                 holding[kind] += 1
+                found[fmt.label(kind)] = value
             else:
-                report.problems.append(f"{files[0][1]}: no {target['key']!r} tensor ({kind})")
+                report.problems.append(f"{files[file.path]}: no {target['key']!r} tensor ({kind})")
         if report.sample_check is None:
-            wanted = {k: v for k, v in want.items() if k not in row.missing}
-            report.sample_check = _sample_check(row.path or "", merged, wanted)
+            labelled = {fmt.label(k): v for k, v in want.items() if k not in row.missing}
+            report.sample_check = _sample_check(row.path or "", found, labelled)
     report.outputs = {
         kind: "present" if expected[kind] and n == expected[kind] else "missing" for kind, n in holding.items()
     }
 
 
-def _sample_check(relpath: str, record: Mapping[str, Any], want: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Each tensor's shape and dtype, against the planned shapes and the stored dtype."""
-    tensors = {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in record.items() if torch.is_tensor(v)}
-    planned = {t["key"]: {"shape": t["shape"], "dtype": t["dtype"]} for t in want.values()}
+def _sample_check(relpath: str, found: Mapping[str, Any], want: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each output's shape and dtype (by its label), against the planned shapes and the stored dtype."""
+    tensors = {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in found.items()}
+    planned = {label: {"shape": t["shape"], "dtype": t["dtype"]} for label, t in want.items()}
     differs: dict[str, dict[str, Any]] = {}
-    for key, target in planned.items():
-        have = tensors.get(key, {})
+    for label, target in planned.items():
+        have = tensors.get(label, {})
         for attr in ("shape", "dtype"):
             if target[attr] is not None and have.get(attr) != target[attr]:
-                differs[f"{key}.{attr}"] = {"existing": have.get(attr), "planned": target[attr]}
+                differs[f"{label}.{attr}"] = {"existing": have.get(attr), "planned": target[attr]}
     return {"path": relpath, "tensors": tensors, "planned": planned, "matches": not differs, "differs": differs}
 
 

@@ -11,11 +11,13 @@ import torch
 from infra.errors import ConfigError
 from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, read_json
 from infra.models.identity import Scheme, component_identity
+from infra.models.ltx2 import Ltx2Spec
 from infra.models.wan22 import Wan22Spec
 from infra.registry import Registry
 
 FAMILIES: Registry[FamilySpec] = Registry("family", plural="families", entry_points="latentforge.families")
 FAMILIES.add("wan22", Wan22Spec())
+FAMILIES.add("ltx2", Ltx2Spec())
 
 __all__ = [
     "FAMILIES",

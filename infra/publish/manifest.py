@@ -153,4 +153,8 @@ def gate_problems(out: Path, fingerprint: str) -> list[str]:
         problems.append(f"reconciliation found {recon.shortfall} sample(s) missing and nobody accepted the loss")
     if report.decode is not None and not report.decode.ok:
         problems.append("the decode gate failed in the newest run report")
+    if report.audio is None and report.spec.get("audio"):
+        problems.append("the newest run report has no audio gate (the run stopped before it)")
+    elif report.audio is not None and not report.audio.ok:
+        problems.append(f"the audio gate failed in the newest run report: {report.audio.headline}")
     return problems

@@ -1,0 +1,231 @@
+"""LTX-2 (diffusers' LTX-2.0 layout) from a local snapshot: the video VAE, Gemma 3 and the text connectors, and
+the audio VAE for an audio run. What is cached is what the LTX-2 trainer's ``process_dataset.py`` caches:
+
+* video: the posterior **mean**, normalised as ``LTX2Pipeline`` does: ``(z - latents_mean) * scaling_factor /
+  latents_std``, bf16 ``[128, F', H', W']``;
+* text: Gemma with left padding to 1024 tokens, every hidden state (embeddings and each layer) stacked, then the
+  connectors' own per-layer masked normalisation and ``text_proj_in``: the **pre-connector** tensor (the
+  connectors' transformers run at training time), bf16 ``[1024, D]``, with the int64 attention mask (left
+  padding, 1 = real) and the audio prompt embedding (the same tensor for LTX-2.0). ``post_connector`` stores the
+  connectors' outputs instead (FastVideo's overfit parquet), with the all-ones mask they return;
+* audio: `infra.media.audio.trainer_audio` (trimmed or padded to F / fps seconds, the trainer's stereo downmix,
+  16 kHz, log-mel) → the audio VAE's mean, normalised over the packed ``C·M`` axis as ``LTX2Pipeline`` does,
+  float32 ``[8, T', 16]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from infra.errors import ConfigError
+from infra.media.audio import trainer_audio
+from infra.models.base import (
+    AudioEmbedding,
+    FamilySpec,
+    GeometryRules,
+    LoadedFamily,
+    TextEmbedding,
+    TextSettings,
+    read_json,
+)
+
+logger = logging.getLogger(__name__)
+
+STORE_DTYPE = torch.bfloat16
+PAD_SIDE = "left"
+NORM_SCALE = 8  # LTX-2.0's per-layer masked mean/range normalisation scale
+
+
+class Ltx2Spec(FamilySpec):
+    """Detection, constraints and loading for the ltx2 family."""
+
+    name = "ltx2"
+    components = ("vae", "text_encoder", "tokenizer", "connectors")
+    latent_norm = "(posterior.mean - latents_mean) * scaling_factor / latents_std, fp32"
+    defaults: ClassVar[dict[str, Any]] = {
+        "temporal": "head",
+        "resize": "cover-crop",
+        "text_max_length": 1024,
+        "text_stage": "pre_connector",
+    }
+    text_stages = ("pre_connector", "post_connector")
+    has_audio = True
+
+    def components_for(self, audio: bool) -> tuple[str, ...]:
+        return (*self.components, "audio_vae") if audio else self.components
+
+    def matches(self, model_dir: Path, index: dict[str, Any]) -> bool:
+        vae = index.get("vae") or [None, None]
+        return vae[-1] == "AutoencoderKLLTX2Video"
+
+    def _vae(self, model_dir: Path) -> dict[str, Any]:
+        return read_json(model_dir / "vae" / "config.json")
+
+    def rules(self, model_dir: Path) -> GeometryRules:
+        cfg = self._vae(model_dir)
+        return GeometryRules(
+            frame_multiple=int(cfg.get("temporal_compression_ratio", 8)),
+            frame_remainder=1,
+            spatial_multiple=int(cfg.get("spatial_compression_ratio", 32)),
+        )
+
+    def latent_shape(self, model_dir: Path, frames: int, height: int, width: int) -> tuple[int, ...]:
+        cfg = self._vae(model_dir)
+        t, s = int(cfg.get("temporal_compression_ratio", 8)), int(cfg.get("spatial_compression_ratio", 32))
+        return (int(cfg.get("latent_channels", 128)), 1 + (frames - 1) // t, height // s, width // s)
+
+    def text_shape(self, model_dir: Path, settings: TextSettings) -> tuple[int, ...]:
+        cfg = read_json(model_dir / "connectors" / "config.json")
+        if settings.stage == "post_connector":
+            width = int(cfg["video_connector_num_attention_heads"]) * int(cfg["video_connector_attention_head_dim"])
+        elif cfg.get("per_modality_projections"):
+            width = int(cfg["video_hidden_dim"])
+        else:
+            width = int(cfg["caption_channels"])
+        return (settings.max_length, width)
+
+    def load(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> Ltx2Encoder:
+        return Ltx2Encoder(model_dir, device, dtype)
+
+
+class Ltx2Encoder(LoadedFamily):
+    """Loaded video VAE, Gemma 3, tokenizer and connectors; the audio VAE loads on first use. Calls are
+    serialised (shards run in threads; the models keep state while they run)."""
+
+    name = "ltx2"
+
+    def __init__(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
+        from diffusers import AutoencoderKLLTX2Video  # noqa: PLC0415 - heavy imports, only when loading
+        from diffusers.pipelines.ltx2 import LTX2TextConnectors  # noqa: PLC0415
+        from transformers import AutoTokenizer, Gemma3ForConditionalGeneration  # noqa: PLC0415
+
+        self.model_dir, self.device, self.dtype = model_dir, device, dtype
+        self.vae = AutoencoderKLLTX2Video.from_pretrained(model_dir / "vae", torch_dtype=dtype, local_files_only=True)
+        self.vae.to(device).eval()
+        self.text_encoder = Gemma3ForConditionalGeneration.from_pretrained(
+            model_dir / "text_encoder", torch_dtype=dtype, local_files_only=True
+        )
+        self.text_encoder.to(device).eval()
+        self.connectors = LTX2TextConnectors.from_pretrained(
+            model_dir / "connectors", torch_dtype=dtype, local_files_only=True
+        )
+        self.connectors.to(device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer", local_files_only=True)
+        self.tokenizer.padding_side = PAD_SIDE
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.mean = self.vae.latents_mean.float().cpu().view(1, -1, 1, 1, 1)
+        self.std = self.vae.latents_std.float().cpu().view(1, -1, 1, 1, 1)
+        self.scale = float(self.vae.config.scaling_factor)
+        self._audio_vae: Any = None
+        self._lock = threading.Lock()
+        logger.info("loaded ltx2 from %s on %s (%s)", model_dir, device, dtype)
+
+    @torch.inference_mode()
+    def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
+        with self._lock:
+            z = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist.mean
+        z = z.float().cpu()
+        return ((z - self.mean) * self.scale / self.std).to(STORE_DTYPE)[0].contiguous()
+
+    @torch.inference_mode()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        z = latents.float().unsqueeze(0) * self.std / self.scale + self.mean
+        with self._lock:
+            pixels = self.vae.decode(z.to(self.device, self.dtype)).sample
+        return pixels.float().cpu()[0].clamp(-1, 1)
+
+    @torch.inference_mode()
+    def encode_text(self, prompt: str, settings: TextSettings) -> TextEmbedding:
+        from diffusers.pipelines.ltx2.connectors import per_layer_masked_mean_norm  # noqa: PLC0415
+
+        prompt = prompt.strip()
+        tokens = self.tokenizer(
+            [prompt],
+            padding="max_length",
+            max_length=settings.max_length,
+            truncation=True,
+            add_special_tokens=True,
+            return_tensors="pt",
+        )
+        mask = tokens.attention_mask
+        total = len(self.tokenizer(prompt, add_special_tokens=True, truncation=False).input_ids)
+        with self._lock:
+            out = self.text_encoder(
+                input_ids=tokens.input_ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                output_hidden_states=True,
+            )
+            stacked = torch.stack(out.hidden_states, dim=-1).to(self.dtype)  # [1, L, D, layers + 1]
+            if settings.stage == "post_connector":
+                video, audio, kept = self.connectors(stacked.flatten(2, 3), mask.to(self.device), padding_side=PAD_SIDE)
+                mask_out = kept.to(torch.int64).cpu()
+            else:
+                video, audio = self._pre_connector(stacked, mask.to(self.device), per_layer_masked_mean_norm)
+                mask_out = mask.to(torch.int64)
+        embeds = video[0].float().cpu().to(STORE_DTYPE).contiguous()
+        extras = {
+            "prompt_attention_mask": mask_out[0].contiguous(),
+            "audio_prompt_embeds": audio[0].float().cpu().to(STORE_DTYPE).contiguous(),
+        }
+        return TextEmbedding(embeds, int(mask.sum()), total, extras)
+
+    def _pre_connector(self, stacked: torch.Tensor, mask: torch.Tensor, norm: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the connectors' own forward feeds their transformers (LTX-2.0: one projection for both streams;
+        LTX-2.3: one per modality, after a per-token RMS norm, as `LTX2TextConnectors.forward` computes them)."""
+        cfg = self.connectors.config
+        if not cfg.per_modality_projections:
+            normed = norm(
+                stacked, mask.sum(dim=-1), device=stacked.device, padding_side=PAD_SIDE, scale_factor=NORM_SCALE
+            )
+            projected = self.connectors.text_proj_in(normed)
+            return projected, projected
+        from diffusers.pipelines.ltx2.connectors import per_token_rms_norm  # noqa: PLC0415
+
+        flat = per_token_rms_norm(stacked).flatten(2, 3)
+        flat = torch.where(mask.bool().unsqueeze(-1), flat, torch.zeros_like(flat))
+        video = self.connectors.video_text_proj_in(flat * (cfg.video_hidden_dim / cfg.caption_channels) ** 0.5)
+        audio = self.connectors.audio_text_proj_in(flat * (cfg.audio_hidden_dim / cfg.caption_channels) ** 0.5)
+        return video, audio
+
+    def _audio(self) -> Any:
+        if self._audio_vae is None:
+            from diffusers import AutoencoderKLLTX2Audio  # noqa: PLC0415
+
+            path = self.model_dir / "audio_vae"
+            if not path.is_dir():
+                raise ConfigError(f"{self.model_dir}: no audio_vae/ (needed for --audio)")
+            vae = AutoencoderKLLTX2Audio.from_pretrained(path, torch_dtype=torch.float32, local_files_only=True)
+            self._audio_vae = vae.to(self.device).eval()  # float32, as the trainer runs it
+        return self._audio_vae
+
+    @torch.inference_mode()
+    def encode_audio(self, media: bytes, seconds: float) -> AudioEmbedding | None:
+        prepared = trainer_audio(media, seconds)
+        if prepared is None:
+            return None
+        mel, duration = prepared
+        with self._lock:
+            vae = self._audio()
+            z = vae.encode(mel.unsqueeze(0).to(self.device, torch.float32)).latent_dist.mean.float().cpu()
+            mean, std = vae.latents_mean.float().cpu(), vae.latents_std.float().cpu()
+        _, channels, _, bins = z.shape
+        packed = z.transpose(1, 2).flatten(2, 3)  # [1, T', C·M]: the order LTX2Pipeline normalises in
+        normed = ((packed - mean) / std).unflatten(2, (channels, bins)).transpose(1, 2)
+        return AudioEmbedding(normed[0].contiguous(), mel, duration)
+
+    @torch.inference_mode()
+    def decode_audio(self, latents: torch.Tensor) -> torch.Tensor:
+        with self._lock:
+            vae = self._audio()
+            mean, std = vae.latents_mean.float().cpu(), vae.latents_std.float().cpu()
+            channels, _, bins = latents.shape
+            packed = latents.float().unsqueeze(0).transpose(1, 2).flatten(2, 3) * std + mean
+            z = packed.unflatten(2, (channels, bins)).transpose(1, 2)
+            mel = vae.decode(z.to(self.device, torch.float32)).sample
+        return mel.float().cpu()[0]

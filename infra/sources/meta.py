@@ -1,0 +1,182 @@
+"""Metadata-file sources, ``meta:PATH``: a ``.csv``, a ``.json`` (a list of objects) or a ``.jsonl`` file listing
+media files and their captions, as the LTX-2 trainer and FastVideo read them.
+
+Columns: ``video`` (the trainer's; legacy alias ``media_path``; FastVideo's ``videos2caption.json``: ``path``),
+``caption`` (FastVideo: ``cap``, a string or a list: its first entry is taken), optional ``audio`` (a separate
+audio file). Media paths are relative to the metadata file's directory; an absolute path is mirrored without its
+root, as the trainer names its outputs. Sample id = the media path relative to that directory; its outputs are
+named by that path without its extension. A listed file that is missing or unreadable is a ledger row
+(``missing_video``, ...), never an abort of the run.
+
+Rows are split into shards of `ROWS_PER_SHARD` (``<file stem>-00000``, ...), the unit of work and resume. The
+parsed file is kept per process, keyed by its path, size and mtime, so the shard tasks do not parse it again.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import hashlib
+import io
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from infra.errors import InputError, SourceError
+from infra.sources.base import SampleRef, Shard, Source, is_safe_name, register_source
+from infra.sources.identity import MemberIdentity, SourceIdentity
+
+logger = logging.getLogger(__name__)
+
+ROWS_PER_SHARD = 1000
+VIDEO_COLUMNS = ("video", "media_path", "path")
+CAPTION_COLUMNS = ("caption", "cap")
+SUFFIXES = (".csv", ".json", ".jsonl")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One listed sample: its media path as written, the caption (None: no caption), the audio path."""
+
+    index: int
+    media: str
+    caption: str | None
+    audio: str | None
+
+
+def _first(entry: dict[str, Any], names: tuple[str, ...]) -> Any:
+    return next((entry[name] for name in names if name in entry and entry[name] not in (None, "")), None)
+
+
+def _row(index: int, entry: Any) -> Row:
+    if not isinstance(entry, dict):
+        raise SourceError(f"row {index + 1}: expected an object with a video and a caption, got {type(entry).__name__}")
+    media = _first(entry, VIDEO_COLUMNS)
+    caption = _first(entry, CAPTION_COLUMNS)
+    if isinstance(caption, list):  # FastVideo: several captions; the first is the sample's
+        caption = caption[0] if caption else None
+    audio = entry.get("audio") or None
+    return Row(index, str(media).strip() if media is not None else "", None if caption is None else str(caption), audio)
+
+
+@functools.lru_cache(maxsize=4)
+def _parse(path: str, size: int, mtime_ns: int) -> tuple[Row, ...]:
+    """Every row of the metadata file (cached per process by path, size and mtime)."""
+    text = Path(path).read_text(encoding="utf-8")
+    suffix = Path(path).suffix.lower()
+    if suffix == ".csv":
+        reader = csv.DictReader(io.StringIO(text))
+        columns = set(reader.fieldnames or [])
+        if not columns & set(VIDEO_COLUMNS):
+            raise SourceError(
+                f"{path}: no video column (one of {', '.join(VIDEO_COLUMNS)}); columns: {sorted(columns)}"
+            )
+        entries: list[Any] = list(reader)
+    elif suffix == ".json":
+        entries = json.loads(text)
+        if not isinstance(entries, list):
+            raise SourceError(f"{path}: a .json metadata file holds a list of objects")
+    else:
+        entries = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return tuple(_row(i, entry) for i, entry in enumerate(entries))
+
+
+def sample_id(media: str) -> str | None:
+    """The media path as a sample id (posix, relative; an absolute path without its root); None when unsafe
+    (``..``, empty parts, or a name that cannot be a path component under OUT)."""
+    parts = PurePosixPath(media.replace("\\", "/")).parts
+    parts = parts[1:] if parts and parts[0] == "/" else parts
+    if not parts or any(p in ("", ".", "..") or not is_safe_name(p) for p in parts):
+        return None
+    return "/".join(parts)
+
+
+@register_source("meta")
+class MetaSource(Source):
+    """A metadata file (csv, json, jsonl; the LTX-2 trainer's or FastVideo's columns) listing media and captions."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path).expanduser()
+        if self.path.suffix.lower() not in SUFFIXES:
+            raise SourceError(f"meta source {path!r}: expected a {', '.join(SUFFIXES)} file")
+        self.root = self.path.parent
+
+    def rows(self) -> tuple[Row, ...]:
+        try:
+            st = self.path.stat()
+            return _parse(str(self.path.resolve()), st.st_size, st.st_mtime_ns)
+        except FileNotFoundError as exc:
+            raise SourceError(f"meta source {self.path}: no such file") from exc
+        except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
+            raise SourceError(f"meta source {self.path}: cannot be read ({exc})") from exc
+
+    def shards(self) -> list[Shard]:
+        rows = self.rows()
+        if not rows:
+            raise SourceError(f"meta source {self.path}: lists no sample")
+        size, stem = self.path.stat().st_size, self.path.stem
+        count = -(-len(rows) // ROWS_PER_SHARD)
+        return [Shard(id=f"{stem}-{i:05d}", path=str(self.path), size=size) for i in range(count)]
+
+    def samples(self, shard: Shard) -> Iterator[SampleRef]:
+        number = int(shard.id.rsplit("-", 1)[1])
+        rows = self.rows()[number * ROWS_PER_SHARD : (number + 1) * ROWS_PER_SHARD]
+        seen: set[str] = set()
+        for row in rows:
+            yield self._ref(row, seen)
+
+    def _ref(self, row: Row, seen: set[str]) -> SampleRef:
+        sid = sample_id(row.media)
+        extra: dict[str, str] = {}
+        if sid is None:
+            extra["layout_error"] = f"row {row.index + 1}: media path {row.media!r} cannot name an output under OUT"
+        elif sid in seen:
+            extra["layout_error"] = f"row {row.index + 1}: {row.media!r} is listed twice in this shard"
+        key = sid if sid is not None and sid not in seen else f"row-{row.index + 1:08d}"
+        seen.add(key)
+        media = self.root / row.media if sid is not None else None
+        audio = self.root / row.audio if row.audio else None
+        caption = None if row.caption is None else row.caption.encode("utf-8")
+        identity = SourceIdentity(members=_members(media, caption, audio))
+        parts = (sid or key).split("/")
+        return SampleRef(
+            id=sid or key,
+            group=parts[0] if len(parts) > 1 else "root",
+            key=key,
+            read_media=functools.partial(_read, media, "video", identity),
+            read_prompt=lambda: caption,
+            read_audio=functools.partial(_read, audio, "audio", identity) if audio is not None else None,
+            extra=extra,
+            identity=identity,
+            stem=str(PurePosixPath(sid).with_suffix("")) if sid is not None and not extra else "",
+        )
+
+
+def _members(media: Path | None, caption: bytes | None, audio: Path | None) -> dict[str, MemberIdentity]:
+    """The sample's members as listed: media and audio files by size and mtime, the caption by its hash."""
+    members = {}
+    for name, path in (("video", media), ("audio", audio)):
+        if path is not None:
+            try:
+                st = path.stat()
+                members[name] = MemberIdentity(size=st.st_size, mtime=st.st_mtime)
+            except OSError:
+                continue  # missing: the sample's reader says so
+    if caption is not None:
+        members["caption"] = MemberIdentity(size=len(caption), mtime=0, sha256=hashlib.sha256(caption).hexdigest())
+    return members
+
+
+def _read(path: Path | None, name: str, identity: SourceIdentity) -> bytes | None:
+    """A listed file's bytes (their sha256 noted in `identity`); None when it is not there."""
+    if path is None or not path.exists():
+        return None
+    try:
+        data = path.read_bytes()
+    except OSError as exc:  # a directory, no permission
+        raise InputError(f"{name}_unreadable", f"{path}: {exc}") from exc
+    identity.read_sha256[name] = hashlib.sha256(data).hexdigest()
+    return data
