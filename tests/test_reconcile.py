@@ -223,6 +223,7 @@ def _report(n: int) -> RunReport:
             "timings": {},
             "reconciliation": None,
             "decode": None,
+            "audio": None,
             "decisions": [],
             "versions": {},
         }

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from infra.config import BuildConfig, CacheSpec
+from infra.config import ADDED_LATER, BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.gates.plan import make_spec
 from infra.models.base import GeometryRules
@@ -28,9 +28,20 @@ BASE = {
 
 
 def test_fingerprint_is_sha256_of_canonical_json():
-    spec = CacheSpec(**BASE)
+    spec = CacheSpec(**{**BASE, "identity_scheme": "content", "audio": True, "buckets": [(96, 64, 9)]})
     canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     assert spec.fingerprint() == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_fields_added_since_0_1_at_their_absent_values_leave_the_fingerprint_as_0_1_computed_it():
+    spec = CacheSpec(**BASE)  # identity_scheme sampled, no buckets, no audio: a cache.json of latentforge 0.1
+    old = {k: v for k, v in spec.model_dump(mode="json").items() if k not in ADDED_LATER}
+    assert (
+        spec.fingerprint()
+        == hashlib.sha256(json.dumps(old, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    )
+    for field, value in (("identity_scheme", "content"), ("audio", True), ("buckets", [(96, 64, 9)])):
+        assert CacheSpec(**{**BASE, field: value}).fingerprint() != spec.fingerprint(), field
 
 
 @pytest.mark.parametrize(
