@@ -11,6 +11,8 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -107,6 +109,24 @@ def _link_no_clobber(tmp: Path, path: Path) -> None:
         if path.exists():
             raise FileExistsError(f"{path} exists: not overwriting it") from None
         os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def staged_dir(out_dir: Path, what: str) -> Iterator[Path]:
+    """Build a directory atomically: yields a sibling staging folder, renamed to `out_dir` when the block ends
+    without an error (removed otherwise). `out_dir` must be absent or empty (FileExistsError naming `what`)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise FileExistsError(f"refusing to write {what} into non-empty {out_dir}")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    staging.chmod(0o755)  # mkdtemp makes it 0700
+    try:
+        yield staging
+        staging.replace(out_dir)  # rename(2): fails rather than replace a directory that became non-empty
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def remove_stale_temps(root: Path) -> int:

@@ -12,9 +12,7 @@ import itertools
 import json
 import logging
 import math
-import shutil
 import string
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import Unigram
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, T5TokenizerFast, UMT5Config, UMT5EncoderModel
 
+from infra.cache.storage import staged_dir
 from infra.models.wan_constants import WAN22_VAE_CONFIG
 
 logger = logging.getLogger(__name__)
@@ -196,12 +195,7 @@ def make_tiny_wan22(out_dir: Path, *, seed: int = 0, tokenizer_dir: Path | None 
     partial pipeline. Returns ``out_dir``.
     """
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise FileExistsError(f"refusing to write the tiny Wan2.2 pipeline into non-empty {out_dir}")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    staging.chmod(0o755)  # mkdtemp makes it 0700
-    try:
+    with staged_dir(out_dir, "the tiny Wan2.2 pipeline") as staging:
         tokenizer = build_tokenizer() if tokenizer_dir is None else _load_local_tokenizer(Path(tokenizer_dir))
         tokenizer.save_pretrained(staging / "tokenizer")
         _write_vae(staging / "vae", seed)
@@ -210,9 +204,5 @@ def make_tiny_wan22(out_dir: Path, *, seed: int = 0, tokenizer_dir: Path | None 
             prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=5.0
         ).save_pretrained(staging / "scheduler")
         _write_model_index(staging)
-        staging.replace(out_dir)  # rename(2): fails rather than replace a directory that became non-empty
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     logger.info("wrote tiny Wan2.2 pipeline to %s (seed %d, %d tokens)", out_dir, seed, len(tokenizer))
     return out_dir

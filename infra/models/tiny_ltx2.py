@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import string
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,8 @@ from transformers import (
     GemmaTokenizer,
     PreTrainedTokenizerBase,
 )
+
+from infra.cache.storage import staged_dir
 
 logger = logging.getLogger(__name__)
 
@@ -278,24 +278,14 @@ def make_tiny_ltx2(out_dir: Path, *, seed: int = 0, tokenizer_dir: Path | None =
     partial pipeline. The caller's torch RNG state is left as it was. Returns ``out_dir``.
     """
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise FileExistsError(f"refusing to write the tiny LTX-2 pipeline into non-empty {out_dir}")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    staging.chmod(0o755)  # mkdtemp makes it 0700
-    try:
-        with torch.random.fork_rng(devices=[]):
-            tokenizer = build_tokenizer() if tokenizer_dir is None else _load_local_tokenizer(Path(tokenizer_dir))
-            tokenizer.save_pretrained(staging / "tokenizer")
-            _write_vae(staging / "vae", seed)
-            _write_audio_vae(staging / "audio_vae", seed)
-            _write_text_encoder(staging / "text_encoder", seed, tokenizer)
-            _write_connectors(staging / "connectors", seed)
-            FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG).save_pretrained(staging / "scheduler")
-            _write_model_index(staging)
-        staging.replace(out_dir)  # rename(2): fails rather than replace a directory that became non-empty
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with staged_dir(out_dir, "the tiny LTX-2 pipeline") as staging, torch.random.fork_rng(devices=[]):
+        tokenizer = build_tokenizer() if tokenizer_dir is None else _load_local_tokenizer(Path(tokenizer_dir))
+        tokenizer.save_pretrained(staging / "tokenizer")
+        _write_vae(staging / "vae", seed)
+        _write_audio_vae(staging / "audio_vae", seed)
+        _write_text_encoder(staging / "text_encoder", seed, tokenizer)
+        _write_connectors(staging / "connectors", seed)
+        FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG).save_pretrained(staging / "scheduler")
+        _write_model_index(staging)
     logger.info("wrote tiny LTX-2 pipeline to %s (seed %d, %d tokens)", out_dir, seed, len(tokenizer))
     return out_dir
