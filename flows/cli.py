@@ -221,19 +221,39 @@ def make_tiny_model(
     family: Annotated[str, Opt(help="wan22 | ltx2")] = "wan22",
     seed: Annotated[int, Opt()] = 0,
     tokenizer: Annotated[Path | None, Opt(help="copy this tokenizer instead of building one")] = None,
+    train_on: Annotated[
+        str | None, Opt(help="fit the VAE to this source's clips (a --source spec, e.g. vbvr:DIR; wan22 only)")
+    ] = None,
+    steps: Annotated[int, Opt(min=0, help="fine-tuning steps after the closed-form start (with --train-on)")] = 300,
+    frames: Annotated[int, Opt(help="frames per clip to fit at (with --train-on; the build's --frames)")] = 33,
+    height: Annotated[int, Opt(help="pixel height to fit at (with --train-on)")] = 256,
+    width: Annotated[int, Opt(help="pixel width to fit at (with --train-on)")] = 256,
 ) -> None:
-    """A tiny random-weight model with the real architecture and snapshot layout (tests, demos)."""
+    """A tiny model with the real architecture and snapshot layout (tests, demos): random weights, or with
+    --train-on a VAE fitted to a few clips (CPU, about a minute) so that decode-and-verify shows them."""
     from infra.models.tiny import make_tiny_wan22  # noqa: PLC0415
     from infra.models.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415
 
     makers = {"wan22": make_tiny_wan22, "ltx2": make_tiny_ltx2}
     if family not in makers:
         raise ConfigError(f"make-tiny-model knows {', '.join(makers)}, not {family!r}")
+    if train_on is not None and family != "wan22":
+        raise ConfigError("--train-on fits the Wan2.2 VAE; the ltx2 tiny model has no fit yet")
+    fit: dict = {}
+    if train_on is not None:
+        from infra.models.vae_fit.clips import training_clips  # noqa: PLC0415
+        from infra.models.vae_fit.train import FitSettings  # noqa: PLC0415
+
+        clips = training_clips(train_on, frames, height, width)
+        typer.echo(f"fitting the VAE to {len(clips)} clip(s) of {train_on} at {frames}x{height}x{width}, {steps} steps")
+        fit = {"fit_to": list(clips.values()), "fit_settings": FitSettings(steps=steps, seed=seed)}
+    if directory.exists() and any(directory.iterdir()):
+        raise ConfigError(f"{directory} exists and is not empty: nothing is overwritten")
     try:
-        path = makers[family](directory, seed=seed, tokenizer_dir=tokenizer)
-    except FileExistsError as exc:
+        path = makers[family](directory, seed=seed, tokenizer_dir=tokenizer, **fit)
+    except (FileExistsError, ValueError) as exc:
         raise ConfigError(str(exc)) from exc
-    typer.echo(f"tiny {family} model written to {path}")
+    typer.echo(f"tiny {family} model written to {path}" + (" (VAE fitted)" if fit else ""))
 
 
 @app.command("make-demo-data")

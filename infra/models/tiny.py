@@ -24,6 +24,7 @@ from tokenizers.models import Unigram
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, T5TokenizerFast, UMT5Config, UMT5EncoderModel
 
 from infra.cache.storage import staged_dir
+from infra.models.vae_fit.train import FitSettings, fit_vae
 from infra.models.wan_constants import WAN22_VAE_CONFIG
 
 logger = logging.getLogger(__name__)
@@ -136,10 +137,20 @@ def _load_local_tokenizer(tokenizer_dir: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
-def _write_vae(out: Path, seed: int) -> None:
+def _write_vae(out: Path, seed: int, fit_to: list[torch.Tensor] | None, settings: FitSettings | None) -> None:
     kwargs = {k: v for k, v in WAN22_VAE_CONFIG.items() if k != "clip_output"} | TINY_VAE_OVERRIDES
     torch.manual_seed(seed)
     vae = AutoencoderKLWan(**kwargs)
+    if fit_to:
+        result = fit_vae(vae, fit_to, settings or FitSettings(seed=seed))
+        logger.info(
+            "fitted the tiny VAE to %d clip(s): %d steps in %.1f s (closed-form start %.1f s), crop PSNR %.1f dB",
+            len(fit_to),
+            result.steps,
+            result.seconds,
+            result.init_seconds,
+            result.crop_psnr or float("nan"),
+        )
     vae.register_to_config(clip_output=WAN22_VAE_CONFIG["clip_output"])  # as in the real vae/config.json
     vae.save_pretrained(out, safe_serialization=True)
     logger.info("tiny vae: %d parameters", sum(p.numel() for p in vae.parameters()))
@@ -186,8 +197,18 @@ def _write_model_index(out_dir: Path) -> None:
     (out_dir / "model_index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
-def make_tiny_wan22(out_dir: Path, *, seed: int = 0, tokenizer_dir: Path | None = None) -> Path:
+def make_tiny_wan22(
+    out_dir: Path,
+    *,
+    seed: int = 0,
+    tokenizer_dir: Path | None = None,
+    fit_to: list[torch.Tensor] | None = None,
+    fit_settings: FitSettings | None = None,
+) -> Path:
     """Write a tiny Wan2.2-TI2V-5B-Diffusers-layout pipeline (without transformer) into ``out_dir``.
+
+    ``fit_to`` (clips as pixels in [-1, 1], one geometry) fits the VAE to them (`infra.models.vae_fit`) so that
+    it reconstructs them recognisably; otherwise its weights are the seed's random ones.
 
     ``tokenizer_dir`` (a local tokenizer folder, e.g. a real UMT5 one) replaces the built-in tokenizer; the
     text encoder's vocabulary is sized to it. ``out_dir`` must be absent or empty: nothing is overwritten.
@@ -198,7 +219,7 @@ def make_tiny_wan22(out_dir: Path, *, seed: int = 0, tokenizer_dir: Path | None 
     with staged_dir(out_dir, "the tiny Wan2.2 pipeline") as staging:
         tokenizer = build_tokenizer() if tokenizer_dir is None else _load_local_tokenizer(Path(tokenizer_dir))
         tokenizer.save_pretrained(staging / "tokenizer")
-        _write_vae(staging / "vae", seed)
+        _write_vae(staging / "vae", seed, fit_to, fit_settings)
         _write_text_encoder(staging / "text_encoder", seed, len(tokenizer))
         UniPCMultistepScheduler(
             prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=5.0
