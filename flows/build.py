@@ -128,7 +128,7 @@ def _check_unchanged(plan: BuildPlan) -> None:
 
 
 def _prepare_out(plan: BuildPlan) -> None:
-    provenance = {"model_path": str(plan.config.model), "source": plan.config.source}
+    provenance = {"model_path": str(plan.config.model), "source": plan.config.source, "recipe": plan.config.recipe}
     cache_json = plan.out / CACHE_JSON
     if plan.replace_from is not None and plan.replace_from != plan.fingerprint:
         kept = keep_old_cache_json(plan.out, plan.replace_from)

@@ -276,6 +276,44 @@ def make_demo_data(
 
 @app.command()
 @cli_errors
+def recipes(as_json: JsonOpt = False) -> None:
+    """The named recipes (--recipe NAME) and every setting each fixes; flags and a config file override them."""
+    from infra.recipes import RECIPES  # noqa: PLC0415
+
+    if as_json:
+        typer.echo(json.dumps({r.name: {"description": r.description, **r.settings} for r in RECIPES.values()}))
+        return
+    for recipe in RECIPES.values():
+        typer.echo(f"{recipe.name}\n  {recipe.description}")
+        for key, value in recipe.settings.items():
+            typer.echo(f"    --{key.replace('_', '-'):<18} {value}")
+
+
+@app.command()
+@cli_errors
+def overfit(
+    out: OutArg,
+    to: Annotated[Path, Opt("--to", help="the new directory (absent or empty; never inside OUT)")],
+    ids: Annotated[list[str] | None, Opt("--ids", help="a sample to export: ID or GROUP/ID (repeat the flag)")] = None,
+    n: Annotated[int | None, Opt("--n", help="export K samples spread over groups (instead of --ids)")] = None,
+    copies: Annotated[int, Opt(min=1, help="copies of each sample, under distinct ids")] = 1,
+    source: Annotated[str | None, Opt(help="read reference clips and prompts here (default: OUT's source)")] = None,
+) -> None:
+    """A tiny cache for an overfit run: chosen samples copied C times, their reference clips, their prompts."""
+    from infra.cache.overfit import export_overfit  # noqa: PLC0415
+
+    try:
+        result = export_overfit(out, to, ids=ids, n=n, copies=copies, source=source)
+    except FileExistsError as exc:
+        raise ConfigError(str(exc)) from exc
+    typer.echo(f"overfit export {result.to}: {len(result.samples)} sample(s) × {copies} = {result.rows} rows")
+    for ref in result.references:
+        typer.echo(f"  reference  {ref}")
+    typer.echo("  prompts    validation_prompts.json")
+
+
+@app.command()
+@cli_errors
 def inspect(out: OutArg, as_json: JsonOpt = False) -> None:
     """Counts per group, shapes, dtypes, bytes and fingerprint of a cache."""
     from infra.cache.inspect import format_report, inspect_cache  # noqa: PLC0415

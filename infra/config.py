@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra.errors import ConfigError
 
@@ -89,6 +89,23 @@ class BuildConfig(StrictModel):
 
     Every field names its group; `STEP_GROUPS` says which steps (sanity, verify, reconcile, decode) take it."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe_under_values(cls, values: Any) -> Any:
+        """A named recipe's settings, under every value given (file and flags win)."""
+        from infra.recipes import with_recipe  # noqa: PLC0415 - config stays importable on its own
+
+        return with_recipe(values) if isinstance(values, dict) else values
+
+    @field_validator("temporal")
+    @classmethod
+    def _temporal_parses(cls, value: str | None) -> str | None:
+        from infra.media.temporal import parse_temporal  # noqa: PLC0415 - config stays importable on its own
+
+        if value is not None:
+            parse_temporal(value)
+        return value
+
     source: str = Field(
         description="KIND:PATH, e.g. vbvr:/data/shards (a directory, one .tar, or a glob)", **_in("source")
     )
@@ -96,6 +113,12 @@ class BuildConfig(StrictModel):
     out: str = Field(description="Cache root directory", **_in("out"))
     family: str | None = Field(
         None, description="Model family; detected from model_index.json when omitted", **_in("family")
+    )
+    recipe: str | None = Field(
+        None,
+        description="A named recipe (`latentforge recipes`): the settings it fixes, under the config file's and "
+        "the flags'",
+        **_in("spec"),
     )
     format: str = Field("pt", description="Output format", **_in("spec"))
     frames: int = Field(33, gt=0, description="Frames per sample (F)", **_in("spec"))
@@ -108,16 +131,33 @@ class BuildConfig(StrictModel):
         "frames/height/width",
         **_in("spec"),
     )
-    temporal: Literal["linspace", "head"] | None = Field(
+    temporal: str | None = Field(
         None,
-        description="Temporal sampling: linspace (F frames spread over the clip: Wan2.2) or head (the first F: the "
-        "LTX-2 trainer's). Default: the family's",
+        description="Temporal sampling: span (F frames spread over the clip: Wan2.2), head (the first F: the LTX-2 "
+        "trainer's), fps:N (by time at N fps: FastVideo's), stride:K (frame --start, then every K-th) or windows:K "
+        "(every stride-K window of F frames, each a sample ID@FIRST). Default: the family's",
         **_in("spec"),
     )
-    resize: Literal["stretch", "cover-crop"] | None = Field(
+    start: int | None = Field(
+        None, ge=0, description="First source frame for stride:K and windows:K (0)", **_in("spec")
+    )
+    window_step: int | None = Field(
         None,
-        description="Resize: stretch (bilinear to H×W: Wan2.2) or cover-crop (bicubic to cover, centre crop: the "
-        "LTX-2 trainer's). Default: the family's",
+        gt=0,
+        description="windows:K: source frames between window starts (default: non-overlapping)",
+        **_in("spec"),
+    )
+    short_clips: Literal["repeat", "skip"] | None = Field(
+        None,
+        description="A clip too short for the temporal policy: repeat (indices held at its last frame) or skip (with "
+        "the reason and its frame count). Default: repeat for span and fps, skip for the others",
+        **_in("spec"),
+    )
+    resize: Literal["stretch", "cover-crop", "cover-crop-aa"] | None = Field(
+        None,
+        description="Resize: stretch (bilinear to H×W: Wan2.2), cover-crop (bicubic to cover, centre crop: the "
+        "LTX-2 trainer's) or cover-crop-aa (bilinear with antialias, cover, centre crop: FastVideo's). Default: the "
+        "family's",
         **_in("spec"),
     )
     text_max_length: int | None = Field(
@@ -235,7 +275,14 @@ def step_fields(step: str) -> list[str]:
 
 #: Spec fields added after latentforge 0.1, with the value that means "not used": left out of the fingerprint at
 #: that value, so a cache made without them keeps its fingerprint.
-ADDED_LATER: dict[str, Any] = {"identity_scheme": "sampled", "buckets": None, "audio": False}
+ADDED_LATER: dict[str, Any] = {
+    "identity_scheme": "sampled",
+    "buckets": None,
+    "audio": False,
+    "temporal_start": 0,
+    "window_step": None,
+    "short_clips": None,
+}
 
 
 class CacheSpec(StrictModel):
@@ -251,6 +298,9 @@ class CacheSpec(StrictModel):
     height: int
     width: int
     temporal: str
+    temporal_start: int = 0
+    window_step: int | None = None
+    short_clips: str | None = Field(None, description="None: the temporal policy's default")
     resize: str = "bilinear-align_corners_false"
     buckets: list[tuple[int, int, int]] | None = Field(None, description="(W, H, F) per bucket")
     audio: bool = False
@@ -279,7 +329,7 @@ class CacheSpec(StrictModel):
             "frames": self.frames,
             "height": self.height,
             "width": self.width,
-            "temporal": self.temporal,
+            "temporal": self.temporal_policy().name,
             "resize": resize_policy_of(self.resize),
             "dtype": self.compute_dtype,
             "text_max_length": self.text_max_length,
@@ -289,9 +339,18 @@ class CacheSpec(StrictModel):
         }
         if self.buckets:
             settings["buckets"] = ";".join(f"{w}x{h}x{f}" for w, h, f in self.buckets)
+        for name, key in (("start", "temporal_start"), ("window_step", "window_step"), ("short_clips", "short_clips")):
+            if getattr(self, key) != ADDED_LATER[key]:
+                settings[name] = getattr(self, key)
         if self.text_encoder_output in ("pre_connector", "post_connector"):
             settings["text_stage"] = self.text_encoder_output
         return settings
+
+    def temporal_policy(self) -> Any:
+        """The spec's temporal policy (an `infra.media.temporal.TemporalPolicy`)."""
+        from infra.media.temporal import make_policy  # noqa: PLC0415 - config stays importable on its own
+
+        return make_policy(self.temporal, self.temporal_start, self.window_step, self.short_clips)
 
     def text_settings(self) -> Any:
         """The family's text settings of this spec (an `infra.models.base.TextSettings`)."""

@@ -28,7 +28,8 @@ BASE = {
 
 
 def test_fingerprint_is_sha256_of_canonical_json():
-    spec = CacheSpec(**{**BASE, "identity_scheme": "content", "audio": True, "buckets": [(96, 64, 9)]})
+    added = {"identity_scheme": "content", "audio": True, "buckets": [(96, 64, 9)], "temporal_start": 2}
+    spec = CacheSpec(**{**BASE, **added, "window_step": 5, "short_clips": "skip"})
     canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     assert spec.fingerprint() == hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -40,7 +41,14 @@ def test_fields_added_since_0_1_at_their_absent_values_leave_the_fingerprint_as_
         spec.fingerprint()
         == hashlib.sha256(json.dumps(old, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     )
-    for field, value in (("identity_scheme", "content"), ("audio", True), ("buckets", [(96, 64, 9)])):
+    for field, value in (
+        ("identity_scheme", "content"),
+        ("audio", True),
+        ("buckets", [(96, 64, 9)]),
+        ("temporal_start", 3),
+        ("window_step", 8),
+        ("short_clips", "repeat"),
+    ):
         assert CacheSpec(**{**BASE, field: value}).fingerprint() != spec.fingerprint(), field
 
 

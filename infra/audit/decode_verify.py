@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import io
 import itertools
 import logging
@@ -26,7 +27,7 @@ from PIL import Image
 from infra.audit import metrics, reports
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
-from infra.cache.ledger import LedgerRow
+from infra.cache.ledger import LedgerRow, window_of
 from infra.cache.storage import atomic_write
 from infra.config import CacheSpec
 from infra.devices import resolve_device, resolve_dtype
@@ -197,7 +198,7 @@ class _Run:
             raise ValueError(f"{path}: no {key} tensor in the stored sample")
         if (media := read_media()) is None:
             raise ValueError("the source sample has no video")
-        prepared = prepare_video(media, self.spec)
+        prepared = prepare_video(media, self.spec, window_of(row)[1])
         source = prepared.pixels[0]  # the recipe's pixels, re-derived
         decoded = self.family.decode(record[key])
         if decoded.shape != source.shape:
@@ -269,19 +270,21 @@ def _run_folder(root: Path, chosen: list[LedgerRow]) -> Path:
 
 def _verify_shard(run: _Run, source: Source, shard: Shard, rows: list[LedgerRow]) -> None:
     """Walk the shard once, up to the last chosen key; rows not reached are problems."""
-    wanted = {row.key: row for row in rows}
+    wanted: dict[str, list[LedgerRow]] = {}
+    for row in rows:  # a windows:K sample is found under its clip's key
+        wanted.setdefault(window_of(row)[0], []).append(row)
     try:
         with contextlib.closing(source.samples(shard)) as samples:
             for ref in samples:
-                if (row := wanted.pop(ref.key, None)) is not None:
-                    run.verify(row, ref.read_media)
+                for row in wanted.pop(ref.key, []):
+                    run.verify(row, functools.cache(ref.read_media))
                 if not wanted:
                     break
     except Exception as exc:  # noqa: BLE001 - a damaged or vanished shard: its unreached rows are problems
-        for row in wanted.values():
+        for row in (r for group in wanted.values() for r in group):
             run.problem(row, f"shard {shard.id} could not be read up to the sample: {exc}")
         return
-    for row in wanted.values():
+    for row in (r for group in wanted.values() for r in group):
         run.problem(row, f"not found in the source (shard {shard.id}, key {row.key!r})")
 
 

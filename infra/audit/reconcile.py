@@ -19,7 +19,7 @@ from typing import Any
 
 from infra.audit import reports
 from infra.cache import ledger
-from infra.cache.ledger import LedgerRow
+from infra.cache.ledger import WINDOWS_KEY, LedgerRow, window_rows
 from infra.gates.plan import BuildPlan, ShardPlan
 from infra.models import get_family
 from infra.sources import Source, open_source
@@ -196,15 +196,29 @@ def reconcile(plan: BuildPlan) -> ReconcileReport:
     for shard in plan.shards:
         listed, every_key, whole = _list_shard(source, shard, report)
         rows, note = _read_rows(plan.out, shard.id, report)
+        accounted: set[str] = set()
         for key, sample_id, group in listed:
-            tally.account(MissingSample(sample_id, group, shard.id, key, None, NOT_PROCESSED, note), rows.get(key))
-        beyond = rows.keys() - {key for key, _, _ in listed}
+            for sub_key, sub_id, row in _samples_of(rows, key, sample_id):  # a windows:K clip: one per window
+                tally.account(MissingSample(sub_id, group, shard.id, sub_key, None, NOT_PROCESSED, note), row)
+                accounted.add(sub_key)
+        beyond = rows.keys() - accounted
         gone = beyond - every_key if whole else set()  # a shard not listed to its end cannot say what is gone
         report.unlisted += len(beyond - gone)
         report.gone_from_source += [_gone(rows[key]) for key in sorted(gone)]
     report.gone_from_source += _gone_shards(plan, source)
     logger.info("%s", report.headline())
     return report
+
+
+def _samples_of(rows: dict[str, LedgerRow], key: str, sample_id: str) -> list[tuple[str, str, LedgerRow | None]]:
+    """(key, id, row) of every sample a listed clip makes: itself, or each of its windows (windows its rows say
+    it has but the ledger lacks are expected too, without a row)."""
+    windows = window_rows(rows, key)
+    if not windows:
+        return [(key, sample_id, rows.get(key))]
+    found = [(row.key, row.id, row) for row in sorted(windows, key=lambda r: int(r.key.rpartition("@")[2]))]
+    lacking = max(row.extra[WINDOWS_KEY] for row in windows) - len(windows)
+    return found + [(f"{key}@?{i}", f"{sample_id}@?{i}", None) for i in range(lacking)]
 
 
 def _gone(row: LedgerRow) -> GoneSample:

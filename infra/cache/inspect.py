@@ -51,6 +51,9 @@ def inspect_cache(out: Path) -> dict[str, Any]:
         "family": meta["spec"]["family"],
         "format": meta["spec"]["format"],
         "geometry": [meta["spec"]["frames"], meta["spec"]["height"], meta["spec"]["width"]],
+        "recipe": meta.get("provenance", {}).get("recipe"),
+        "temporal": meta["spec"].get("temporal"),
+        "resize": meta["spec"].get("resize"),
         "groups": {g: dict(c) for g, c in sorted(groups.items())},
         "reasons": dict(reasons),
         "done": sum(c["done"] for c in groups.values()),
@@ -65,6 +68,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"cache        {report['out']}",
         f"fingerprint  {report['fingerprint']}",
         f"family       {report['family']}   format {report['format']}   F,H,W {report['geometry']}",
+        f"recipe       {report['recipe'] or '(none: settings given one by one)'}   temporal {report['temporal']}"
+        f"   resize {report['resize']}",
         f"done         {report['done']} samples, {report['bytes']:,} bytes",
         "",
         f"{'group':<50} {'done':>6} {'skipped':>8} {'failed':>7}",

@@ -91,6 +91,23 @@ def ledger_dir(out: Path) -> Path:
     return Path(out) / LEDGER_DIR
 
 
+#: LedgerRow.extra key of a windows:K sample (``key@FIRST``): how many windows its clip has.
+WINDOWS_KEY = "windows"
+
+
+def window_of(row: LedgerRow) -> tuple[str, int | None]:
+    """(the clip's key in its shard, the window's first frame) of a row; (its key, None) for a whole clip."""
+    if row.extra.get(WINDOWS_KEY):
+        key, _, first = row.key.rpartition("@")
+        return key, int(first)
+    return row.key, None
+
+
+def window_rows(rows: dict[str, LedgerRow], key: str) -> list[LedgerRow]:
+    """The ledger rows of clip `key`'s windows."""
+    return [row for k, row in rows.items() if k.rpartition("@")[0] == key and row.extra.get(WINDOWS_KEY)]
+
+
 def sealed_path(out: Path, shard_id: str) -> Path:
     return ledger_dir(out) / f"{shard_id}.jsonl"
 

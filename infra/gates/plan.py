@@ -18,6 +18,7 @@ from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.media.buckets import parse_buckets
+from infra.media.temporal import DEFAULT_SHORT, make_policy
 from infra.media.video import RESIZE_POLICIES
 from infra.models import FamilySpec, get_family, model_identity, resolve_family
 from infra.sources import Shard, ShardReadError, Source, open_source
@@ -98,8 +99,11 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
         )
     if config.audio and not family.has_audio:
         raise ConfigError(f"--audio: family {family.name} has no audio encoder")
-    if config.buckets is not None and chosen["temporal"] != "head":
+    policy = make_policy(chosen["temporal"], config.start, config.window_step, config.short_clips)
+    if config.buckets is not None and policy.kind != "head":
         raise ConfigError("--buckets choose among the first frames of a clip: use them with --temporal head")
+    chosen["temporal"] = policy.spec_value
+    chosen["short_clips"] = None if policy.short == DEFAULT_SHORT[policy.kind] else policy.short
     return chosen
 
 
@@ -128,6 +132,9 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
         width=width,
         buckets=[(b.width, b.height, b.frames) for b in buckets] if buckets else None,
         temporal=chosen["temporal"],
+        temporal_start=config.start or 0,
+        window_step=config.window_step,
+        short_clips=chosen["short_clips"],
         resize=RESIZE_POLICIES[chosen["resize"]],
         audio=config.audio,
         compute_dtype=config.dtype,

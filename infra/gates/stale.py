@@ -116,14 +116,14 @@ def find_stale(plan: BuildPlan) -> StaleReport:
         try:
             with contextlib.closing(source.samples(shard.shard)) as samples:
                 for ref in itertools.islice(samples, shard.quota):
-                    row = rows.get(ref.key)
-                    if row is None or not _reusable(row, plan):
-                        continue
-                    state, changed = source_state(row, ref)
-                    if state == "stale":
-                        report.stale.append(StaleSample(shard.id, ref.key, ref.id, ref.group, row.path, changed))
-                    elif state in ("kept", "unknown", "refreshed"):
-                        setattr(report, state, getattr(report, state) + 1)
+                    for row in [rows[ref.key]] if ref.key in rows else ledger.window_rows(rows, ref.key):
+                        if not _reusable(row, plan):
+                            continue
+                        state, changed = source_state(row, ref)  # a windows:K row: its clip's source
+                        if state == "stale":
+                            report.stale.append(StaleSample(shard.id, row.key, row.id, ref.group, row.path, changed))
+                        elif state in ("kept", "unknown", "refreshed"):
+                            setattr(report, state, getattr(report, state) + 1)
         except ShardReadError as exc:  # listed up to the damage; the shard's task reports it
             report.problems.append(str(exc))
     if report.stale:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import av
@@ -37,6 +38,7 @@ class MediaError(InputError):
 RESIZE_POLICIES: dict[str, str] = {
     "stretch": "bilinear-align_corners_false",
     "cover-crop": "bicubic-antialias-cover-center-crop",
+    "cover-crop-aa": "bilinear-antialias-cover-center-crop",
 }
 
 
@@ -95,6 +97,37 @@ def head_frames(data: bytes, count: int) -> SampledClip:
     return SampledClip(
         clip.frames, max(packets, decoded), clip.source_height, clip.source_width, clip.indices, clip.fps
     )
+
+
+def probe_frames(data: bytes) -> tuple[int, float]:
+    """(frames, fps) of a video file without decoding it: its non-empty packets and its rate (see `SampledClip`)."""
+    if not data:
+        raise MediaError("empty_video", "the video file has 0 bytes")
+    container, stream = _open(data)
+    with container:
+        fps = _fps(stream)
+    return max(_count_packets(data), 1), fps
+
+
+def pick_frames(data: bytes, choose: Callable[[int, float], tuple[int, ...]]) -> SampledClip:
+    """The frames ``choose(frames in the clip, fps)`` names, in its order (repeats allowed), decoding only up to
+    the last of them. If the clip turns out shorter than its packets said, the choice is made again with the
+    frames it really has. `source_frames` is the clip's frame count as far as it is known."""
+    packets, fps = probe_frames(data)
+    indices = np.asarray(choose(packets, fps), dtype=np.int64)
+    clip, decoded = _decode_picking(data, np.unique(indices), allow_short=True)
+    if decoded == 0 or clip.frames.shape[0] == 0:
+        raise MediaError("no_frames", "the video stream decoded to 0 frames")
+    if len(clip.indices) < len(np.unique(indices)):  # fewer frames than packets: choose again from what is there
+        logger.debug("container had %d packets but decoding ended after %d frames: second pass", packets, decoded)
+        packets = decoded
+        indices = np.asarray(choose(decoded, fps), dtype=np.int64)
+        clip, _ = _decode_picking(data, np.unique(indices), allow_short=True)
+        if len(clip.indices) < len(np.unique(indices)):
+            raise MediaError("video_decode_error", f"frame count unstable (decoding ended after {decoded} frames)")
+    row = {index: k for k, index in enumerate(clip.indices)}
+    frames = clip.frames[[row[int(i)] for i in indices]]
+    return SampledClip(frames, packets, clip.source_height, clip.source_width, tuple(int(i) for i in indices), fps)
 
 
 def _fps(stream: av.video.stream.VideoStream) -> float:
@@ -176,18 +209,30 @@ def frames_to_pixels(frames: np.ndarray, height: int, width: int) -> torch.Tenso
     return x.permute(1, 0, 2, 3).unsqueeze(0).contiguous()
 
 
-def cover_crop_pixels(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
+def cover_crop_pixels(frames: np.ndarray, height: int, width: int, mode: str = "bicubic") -> torch.Tensor:
     """(F,H,W,3) uint8 → (1,3,F,height,width) float32 in [-1, 1], as the LTX-2 trainer prepares a clip: /255,
-    bicubic resize (antialiased, as torchvision's tensor resize by default) so the frame covers height×width with
-    its aspect kept (the other side truncated to an int), centre crop, clamp to [0, 1], then (x - 0.5) / 0.5."""
+    `mode` resize (antialiased, as torchvision's tensor resize by default) so the frame covers height×width with
+    its aspect kept (the other side truncated to an int), centre crop, clamp to [0, 1], then (x - 0.5) / 0.5.
+    ``mode="bilinear"`` is FastVideo's (bilinear with antialias, cover, centre crop)."""
     x = torch.from_numpy(frames).float().div(255.0).permute(0, 3, 1, 2)  # (F, C, H, W)
     src_h, src_w = x.shape[-2:]
     if src_w / src_h > width / height:
         size = (height, int(src_w * height / src_h))
     else:
         size = (int(src_h * width / src_w), width)
-    x = F.interpolate(x, size=size, mode="bicubic", align_corners=False, antialias=True)
+    x = F.interpolate(x, size=size, mode=mode, align_corners=False, antialias=True)
     top, left = (x.shape[-2] - height) // 2, (x.shape[-1] - width) // 2
     x = x[:, :, top : top + height, left : left + width].clamp_(0, 1)
     x = (x - 0.5) / 0.5
     return x.permute(1, 0, 2, 3).unsqueeze(0).contiguous()
+
+
+def resize_pixels(frames: np.ndarray, height: int, width: int, policy: str) -> torch.Tensor:
+    """Frames to pixels by a resize policy name (`RESIZE_POLICIES`)."""
+    if policy == "stretch":
+        return frames_to_pixels(frames, height, width)
+    if policy == "cover-crop":
+        return cover_crop_pixels(frames, height, width)
+    if policy == "cover-crop-aa":
+        return cover_crop_pixels(frames, height, width, mode="bilinear")
+    raise ValueError(f"unknown resize policy {policy!r}")

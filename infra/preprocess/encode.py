@@ -6,11 +6,14 @@ re-derivation of source frames, so every step sees the recipe's exact numbers.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from infra.config import CacheSpec
@@ -20,11 +23,12 @@ from infra.formats import AUDIO_KIND, EncodedSample
 from infra.gates.plan import BuildPlan
 from infra.media.buckets import Bucket, choose_bucket
 from infra.media.prompts import decode_prompt
+from infra.media.temporal import TemporalPolicy, choose_windows, effective_fps
 from infra.media.video import (
     SampledClip,
-    cover_crop_pixels,
-    frames_to_pixels,
     head_frames,
+    pick_frames,
+    resize_pixels,
     resize_policy_of,
     sample_frames,
 )
@@ -52,24 +56,60 @@ class PreparedVideo:
     bucket: Bucket | None
 
 
-def prepare_video(media: bytes, spec: CacheSpec) -> PreparedVideo:
-    """The recipe's pixels of one clip under `spec`: frames by its temporal policy (linspace over the clip, or the
-    first F), the bucket by the LTX-2 trainer's rule, resized by its resize policy. InputError for bad input or a
-    clip too short for the policy (head without buckets: fewer than F frames)."""
+def prepare_video(media: bytes, spec: CacheSpec, window: int | None = None) -> PreparedVideo:
+    """The recipe's pixels of one clip under `spec`: frames by its temporal policy (`infra.media.temporal`; for
+    ``windows:K`` the window starting at source frame `window`), the bucket by the LTX-2 trainer's rule, resized
+    by its resize policy. InputError for bad input or a clip too short for a policy that skips short clips."""
+    policy = spec.temporal_policy()
     buckets = [Bucket(*b) for b in spec.buckets] if spec.buckets else None
-    if spec.temporal == "head":
-        clip = head_frames(media, max(b.frames for b in buckets) if buckets else spec.frames)
-    else:
-        clip = sample_frames(media, spec.frames)
     frames, height, width, bucket = spec.frames, spec.height, spec.width, None
-    if buckets:
-        bucket = choose_bucket(buckets, len(clip.frames), clip.source_height, clip.source_width)
-        frames, height, width = bucket.frames, bucket.height, bucket.width
-    if len(clip.frames) < frames:
-        raise InputError("clip_too_short", f"the clip decodes to {len(clip.frames)} frame(s); {frames} needed")
-    picked = clip.frames[:frames]
-    resize = cover_crop_pixels if resize_policy_of(spec.resize) == "cover-crop" else frames_to_pixels
-    return PreparedVideo(resize(picked, height, width), clip, bucket)
+    if policy.kind == "head":
+        clip = head_frames(media, max(b.frames for b in buckets) if buckets else spec.frames)
+        if buckets:
+            bucket = choose_bucket(buckets, len(clip.frames), clip.source_height, clip.source_width)
+            frames, height, width = bucket.frames, bucket.height, bucket.width
+        if len(clip.frames) < frames and (buckets or policy.short == "skip"):
+            raise InputError("clip_too_short", f"the clip decodes to {len(clip.frames)} frame(s); {frames} needed")
+        clip = _held(clip, frames)
+    elif policy.kind == "span":
+        clip = sample_frames(media, spec.frames)
+        if clip.source_frames < frames and policy.short == "skip":
+            raise InputError("clip_too_short", f"the clip has {clip.source_frames} frame(s); span needs {frames}")
+    else:
+        clip = pick_frames(media, functools.partial(_indices, policy, frames, window))
+    resize = resize_policy_of(spec.resize)
+    return PreparedVideo(resize_pixels(clip.frames[:frames], height, width, resize), clip, bucket)
+
+
+def _indices(policy: TemporalPolicy, frames: int, window: int | None, total: int, fps: float) -> tuple[int, ...]:
+    windows = choose_windows(policy, total, fps, frames)
+    if policy.kind != "windows":
+        return windows[0].indices
+    if window is None:
+        return windows[0].indices  # the one-sample steps (sanity, dry run) look at a clip's first window
+    for w in windows:
+        if w.first == window:
+            return w.indices
+    raise InputError("window_gone", f"the clip ({total} frames) has no window starting at frame {window} now")
+
+
+def _held(clip: SampledClip, frames: int) -> SampledClip:
+    """A head clip with fewer than `frames` frames, its last frame repeated (--short-clips repeat)."""
+    missing = frames - len(clip.frames)
+    if missing <= 0:
+        return clip
+    held = np.concatenate([clip.frames, np.repeat(clip.frames[-1:], missing, axis=0)])
+    indices = clip.indices + (clip.indices[-1],) * missing
+    return dataclasses.replace(clip, frames=held, indices=indices)
+
+
+def sampling_record(clip: SampledClip) -> dict[str, Any]:
+    """What a sample records of its frames: the source's fps, the fps they play at and the source indices."""
+    return {
+        "source_fps": round(clip.fps, 6),
+        "fps": round(effective_fps(clip.indices, clip.fps), 6),
+        "indices": list(clip.indices),
+    }
 
 
 def encode_sample(
@@ -88,12 +128,13 @@ def encode_sample(
     media = ref.read_media()
     if media is None:
         raise InputError("missing_video", "the sample has no video file")
-    video = prepare_video(media, spec)
+    video = prepare_video(media, spec, ref.window)
     encoder = get_encoder()
     latents = encoder.encode_video(video.pixels)
     text = encoder.encode_text(prompt, spec.text_settings())
     extras: dict[str, Any] = dict(text.extras)
     info: dict[str, Any] = {"fps": video.clip.fps, "geometry": tuple(int(n) for n in video.pixels.shape[2:])}
+    info["sampling"] = sampling_record(video.clip)
     if spec.audio:
         audio, facts = _audio(encoder, ref, media, video.pixels.shape[2] / video.clip.fps)
         extras.update(audio)

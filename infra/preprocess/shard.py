@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infra.cache import ledger
-from infra.cache.ledger import FileRecord, LedgerRow
+from infra.cache.ledger import WINDOWS_KEY, FileRecord, LedgerRow
 from infra.cache.storage import sha256_file
 from infra.errors import InputError, LatentforgeError, ModelLoadError
 from infra.formats import EncodedSample, Format, PerSampleWriter, Writer, WrittenSample, get_format
@@ -25,6 +25,7 @@ from infra.gates.plan import BuildPlan, ShardPlan, parse_only
 from infra.gates.stale import kept, refreshed, source_state
 from infra.models import LoadedFamily
 from infra.preprocess.encode import encode_sample, load_encoder
+from infra.preprocess.windows import expand
 from infra.sources import SampleRef, ShardReadError, open_source
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ def process_sample(
         row.missing = dict(sample.info.get("missing_outputs") or {})
         row.source_shape, row.latent_shape, row.seq_len = sample.source_shape, sample.latent_shape, sample.seq_len
         row.tokens_total, row.truncated = text_info["tokens_total"], text_info["truncated"]
+        row.extra["sampling"] = sample.info["sampling"]
     except InputError as exc:
         row.status, row.reason, row.detail = "skipped", exc.reason, exc.detail
     except ModelLoadError:
@@ -176,24 +178,19 @@ def process_shard(
     with ledger.Journal(plan.out, shard.id) as journal, get_format(plan.spec.format).writer(plan.out) as writer:
         try:
             with contextlib.closing(samples):
-                for ref in itertools.islice(samples, shard.quota):
-                    if keys is not None and ref.key not in keys:
+                for clip in itertools.islice(samples, shard.quota):
+                    if keys is not None and not _selected(clip.key, keys):
                         continue
-                    row, replace = previous.get(ref.key), None
-                    if row is not None and _reusable(row, plan):
-                        row, replace = _resumed(row, ref, plan, f"{shard.id}/{ref.key}", result)
-                        if row is not previous[ref.key]:
-                            journal.append(row)
-                    if row is None or not _reusable(row, plan) or replace is not None:
-                        row = process_sample(ref, plan, writer, get_encoder, replace_stale=replace)
-                        row.shard = shard.id
-                        if run_id:
-                            row.extra["run_id"] = run_id
-                        journal.append(row)
-                        _count_new(result, row)
-                    rows[ref.key] = row
-                    if on_row is not None:
-                        on_row(row)
+                    windows = expand(clip, plan, previous)
+                    for ref in windows:
+                        if keys is not None and ref.key not in keys and clip.key not in keys:
+                            continue
+                        count = len(windows) if ref.window is not None else None
+                        state = (previous, journal, result)
+                        row = _visit(ref, plan, writer, get_encoder, state, shard.id, run_id, count)
+                        rows[ref.key] = row
+                        if on_row is not None:
+                            on_row(row)
         except ShardReadError as exc:
             logger.error("shard %s: %s", shard.id, exc)
             result.error = str(exc)
@@ -201,6 +198,41 @@ def process_shard(
     _tally(result, rows.values())
     result.seconds = round(time.perf_counter() - start, 3)
     return result
+
+
+def _selected(key: str, keys: frozenset[str]) -> bool:
+    """Whether `--only` names clip `key` or one of its windows."""
+    return key in keys or any(k.rpartition("@")[0] == key for k in keys)
+
+
+def _visit(
+    ref: SampleRef,
+    plan: BuildPlan,
+    writer: Writer,
+    get_encoder: Callable[[], LoadedFamily],
+    state: tuple[dict[str, LedgerRow], ledger.Journal, ShardResult],
+    shard_id: str,
+    run_id: str | None,
+    windows: int | None,
+) -> LedgerRow:
+    """One sample of the shard: its done row kept (checked against the source), or encoded now and journalled
+    (a window's row records how many windows its clip has)."""
+    previous, journal, result = state
+    row, replace = previous.get(ref.key), None
+    if row is not None and _reusable(row, plan):
+        row, replace = _resumed(row, ref, plan, f"{shard_id}/{ref.key}", result)
+        if row is not previous[ref.key]:
+            journal.append(row)
+    if row is None or not _reusable(row, plan) or replace is not None:
+        row = process_sample(ref, plan, writer, get_encoder, replace_stale=replace)
+        row.shard = shard_id
+        if run_id:
+            row.extra["run_id"] = run_id
+        if windows is not None:
+            row.extra[WINDOWS_KEY] = windows
+        journal.append(row)
+        _count_new(result, row)
+    return row
 
 
 def _resumed(

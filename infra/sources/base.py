@@ -18,7 +18,7 @@ from infra.registry import Registry
 from infra.sources.identity import SourceIdentity
 
 #: Groups, ids and shard ids become path components: only these characters, never "." or "..".
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}$")
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=@-]{0,199}$")
 
 
 def is_safe_name(name: str) -> bool:
@@ -55,6 +55,13 @@ class SampleRef:
     #: OUT-relative name of the sample's outputs without a suffix (``group/id`` for VBVR, the media path without
     #: its extension for a metadata file); "" when the sample cannot be named safely (a layout error).
     stem: str = ""
+    #: A ``windows:K`` sample: the source frame its window starts at (its id, key and stem end in ``@first``);
+    #: `source_key` is then the clip's key in its shard. None: the sample is the whole clip.
+    window: int | None = None
+
+    @property
+    def source_key(self) -> str:
+        return self.key.rpartition("@")[0] if self.window is not None else self.key
 
 
 class Source(ABC):

@@ -106,6 +106,16 @@ def fitted_to(settings: FitSettings, t: int, h: int, w: int) -> FitSettings:
     )
 
 
+@torch.no_grad()
+def _mse(vae: AutoencoderKLWan, x: torch.Tensor) -> float:
+    """Reconstruction MSE of the whole clips' first frames (the judge of whether fine-tuning helped)."""
+    was = vae.training
+    vae.eval()
+    out = torch.stack([vae.decode(vae.encode(c[None]).latent_dist.mode()).sample[0] for c in x])
+    vae.train(was)
+    return float(F.mse_loss(out, x))
+
+
 def fit_vae(
     vae: AutoencoderKLWan,
     clips: list[torch.Tensor],
@@ -138,6 +148,9 @@ def _fit(vae, x, settings: FitSettings, on_step) -> FitResult:
             p.requires_grad_(False)
         for p in block.conv_shortcut.parameters():
             p.requires_grad_(True)
+    probe = x[:, :, : settings.init_frames]
+    start_mse = _mse(vae, probe)
+    start_state = {k: v.clone() for k, v in vae.state_dict().items()}
     opt = ScaledAdam(vae.parameters(), settings.lr)
     gen = torch.Generator().manual_seed(settings.seed)
     _, _, t, h, w = x.shape
@@ -169,6 +182,12 @@ def _fit(vae, x, settings: FitSettings, on_step) -> FitResult:
     for p in vae.parameters():
         p.requires_grad_(True)
     vae.eval()
+    end_mse = _mse(vae, probe)
+    if end_mse > start_mse:  # the fine-tune made it worse (it can diverge on tiny data): keep the closed form
+        logger.warning(
+            "VAE fit: fine-tuning raised the error (%.5f -> %.5f): the closed-form start is kept", start_mse, end_mse
+        )
+        vae.load_state_dict(start_state)
     tail = losses[-max(1, len(losses) // 10) :]
     crop_psnr = 10 * math.log10(4 / (sum(tail) / len(tail))) if tail else None
     return FitResult(s.steps, time.perf_counter() - started, init_seconds, crop_psnr)

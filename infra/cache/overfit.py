@@ -1,0 +1,197 @@
+"""The overfit / validation export: a tiny cache of a few samples, each replicated under distinct ids.
+
+Before a long run, a trainer proves its loop can memorise one sample. `export_overfit` writes, into a new
+directory (never into OUT), a cache in OUT's own format and spec: the chosen samples' files copied C times as
+``<id>-c000``, ``<id>-c001``, ... (so every data-parallel rank gets a batch), with its own cache.json and ledger
+(it passes verify-existing as a cache of its own); ``reference/<group>/<id>.mp4``, the exact pixels each
+sample's latents were made from (lossless RGB H.264 of the recipe's pixels, quantised to 8 bits), for SSIM
+checks; and ``validation_prompts.json`` (``{"data": [{"caption": ...}]}``) with their prompts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import torch
+
+from infra.cache import ledger
+from infra.cache.cachedir import read_cache_json, write_cache_json
+from infra.cache.ledger import FileRecord, LedgerRow, window_of
+from infra.cache.storage import staged_dir
+from infra.config import CacheSpec
+from infra.errors import ConfigError
+from infra.formats import get_format
+from infra.media.prompts import decode_prompt
+from infra.preprocess.encode import prepare_video
+from infra.sources import SampleRef, open_source
+
+logger = logging.getLogger(__name__)
+
+SHARD = "overfit"
+PROMPTS = "validation_prompts.json"
+
+
+@dataclass
+class OverfitResult:
+    to: str
+    samples: list[str] = field(default_factory=list)  # GROUP/ID of the chosen samples
+    rows: int = 0  # samples in the export (samples × copies)
+    references: list[str] = field(default_factory=list)  # the reference mp4s, relative to `to`
+
+
+def export_overfit(
+    out: Path,
+    to: Path,
+    *,
+    ids: list[str] | None = None,
+    n: int | None = None,
+    copies: int = 1,
+    source: str | None = None,
+) -> OverfitResult:
+    """Export the samples named by `ids` (ID or GROUP/ID), or `n` spread over groups, `copies` times each, to
+    `to` (absent or empty; built aside and renamed into place). `source` overrides the source OUT was built from
+    (where the reference clips and prompts are read). ConfigError for bad choices; nothing is written then."""
+    out, to = Path(out).resolve(), Path(to).resolve()
+    if to == out or to.is_relative_to(out) or out.is_relative_to(to):
+        raise ConfigError(f"the overfit export never writes into OUT: {to} and {out} overlap")
+    if copies < 1 or (ids is None) == (n is None) or (n is not None and n < 1):
+        raise ConfigError("overfit: give --ids ID... or --n K (K ≥ 1), and --copies C ≥ 1")
+    meta = read_cache_json(out)
+    spec = CacheSpec.model_validate(meta["spec"])
+    rows = _choose(out, ids, n)
+    spec_source = source or meta.get("provenance", {}).get("source")
+    if not spec_source:
+        raise ConfigError(f"{out}/cache.json does not say which source it was built from: give --source")
+    refs = _source_refs(spec_source, rows)
+    result = OverfitResult(str(to), samples=[f"{r.group}/{r.id}" for r in rows])
+    with staged_dir(to, "the overfit export") as staging:
+        new_rows, prompts = [], []
+        for row in rows:
+            ref = refs[(row.shard, window_of(row)[0])]
+            media = ref.read_media()
+            if media is None:
+                raise ConfigError(f"{row.group}/{row.id}: its source sample has no video now")
+            prompts.append({"caption": decode_prompt(ref.read_prompt())})
+            prepared = prepare_video(media, spec, window_of(row)[1])
+            rel = f"reference/{row.group}/{row.id}.mp4"
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            fps = float(row.extra.get("sampling", {}).get("fps") or prepared.clip.fps)
+            (staging / rel).write_bytes(lossless_mp4(prepared.pixels[0], fps))
+            result.references.append(rel)
+            new_rows += [_copy(out, staging, spec.format, row, c) for c in range(copies)]
+        write_cache_json(staging, spec, {**meta.get("provenance", {}), "overfit_of": str(out), "copies": copies})
+        ledger.seal(staging, SHARD, new_rows)
+        body = json.dumps({"data": prompts}, indent=2, ensure_ascii=False) + "\n"
+        (staging / PROMPTS).write_text(body, encoding="utf-8")
+        result.rows = len(new_rows)
+    logger.info("overfit export %s: %d sample(s) × %d copies", to, len(rows), copies)
+    return result
+
+
+def _choose(out: Path, ids: list[str] | None, n: int | None) -> list[LedgerRow]:
+    from infra.audit.decode_verify import choose_samples  # noqa: PLC0415 - the decode step's deterministic spread
+
+    done = [r for rows in ledger.read_all(out).values() for r in rows.values() if r.status == "done"]
+    if n is not None:
+        chosen = choose_samples(done, n)
+        if not chosen:
+            raise ConfigError(f"{out} has no done sample to export")
+        return chosen
+    by_name = {f"{r.group}/{r.id}": r for r in done}
+    by_id: dict[str, list[LedgerRow]] = {}
+    for r in done:
+        by_id.setdefault(r.id, []).append(r)
+    chosen, unknown = [], []
+    for name in ids or []:
+        if name in by_name:
+            chosen.append(by_name[name])
+        elif len(by_id.get(name, [])) == 1:
+            chosen.append(by_id[name][0])
+        elif name in by_id:
+            raise ConfigError(f"--ids {name}: in several groups ({len(by_id[name])}); give GROUP/ID")
+        else:
+            unknown.append(name)
+    if unknown:
+        raise ConfigError(f"--ids: no done sample {', '.join(unknown)} in {out}")
+    return chosen
+
+
+def _source_refs(source: str, rows: list[LedgerRow]) -> dict[tuple[str, str], SampleRef]:
+    """The source refs of the rows' clips, by (shard, key), each shard walked once (bytes read lazily)."""
+    wanted = {(r.shard, window_of(r)[0]) for r in rows}
+    src = open_source(source)
+    found: dict[tuple[str, str], SampleRef] = {}
+    for shard in src.shards():
+        keys = {k for s, k in wanted if s == shard.id}
+        if not keys:
+            continue
+        with contextlib.closing(src.samples(shard)) as samples:
+            for ref in samples:
+                if ref.key in keys:
+                    media, prompt = ref.read_media(), ref.read_prompt()  # read while the shard is open
+                    found[(shard.id, ref.key)] = _held(ref, media, prompt)
+    if missing := sorted(f"{s}/{k}" for s, k in wanted - found.keys()):
+        raise ConfigError(f"not found in the source {source}: {', '.join(missing)}")
+    return found
+
+
+def _held(ref: SampleRef, media: bytes | None, prompt: bytes | None) -> SampleRef:
+    """`ref` with its bytes already read (a shard's members are readable only while it is being iterated)."""
+    return dataclasses.replace(ref, read_media=lambda: media, read_prompt=lambda: prompt)
+
+
+def _copy(out: Path, staging: Path, fmt_name: str, row: LedgerRow, copy: int) -> LedgerRow:
+    """Copy `copy` of a sample: each file as ``<name>-cNNN<suffix>`` beside where it was, its stored id renamed
+    (a format that stores none is copied byte for byte); the row says what it is a copy of."""
+    fmt = get_format(fmt_name)
+    suffix = f"-c{copy:03d}"
+    new_id = row.id + suffix
+    records = []
+    for file in row.output_files():
+        src = out / file.path
+        rel = str(Path(file.path).with_name(Path(file.path).stem + suffix + Path(file.path).suffix))
+        record = fmt.read(src)  # weights_only
+        if isinstance(record, dict) and "id" in record:
+            buffer = io.BytesIO()
+            torch.save({**record, "id": new_id}, buffer)
+            data = buffer.getvalue()
+        else:
+            data = src.read_bytes()
+        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+        (staging / rel).write_bytes(data)
+        records.append(FileRecord(path=rel, bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
+    return row.model_copy(
+        update={
+            "key": row.key + suffix,
+            "id": new_id,
+            "shard": SHARD,
+            "path": records[0].path,
+            "sha256": records[0].sha256,
+            "bytes": sum(r.bytes for r in records),
+            "files": records if len(records) > 1 else [],
+            "source": None,
+            "extra": {**{k: v for k, v in row.extra.items() if k != "run_id"}, "overfit_of": f"{row.shard}/{row.key}"},
+        }
+    )
+
+
+def lossless_mp4(pixels: torch.Tensor, fps: float) -> bytes:
+    """(3, F, H, W) pixels in [-1, 1] as lossless RGB H.264 (libx264rgb, crf 0) of their 8-bit rounding."""
+    frames = ((pixels.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).contiguous().numpy()
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264rgb", rate=Fraction(fps).limit_denominator(1001), options={"crf": "0"})
+        stream.height, stream.width, stream.pix_fmt = frames.shape[1], frames.shape[2], "rgb24"
+        for picture in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")))
+        container.mux(stream.encode())
+    return buffer.getvalue()

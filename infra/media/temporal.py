@@ -1,0 +1,138 @@
+"""Temporal sampling policies: which source frames a sample is made of.
+
+* ``span``: F frames spread over the whole clip by linspace (the Wan2.2 VBVR recipe); a short clip repeats frames.
+* ``head``: the first F frames (the LTX-2 trainer's).
+* ``fps:N``: by time at N frames per second, as FastVideo computes it: frame i is ``round(i · native / N)``,
+  clamped to the last frame.
+* ``stride:K``: frame ``start``, then every K-th, as many as F needs.
+* ``windows:K``: many samples per clip: every stride-K window of F frames (non-overlapping, or every
+  ``window_step`` frames), each its own sample ``<id>@<first frame>``.
+
+A clip too short for its policy is repeated (indices clamped to its last frame) or skipped with the reason and
+the frame count (``short_clips``; per-policy default: ``span`` and ``fps`` repeat, the others skip).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from infra.errors import ConfigError, InputError
+
+KINDS = ("span", "head", "fps", "stride", "windows")
+#: The CacheSpec value of `span` is latentforge 0.1's name for it, so its caches keep their fingerprints.
+SPEC_NAMES = {"span": "linspace"}
+ALIASES = {"linspace": "span"}
+DEFAULT_SHORT = {"span": "repeat", "head": "skip", "fps": "repeat", "stride": "skip", "windows": "skip"}
+_PATTERN = re.compile(r"^(span|head|linspace)$|^(fps):(\d+(?:\.\d+)?)$|^(stride|windows):(\d+)$")
+
+
+@dataclass(frozen=True)
+class TemporalPolicy:
+    kind: str
+    value: float = 0  # fps:N's N, stride:K / windows:K's K
+    start: int = 0
+    window_step: int | None = None
+    short: str = "repeat"
+
+    @property
+    def name(self) -> str:
+        """The user's spelling: span, head, fps:24, stride:2, windows:2."""
+        if self.kind in ("span", "head"):
+            return self.kind
+        number = int(self.value) if float(self.value).is_integer() else self.value
+        return f"{self.kind}:{number}"
+
+    @property
+    def spec_value(self) -> str:
+        return SPEC_NAMES.get(self.name, self.name)
+
+
+def parse_temporal(text: str) -> tuple[str, float]:
+    """``"fps:24"`` → ("fps", 24.0); ConfigError with the accepted forms."""
+    m = _PATTERN.match(text.strip())
+    if not m:
+        raise ConfigError(f"--temporal {text!r}: expected span, head, fps:N, stride:K or windows:K")
+    if m.group(1):
+        return ALIASES.get(m.group(1), m.group(1)), 0.0
+    kind, value = (m.group(2), m.group(3)) if m.group(2) else (m.group(4), m.group(5))
+    if float(value) <= 0:
+        raise ConfigError(f"--temporal {text!r}: {kind} needs a positive number")
+    return kind, float(value)
+
+
+def make_policy(
+    temporal: str, start: int | None = None, window_step: int | None = None, short: str | None = None
+) -> TemporalPolicy:
+    """A policy from the config's fields (a CacheSpec's `temporal` value is accepted too); ConfigError for
+    options the policy does not take."""
+    kind, value = parse_temporal(temporal)
+    if start and kind not in ("stride", "windows"):
+        raise ConfigError(f"--start is an offset for stride:K and windows:K, not for {kind}")
+    if window_step is not None and kind != "windows":
+        raise ConfigError("--window-step is for --temporal windows:K")
+    if window_step is not None and window_step <= 0:
+        raise ConfigError("--window-step must be positive")
+    return TemporalPolicy(kind, value, start or 0, window_step, short or DEFAULT_SHORT[kind])
+
+
+@dataclass(frozen=True)
+class Window:
+    """One sample's source frames: their indices (len F) and the first one (a `windows` sample's id suffix)."""
+
+    indices: tuple[int, ...]
+
+    @property
+    def first(self) -> int:
+        return self.indices[0]
+
+
+def _too_short(total: int, needed: int, policy: TemporalPolicy) -> InputError:
+    return InputError(
+        "clip_too_short", f"the clip has {total} frame(s); {policy.name} needs {needed} (--short-clips skip)"
+    )
+
+
+def _clamped(indices: np.ndarray, total: int, policy: TemporalPolicy) -> tuple[int, ...]:
+    needed = int(indices[-1]) + 1
+    if needed > total and policy.short == "skip":
+        raise _too_short(total, needed, policy)
+    return tuple(int(i) for i in np.minimum(indices, total - 1))
+
+
+def choose_windows(policy: TemporalPolicy, total: int, native_fps: float, frames: int) -> list[Window]:
+    """The windows of a clip of `total` frames at `native_fps` under `policy`, F = `frames` each. InputError
+    ``clip_too_short`` (with the frame count) when the clip is too short and the policy skips."""
+    if total <= 0:
+        raise InputError("no_frames", "the video stream has no frames")
+    if policy.kind == "span":
+        if total < frames and policy.short == "skip":
+            raise _too_short(total, frames, policy)
+        return [Window(tuple(int(i) for i in np.linspace(0, total - 1, frames).round().astype(np.int64)))]
+    if policy.kind == "head":
+        return [Window(_clamped(np.arange(frames), total, policy))]
+    if policy.kind == "fps":
+        # FastVideo: round(i * native / target); a float multiply first, as numpy rounds half to even
+        raw = np.round(np.arange(frames) * (native_fps / policy.value)).astype(np.int64)
+        return [Window(_clamped(raw, total, policy))]
+    step = int(policy.value)
+    offsets = np.arange(frames) * step
+    if policy.kind == "stride":
+        return [Window(_clamped(policy.start + offsets, total, policy))]
+    length = int(offsets[-1]) + 1  # windows
+    every = policy.window_step or length
+    starts = list(range(policy.start, total - length + 1, every))
+    if not starts:
+        if policy.short == "skip":
+            raise _too_short(total, policy.start + length, policy)
+        return [Window(_clamped(policy.start + offsets, total, policy))]
+    return [Window(tuple(int(s + o) for o in offsets)) for s in starts]
+
+
+def effective_fps(indices: tuple[int, ...], native_fps: float) -> float:
+    """The frame rate the chosen frames play at: native / the mean index step (native for a single frame)."""
+    if len(indices) < 2 or indices[-1] == indices[0]:
+        return native_fps
+    return native_fps * (len(indices) - 1) / (indices[-1] - indices[0])

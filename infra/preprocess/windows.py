@@ -1,0 +1,51 @@
+"""``windows:K``: one clip, many samples. A clip's ref becomes one ref per window, ``<key>@<first frame>``.
+
+On resume a clip whose windows are all in the ledger (each row says how many windows its clip has) is expanded
+from the ledger, without reading its bytes; otherwise the clip is read once and probed (packets, not frames).
+A clip that cannot be probed, or is too short for one window, stays one ref: its row gets the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from infra.cache.ledger import WINDOWS_KEY, LedgerRow, window_rows
+from infra.errors import InputError
+from infra.gates.plan import BuildPlan
+from infra.media.temporal import choose_windows
+from infra.media.video import probe_frames
+from infra.sources import SampleRef
+
+
+def expand(ref: SampleRef, plan: BuildPlan, previous: dict[str, LedgerRow]) -> list[SampleRef]:
+    """The samples of one source clip under the plan's temporal policy (itself, unless it is windows:K)."""
+    policy = plan.spec.temporal_policy()
+    if policy.kind != "windows":
+        return [ref]
+    known = window_rows(previous, ref.key)
+    if known and len(known) == known[0].extra[WINDOWS_KEY]:
+        firsts = sorted(int(row.key.rpartition("@")[2]) for row in known)
+        return [_window_ref(ref, first, ref.read_media) for first in firsts]
+    read = functools.cache(ref.read_media)
+    try:
+        media = read()
+        if media is None:
+            return [ref]
+        total, fps = probe_frames(media)
+        windows = choose_windows(policy, total, fps, plan.spec.frames)
+    except InputError:
+        return [ref]  # encoding it gives the row its reason
+    return [_window_ref(ref, w.first, read) for w in windows]
+
+
+def _window_ref(ref: SampleRef, first: int, read) -> SampleRef:
+    suffix = f"@{first}"
+    return dataclasses.replace(
+        ref,
+        id=ref.id + suffix,
+        key=ref.key + suffix,
+        stem=ref.stem + suffix if ref.stem else "",
+        read_media=read,
+        window=first,
+    )

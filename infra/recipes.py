@@ -1,0 +1,103 @@
+"""Named recipes: the settings that reproduce a cache as a known trainer or published dataset makes it.
+
+`--recipe NAME` sets them; a config file and flags override any of them. The fingerprint covers the resolved
+settings, not the name (two spellings of one recipe are one cache); cache.json's provenance records the name and
+`inspect` shows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    description: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        Recipe(
+            "wan22-vbvr",
+            "The published Wan2.2 VBVR cache, bit for bit: 33 frames spanning the clip, stretched to 832x832 "
+            "(bilinear), UMT5 padded to 512 with the encoder's raw outputs at pad positions, per-sample .pt",
+            {
+                "family": "wan22",
+                "format": "pt",
+                "frames": 33,
+                "height": 832,
+                "width": 832,
+                "temporal": "span",
+                "resize": "stretch",
+                "text_max_length": 512,
+                "text_padding": "raw",
+            },
+        ),
+        Recipe(
+            "ltx2-trainer",
+            "What the LTX-2 trainer's process_dataset.py writes: the first F frames, bicubic cover + centre crop, "
+            "Gemma pre-connector text padded to 1024, the .precomputed/ layout (give --buckets or F/H/W)",
+            {
+                "family": "ltx2",
+                "format": "ltx",
+                "temporal": "head",
+                "resize": "cover-crop",
+                "text_stage": "pre_connector",
+                "text_max_length": 1024,
+            },
+        ),
+        Recipe(
+            "fastvideo-ltx2",
+            "FastVideo's LTX-2 training data: frames resampled to 24 fps, bilinear antialiased cover + centre "
+            "crop, post-connector text, parquet (the parquet format is not in this release yet)",
+            {
+                "family": "ltx2",
+                "format": "parquet",
+                "temporal": "fps:24",
+                "resize": "cover-crop-aa",
+                "text_stage": "post_connector",
+                "text_max_length": 1024,
+            },
+        ),
+        Recipe(
+            "wan22-context",
+            "World-model context windows for Wan2.2: every non-overlapping window of 29 frames at stride 2 "
+            "(8 latent slots), each its own sample ID@FIRST, stretched, raw text padding",
+            {
+                "family": "wan22",
+                "format": "pt",
+                "frames": 29,
+                "temporal": "windows:2",
+                "resize": "stretch",
+                "text_padding": "raw",
+            },
+        ),
+        Recipe(
+            "image-512",
+            "One frame per sample at 512x512: short side to 512 (bicubic, antialiased), centre crop, [-1, 1]",
+            {"frames": 1, "height": 512, "width": 512, "temporal": "head", "resize": "cover-crop"},
+        ),
+    )
+}
+
+
+def get_recipe(name: str) -> Recipe:
+    """The recipe called `name`; ConfigError listing the known ones."""
+    if name not in RECIPES:
+        raise ConfigError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)} (`latentforge recipes` lists them)")
+    return RECIPES[name]
+
+
+def with_recipe(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (config file and flags, merged) over the settings of the recipe they name, if any (a value left
+    None does not unset a recipe's setting)."""
+    name = values.get("recipe")
+    if not name:
+        return dict(values)
+    return {**get_recipe(name).settings, **{k: v for k, v in values.items() if v is not None}}
