@@ -118,12 +118,13 @@ def reap_orphans(home: Path | None = None, timeout: float = 10.0) -> list[Server
 
 
 def start_tracked(home: Path | None = None) -> ServerRecord | None:
-    """Start Prefect's ephemeral server now (main thread) and record it; None when an API URL is set."""
+    """Start Prefect's ephemeral server now (main thread) and record it; None when an API URL is set (or the
+    ephemeral server is switched off)."""
     from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415
-    from prefect.settings import PREFECT_API_URL  # noqa: PLC0415
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED  # noqa: PLC0415
 
-    if PREFECT_API_URL.value():
-        return None
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return None  # a real server, or none at all: Prefect's own error then says so
     server = SubprocessASGIServer()  # Prefect keeps one per process: its clients get this one
     server.start()
     if server.server_process is None:
