@@ -6,6 +6,7 @@ Later steps (the audio gate, upload) slot in around decode-and-verify; the flow 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -33,6 +34,7 @@ from infra.cache.storage import remove_stale_temps
 from infra.config import BuildConfig
 from infra.errors import GateFailed
 from infra.gates.conflicts import keep_old_cache_json
+from infra.gates.decision import Decision
 from infra.gates.plan import BuildPlan, parse_only
 from infra.gates.sanity import SanityReport
 from infra.preprocess import progress
@@ -69,19 +71,32 @@ def build_cache(config: BuildConfig) -> dict[str, Any]:
         shapes = dry_run_sample(plan)
         logger.info("dry run (nothing written): %s", shapes)
         return {"dry_run": shapes, "out_state": report.kind}
-    set_step("conflict-gate")
-    plan, conflict = resolve_conflict(plan, report)
-    if conflict is not None and conflict.choice == "reuse":
-        report = verify_existing(plan)  # the adopted spec's resume: its stale samples
-    set_step("stale-gate")
-    plan, stale = resolve_stale(plan, report)
+    with contextlib.ExitStack() as held:  # one writer per OUT, from the gates to the last report
+        if report.kind in WRITABLE:
+            held.enter_context(out_lock(plan.out))
+        set_step("conflict-gate")
+        plan, conflict = resolve_conflict(plan, report)
+        if conflict is not None:  # nothing is written into a conflicting OUT (not even the lock) before a decision
+            held.enter_context(out_lock(plan.out))  # the decided OUT: the same one, or OUT-v2
+        if conflict is not None and conflict.choice == "reuse":
+            report = verify_existing(plan)  # the adopted spec's resume: its stale samples
+        set_step("stale-gate")
+        plan, stale = resolve_stale(plan, report)
+        result = _build_locked(plan, [d for d in (conflict, stale) if d is not None])
+    if config.upload is not None:  # the upload step takes the lock again itself
+        uploaded = upload_step(plan.out, config.upload, approval_timeout=config.approval_timeout)
+        result["upload"] = {k: uploaded.get(k) for k in ("target", "counts", "sent", "upload_report")}
+    return result
+
+
+def _build_locked(plan: BuildPlan, decided: list[Decision]) -> dict[str, Any]:
+    """Sanity, disk, preprocess, summary and audit, under OUT's writer lock."""
     sanity = _gates(plan)
     start = time.perf_counter()
     set_step("preprocess")
-    with out_lock(plan.out):
-        _check_unchanged(plan)
-        _prepare_out(plan)
-        results = _run_shards(plan)
+    _check_unchanged(plan)
+    _prepare_out(plan)
+    results = _run_shards(plan)
     summary = summarize(
         results,
         out=str(plan.out),
@@ -93,13 +108,8 @@ def build_cache(config: BuildConfig) -> dict[str, Any]:
     )
     _publish(summary)
     timings = {"sanity_sample_seconds": sanity.seconds, "preprocess_seconds": summary.seconds}
-    decided = [d for d in (conflict, stale) if d is not None]
     audited = audit(plan, summary.model_dump(), timings, decided)  # a crashed shard's samples are missing there
-    result = {**summary.model_dump(), **audited, "sanity": sanity.to_dict(), "sanity_text": sanity.text()}
-    if config.upload is not None:
-        uploaded = upload_step(plan.out, config.upload, approval_timeout=config.approval_timeout)
-        result["upload"] = {k: uploaded.get(k) for k in ("target", "counts", "sent", "upload_report")}
-    return result
+    return {**summary.model_dump(), **audited, "sanity": sanity.to_dict(), "sanity_text": sanity.text()}
 
 
 def _gates(plan: BuildPlan) -> SanityReport:

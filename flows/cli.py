@@ -61,6 +61,10 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     from infra.gates.plan import make_spec  # noqa: PLC0415  (fast checks before Prefect starts)
 
     make_spec(config)
+    if not config.dry_run:
+        from infra.cache.lock import check_not_locked  # noqa: PLC0415
+
+        check_not_locked(Path(config.out))  # refused at once, before Prefect starts
     from flows.build import build_cache  # noqa: PLC0415
     from flows.run import run_or_raise  # noqa: PLC0415
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+from collections.abc import Iterator
 from typing import Any
 
 from prefect import Flow
@@ -11,6 +14,8 @@ from prefect.settings import PREFECT_RUNNER_HEARTBEAT_FREQUENCY, temporary_setti
 from flows.build import build_cache
 from infra.config import BuildConfig
 from infra.errors import RunFailed
+from infra.ops import ephemeral
+from infra.ops.alerts import WEBHOOK_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -19,9 +24,17 @@ def run_flow(flow: Flow, **parameters: Any) -> tuple[bool, Any]:
     """Run `flow` to its end: (True, result) or (False, the reason it failed).
 
     The runner heartbeat costs ~1 s per flow run and no environment variable turns it off, so it is
-    switched off here for terminal runs (a server-side automation covers crashed runs instead).
+    switched off here for terminal runs (a server-side automation covers crashed runs instead). Orphaned
+    ephemeral servers of killed runs are reaped first, and this run's own is started and recorded
+    (`infra.ops.ephemeral`). A webhook URL in the config moves to this process's environment: flow
+    parameters are stored in Prefect's database in plain text, and the URL may hold a token.
     """
-    with temporary_settings({PREFECT_RUNNER_HEARTBEAT_FREQUENCY: None}):
+    ephemeral.reap_orphans()
+    ephemeral.start_tracked()
+    webhooks = [v.alerts.webhook for v in parameters.values() if isinstance(v, BuildConfig) and v.alerts]
+    parameters = {name: _without_webhook(value) for name, value in parameters.items()}
+    webhook = next((w for w in webhooks if w), None)
+    with _env(WEBHOOK_ENV, webhook), temporary_settings({PREFECT_RUNNER_HEARTBEAT_FREQUENCY: None}):
         state = flow(**parameters, return_state=True)
     if state.is_completed():
         return True, state.result()
@@ -30,6 +43,31 @@ def run_flow(flow: Flow, **parameters: Any) -> tuple[bool, Any]:
     except BaseException as exc:  # noqa: BLE001  (the flow's own error, reported to the user)
         return False, f"{type(exc).__name__}: {exc}"
     return False, state.message or state.name
+
+
+def _without_webhook(value: Any) -> Any:
+    """A BuildConfig without its ``alerts.webhook`` (other values as they are)."""
+    if not isinstance(value, BuildConfig) or value.alerts is None or not value.alerts.webhook:
+        return value
+    return value.model_copy(update={"alerts": value.alerts.model_copy(update={"webhook": None})})
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str | None) -> Iterator[None]:
+    """``name=value`` in this process's environment for the block (nothing when value is None); the config's
+    webhook wins over the environment's, as `infra.ops.alerts.destinations` has it."""
+    if value is None:
+        yield
+        return
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
 
 
 def run_or_raise(flow: Flow, **parameters: Any) -> Any:

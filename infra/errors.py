@@ -63,6 +63,10 @@ class ServerError(LatentforgeError, RuntimeError):
     """The Prefect server or the worker could not be started, stopped or read."""
 
 
+class DamagedCacheError(LatentforgeError, RuntimeError):
+    """A file of the cache does not load safely (``weights_only=True``) or is not what its ledger says."""
+
+
 class LedgerError(LatentforgeError, ValueError):
     """A ledger that cannot be read (a corrupt line anywhere but a journal's torn tail)."""
 

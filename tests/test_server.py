@@ -9,8 +9,8 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
+import psutil
 from prefect.client.orchestration import get_client
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from typer.testing import CliRunner
@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from infra.ops import server
 
-LF = str(Path(sys.executable).with_name("latentforge"))
+LF = [sys.executable, "-m", "flows.cli"]  # this checkout's code (the console script may be another's)
 POOL = "lf-test-pool"
 
 
@@ -28,8 +28,20 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _listening_addresses(pid: int, port: int) -> set[str]:
+    """The addresses the process tree of `pid` listens on at `port`."""
+    root = psutil.Process(pid)
+    tree = [root, *root.children(recursive=True)]
+    return {
+        c.laddr.ip
+        for p in tree
+        for c in p.net_connections("inet")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+    }
+
+
 def _lf(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([LF, "server", *args], env=env, capture_output=True, text=True, timeout=180)
+    return subprocess.run([*LF, "server", *args], env=env, capture_output=True, text=True, timeout=180)
 
 
 def _pool_type(api_url: str, name: str) -> tuple[str, dict]:
@@ -54,6 +66,7 @@ def test_start_status_stop(tmp_path, prefect_server):
         assert all(server.is_running(proc) for proc in procs)
         with urllib.request.urlopen(f"{api_url}/health", timeout=5) as response:
             assert response.status == 200
+        assert _listening_addresses(procs[0].pid, port) == {"127.0.0.1"}  # loopback unless --host says otherwise
         assert _pool_type(api_url, POOL) == ("process", server.JOB_ENV)
 
         status = _lf("status", "--home", str(home), env=env)

@@ -10,7 +10,9 @@ import torch
 
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
+from infra.errors import DamagedCacheError
 from infra.formats import get_format
+from infra.formats.base import Format
 
 
 def _describe(value: Any) -> Any:
@@ -19,6 +21,22 @@ def _describe(value: Any) -> Any:
     if isinstance(value, str) and len(value) > 72:
         return value[:69] + "..."
     return value
+
+
+def _read(fmt: Format, path: Path) -> dict[str, Any]:
+    """One stored file through the format's safe reader (weights_only); DamagedCacheError when it does not load."""
+    try:
+        record = fmt.read(path)
+    except Exception as exc:  # whatever stops a safe load (a pickle with code, a torn file) is damage
+        text = str(exc)
+        reason = " ".join(text[max(text.find("WeightsUnpickler error:"), 0) :].split())[:160]
+        raise DamagedCacheError(
+            f"{path}: does not load with weights_only=True ({type(exc).__name__}: {reason}); `latentforge verify` "
+            "lists every damaged file"
+        ) from exc
+    if not isinstance(record, dict):
+        raise DamagedCacheError(f"{path}: holds a {type(record).__name__}, not a dict of tensors")
+    return record
 
 
 def inspect_cache(out: Path) -> dict[str, Any]:
@@ -40,7 +58,7 @@ def inspect_cache(out: Path) -> dict[str, Any]:
                 first_done.setdefault(row.group, [f.path for f in row.output_files()])
     samples = {}
     for group, paths in sorted(first_done.items()):
-        described = {rel: {k: _describe(v) for k, v in fmt.read(out / rel).items()} for rel in paths}  # weights_only
+        described = {rel: {k: _describe(v) for k, v in _read(fmt, out / rel).items()} for rel in paths}
         if len(paths) == 1:
             samples[group] = {"path": paths[0], **described[paths[0]]}
         else:  # a format that keeps a sample in several files (the LTX-2 layout: latents, conditions, audio)

@@ -1,31 +1,181 @@
-"""One writer per cache: an advisory lock on OUT/.latentforge.lock, released when the process ends."""
+"""One writer per cache: an advisory lock on OUT/.latentforge.lock, released when the process ends.
+
+The kernel lock (``flock``) is what excludes a second writer; the file's content says who holds it: a JSON
+record (pid, host, the pid's start time, since when), written on taking the lock and cleared on a clean
+release. A record found under a free lock is therefore a run that ended without releasing (SIGKILL, OOM,
+a lost machine): on this host, when that pid is gone, the lock is taken over with a warning; a record of
+another host cannot be checked from here, so the run stops and says how to clear it.
+
+``flock`` is only as good as the file system: on a network file system (NFS, SMB, ...) a lock taken on one
+machine may not exclude a writer on another. `lock_caveat` says so, from the mount table, and the warning is
+logged whenever such an OUT is locked.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
+import logging
 import os
-from collections.abc import Iterator
+import socket
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 from infra.errors import ConflictError
 
+logger = logging.getLogger(__name__)
+
 LOCK_NAME = ".latentforge.lock"
+#: File systems whose locks are not known to hold between machines (checked against the mount table).
+NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "sshfs", "9p", "afs", "fuse.gcsfuse", "fuse.s3fs")
+#: A lock held for a moment by another run's `check_not_locked` probe is waited for this long.
+BUSY_WAIT_SECONDS = 1.0
+
+
+class LockedError(ConflictError):
+    """Another run holds OUT's writer lock (or left a record this host cannot check)."""
+
+
+@dataclass
+class LockOwner:
+    """Who holds (or last held, without releasing) a cache's writer lock."""
+
+    pid: int
+    host: str
+    create_time: float | None  # psutil's start time of that pid: a reused pid is not the holder
+    since: str
+
+    @classmethod
+    def me(cls) -> LockOwner:
+        pid = os.getpid()
+        return cls(pid, socket.gethostname(), psutil.Process(pid).create_time(), _now())
+
+    def text(self) -> str:
+        return f"pid {self.pid} on {self.host} (since {self.since})"
+
+    def alive_here(self) -> bool:
+        """This owner is a running process of this host (same pid, same start time, not a zombie)."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            process = psutil.Process(self.pid)
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return False
+            return self.create_time is None or abs(process.create_time() - self.create_time) < 0.01
+        except psutil.Error:
+            return False
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _read_owner(fd: int) -> LockOwner | None:
+    raw = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+    if not raw:
+        return None
+    try:
+        return LockOwner(**json.loads(raw))
+    except (ValueError, TypeError):
+        if raw.isdigit():  # latentforge 0.1 wrote the bare pid
+            return LockOwner(int(raw), socket.gethostname(), None, "?")
+        return LockOwner(-1, f"unreadable record {raw[:40]!r}", None, "?")
+
+
+def lock_caveat(path: Path, partitions: Iterable[Any] | None = None) -> str | None:
+    """Why OUT's lock cannot be trusted across machines (its mount is a network file system), else None.
+
+    `partitions`: ``psutil.disk_partitions(all=True)`` unless given (entries with ``mountpoint``/``fstype``)."""
+    resolved = str(Path(path).resolve())
+    best = None
+    for part in psutil.disk_partitions(all=True) if partitions is None else partitions:
+        mount = part.mountpoint.rstrip("/") or "/"
+        inside = resolved == mount or resolved.startswith(mount.rstrip("/") + "/")
+        if inside and (best is None or len(mount) > len(best.mountpoint.rstrip("/") or "/")):
+            best = part
+    if best is None or best.fstype.lower() not in NETWORK_FS:
+        return None
+    return (
+        f"{path} is on {best.fstype} ({best.device} at {best.mountpoint}): its writer lock is not known to "
+        "exclude a build on another machine; run one build per OUT across machines"
+    )
+
+
+def _refusal(out: Path, owner: LockOwner | None) -> LockedError:
+    holder = owner.text() if owner else "a process that has not written its record yet"
+    return LockedError(f"{out} is being written by another run: {holder}; wait for it or use another --out")
+
+
+def _take(fd: int, out: Path) -> None:
+    """flock OUT, waiting out a momentary probe; LockedError when another run holds it."""
+    deadline = time.monotonic() + BUSY_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise _refusal(out, _read_owner(fd)) from None
+            time.sleep(0.05)
+
+
+def _take_over(out: Path, previous: LockOwner) -> None:
+    """A record under a free lock: a run that did not release. Take over on this host when it is gone."""
+    if previous.host != socket.gethostname():
+        raise LockedError(
+            f"{out} was last locked by {previous.text()} and never released; this host cannot tell whether that "
+            f"run is still writing. If it is not, remove {out / LOCK_NAME} and run again"
+        )
+    if previous.alive_here():
+        raise LockedError(f"{out}: {previous.text()} holds the lock by its record but not by the kernel's; stopping")
+    logger.warning("taking over the writer lock of %s left by %s, which is gone (killed?)", out, previous.text())
 
 
 @contextlib.contextmanager
 def out_lock(out: Path) -> Iterator[None]:
-    """Hold the cache's writer lock; a second writer gets a ConflictError at once."""
+    """Hold the cache's writer lock; a second writer gets a LockedError (naming this one's pid and host) at once."""
     out.mkdir(parents=True, exist_ok=True)
+    caveat = lock_caveat(out)
+    if caveat:
+        logger.warning("%s", caveat)
     fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    recorded = False
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            raise ConflictError(f"{out} is being written by another run (pid {holder or '?'})") from None
+        _take(fd, out)
+        previous = _read_owner(fd)
+        if previous is not None:
+            _take_over(out, previous)  # a refusal leaves the record as it was found
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.pwrite(fd, json.dumps(asdict(LockOwner.me())).encode(), 0)
+        os.fsync(fd)
+        recorded = True
         yield
     finally:
+        if recorded:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # a clean release leaves no record: a record means a run that died
         os.close(fd)  # closing releases the lock
+
+
+def check_not_locked(out: Path) -> None:
+    """Before a run starts anything: LockedError when another run holds OUT's lock now (a shared probe)."""
+    path = Path(out) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _refusal(Path(out), _read_owner(fd)) from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

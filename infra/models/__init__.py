@@ -80,11 +80,19 @@ _load_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=2)
-def _load(model_dir: str, family: str, device: str, dtype: torch.dtype) -> LoadedFamily:
+def _load(model_dir: str, family: str, device: str, dtype: torch.dtype, files: tuple) -> LoadedFamily:
     return get_family(family).load(Path(model_dir), torch.device(device), dtype)
+
+
+def _files_signature(model_dir: Path) -> tuple:
+    """(path, size, mtime_ns, inode) of every file under the model dir: a directory changed on disk since it was
+    loaded (weights replaced, removed, added) is loaded again, not answered from memory under a new fingerprint."""
+    stats = ((p, p.stat()) for p in sorted(model_dir.rglob("*")) if p.is_file())
+    return tuple((str(p.relative_to(model_dir)), st.st_size, st.st_mtime_ns, st.st_ino) for p, st in stats)
 
 
 def load_family(model_dir: Path, family: str, device: torch.device, dtype: torch.dtype) -> LoadedFamily:
     """Load once per process and reuse: every shard task of a run shares one set of models."""
+    resolved = Path(model_dir).resolve()
     with _load_lock:  # one load at a time: lazy imports are not thread-safe, and memory is not doubled
-        return _load(str(Path(model_dir).resolve()), family, str(device), dtype)
+        return _load(str(resolved), family, str(device), dtype, _files_signature(resolved))

@@ -1,0 +1,146 @@
+"""The ephemeral Prefect server of a terminal run: recorded by PID, reaped when the run that started it is gone.
+
+With no ``PREFECT_API_URL``, Prefect 3.9 starts its API as a child process (``SubprocessASGIServer``:
+``python -m uvicorn ... prefect.server.api.server:create_app`` on 127.0.0.1, a random port in 8000-8999) the
+first time a client needs it, and stops it from an ``atexit`` hook. A process killed by SIGKILL or the OOM
+killer runs no hook: the child lives on, holding its port, ~300 MB and the SQLite database of the Prefect
+home. Prefect offers no parent-death signal for it (its ``Popen`` is not ours to change), so latentforge
+starts that server itself, in the main thread, before the flow (Prefect then reuses the same instance), and
+records it in ``PREFECT_HOME/latentforge-ephemeral/<server pid>.json`` with its owner: pid and kernel start
+time of both, so a reused pid is never taken for ours. The next terminal run with the same Prefect home
+reaps every recorded server whose owner is gone (SIGTERM, then SIGKILL) before it starts its own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+
+from infra.cache.storage import atomic_write
+
+logger = logging.getLogger(__name__)
+
+RECORD_DIR = "latentforge-ephemeral"
+#: What Prefect's ephemeral server runs (its command line must hold this before it is signalled).
+SERVER_APP = "prefect.server.api.server:create_app"
+
+
+@dataclass
+class ServerRecord:
+    """One ephemeral server and the run that started it."""
+
+    server_pid: int
+    server_create_time: float
+    owner_pid: int
+    owner_create_time: float
+    host: str
+    port: int | None
+    started_at: str
+
+
+def records_dir(home: Path | None = None) -> Path:
+    """``PREFECT_HOME/latentforge-ephemeral`` (Prefect's resolved home unless given)."""
+    if home is None:
+        from prefect.settings import PREFECT_HOME  # noqa: PLC0415 - keep this module light for tests
+
+        home = Path(PREFECT_HOME.value())
+    return Path(home).expanduser() / RECORD_DIR
+
+
+def _matches(pid: int, create_time: float) -> psutil.Process | None:
+    """The process `pid` when it still is the one recorded: alive, not a zombie, the same start time."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE or abs(process.create_time() - create_time) > 0.01:
+            return None
+        return process
+    except psutil.Error:
+        return None
+
+
+def read_records(home: Path | None = None) -> list[tuple[Path, ServerRecord | None]]:
+    """Every record file, with its record (None when it cannot be read)."""
+    directory = records_dir(home)
+    found: list[tuple[Path, ServerRecord | None]] = []
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        try:
+            found.append((path, ServerRecord(**json.loads(path.read_text()))))
+        except (OSError, ValueError, TypeError):
+            found.append((path, None))
+    return found
+
+
+def _stop(process: psutil.Process, timeout: float) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except psutil.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def reap_orphans(home: Path | None = None, timeout: float = 10.0) -> list[ServerRecord]:
+    """Stop every recorded ephemeral server of this host whose owner is gone; returns those stopped.
+
+    A record whose server is gone already is removed; one of a live owner, or of another host, is left alone;
+    an unreadable one is reported and left."""
+    reaped = []
+    for path, record in read_records(home):
+        if record is None:
+            logger.warning("unreadable ephemeral-server record %s: left as it is", path)
+            continue
+        if record.host != socket.gethostname() or _matches(record.owner_pid, record.owner_create_time):
+            continue
+        server = _matches(record.server_pid, record.server_create_time)
+        with contextlib.suppress(psutil.Error):
+            if server is not None and SERVER_APP in " ".join(server.cmdline()):
+                logger.warning(
+                    "stopping an orphaned ephemeral Prefect server (pid %d, port %s) left by run pid %d, which is "
+                    "gone (killed?)",
+                    record.server_pid,
+                    record.port,
+                    record.owner_pid,
+                )
+                _stop(server, timeout)
+                reaped.append(record)
+        path.unlink(missing_ok=True)
+    return reaped
+
+
+def start_tracked(home: Path | None = None) -> ServerRecord | None:
+    """Start Prefect's ephemeral server now (main thread) and record it; None when an API URL is set (or the
+    ephemeral server is switched off)."""
+    from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED  # noqa: PLC0415
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return None  # a real server, or none at all: Prefect's own error then says so
+    server = SubprocessASGIServer()  # Prefect keeps one per process: its clients get this one
+    server.start()
+    if server.server_process is None:
+        return None
+    me = psutil.Process(os.getpid())
+    pid = server.server_process.pid
+    record = ServerRecord(
+        server_pid=pid,
+        server_create_time=psutil.Process(pid).create_time(),
+        owner_pid=me.pid,
+        owner_create_time=me.create_time(),
+        host=socket.gethostname(),
+        port=server.port,
+        started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    path = records_dir(home) / f"{pid}.json"
+    atomic_write(path, json.dumps(asdict(record)).encode(), replace=True)
+    atexit.register(path.unlink, missing_ok=True)  # runs before Prefect's own stop (atexit is LIFO)
+    return record
