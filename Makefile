@@ -16,7 +16,7 @@ export PREFECT_HOME ?= $(CURDIR)/$(DEMO)/.prefect
 DEMO_GEOMETRY ?= --frames 33 --height 256 --width 256
 DEMO_FLAGS ?= $(DEMO_GEOMETRY) --dtype fp32 --on-loss accept --min-psnr 19
 
-.PHONY: demo test lint bench clean-demo
+.PHONY: demo test lint bench soak clean-demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ test: $(STAMP)
 	@mkdir -p $(PREFECT_HOME)
 	$(BIN)/ruff check flows tasks infra tests bench
 	$(BIN)/python -m pytest -q
+
+# The crash-resume sweep: a real build SIGKILLed at every kill point (infra/ops/faults.py), rerun, compared.
+soak: $(STAMP)
+	@mkdir -p $(PREFECT_HOME)
+	LATENTFORGE_SOAK=1 $(BIN)/python -m pytest -q -s tests/test_crash_sweep.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check flows tasks infra tests bench

@@ -37,6 +37,7 @@ from infra.gates.conflicts import keep_old_cache_json
 from infra.gates.decision import Decision
 from infra.gates.plan import BuildPlan, parse_only
 from infra.gates.sanity import SanityReport
+from infra.ops.faults import fault_point
 from infra.preprocess import progress
 from infra.preprocess.shard import ShardResult
 from infra.preprocess.summary import BuildSummary, summarize
@@ -64,6 +65,7 @@ def build_cache(config: BuildConfig) -> dict[str, Any]:
     set_step("plan")
     plan = plan_build(config)
     logger.info("plan: family %s, fingerprint %s, %d shards", plan.family, plan.fingerprint[:16], len(plan.shards))
+    fault_point("plan")
     set_step("verify-existing")
     report = verify_existing(plan)
     logger.info("%s", report.text())

@@ -36,6 +36,7 @@ from infra.formats import AUDIO_KIND, Format, get_format
 from infra.media.audio import trainer_audio
 from infra.models import LoadedFamily, load_family
 from infra.models.identity import component_identity
+from infra.ops.faults import fault_point
 from infra.preprocess.encode import prepare_video
 from infra.sources import Shard, Source, is_safe_name, open_source
 
@@ -181,6 +182,7 @@ class _Run:
         """Measure one sample and write its files; any failure (its source's bytes too) is recorded as a problem."""
         try:
             self.report.rows.append(self._measure(row, read_media))
+            fault_point("verify")
         except Exception as exc:  # noqa: BLE001 - one sample's failure is data, the others go on
             self.problem(row, f"{type(exc).__name__}: {exc}")
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra.cache.storage import atomic_write
 from infra.errors import LedgerError
+from infra.ops.faults import fault_point
 from infra.sources.identity import SourceIdentity
 
 logger = logging.getLogger(__name__)
@@ -198,5 +199,6 @@ def seal(out: Path, shard_id: str, rows: Iterable[LedgerRow]) -> Path:
     """Write the shard's sealed ledger atomically (commit record), then drop its journal."""
     body = "".join(r.to_json() + "\n" for r in rows)
     written = atomic_write(sealed_path(out, shard_id), body.encode(), replace=True)
+    fault_point("seal")
     journal_path(out, shard_id).unlink(missing_ok=True)
     return written.path

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from infra.ops.faults import fault_point
+
 logger = logging.getLogger(__name__)
 
 TEMP_SUFFIX = ".lftmp"
@@ -81,6 +83,7 @@ def atomic_file(path: Path, *, replace: bool = False) -> Iterator[AtomicFile]:
             yield handle
             fh.flush()
             os.fsync(fh.fileno())
+        fault_point("write")
         if replace:
             os.replace(tmp, path)
         else:

@@ -29,6 +29,7 @@ from infra.formats import EncodedSample, WrittenSample, get_format
 from infra.formats.base import KIND_DTYPES
 from infra.gates.plan import BuildPlan
 from infra.models import LoadedFamily, get_family
+from infra.ops.faults import fault_point
 from infra.preprocess.encode import encode_sample, load_encoder
 from infra.sources import SampleRef, ShardReadError, open_source
 
@@ -203,6 +204,7 @@ def _trying(
     def attempt(ref: SampleRef) -> Any:
         report.sample_key = ref.key
         found, report.seconds = _timed(ref, plan, encoder, out, repeats)
+        fault_point("sanity")
         return found
 
     return attempt

@@ -33,6 +33,7 @@ from infra.media.video import (
     sample_frames,
 )
 from infra.models import LoadedFamily, load_family
+from infra.ops.faults import fault_point
 from infra.sources import SampleRef
 
 
@@ -129,9 +130,11 @@ def encode_sample(
     if media is None:
         raise InputError("missing_video", "the sample has no video file")
     video = prepare_video(media, spec, ref.window)
+    fault_point("decode")
     encoder = get_encoder()
     latents = encoder.encode_video(video.pixels)
     text = encoder.encode_text(prompt, spec.text_settings())
+    fault_point("encode")
     extras: dict[str, Any] = dict(text.extras)
     info: dict[str, Any] = {"fps": video.clip.fps, "geometry": tuple(int(n) for n in video.pixels.shape[2:])}
     info["sampling"] = sampling_record(video.clip)

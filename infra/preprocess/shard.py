@@ -24,6 +24,7 @@ from infra.formats import EncodedSample, Format, PerSampleWriter, Writer, Writte
 from infra.gates.plan import BuildPlan, ShardPlan, parse_only
 from infra.gates.stale import kept, refreshed, source_state
 from infra.models import LoadedFamily
+from infra.ops.faults import fault_point
 from infra.preprocess.encode import encode_sample, load_encoder
 from infra.preprocess.windows import expand
 from infra.sources import SampleRef, ShardReadError, open_source
@@ -195,6 +196,7 @@ def process_shard(
             logger.error("shard %s: %s", shard.id, exc)
             result.error = str(exc)
     ledger.seal(plan.out, shard.id, rows.values())
+    fault_point("shard")
     _tally(result, rows.values())
     result.seconds = round(time.perf_counter() - start, 3)
     return result
@@ -231,6 +233,7 @@ def _visit(
         if windows is not None:
             row.extra[WINDOWS_KEY] = windows
         journal.append(row)
+        fault_point("sample")
         _count_new(result, row)
     return row
 
