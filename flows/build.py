@@ -19,6 +19,7 @@ from prefect.artifacts import (
 )
 from prefect.futures import PrefectFuture, wait
 from prefect.runtime import flow_run
+from prefect.states import Cancelled, State
 from prefect.task_runners import ThreadPoolTaskRunner
 from tqdm import tqdm
 
@@ -32,11 +33,12 @@ from infra.cache.cachedir import CACHE_JSON, write_cache_json
 from infra.cache.lock import out_lock
 from infra.cache.storage import remove_stale_temps
 from infra.config import BuildConfig
-from infra.errors import GateFailed
+from infra.errors import DiskFull, GateFailed, Preempted
 from infra.gates.conflicts import keep_old_cache_json
 from infra.gates.decision import Decision
 from infra.gates.plan import BuildPlan, parse_only
 from infra.gates.sanity import SanityReport
+from infra.ops import preempt
 from infra.ops.faults import fault_point
 from infra.preprocess import progress
 from infra.preprocess.shard import ShardResult
@@ -58,9 +60,19 @@ POLL_SECONDS = 2.0
     on_failure=[on_failure],
     on_crashed=[on_crashed],
 )
-def build_cache(config: BuildConfig) -> dict[str, Any]:
+def build_cache(config: BuildConfig) -> dict[str, Any] | State:
     """Build (or resume) a latent cache: plan, verify OUT, gate, sanity, disk, preprocess, audit, run report,
-    then upload when ``config.upload`` names a target."""
+    then upload when ``config.upload`` names a target. A run stopped by SIGTERM or Ctrl-C ends Cancelled, with
+    what was done sealed (the terminal front then exits with the preempted code and the resume line)."""
+    preempt.reclaim()  # SIGTERM / Ctrl-C finish the sample in flight (Prefect's own handler would crash the run)
+    try:
+        return _build(config)
+    except Preempted as exc:
+        get_run_logger().warning("%s: finished samples are sealed; the run stops here", exc)
+        return Cancelled(message=f"{exc}: finished samples are sealed")
+
+
+def _build(config: BuildConfig) -> dict[str, Any]:
     logger = get_run_logger()
     set_step("plan")
     plan = plan_build(config)
@@ -154,7 +166,8 @@ def _prepare_out(plan: BuildPlan) -> None:
 
 
 def _run_shards(plan: BuildPlan) -> list[ShardResult]:
-    """Submit shards with at most config.workers running; report progress while they run."""
+    """Submit shards with at most config.workers running; report progress while they run. A stop (SIGTERM,
+    Ctrl-C) or a full disk starts no new shard; the running ones end (sealed), then the run stops."""
     run_key = str(flow_run.get_id() or id(plan))
     progress.start(run_key)
     selection = parse_only(plan.config.only)  # a rerun of what failed: only the named shards run
@@ -164,16 +177,17 @@ def _run_shards(plan: BuildPlan) -> list[ShardResult]:
     artifact = create_progress_artifact(0.0, key="build-progress", description=f"{plan.out}: {total} samples")
     pending, running, results = chosen, [], []
     futures: dict[PrefectFuture, str] = {}
+    full: list[DiskFull] = []
     try:
-        while pending or running:
-            while pending and len(running) < plan.config.workers:
+        while running or (pending and not full and not preempt.requested()):
+            while pending and len(running) < plan.config.workers and not full and not preempt.requested():
                 shard = pending.pop(0)
                 future = preprocess_shard.submit(plan, shard, run_key)
                 futures[future] = shard.id
                 running.append(future)
             finished, unfinished = wait(running, timeout=POLL_SECONDS)
             running = list(unfinished)
-            results += [_result_of(f, futures[f]) for f in finished]
+            results += [r for f in finished if (r := _result_of(f, futures[f], full)) is not None]
             counts = progress.snapshot(run_key)
             bar.update(counts.get("total", 0) - bar.n)
             bar.set_postfix(skipped=counts.get("skipped", 0), failed=counts.get("failed", 0))
@@ -181,12 +195,19 @@ def _run_shards(plan: BuildPlan) -> list[ShardResult]:
     finally:
         bar.close()
         progress.finish(run_key)
+    if full:
+        raise full[0]
+    preempt.check()
     return results
 
 
-def _result_of(future: PrefectFuture, shard_id: str) -> ShardResult:
+def _result_of(future: PrefectFuture, shard_id: str, full: list[DiskFull]) -> ShardResult | None:
+    """A shard's result; a crashed shard's error as its result; None for a full disk (kept in `full`)."""
     try:
         return future.result()
+    except DiskFull as exc:
+        full.append(exc)
+        return None
     except Exception as exc:  # noqa: BLE001 - a crashed shard is reported; the other shards go on
         get_run_logger().error("shard %s crashed after its retries: %s", shard_id, exc)
         return ShardResult(shard=shard_id, error=f"crashed: {type(exc).__name__}: {exc}")

@@ -14,7 +14,7 @@ from prefect.settings import PREFECT_RUNNER_HEARTBEAT_FREQUENCY, temporary_setti
 from flows.build import build_cache
 from infra.config import BuildConfig
 from infra.errors import RunFailed
-from infra.ops import ephemeral
+from infra.ops import ephemeral, preempt
 from infra.ops.alerts import WEBHOOK_ENV
 
 logger = logging.getLogger(__name__)
@@ -28,14 +28,30 @@ def run_flow(flow: Flow, **parameters: Any) -> tuple[bool, Any]:
     ephemeral servers of killed runs are reaped first, and this run's own is started and recorded
     (`infra.ops.ephemeral`). A webhook URL in the config moves to this process's environment: flow
     parameters are stored in Prefect's database in plain text, and the URL may hold a token.
+
+    SIGTERM, Ctrl-C and SIGHUP stop the run cleanly within the config's ``grace_seconds`` (`infra.ops.preempt`):
+    a preempted run raises Preempted here, whatever state the flow ended in.
     """
-    ephemeral.reap_orphans()
-    ephemeral.start_tracked()
+    grace = next((v.grace_seconds for v in parameters.values() if isinstance(v, BuildConfig)), None)
+    with preempt.handling(grace or BuildConfig.model_fields["grace_seconds"].default):
+        ephemeral.reap_orphans()
+        ephemeral.start_tracked()
+        preempt.finish()
+        return _run(flow, parameters)
+
+
+def _run(flow: Flow, parameters: dict[str, Any]) -> tuple[bool, Any]:
+    """Run the flow with the webhook moved to the environment and the heartbeat off."""
     webhooks = [v.alerts.webhook for v in parameters.values() if isinstance(v, BuildConfig) and v.alerts]
     parameters = {name: _without_webhook(value) for name, value in parameters.items()}
     webhook = next((w for w in webhooks if w), None)
     with _env(WEBHOOK_ENV, webhook), temporary_settings({PREFECT_RUNNER_HEARTBEAT_FREQUENCY: None}):
-        state = flow(**parameters, return_state=True)
+        try:
+            state = flow(**parameters, return_state=True)
+        except BaseException:
+            preempt.finish()  # a stop that broke the engine (its API gone): still the preempted exit
+            raise
+    preempt.finish()
     if state.is_completed():
         return True, state.result()
     try:

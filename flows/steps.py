@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 from prefect.runtime import flow_run
 
+from infra.ops import preempt
+
 _lock = threading.Lock()
 _current: dict[str, str] = {}
 
@@ -32,7 +34,9 @@ def step(name: str) -> Iterator[None]:
 
 
 def set_step(name: str) -> None:
-    """Mark the step without a block (a linear flow moving on)."""
+    """Mark the step without a block (a linear flow moving on). A run asked to stop (SIGTERM, Ctrl-C) stops here,
+    between steps: Preempted."""
+    preempt.check()
     with _lock:
         _current[_run_key()] = name
 

@@ -228,6 +228,13 @@ class BuildConfig(StrictModel):
         None, description="Make decode-and-verify a gate: every decoded sample ≥ this PSNR (dB)", **_in("decode")
     )
     workers: int = Field(2, ge=1, le=64, description="Shards processed at once (bounded task runner)", **_in("run"))
+    grace_seconds: int = Field(
+        30,
+        gt=0,
+        description="On SIGTERM or Ctrl-C: seconds to finish the samples in flight and seal the ledgers before "
+        "the run ends at once (exit 75 either way; a second signal ends it at once)",
+        **_in("run"),
+    )
     only: list[str] | None = Field(
         None,
         description="Process only these shards (SHARD) or samples (SHARD/KEY); every other ledger row is kept "

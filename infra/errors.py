@@ -12,6 +12,9 @@ from typing import ClassVar
 EXIT_OK = 0
 EXIT_FAILED = 1  # the run or the check ran and found a problem (a gate, a conflict, a shortfall, a mismatch)
 EXIT_USAGE = 2  # the command could not run as given (bad flags or config, unknown names, missing model parts)
+#: Stopped by SIGTERM or Ctrl-C (SIGINT): what was done is sealed; the same command again resumes. 75 is sysexits'
+#: EX_TEMPFAIL ("try again later"), so a scheduler can tell a preempted run from a failed one and restart it.
+EXIT_PREEMPTED = 75
 
 
 class LatentforgeError(Exception):
@@ -69,6 +72,20 @@ class DamagedCacheError(LatentforgeError, RuntimeError):
 
 class LedgerError(LatentforgeError, ValueError):
     """A ledger that cannot be read (a corrupt line anywhere but a journal's torn tail)."""
+
+
+class Preempted(LatentforgeError, RuntimeError):
+    """SIGTERM or Ctrl-C stopped the run: finished samples are sealed in their ledgers; rerunning resumes."""
+
+    exit_code = EXIT_PREEMPTED
+
+
+class DiskFull(LatentforgeError, RuntimeError):
+    """OUT's file system ran out of space (ENOSPC) mid-run: nothing partial was kept; free space and rerun."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class RunFailed(LatentforgeError, RuntimeError):

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from infra.cache.storage import atomic_write
+from infra.cache.storage import atomic_write, disk_full, is_disk_full
 from infra.errors import LedgerError
 from infra.ops.faults import fault_point
 from infra.sources.identity import SourceIdentity
@@ -182,8 +182,20 @@ class Journal:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def append(self, row: LedgerRow) -> None:
-        os.write(self._fd, (row.to_json() + "\n").encode())
-        os.fsync(self._fd)
+        """Append one whole line and fsync it. A full disk (DiskFull) leaves no torn line: the journal is cut back
+        to where it was, so the row is simply not there and the next run redoes that sample."""
+        data = (row.to_json() + "\n").encode()
+        size = os.fstat(self._fd).st_size
+        try:
+            written = 0
+            while written < len(data):  # a nearly full disk can take part of a write without an error
+                written += os.write(self._fd, data[written:])
+            os.fsync(self._fd)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            os.ftruncate(self._fd, size)
+            raise disk_full(self.path, exc) from exc
 
     def close(self) -> None:
         os.close(self._fd)

@@ -38,6 +38,9 @@ NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "sshfs", "9p
 #: A lock held for a moment by another run's `check_not_locked` probe is waited for this long.
 BUSY_WAIT_SECONDS = 1.0
 
+#: The lock files this process holds (fd → OUT): `clear_held` empties their records before an immediate exit.
+_held: dict[int, Path] = {}
+
 
 class LockedError(ConflictError):
     """Another run holds OUT's writer lock (or left a record this host cannot check)."""
@@ -156,12 +159,25 @@ def out_lock(out: Path) -> Iterator[None]:
         os.pwrite(fd, json.dumps(asdict(LockOwner.me())).encode(), 0)
         os.fsync(fd)
         recorded = True
+        _held[fd] = out
         yield
     finally:
+        _held.pop(fd, None)
         if recorded:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)  # a clean release leaves no record: a record means a run that died
         os.close(fd)  # closing releases the lock
+
+
+def clear_held() -> list[Path]:
+    """Empty the records of the locks this process holds (a clean release's mark) because it is about to end at
+    once (a second signal, the grace expired); the kernel drops the locks themselves with the process."""
+    cleared = []
+    for fd, out in list(_held.items()):
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            cleared.append(out)
+    return cleared
 
 
 def check_not_locked(out: Path) -> None:

@@ -8,22 +8,31 @@ exists, so even a racing writer cannot clobber an existing file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from infra.errors import DiskFull
 from infra.ops.faults import fault_point
 
 logger = logging.getLogger(__name__)
 
 TEMP_SUFFIX = ".lftmp"
+#: Errors that mean "this file system is full" (EDQUOT: a quota, as full for this user).
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+#: Temp files being written now: removed by `discard_in_flight` when a second signal ends the process at once.
+_in_flight: set[Path] = set()
+_in_flight_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,16 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def is_disk_full(exc: BaseException) -> bool:
+    """An OSError of a full file system (or quota)."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
+
+def disk_full(path: Path, exc: OSError) -> DiskFull:
+    """The DiskFull error for a write to `path` that hit ENOSPC (callers that know OUT add its size)."""
+    return DiskFull(f"no space left on the file system of {path} ({exc.strerror})", str(path))
+
+
 class AtomicFile:
     """A file being written under a temp name: bytes are counted and hashed as they go (`write`)."""
 
@@ -53,9 +72,15 @@ class AtomicFile:
         self._hash = hashlib.sha256()
         self.bytes = 0
         self.written: Written | None = None  # set once the file is in place
+        self.disk_full: OSError | None = None  # an ENOSPC seen here, even if a caller (torch) re-raised it as another
 
     def write(self, data: bytes) -> int:
-        self._fh.write(data)
+        try:
+            self._fh.write(data)
+        except OSError as exc:
+            if is_disk_full(exc):
+                self.disk_full = exc
+            raise
         self._hash.update(data)
         self.bytes += len(data)
         return len(data)
@@ -72,12 +97,16 @@ class AtomicFile:
 def atomic_file(path: Path, *, replace: bool = False) -> Iterator[AtomicFile]:
     """Stream a file into place atomically: written to a temp file in the same directory, fsynced, then linked
     (or, with `replace`, renamed) to `path` when the block ends without an error. Raises FileExistsError when
-    `path` exists and not `replace`; on an error nothing appears at `path`. ``.written`` is set at the end."""
+    `path` exists and not `replace`, DiskFull when the file system is full (ENOSPC, EDQUOT); on an error nothing
+    appears at `path` and the temp file is gone. ``.written`` is set at the end."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    handle: AtomicFile | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with _in_flight_lock:
+            _in_flight.add(tmp)
         with os.fdopen(fd, "wb") as fh:
             handle = AtomicFile(fh)
             yield handle
@@ -88,9 +117,19 @@ def atomic_file(path: Path, *, replace: bool = False) -> Iterator[AtomicFile]:
             os.replace(tmp, path)
         else:
             _link_no_clobber(tmp, path)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise disk_full(path, exc) from exc
+        raise
+    except Exception as exc:
+        if handle is not None and handle.disk_full is not None:  # ENOSPC re-raised by the caller as another error
+            raise disk_full(path, handle.disk_full) from exc
+        raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        with _in_flight_lock:
+            _in_flight.discard(tmp)
     _fsync_dir(path.parent)
     handle.written = Written(path, handle.bytes, handle.sha256)
 
@@ -101,6 +140,17 @@ def atomic_write(path: Path, data: bytes, *, replace: bool = False) -> Written:
         fh.write(data)
     assert fh.written is not None
     return fh.written
+
+
+def discard_in_flight() -> int:
+    """Remove the temp files being written now (the process is about to end at once); returns how many."""
+    with _in_flight_lock:
+        paths = list(_in_flight)
+        _in_flight.clear()
+    for tmp in paths:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return len(paths)
 
 
 def _link_no_clobber(tmp: Path, path: Path) -> None:

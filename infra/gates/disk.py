@@ -38,3 +38,16 @@ def check_disk(out: Path, projected_bytes: int) -> DiskCheck:
     head = "disk ok" if ok else "not enough disk"
     message = f"{head}: {human_bytes(needed)} still to write (projection + {DISK_MARGIN_PERCENT}%); {sizes}"
     return DiskCheck(free_bytes=free, needed_bytes=needed, current_cache_bytes=current, ok=ok, message=message)
+
+
+def disk_full_message(out: Path, cause: str) -> str:
+    """What a run that hit a full disk (ENOSPC) says: the cache's size, the free space, and what to do."""
+    out = Path(out).expanduser().absolute()
+    probe = next(p for p in (out, *out.parents) if p.exists())
+    free = shutil.disk_usage(probe).free
+    current = sum(p.lstat().st_size for p in out.rglob("*") if p.is_file() and not p.is_symlink())
+    return (
+        f"disk full: {cause}; the cache {out} holds {current} bytes ({human_bytes(current)}) and {free} bytes "
+        f"({human_bytes(free)}) are free on {probe}; finished samples are kept and no partial file was left: free "
+        "some space and run the same command again: it resumes"
+    )

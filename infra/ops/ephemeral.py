@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import os
 import signal
 import socket
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +35,9 @@ logger = logging.getLogger(__name__)
 RECORD_DIR = "latentforge-ephemeral"
 #: What Prefect's ephemeral server runs (its command line must hold this before it is signalled).
 SERVER_APP = "prefect.server.api.server:create_app"
+
+#: This process's own tracked server and its record file (set by `start_tracked`).
+_own: tuple[ServerRecord, Path] | None = None
 
 
 @dataclass
@@ -126,7 +131,8 @@ def start_tracked(home: Path | None = None) -> ServerRecord | None:
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return None  # a real server, or none at all: Prefect's own error then says so
     server = SubprocessASGIServer()  # Prefect keeps one per process: its clients get this one
-    server.start()
+    with _own_session():
+        server.start()
     if server.server_process is None:
         return None
     me = psutil.Process(os.getpid())
@@ -143,4 +149,38 @@ def start_tracked(home: Path | None = None) -> ServerRecord | None:
     path = records_dir(home) / f"{pid}.json"
     atomic_write(path, json.dumps(asdict(record)).encode(), replace=True)
     atexit.register(path.unlink, missing_ok=True)  # runs before Prefect's own stop (atexit is LIFO)
+    global _own
+    _own = (record, path)
+    return record
+
+
+@contextlib.contextmanager
+def _own_session() -> Iterator[None]:
+    """Start the server in a session of its own: a Ctrl-C at the terminal (SIGINT to the whole foreground process
+    group) then reaches only latentforge, which finishes its sample and stops the server itself, instead of the
+    server dying under the run's feet. Prefect's Popen is not ours, so its `subprocess.Popen` is wrapped for the
+    moment of the start (main thread, before any other thread runs: see `flows.run.run_flow`)."""
+    from prefect.server.api import server as prefect_server  # noqa: PLC0415
+
+    original = prefect_server.subprocess.Popen
+    prefect_server.subprocess.Popen = functools.partial(original, start_new_session=True)  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        prefect_server.subprocess.Popen = original  # type: ignore[misc]
+
+
+def stop_own(timeout: float = 1.0) -> ServerRecord | None:
+    """Stop this process's tracked server now (SIGTERM, SIGKILL after `timeout`) and drop its record: for an
+    immediate exit, where Prefect's atexit stop will not run. None when there is none (or it is gone)."""
+    global _own
+    if _own is None:
+        return None
+    record, path = _own
+    _own = None
+    server = _matches(record.server_pid, record.server_create_time)
+    if server is not None:
+        with contextlib.suppress(psutil.Error):
+            _stop(server, timeout)
+    path.unlink(missing_ok=True)
     return record

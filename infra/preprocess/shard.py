@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from infra.cache import ledger
 from infra.cache.ledger import WINDOWS_KEY, FileRecord, LedgerRow
 from infra.cache.storage import sha256_file
-from infra.errors import InputError, LatentforgeError, ModelLoadError
+from infra.errors import DiskFull, InputError, LatentforgeError, ModelLoadError
 from infra.formats import EncodedSample, Format, PerSampleWriter, Writer, WrittenSample, get_format
+from infra.gates.disk import disk_full_message
 from infra.gates.plan import BuildPlan, ShardPlan, parse_only
 from infra.gates.stale import kept, refreshed, source_state
 from infra.models import LoadedFamily
+from infra.ops import preempt
 from infra.ops.faults import fault_point
 from infra.preprocess.encode import encode_sample, load_encoder
 from infra.preprocess.windows import expand
@@ -55,6 +57,7 @@ class ShardResult:
     bytes: int = 0
     seconds: float = 0.0
     error: str | None = None
+    interrupted: str | None = None  # the signal that stopped the shard between samples (SIGTERM, SIGINT, ...)
 
 
 def _adopt_ours(plan: BuildPlan, fmt: Format, existing: list[str], row: LedgerRow) -> LedgerRow | None:
@@ -140,7 +143,7 @@ def process_sample(
         row.extra["sampling"] = sample.info["sampling"]
     except InputError as exc:
         row.status, row.reason, row.detail = "skipped", exc.reason, exc.detail
-    except ModelLoadError:
+    except (ModelLoadError, DiskFull):
         raise  # fails the shard (and so the run), not each sample
     except FileExistsError as exc:
         row.reason, row.detail = "output_exists", str(exc)
@@ -176,30 +179,72 @@ def process_shard(
     rows: dict[str, LedgerRow] = dict(previous)  # rows of samples this run does not visit are kept
     get_encoder = functools.partial(load_encoder, plan)  # loads on first use only (cached per process)
     samples = open_source(plan.config.source).samples(shard.shard)
-    with ledger.Journal(plan.out, shard.id) as journal, get_format(plan.spec.format).writer(plan.out) as writer:
+    state = (previous, rows, result)
+    with (
+        preempt.cleanup(functools.partial(_seal_from_journal, plan, shard.id)),
+        ledger.Journal(plan.out, shard.id) as journal,
+        get_format(plan.spec.format).writer(plan.out) as writer,
+    ):
         try:
             with contextlib.closing(samples):
                 for clip in itertools.islice(samples, shard.quota):
                     if keys is not None and not _selected(clip.key, keys):
                         continue
-                    windows = expand(clip, plan, previous)
-                    for ref in windows:
-                        if keys is not None and ref.key not in keys and clip.key not in keys:
-                            continue
-                        count = len(windows) if ref.window is not None else None
-                        state = (previous, journal, result)
-                        row = _visit(ref, plan, writer, get_encoder, state, shard.id, run_id, count)
-                        rows[ref.key] = row
-                        if on_row is not None:
-                            on_row(row)
+                    if _visit_clip(clip, plan, writer, get_encoder, journal, state, keys, run_id, on_row):
+                        break
         except ShardReadError as exc:
             logger.error("shard %s: %s", shard.id, exc)
             result.error = str(exc)
+        except DiskFull as exc:
+            _seal_what_is_done(plan, shard.id, rows)
+            raise DiskFull(disk_full_message(plan.out, str(exc)), exc.path) from exc
     ledger.seal(plan.out, shard.id, rows.values())
     fault_point("shard")
     _tally(result, rows.values())
     result.seconds = round(time.perf_counter() - start, 3)
     return result
+
+
+def _visit_clip(
+    clip: SampleRef,
+    plan: BuildPlan,
+    writer: Writer,
+    get_encoder: Callable[[], LoadedFamily],
+    journal: ledger.Journal,
+    state: tuple[dict[str, LedgerRow], dict[str, LedgerRow], ShardResult],
+    keys: frozenset[str] | None,
+    run_id: str | None,
+    on_row: RowCallback | None,
+) -> bool:
+    """Every sample (window) of one clip; True when a stop was asked for (SIGTERM, Ctrl-C): the shard ends there,
+    after the sample in flight."""
+    previous, rows, result = state
+    windows = expand(clip, plan, previous)
+    for ref in windows:
+        if keys is not None and ref.key not in keys and clip.key not in keys:
+            continue
+        if preempt.requested():
+            result.interrupted = preempt.requested()
+            return True
+        count = len(windows) if ref.window is not None else None
+        row = _visit(ref, plan, writer, get_encoder, (previous, journal, result), result.shard, run_id, count)
+        rows[ref.key] = row
+        if on_row is not None:
+            on_row(row)
+    return False
+
+
+def _seal_from_journal(plan: BuildPlan, shard_id: str) -> None:
+    """Seal the shard from what its ledger and journal hold now (the process is ending at once)."""
+    ledger.seal(plan.out, shard_id, ledger.read_shard(plan.out, shard_id).values())
+
+
+def _seal_what_is_done(plan: BuildPlan, shard_id: str, rows: dict[str, LedgerRow]) -> None:
+    """Seal on a full disk when there is room for the ledger; otherwise the journal stays (a rerun reads it)."""
+    try:
+        ledger.seal(plan.out, shard_id, rows.values())
+    except DiskFull:
+        logger.warning("shard %s: no room to seal its ledger; its journal is kept for the next run", shard_id)
 
 
 def _selected(key: str, keys: frozenset[str]) -> bool:
