@@ -192,6 +192,20 @@ class BuildConfig(StrictModel):
     limit: int | None = Field(None, gt=0, description="Process at most N samples in total", **_in("selection"))
     shard_filter: str | None = Field(None, description="Only shards whose name contains this text", **_in("selection"))
     max_samples_per_shard: int | None = Field(None, gt=0, description="At most N samples per shard", **_in("selection"))
+    max_pixels: int = Field(
+        4096 * 4096,
+        gt=0,
+        description="Refuse a clip whose stream declares more pixels per frame (width × height), before decoding "
+        "it (skipped: too_many_pixels)",
+        **_in("limits"),
+    )
+    max_frames: int = Field(
+        100_000,
+        gt=0,
+        description="Refuse a clip whose header declares, or whose packets count, more frames, before decoding it "
+        "(skipped: too_many_frames)",
+        **_in("limits"),
+    )
     dry_run: bool = Field(False, description="Encode one sample, print its shapes, write nothing", **_in("build"))
     on_conflict: OnConflict | None = Field(
         None,
@@ -257,7 +271,7 @@ class BuildConfig(StrictModel):
 #: The groups of BuildConfig fields each single step takes as options (`build` takes every field). OUT is
 #: the positional argument of verify, reconcile and decode.
 STEP_GROUPS: dict[str, tuple[str, ...]] = {
-    "sanity": ("source", "model", "family", "out", "spec", "dtype", "device", "selection", "alerts"),
+    "sanity": ("source", "model", "family", "out", "spec", "dtype", "device", "selection", "limits", "alerts"),
     "verify": ("model", "family", "spec", "dtype"),
     "reconcile": ("source", "model", "family", "spec", "dtype", "selection"),
     "decode": ("source", "model", "device", "dtype", "decode"),

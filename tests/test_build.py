@@ -78,7 +78,9 @@ def test_bad_inputs_become_ledger_rows_and_the_rest_finish(tmp_path, tiny_model,
 def test_resume_decodes_nothing_already_done(tmp_path, tiny_model, source, monkeypatch):
     decoded: list[int] = []
     real = infra.preprocess.encode.sample_frames
-    monkeypatch.setattr(infra.preprocess.encode, "sample_frames", lambda data, n: decoded.append(n) or real(data, n))
+    monkeypatch.setattr(
+        infra.preprocess.encode, "sample_frames", lambda data, n, **kw: decoded.append(n) or real(data, n, **kw)
+    )
     out = tmp_path / "out"
     sanity = 1  # every run encodes its first sample once more, beside OUT, as the one-sample sanity check
 

@@ -262,14 +262,23 @@ def test_a_run_report_with_an_unknown_or_missing_key_is_refused(tmp_path):
 
 
 def test_one_file_for_two_source_samples_counts_once(tmp_path, tiny_model, good):
-    """The same group and id in two shards: the second is adopted onto the first one's file by the build."""
+    """The same group and id in two shards: the plan refuses the second (duplicate_id, naming the first), so the
+    two never compete for one file. A run that sees only the second shard cannot know of the first: it adopts the
+    first one's file, and reconciliation over both counts that one file once (duplicate_output)."""
     twin = [sample(0, 0, good, b"the same sample directory in two shards")]
     src = make_shards(tmp_path / "src", {"part-a": twin, "part-b": twin})
-    cfg = _config(src, tiny_model, tmp_path / "out", workers=1)
+    cfg = _config(src, tiny_model, tmp_path / "out", workers=2)
     ok, result = run_build(cfg)
     assert ok, result
-    assert result["done"] == 2  # both ledgers say done ...
+    assert result["done"] == 1 and result["reasons"] == {"duplicate_id": 1}
+    report = reconcile(make_plan(cfg))
+    assert _counts(report) == {G0: (2, 1, 1)}
+    (duplicate,) = report.missing
+    assert (duplicate.shard, duplicate.status, duplicate.reason) == ("part-b", "skipped", "duplicate_id")
+    assert "part-a/" in str(duplicate.detail)
 
+    ok, alone = run_build(cfg.model_copy(update={"shard_filter": "part-b"}))
+    assert ok and alone["done"] == 1, alone  # both ledgers say done ...
     report = reconcile(make_plan(cfg))
     assert _counts(report) == {G0: (2, 1, 1)}  # ... but only one sample is in the cache
     (duplicate,) = report.missing

@@ -34,12 +34,15 @@ class ShardPlan(BaseModel):
     id: str
     path: str
     size: int = 0
+    mtime_ns: int = 0
     quota: int | None = None
+    duplicates: dict[str, str] = {}  # key → SHARD/KEY of an earlier sample with the same group and id
     samples: int = 0  # samples this run will visit (counted at plan time)
 
     @property
     def shard(self) -> Shard:
-        return Shard(id=self.id, path=self.path, size=self.size)
+        duplicates = tuple(sorted(self.duplicates.items()))
+        return Shard(id=self.id, path=self.path, size=self.size, mtime_ns=self.mtime_ns, duplicates=duplicates)
 
 
 class BuildPlan(BaseModel):
@@ -147,17 +150,23 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
     return family.name, spec, latent_shape, family.text_shape(model_dir, spec.text_settings())
 
 
-def _count_samples(source: Source, shard: Shard, stop_at: int | None, stems: dict[str, tuple[str, str]]) -> int:
-    """How many samples this run visits in `shard`; their output names go into `stems` (name → shard, id), and
-    two samples of different ids that would write one output name (``a.mp4`` and ``a.mov``) are refused."""
-    count = 0
+def _count_samples(
+    source: Source, shard: Shard, stop_at: int | None, stems: dict[str, tuple[str, str, str]]
+) -> tuple[int, dict[str, str]]:
+    """How many samples this run visits in `shard`, and {key: ``SHARD/KEY``} of those whose group and id an
+    earlier sample has (a duplicate: refused, not encoded); their output names go into `stems` (name → shard,
+    id, key), and two samples of different ids that would write one output name (``a.mp4`` and ``a.mov``) are
+    refused."""
+    count, duplicates = 0, {}
     with contextlib.closing(source.samples(shard)) as samples:
         try:
             for ref in samples:
                 count += 1
                 if ref.stem:
-                    first = stems.setdefault(ref.stem, (shard.id, ref.id))
-                    if first[1] != ref.id:
+                    first = stems.setdefault(ref.stem, (shard.id, ref.id, ref.key))
+                    if first[1] == ref.id and first[::2] != (shard.id, ref.key):
+                        duplicates[ref.key] = f"{first[0]}/{first[2]}"
+                    elif first[1] != ref.id:
                         raise ConfigError(
                             f"two samples would write the same outputs {ref.stem!r}: {first[1]!r} (shard "
                             f"{first[0]}) and {ref.id!r} (shard {shard.id}); rename one (the LTX-2 trainer would "
@@ -167,7 +176,9 @@ def _count_samples(source: Source, shard: Shard, stop_at: int | None, stems: dic
                     break
         except ShardReadError as exc:  # a damaged shard: counted up to the damage, reported by its task
             logger.warning("shard %s: %s", shard.id, exc)
-    return count
+    if duplicates:
+        logger.warning("shard %s: %d sample(s) duplicate earlier ones (group and id)", shard.id, len(duplicates))
+    return count, duplicates
 
 
 def plan_shards(config: BuildConfig, source: Source) -> list[ShardPlan]:
@@ -176,14 +187,15 @@ def plan_shards(config: BuildConfig, source: Source) -> list[ShardPlan]:
     if not shards:
         raise ConfigError(f"no shard of {config.source} matches --shard-filter {config.shard_filter!r}")
     plans, left = [], config.limit
-    stems: dict[str, tuple[str, str]] = {}
+    stems: dict[str, tuple[str, str, str]] = {}
     for shard in shards:
         if left is not None and left <= 0:
             break
         caps = [c for c in (left, config.max_samples_per_shard) if c is not None]
         cap = min(caps) if caps else None
-        count = _count_samples(source, shard, cap, stems)
-        plans.append(ShardPlan(id=shard.id, path=shard.path, size=shard.size, quota=cap, samples=count))
+        count, duplicates = _count_samples(source, shard, cap, stems)
+        listed = {"size": shard.size, "mtime_ns": shard.mtime_ns, "duplicates": duplicates}
+        plans.append(ShardPlan(id=shard.id, path=shard.path, quota=cap, samples=count, **listed))
         if left is not None:
             left -= count
     return plans

@@ -3,10 +3,17 @@
 The frame count is never taken from the container header: packets are counted first (cheap,
 no decoding), frames are picked during one decode pass, and if the decoder yields a different
 number of frames than there were packets, the pass is repeated with the true count.
+
+Limits (`MediaLimits`: ``--max-pixels``, ``--max-frames``) are checked when a file is opened, before any frame
+is decoded: the stream's declared width × height and its header frame count, then its packet count (demuxing
+stops one packet past the limit). FFmpeg is also given ``max_pixels``, so neither its own probing at open nor
+a stream that grows mid-way can allocate a larger frame. A display-matrix rotation is not applied (PyAV and
+FFmpeg's libraries decode the stored frames; only the ``ffmpeg`` program rotates): it is recorded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 from collections.abc import Callable
@@ -34,6 +41,22 @@ class MediaError(InputError):
     """A sample's video cannot be used."""
 
 
+#: Defaults of ``--max-pixels`` and ``--max-frames`` (BuildConfig's fields repeat them: config imports no media).
+DEFAULT_MAX_PIXELS = 4096 * 4096
+DEFAULT_MAX_FRAMES = 100_000
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """What a clip may declare before it is decoded: pixels per frame and frames."""
+
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_frames: int = DEFAULT_MAX_FRAMES
+
+
+DEFAULT_LIMITS = MediaLimits()
+
+
 #: Resize policies: the name a user gives → the value the CacheSpec records (stretch keeps latentforge 0.1's).
 RESIZE_POLICIES: dict[str, str] = {
     "stretch": "bilinear-align_corners_false",
@@ -57,6 +80,8 @@ class SampledClip:
     source_width: int
     indices: tuple[int, ...]
     fps: float = 24.0  # the stream's average rate, else its base rate, else 24 (as the LTX-2 trainer reads it)
+    #: The display matrix's counter-clockwise rotation in degrees (0: none): recorded, the frames are as stored.
+    rotation: int = 0
 
     @property
     def source_shape(self) -> list[int]:
@@ -69,65 +94,65 @@ def linspace_indices(total: int, count: int) -> np.ndarray:
     return np.linspace(0, total - 1, count).round().astype(np.int64)
 
 
-def sample_frames(data: bytes, num_frames: int) -> SampledClip:
+def sample_frames(data: bytes, num_frames: int, *, limits: MediaLimits = DEFAULT_LIMITS) -> SampledClip:
     """Decode `data` (a whole video file) and return `num_frames` frames picked by linspace."""
     if not data:
         raise MediaError("empty_video", "the video file has 0 bytes")
-    packets = _count_packets(data)
-    clip, decoded = _decode_picking(data, linspace_indices(max(packets, 1), num_frames))
+    packets = _count_packets(data, limits)
+    clip, decoded = _decode_picking(data, linspace_indices(max(packets, 1), num_frames), limits=limits)
     if decoded == 0:
         raise MediaError("no_frames", "the video stream decoded to 0 frames")
     if decoded != packets:
         logger.debug("container had %d packets but %d frames decoded: second pass", packets, decoded)
-        clip, again = _decode_picking(data, linspace_indices(decoded, num_frames))
+        clip, again = _decode_picking(data, linspace_indices(decoded, num_frames), limits=limits)
         if again != decoded:
             raise MediaError("video_decode_error", f"frame count unstable ({decoded} then {again})")
     return clip
 
 
-def head_frames(data: bytes, count: int) -> SampledClip:
+def head_frames(data: bytes, count: int, *, limits: MediaLimits = DEFAULT_LIMITS) -> SampledClip:
     """The first `count` decoded frames of a video file (fewer when it is shorter): the LTX-2 trainer's sampling.
     `source_frames` is the clip's frame count (its packets); `fps` as the trainer records it."""
     if not data:
         raise MediaError("empty_video", "the video file has 0 bytes")
-    packets = _count_packets(data)
-    clip, decoded = _decode_picking(data, np.arange(count), allow_short=True)
+    packets = _count_packets(data, limits)
+    clip, decoded = _decode_picking(data, np.arange(count), allow_short=True, limits=limits)
     if decoded == 0 or clip.frames.shape[0] == 0:
         raise MediaError("no_frames", "the video stream decoded to 0 frames")
-    return SampledClip(
-        clip.frames, max(packets, decoded), clip.source_height, clip.source_width, clip.indices, clip.fps
-    )
+    return dataclasses.replace(clip, source_frames=max(packets, decoded))
 
 
-def probe_frames(data: bytes) -> tuple[int, float]:
+def probe_frames(data: bytes, *, limits: MediaLimits = DEFAULT_LIMITS) -> tuple[int, float]:
     """(frames, fps) of a video file without decoding it: its non-empty packets and its rate (see `SampledClip`)."""
     if not data:
         raise MediaError("empty_video", "the video file has 0 bytes")
-    container, stream = _open(data)
+    container, stream = _open(data, limits)
     with container:
         fps = _fps(stream)
-    return max(_count_packets(data), 1), fps
+    return max(_count_packets(data, limits), 1), fps
 
 
-def pick_frames(data: bytes, choose: Callable[[int, float], tuple[int, ...]]) -> SampledClip:
+def pick_frames(
+    data: bytes, choose: Callable[[int, float], tuple[int, ...]], *, limits: MediaLimits = DEFAULT_LIMITS
+) -> SampledClip:
     """The frames ``choose(frames in the clip, fps)`` names, in its order (repeats allowed), decoding only up to
     the last of them. If the clip turns out shorter than its packets said, the choice is made again with the
     frames it really has. `source_frames` is the clip's frame count as far as it is known."""
-    packets, fps = probe_frames(data)
+    packets, fps = probe_frames(data, limits=limits)
     indices = np.asarray(choose(packets, fps), dtype=np.int64)
-    clip, decoded = _decode_picking(data, np.unique(indices), allow_short=True)
+    clip, decoded = _decode_picking(data, np.unique(indices), allow_short=True, limits=limits)
     if decoded == 0 or clip.frames.shape[0] == 0:
         raise MediaError("no_frames", "the video stream decoded to 0 frames")
     if len(clip.indices) < len(np.unique(indices)):  # fewer frames than packets: choose again from what is there
         logger.debug("container had %d packets but decoding ended after %d frames: second pass", packets, decoded)
         packets = decoded
         indices = np.asarray(choose(decoded, fps), dtype=np.int64)
-        clip, _ = _decode_picking(data, np.unique(indices), allow_short=True)
+        clip, _ = _decode_picking(data, np.unique(indices), allow_short=True, limits=limits)
         if len(clip.indices) < len(np.unique(indices)):
             raise MediaError("video_decode_error", f"frame count unstable (decoding ended after {decoded} frames)")
     row = {index: k for k, index in enumerate(clip.indices)}
     frames = clip.frames[[row[int(i)] for i in indices]]
-    return SampledClip(frames, packets, clip.source_height, clip.source_width, tuple(int(i) for i in indices), fps)
+    return dataclasses.replace(clip, frames=frames, source_frames=packets, indices=tuple(int(i) for i in indices))
 
 
 def _fps(stream: av.video.stream.VideoStream) -> float:
@@ -135,9 +160,14 @@ def _fps(stream: av.video.stream.VideoStream) -> float:
     return float(rate) if rate else 24.0
 
 
-def _open(data: bytes) -> tuple[av.container.InputContainer, av.video.stream.VideoStream]:
+def _open(
+    data: bytes, limits: MediaLimits = DEFAULT_LIMITS
+) -> tuple[av.container.InputContainer, av.video.stream.VideoStream]:
+    """The container and its first video stream, refused (MediaError) when it is not a video or declares more
+    than `limits` allow. Nothing is decoded here but what FFmpeg probes, and that within ``max_pixels``."""
+    ffmpeg_limit = {"max_pixels": str(min(limits.max_pixels, 2**31 - 1))}
     try:
-        container = av.open(io.BytesIO(data), mode="r")
+        container = av.open(io.BytesIO(data), mode="r", options=ffmpeg_limit)
     except (av.FFmpegError, ValueError, OSError) as exc:
         raise MediaError("video_decode_error", f"cannot open container: {exc}") from exc
     if is_image_format(container.format.name):
@@ -151,36 +181,68 @@ def _open(data: bytes) -> tuple[av.container.InputContainer, av.video.stream.Vid
     # One decoder thread: with frame threading FFmpeg may drop the error of a damaged last packet, so the
     # same file would be refused on a small machine and accepted on a big one. Samples run in parallel instead.
     stream.codec_context.thread_count = 1
+    stream.codec_context.options = ffmpeg_limit
+    try:
+        _check_declared(stream, limits)
+    except MediaError:
+        container.close()
+        raise
     return container, stream
 
 
-def _count_packets(data: bytes) -> int:
-    container, stream = _open(data)
+def _check_declared(stream: av.video.stream.VideoStream, limits: MediaLimits) -> None:
+    """Refuse a stream whose header declares a frame larger than ``max_pixels`` or more than ``max_frames``."""
+    width, height = stream.codec_context.width, stream.codec_context.height
+    if width * height > limits.max_pixels:
+        raise MediaError(
+            "too_many_pixels",
+            f"the video stream declares {width}x{height} = {width * height} pixels per frame; "
+            f"--max-pixels is {limits.max_pixels}",
+        )
+    if stream.frames > limits.max_frames:
+        raise MediaError(
+            "too_many_frames",
+            f"the container header declares {stream.frames} frames; --max-frames is {limits.max_frames}",
+        )
+
+
+def _count_packets(data: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> int:
+    """The stream's non-empty packets (demuxed, not decoded); MediaError past ``max_frames`` (counting stops)."""
+    container, stream = _open(data, limits)
     count = 0
     with container:
         try:
             for packet in container.demux(stream):
                 if packet.size:
                     count += 1
+                    if count > limits.max_frames:
+                        raise MediaError(
+                            "too_many_frames",
+                            f"the video stream has more than {limits.max_frames} packets (frames); "
+                            f"--max-frames is {limits.max_frames}",
+                        )
         except av.FFmpegError as exc:
             logger.debug("demux stopped after %d packets: %s", count, exc)
     return count
 
 
-def _decode_picking(data: bytes, indices: np.ndarray, *, allow_short: bool = False) -> tuple[SampledClip, int]:
+def _decode_picking(
+    data: bytes, indices: np.ndarray, *, allow_short: bool = False, limits: MediaLimits = DEFAULT_LIMITS
+) -> tuple[SampledClip, int]:
     """One decode pass keeping only frames whose index is in `indices` (with `allow_short`, stopping after the
     last of them and keeping what the clip has); returns (clip, frames decoded)."""
     wanted = set(indices.tolist())
     last = max(wanted, default=-1)
     kept: dict[int, np.ndarray] = {}
-    container, stream = _open(data)
+    container, stream = _open(data, limits)
     fps = _fps(stream)
-    n = 0
+    n, rotation = 0, 0
     with container:
         try:
             for frame in container.decode(stream):
                 if n in wanted:
                     kept[n] = frame.to_ndarray(format="rgb24")
+                    rotation = rotation or _rotation(frame)
                 n += 1
                 if allow_short and n > last:
                     break
@@ -198,7 +260,15 @@ def _decode_picking(data: bytes, indices: np.ndarray, *, allow_short: bool = Fal
         raise MediaError("variable_resolution", f"the picked frames differ in size ({sizes})")
     frames = np.stack([kept[i] for i in indices.tolist()])
     height, width = frames.shape[1:3]
-    return SampledClip(frames, n, height, width, tuple(indices.tolist()), fps), n
+    return SampledClip(frames, n, height, width, tuple(indices.tolist()), fps, rotation), n
+
+
+def _rotation(frame: av.VideoFrame) -> int:
+    """The frame's display-matrix rotation (degrees counter-clockwise, rounded; 0 without one)."""
+    try:
+        return round(frame.rotation or 0)
+    except (ValueError, TypeError, AttributeError):  # a malformed matrix is no rotation we can record
+        return 0
 
 
 def frames_to_pixels(frames: np.ndarray, height: int, width: int) -> torch.Tensor:

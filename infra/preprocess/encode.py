@@ -25,6 +25,8 @@ from infra.media.buckets import Bucket, choose_bucket
 from infra.media.prompts import decode_prompt
 from infra.media.temporal import TemporalPolicy, choose_windows, effective_fps
 from infra.media.video import (
+    DEFAULT_LIMITS,
+    MediaLimits,
     SampledClip,
     head_frames,
     pick_frames,
@@ -57,15 +59,23 @@ class PreparedVideo:
     bucket: Bucket | None
 
 
-def prepare_video(media: bytes, spec: CacheSpec, window: int | None = None) -> PreparedVideo:
+def media_limits(plan: BuildPlan) -> MediaLimits:
+    """The plan's ``--max-pixels`` and ``--max-frames``."""
+    return MediaLimits(max_pixels=plan.config.max_pixels, max_frames=plan.config.max_frames)
+
+
+def prepare_video(
+    media: bytes, spec: CacheSpec, window: int | None = None, limits: MediaLimits = DEFAULT_LIMITS
+) -> PreparedVideo:
     """The recipe's pixels of one clip under `spec`: frames by its temporal policy (`infra.media.temporal`; for
     ``windows:K`` the window starting at source frame `window`), the bucket by the LTX-2 trainer's rule, resized
-    by its resize policy. InputError for bad input or a clip too short for a policy that skips short clips."""
+    by its resize policy. InputError for bad input, a clip over `limits` (refused before decoding) or a clip too
+    short for a policy that skips short clips."""
     policy = spec.temporal_policy()
     buckets = [Bucket(*b) for b in spec.buckets] if spec.buckets else None
     frames, height, width, bucket = spec.frames, spec.height, spec.width, None
     if policy.kind == "head":
-        clip = head_frames(media, max(b.frames for b in buckets) if buckets else spec.frames)
+        clip = head_frames(media, max(b.frames for b in buckets) if buckets else spec.frames, limits=limits)
         if buckets:
             bucket = choose_bucket(buckets, len(clip.frames), clip.source_height, clip.source_width)
             frames, height, width = bucket.frames, bucket.height, bucket.width
@@ -73,11 +83,11 @@ def prepare_video(media: bytes, spec: CacheSpec, window: int | None = None) -> P
             raise InputError("clip_too_short", f"the clip decodes to {len(clip.frames)} frame(s); {frames} needed")
         clip = _held(clip, frames)
     elif policy.kind == "span":
-        clip = sample_frames(media, spec.frames)
+        clip = sample_frames(media, spec.frames, limits=limits)
         if clip.source_frames < frames and policy.short == "skip":
             raise InputError("clip_too_short", f"the clip has {clip.source_frames} frame(s); span needs {frames}")
     else:
-        clip = pick_frames(media, functools.partial(_indices, policy, frames, window))
+        clip = pick_frames(media, functools.partial(_indices, policy, frames, window), limits=limits)
     resize = resize_policy_of(spec.resize)
     return PreparedVideo(resize_pixels(clip.frames[:frames], height, width, resize), clip, bucket)
 
@@ -105,12 +115,16 @@ def _held(clip: SampledClip, frames: int) -> SampledClip:
 
 
 def sampling_record(clip: SampledClip) -> dict[str, Any]:
-    """What a sample records of its frames: the source's fps, the fps they play at and the source indices."""
-    return {
+    """What a sample records of its frames: the source's fps, the fps they play at and the source indices, and
+    the display-matrix rotation (degrees counter-clockwise) of a rotated clip, whose frames are kept as stored."""
+    record: dict[str, Any] = {
         "source_fps": round(clip.fps, 6),
         "fps": round(effective_fps(clip.indices, clip.fps), 6),
         "indices": list(clip.indices),
     }
+    if clip.rotation:
+        record["rotation"] = clip.rotation
+    return record
 
 
 def encode_sample(
@@ -125,11 +139,15 @@ def encode_sample(
     spec = plan.spec
     if "layout_error" in ref.extra:
         raise InputError("bad_layout", ref.extra["layout_error"])
+    if "duplicate_of" in ref.extra:
+        raise InputError(
+            "duplicate_id", f"{ref.group}/{ref.id} is also {ref.extra['duplicate_of']}, met first: that one is encoded"
+        )
     prompt = decode_prompt(ref.read_prompt())
     media = ref.read_media()
     if media is None:
         raise InputError("missing_video", "the sample has no video file")
-    video = prepare_video(media, spec, ref.window)
+    video = prepare_video(media, spec, ref.window, media_limits(plan))
     fault_point("decode")
     encoder = get_encoder()
     latents = encoder.encode_video(video.pixels)

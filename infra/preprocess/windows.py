@@ -14,7 +14,7 @@ from infra.cache.ledger import WINDOWS_KEY, LedgerRow, window_rows
 from infra.errors import InputError
 from infra.gates.plan import BuildPlan
 from infra.media.temporal import choose_windows
-from infra.media.video import probe_frames
+from infra.media.video import MediaLimits, probe_frames
 from infra.sources import SampleRef
 
 
@@ -32,7 +32,7 @@ def expand(ref: SampleRef, plan: BuildPlan, previous: dict[str, LedgerRow]) -> l
         media = read()
         if media is None:
             return [ref]
-        total, fps = probe_frames(media)
+        total, fps = probe_frames(media, limits=MediaLimits(plan.config.max_pixels, plan.config.max_frames))
         windows = choose_windows(policy, total, fps, plan.spec.frames)
     except InputError:
         return [ref]  # encoding it gives the row its reason

@@ -33,6 +33,11 @@ class Shard:
     id: str
     path: str
     size: int = 0
+    #: The file's mtime (ns) when listed; with `size`, what a reader checks before each read (0: not known).
+    mtime_ns: int = 0
+    #: (key, ``SHARD/KEY`` of the first) for each sample whose group and id an earlier sample of the plan has:
+    #: set by the plan, so the later one is refused (``duplicate_id``) and never competes for the first's files.
+    duplicates: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -87,6 +92,15 @@ class ShardReadError(LatentforgeError, RuntimeError):
 
 
 SOURCES: Registry[type[Source]] = Registry("source kind", error=SourceError)
+
+
+def mark_duplicate(ref: SampleRef, shard: Shard) -> SampleRef:
+    """`ref`, flagged (``extra["duplicate_of"]``, no output name) when the plan met its group and id earlier."""
+    first = dict(shard.duplicates).get(ref.key)
+    if first is not None:
+        ref.extra["duplicate_of"] = first
+        ref.stem = ""
+    return ref
 
 
 def register_source(kind: str) -> Callable[[type[Source]], type[Source]]:

@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from infra.errors import InputError, SourceError
-from infra.sources.base import SampleRef, Shard, Source, is_safe_name, register_source
+from infra.sources.base import SampleRef, Shard, Source, is_safe_name, mark_duplicate, register_source
 from infra.sources.identity import MemberIdentity, SourceIdentity
 
 logger = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class MetaSource(Source):
         rows = self.rows()[number * ROWS_PER_SHARD : (number + 1) * ROWS_PER_SHARD]
         seen: set[str] = set()
         for row in rows:
-            yield self._ref(row, seen)
+            yield mark_duplicate(self._ref(row, seen), shard)
 
     def _ref(self, row: Row, seen: set[str]) -> SampleRef:
         sid = sample_id(row.media)

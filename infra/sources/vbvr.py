@@ -2,6 +2,10 @@
 
 Members are read straight from the tar (random access on plain tars, forward reads on compressed
 ones); nothing is extracted to disk. group = the generator directory, id = the sample directory.
+
+Before each member is read the shard file is checked against its listing (size and mtime): a shard that
+vanished or changed since it was planned gives the samples not yet read a reason (``shard_vanished``,
+``shard_changed``), never bytes of another file.
 """
 
 from __future__ import annotations
@@ -16,7 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.errors import InputError, SourceError
-from infra.sources.base import SampleRef, Shard, ShardReadError, Source, is_safe_name, register_source
+from infra.media.prompts import MAX_PROMPT_BYTES
+from infra.sources.base import (
+    SampleRef,
+    Shard,
+    ShardReadError,
+    Source,
+    is_safe_name,
+    mark_duplicate,
+    register_source,
+)
 from infra.sources.identity import MemberIdentity, SourceIdentity
 
 __all__ = ["ShardReadError", "VbvrSource", "shard_id_for"]
@@ -33,6 +46,7 @@ _SAMPLE_DIR = re.compile(r"(?:^|.*/)(?P<group>[^/]+)/(?P<task>[^/]+)_task/(?P<id
 class _SampleMembers:
     directory: str
     members: dict[str, tarfile.TarInfo] = field(default_factory=dict)
+    cut: bool = False  # the last sample listed before the tar's damage: a member it lacks may be past the cut
 
 
 def shard_id_for(path: Path) -> str:
@@ -75,19 +89,24 @@ class VbvrSource(Source):
                 raise SourceError(f"shard file name {tar.name!r} cannot be used as a shard id")
             if sid in shards:
                 raise SourceError(f"two shards share the id {sid!r}: {shards[sid].path} and {tar}")
-            shards[sid] = Shard(id=sid, path=str(tar), size=tar.stat().st_size)
+            stat = tar.stat()
+            shards[sid] = Shard(id=sid, path=str(tar), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
         return list(shards.values())
 
     def samples(self, shard: Shard) -> Iterator[SampleRef]:
         """Yield the shard's samples in tar order; raise ShardReadError at the end if the tar is damaged."""
         try:
             tf = tarfile.open(shard.path, "r:*")
+        except FileNotFoundError as exc:
+            raise ShardReadError(f"{shard.path}: the shard vanished since it was listed") from exc
         except (tarfile.TarError, OSError) as exc:
             raise ShardReadError(f"{shard.path}: not a readable tar ({exc})") from exc
         with tf:
             groups, error = _list_members(tf)
+            if error is not None and groups:
+                groups[-1].cut = True
             for sample in groups:
-                yield _to_ref(tf, sample)
+                yield mark_duplicate(_to_ref(tf, sample, shard), shard)
         if error is not None:
             raise ShardReadError(f"{shard.path}: {error} (listed {len(groups)} samples before it)")
 
@@ -116,7 +135,7 @@ def _list_members(tf: tarfile.TarFile) -> tuple[list[_SampleMembers], str | None
     return list(by_dir.values()), error
 
 
-def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers) -> SampleRef:
+def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers, shard: Shard) -> SampleRef:
     match = _SAMPLE_DIR.match(sample.directory)
     group, sid = (match["group"], match["id"]) if match else ("", sample.directory)
     extra: dict[str, str] = {}
@@ -133,19 +152,33 @@ def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers) -> SampleRef:
         id=sid,
         group=group,
         key=sample.directory,
-        read_media=lambda: _read(tf, sample.members.get(VIDEO_MEMBER), identity),
-        read_prompt=lambda: _read(tf, sample.members.get(PROMPT_MEMBER), identity),
+        read_media=lambda: _read_member(tf, sample, VIDEO_MEMBER, identity, shard),
+        read_prompt=lambda: _read_member(tf, sample, PROMPT_MEMBER, identity, shard),
         extra=extra,
         identity=identity,
         stem=f"{group}/{sid}" if group and "layout_error" not in extra else "",
     )
 
 
-def _read(tf: tarfile.TarFile, info: tarfile.TarInfo | None, identity: SourceIdentity) -> bytes | None:
+def _read_member(
+    tf: tarfile.TarFile, sample: _SampleMembers, name: str, identity: SourceIdentity, shard: Shard
+) -> bytes | None:
+    """The sample's member `name` (see `_read`); InputError ``shard_truncated`` for one that is missing from the
+    last sample before a tar's damage (it may be past the cut)."""
+    info = sample.members.get(name)
+    if info is None and sample.cut:
+        raise InputError("shard_truncated", f"the shard ends inside {sample.directory!r}: its {name} is not there")
+    return _read(tf, info, identity, shard)
+
+
+def _read(tf: tarfile.TarFile, info: tarfile.TarInfo | None, identity: SourceIdentity, shard: Shard) -> bytes | None:
     """A member's bytes (their sha256 noted in `identity`); None when missing or not a regular file; InputError
-    when the shard cuts it off."""
+    when the shard cuts it off, vanished or changed since it was listed, or for a prompt too large to read."""
     if info is None or not info.isfile():
         return None
+    _check_unchanged(shard)
+    if info.name.rpartition("/")[2] == PROMPT_MEMBER and info.size > MAX_PROMPT_BYTES:
+        raise InputError("prompt_too_long", f"{info.name}: {info.size} bytes, over {MAX_PROMPT_BYTES}: not read")
     try:
         handle = tf.extractfile(info)
         data = handle.read() if handle is not None else None
@@ -156,3 +189,20 @@ def _read(tf: tarfile.TarFile, info: tarfile.TarInfo | None, identity: SourceIde
     if data is not None:
         identity.read_sha256[info.name.rpartition("/")[2]] = hashlib.sha256(data).hexdigest()
     return data
+
+
+def _check_unchanged(shard: Shard) -> None:
+    """InputError when the shard file is gone, or is not the file that was listed (its size or mtime differ)."""
+    if not shard.size and not shard.mtime_ns:
+        return  # listed without a stat (an older plan): nothing to compare with
+    try:
+        stat = Path(shard.path).stat()
+    except FileNotFoundError:
+        raise InputError("shard_vanished", f"{shard.path} vanished since it was listed: not read") from None
+    changes = []
+    if stat.st_size != shard.size:
+        changes.append(f"size {shard.size} → {stat.st_size}")
+    if shard.mtime_ns and stat.st_mtime_ns != shard.mtime_ns:
+        changes.append(f"mtime {shard.mtime_ns / 1e9:.3f} → {stat.st_mtime_ns / 1e9:.3f}")
+    if changes:
+        raise InputError("shard_changed", f"{shard.path} changed since it was listed ({', '.join(changes)}): not read")
