@@ -37,10 +37,11 @@ test: $(STAMP)
 	$(BIN)/ruff check flows tasks infra tests bench
 	$(BIN)/python -m pytest -q
 
-# The crash-resume sweep: a real build SIGKILLed at every kill point (infra/ops/faults.py), rerun, compared.
+# Soak: the crash-resume sweep (a real build SIGKILLed at every kill point of infra/ops/faults.py, rerun,
+# compared), a killed build's server reaped, a second Ctrl-C. Minutes each: not in make test.
 soak: $(STAMP)
 	@mkdir -p $(PREFECT_HOME)
-	LATENTFORGE_SOAK=1 $(BIN)/python -m pytest -q -s tests/test_crash_sweep.py
+	LATENTFORGE_SOAK=1 $(BIN)/python -m pytest -q -s -m soak
 
 lint: $(STAMP)
 	$(BIN)/ruff check flows tasks infra tests bench

@@ -47,6 +47,16 @@ def prefect_harness() -> Iterator[None]:
         yield
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `soak` run only in `make soak` (LATENTFORGE_SOAK=1): minutes each, too long for make test."""
+    if os.environ.get("LATENTFORGE_SOAK"):
+        return
+    skip = pytest.mark.skip(reason="a soak test: make soak (LATENTFORGE_SOAK=1)")
+    for item in items:
+        if item.get_closest_marker("soak"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def clips() -> dict[str, bytes]:
     """Real clips by name (bytes), fetched once into the media cache."""

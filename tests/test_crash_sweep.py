@@ -25,7 +25,7 @@ from infra.ops.faults import ENV, LOG_ENV, POINTS
 from tests.conftest import FRAMES, HEIGHT, WIDTH, make_shards, sample
 from tests.media_utils import cut_clip
 
-pytestmark = pytest.mark.skipif(not os.environ.get("LATENTFORGE_SOAK"), reason="the soak sweep: make soak")
+pytestmark = pytest.mark.soak
 logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
 #: Points that happen once per sample: killed at their hit after the first sample is journalled (mid-run).

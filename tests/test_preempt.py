@@ -192,6 +192,7 @@ def test_sigterm_seals_what_is_done_exits_75_in_the_grace_and_the_same_command_r
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_second_ctrl_c_ends_the_build_at_once_still_sealed_and_resumable(
     tmp_path, tiny_model, source, reference, home
 ):

@@ -88,6 +88,7 @@ def _listening(pid: int, port: int) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.soak
 def test_a_second_build_is_refused_and_a_killed_builds_server_and_lock_are_reaped(tmp_path, tiny_model, source):
     home, out, logs = tmp_path / "prefect-home", tmp_path / "out", tmp_path / "logs"
     logs.mkdir()

@@ -143,7 +143,9 @@ def _take_over(out: Path, previous: LockOwner) -> None:
 
 @contextlib.contextmanager
 def out_lock(out: Path) -> Iterator[None]:
-    """Hold the cache's writer lock; a second writer gets a LockedError (naming this one's pid and host) at once."""
+    """Hold the cache's writer lock; a second writer gets a LockedError (naming this one's pid and host) at once.
+    An OUT this lock created and nothing else wrote into (a run stopped at a gate) is removed again on release."""
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     caveat = lock_caveat(out)
     if caveat:
@@ -166,6 +168,10 @@ def out_lock(out: Path) -> Iterator[None]:
         if recorded:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)  # a clean release leaves no record: a record means a run that died
+        if created and [p.name for p in out.iterdir()] == [LOCK_NAME]:  # nothing written: leave nothing behind
+            with contextlib.suppress(OSError):
+                (out / LOCK_NAME).unlink()
+                out.rmdir()
         os.close(fd)  # closing releases the lock
 
 
