@@ -200,6 +200,7 @@ def _kill_mid_run(cmd: list[str], env: dict[str, str], out: Path, logs: Path) ->
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # one kill point of the sweep in test_crash_sweep.py, which runs them all in make soak
 def test_a_killed_build_resumes_to_the_same_bytes_as_an_uninterrupted_one(tmp_path, tiny_model, crash_source):
     env = _cli_env(tmp_path / "prefect-home")
     out = tmp_path / "out"

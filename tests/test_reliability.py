@@ -4,6 +4,7 @@ real `latentforge build` processes on Prefect's ephemeral API, killed by progres
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -150,6 +151,7 @@ def test_a_lock_record_left_by_another_host_is_refused_with_how_to_clear_it(tmp_
 
 def test_a_held_lock_names_its_holder_and_a_clean_release_leaves_no_record(tmp_path):
     out = tmp_path / "out"
+    out.mkdir()
     with out_lock(out):
         held = json.loads((out / LOCK_NAME).read_text())
         assert (held["pid"], held["host"]) == (os.getpid(), socket.gethostname())
@@ -159,6 +161,13 @@ def test_a_held_lock_names_its_holder_and_a_clean_release_leaves_no_record(tmp_p
     assert (out / LOCK_NAME).read_text() == ""
     with out_lock(out):  # and the next writer gets it without a warning
         pass
+    fresh = tmp_path / "fresh"
+    with out_lock(fresh):  # a lock that made OUT, with nothing else written there (a run stopped at a gate)
+        assert fresh.is_dir()
+    assert not fresh.exists()
+    with out_lock(fresh):
+        (fresh / "cache.json").write_text("{}")
+    assert sorted(p.name for p in fresh.iterdir()) == [LOCK_NAME, "cache.json"]
 
 
 Part = namedtuple("Part", "device mountpoint fstype opts")
@@ -170,3 +179,37 @@ def test_a_network_file_system_is_named_as_untrustworthy_for_the_lock(tmp_path):
     caveat = lock_caveat(tmp_path / "out", partitions=mounts)
     assert caveat and "nfs4" in caveat and "nas:/export" in caveat and "another machine" in caveat
     assert lock_caveat(tmp_path.parent, partitions=mounts) is None  # the longest mount point decides
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
+
+
+@pytest.mark.soak
+def test_two_builds_from_one_source_into_two_outs_at_once_share_nothing_mutable(tmp_path, tiny_model, source):
+    """Run together, each with its own Prefect home: both finish with the same bytes; the source and the model
+    are untouched; the only state they share is the file-hash memo, whose entries are whole (atomic replace of
+    identical content)."""
+    before_source, before_model = _tree(source), _tree(tiny_model)
+    memo = tmp_path / "hash-memo"
+    procs = []
+    for name in ("a", "b"):
+        home = tmp_path / f"home-{name}"
+        home.mkdir()
+        env = _env(home) | {"LATENTFORGE_CACHE_DIR": str(memo)}
+        err = (tmp_path / f"{name}.err").open("w")
+        procs.append((subprocess.Popen(_build(source, tiny_model, tmp_path / name), env=env, stderr=err), err))
+    for proc, err in procs:
+        assert proc.wait(timeout=600) == 0, (tmp_path / f"{Path(err.name).stem}.err").read_text()[-2000:]
+        err.close()
+    outs = [{k: v for k, v in _tree(tmp_path / n).items() if k.endswith(".pt")} for n in ("a", "b")]
+    assert outs[0] and outs[0] == outs[1]
+    fingerprints = {json.loads((tmp_path / n / "cache.json").read_text())["fingerprint"] for n in ("a", "b")}
+    assert len(fingerprints) == 1
+    assert _tree(source) == before_source and _tree(tiny_model) == before_model
+    entries = list((memo / "file-hashes").rglob("*"))
+    assert [e for e in entries if e.is_file()] and all(
+        json.loads(e.read_text())["sha256"] for e in entries if e.is_file() and not e.name.startswith(".")
+    )
