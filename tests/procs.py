@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -42,3 +43,12 @@ def stop_group(proc: subprocess.Popen, timeout: float = 20) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def cli_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a `python -m flows.cli` subprocess of this checkout: its own Prefect home (the embedded
+    API, no server URL inherited), a patient ephemeral start-up on a busy machine, and `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_KEY")}
+    root = Path(__file__).resolve().parents[1]
+    env.update(PYTHONPATH=str(root), PREFECT_HOME=str(home), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
+    return env | extra

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from infra.ops import ephemeral
 from infra.ops.faults import ENV, LOG_ENV, POINTS
 from tests.conftest import FRAMES, HEIGHT, WIDTH, make_shards, sample
 from tests.media_utils import cut_clip
+from tests.procs import cli_env
 
 pytestmark = pytest.mark.soak
 logger = logging.getLogger(__name__)
@@ -47,8 +47,7 @@ def _build(src: Path, model: Path, out: Path, home: Path, extra_env: dict[str, s
         "--out", str(out), "--frames", str(FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH),
         "--device", "cpu", "--dtype", "fp32", "--workers", "1", "--decode-samples", "2", "--on-loss", "abort",
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_KEY", ENV, LOG_ENV)}
-    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(home), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
+    env = {k: v for k, v in cli_env(home).items() if k not in (ENV, LOG_ENV)}
     err = out.with_name(out.name + ".stderr")
     with err.open("w") as stderr:
         code = subprocess.run(cmd, env=env | extra_env, stdout=subprocess.DEVNULL, stderr=stderr, timeout=600, cwd=home)

@@ -31,6 +31,7 @@ from infra.errors import EXIT_PREEMPTED
 from infra.ops import ephemeral, preempt
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
+from tests.procs import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = 4  # one shard of four: the stop lands after the first journalled sample, with work left
@@ -67,12 +68,6 @@ def _build(src: Path, model: Path, out: Path) -> list[str]:
         "--device", "cpu", "--dtype", "fp32", "--workers", "1", "--decode-samples", "0",
         "--grace-seconds", str(GRACE_S),
     ]  # fmt: skip
-
-
-def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_KEY")}
-    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(home), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
-    return env
 
 
 def _until(ready, proc: subprocess.Popen, what: str):
@@ -158,7 +153,7 @@ def test_sigterm_seals_what_is_done_exits_75_in_the_grace_and_the_same_command_r
 ):
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
-    env, cmd = _env(home), _build(source, tiny_model, out)
+    env, cmd = cli_env(home), _build(source, tiny_model, out)
     build = _start(cmd, env, logs)
     try:
         server_pid = _until(lambda: _server_of(home, build), build, "a recorded ephemeral server")
@@ -198,7 +193,7 @@ def test_a_second_ctrl_c_ends_the_build_at_once_still_sealed_and_resumable(
 ):
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
-    env, cmd = _env(home), _build(source, tiny_model, out)
+    env, cmd = cli_env(home), _build(source, tiny_model, out)
     build = _start(cmd, env, logs)
     try:
         server_pid = _until(lambda: _server_of(home, build), build, "a recorded ephemeral server")

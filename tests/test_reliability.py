@@ -23,6 +23,7 @@ from infra.cache.lock import LOCK_NAME, LockedError, lock_caveat, out_lock
 from infra.ops import ephemeral
 from tests.conftest import FRAMES, HEIGHT, WIDTH, make_shards, sample
 from tests.media_utils import cut_clip
+from tests.procs import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = 4  # two shards of two: the kill lands after the first journalled sample, with work left
@@ -42,12 +43,6 @@ def _build(src: Path, model: Path, out: Path) -> list[str]:
         "--out", str(out), "--frames", str(FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH),
         "--device", "cpu", "--dtype", "fp32", "--workers", "1", "--decode-samples", "0",
     ]  # fmt: skip
-
-
-def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_KEY")}
-    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(home), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
-    return env
 
 
 def _until(ready, proc: subprocess.Popen, what: str):
@@ -93,7 +88,7 @@ def _listening(pid: int, port: int) -> list[str]:
 def test_a_second_build_is_refused_and_a_killed_builds_server_and_lock_are_reaped(tmp_path, tiny_model, source):
     home, out, logs = tmp_path / "prefect-home", tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
-    env, cmd = _env(home), _build(source, tiny_model, out)
+    env, cmd = cli_env(home), _build(source, tiny_model, out)
     with (logs / "first.err").open("wb") as err:
         first = subprocess.Popen(cmd, env=env, cwd=logs, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     t0 = time.monotonic()
@@ -198,7 +193,7 @@ def test_two_builds_from_one_source_into_two_outs_at_once_share_nothing_mutable(
     for name in ("a", "b"):
         home = tmp_path / f"home-{name}"
         home.mkdir()
-        env = _env(home) | {"LATENTFORGE_CACHE_DIR": str(memo)}
+        env = cli_env(home) | {"LATENTFORGE_CACHE_DIR": str(memo)}
         err = (tmp_path / f"{name}.err").open("w")
         procs.append((subprocess.Popen(_build(source, tiny_model, tmp_path / name), env=env, stderr=err), err))
     for proc, err in procs:

@@ -15,12 +15,10 @@ import itertools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from fractions import Fraction
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-import av
 import torch
 from PIL import Image
 
@@ -34,6 +32,7 @@ from infra.devices import resolve_device, resolve_dtype
 from infra.errors import ConfigError
 from infra.formats import AUDIO_KIND, Format, get_format
 from infra.media.audio import trainer_audio
+from infra.media.mp4 import mp4_bytes
 from infra.models import LoadedFamily, load_family
 from infra.models.identity import component_identity
 from infra.ops.faults import fault_point
@@ -237,14 +236,7 @@ def side_by_side_mp4(left: torch.Tensor, right: torch.Tensor, fps: int = FPS) ->
     """Two (3, F, H, W) videos side by side (2W × H, padded to even sizes) as H.264 yuv420p in MP4."""
     frames = _to_uint8(torch.cat([left, right], dim=3))
     frames = torch.nn.functional.pad(frames, (0, 0, 0, frames.shape[2] % 2, 0, frames.shape[1] % 2))
-    buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=Fraction(fps, 1), options={"crf": "15"})
-        stream.height, stream.width, stream.pix_fmt = frames.shape[1], frames.shape[2], "yuv420p"
-        for picture in frames.numpy():
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")))
-        container.mux(stream.encode())
-    return buffer.getvalue()
+    return mp4_bytes(frames.numpy(), fps, "libx264", "yuv420p", {"crf": "15"})
 
 
 def frame_strip_png(top: torch.Tensor, bottom: torch.Tensor) -> bytes:

@@ -19,7 +19,7 @@ from typing import Any
 
 from infra.audit import reports
 from infra.cache import ledger
-from infra.cache.ledger import WINDOWS_KEY, LedgerRow, window_rows
+from infra.cache.ledger import WINDOWS_KEY, LedgerRow, windows_by_clip
 from infra.gates.plan import BuildPlan, ShardPlan
 from infra.models import get_family
 from infra.sources import Source, open_source
@@ -197,8 +197,9 @@ def reconcile(plan: BuildPlan) -> ReconcileReport:
         listed, every_key, whole = _list_shard(source, shard, report)
         rows, note = _read_rows(plan.out, shard.id, report)
         accounted: set[str] = set()
+        by_clip = windows_by_clip(rows)
         for key, sample_id, group in listed:
-            for sub_key, sub_id, row in _samples_of(rows, key, sample_id):  # a windows:K clip: one per window
+            for sub_key, sub_id, row in _samples_of(rows, by_clip.get(key, []), key, sample_id):  # one per window
                 tally.account(MissingSample(sub_id, group, shard.id, sub_key, None, NOT_PROCESSED, note), row)
                 accounted.add(sub_key)
         beyond = rows.keys() - accounted
@@ -210,10 +211,11 @@ def reconcile(plan: BuildPlan) -> ReconcileReport:
     return report
 
 
-def _samples_of(rows: dict[str, LedgerRow], key: str, sample_id: str) -> list[tuple[str, str, LedgerRow | None]]:
-    """(key, id, row) of every sample a listed clip makes: itself, or each of its windows (windows its rows say
+def _samples_of(
+    rows: dict[str, LedgerRow], windows: list[LedgerRow], key: str, sample_id: str
+) -> list[tuple[str, str, LedgerRow | None]]:
+    """(key, id, row) of every sample a listed clip makes: itself, or each of its `windows` (windows its rows say
     it has but the ledger lacks are expected too, without a row)."""
-    windows = window_rows(rows, key)
     if not windows:
         return [(key, sample_id, rows.get(key))]
     found = [(row.key, row.id, row) for row in sorted(windows, key=lambda r: int(r.key.rpartition("@")[2]))]

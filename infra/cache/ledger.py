@@ -104,9 +104,13 @@ def window_of(row: LedgerRow) -> tuple[str, int | None]:
     return row.key, None
 
 
-def window_rows(rows: dict[str, LedgerRow], key: str) -> list[LedgerRow]:
-    """The ledger rows of clip `key`'s windows."""
-    return [row for k, row in rows.items() if k.rpartition("@")[0] == key and row.extra.get(WINDOWS_KEY)]
+def windows_by_clip(rows: dict[str, LedgerRow]) -> dict[str, list[LedgerRow]]:
+    """A shard's windows:K rows by their clip's key (one pass over the rows; whole-clip rows are left out)."""
+    by_clip: dict[str, list[LedgerRow]] = {}
+    for row in rows.values():
+        if row.extra.get(WINDOWS_KEY):
+            by_clip.setdefault(window_of(row)[0], []).append(row)
+    return by_clip
 
 
 def sealed_path(out: Path, shard_id: str) -> Path:

@@ -17,10 +17,8 @@ import io
 import json
 import logging
 from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
 
-import av
 import torch
 
 from infra.cache import ledger
@@ -30,6 +28,7 @@ from infra.cache.storage import staged_dir
 from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
+from infra.media.mp4 import mp4_bytes
 from infra.media.prompts import decode_prompt
 from infra.preprocess.encode import prepare_video
 from infra.sources import SampleRef, open_source
@@ -187,11 +186,4 @@ def _copy(out: Path, staging: Path, fmt_name: str, row: LedgerRow, copy: int) ->
 def lossless_mp4(pixels: torch.Tensor, fps: float) -> bytes:
     """(3, F, H, W) pixels in [-1, 1] as lossless RGB H.264 (libx264rgb, crf 0) of their 8-bit rounding."""
     frames = ((pixels.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).contiguous().numpy()
-    buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264rgb", rate=Fraction(fps).limit_denominator(1001), options={"crf": "0"})
-        stream.height, stream.width, stream.pix_fmt = frames.shape[1], frames.shape[2], "rgb24"
-        for picture in frames:
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")))
-        container.mux(stream.encode())
-    return buffer.getvalue()
+    return mp4_bytes(frames, fps, "libx264rgb", "rgb24", {"crf": "0"})

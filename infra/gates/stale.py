@@ -113,10 +113,11 @@ def find_stale(plan: BuildPlan) -> StaleReport:
             continue
         if not rows:
             continue
+        by_clip = ledger.windows_by_clip(rows)
         try:
             with contextlib.closing(source.samples(shard.shard)) as samples:
                 for ref in itertools.islice(samples, shard.quota):
-                    for row in [rows[ref.key]] if ref.key in rows else ledger.window_rows(rows, ref.key):
+                    for row in [rows[ref.key]] if ref.key in rows else by_clip.get(ref.key, []):
                         if not _reusable(row, plan):
                             continue
                         state, changed = source_state(row, ref)  # a windows:K row: its clip's source

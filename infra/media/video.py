@@ -98,7 +98,7 @@ def sample_frames(data: bytes, num_frames: int, *, limits: MediaLimits = DEFAULT
     """Decode `data` (a whole video file) and return `num_frames` frames picked by linspace."""
     if not data:
         raise MediaError("empty_video", "the video file has 0 bytes")
-    packets = _count_packets(data, limits)
+    packets, _ = _count_packets(data, limits)
     clip, decoded = _decode_picking(data, linspace_indices(max(packets, 1), num_frames), limits=limits)
     if decoded == 0:
         raise MediaError("no_frames", "the video stream decoded to 0 frames")
@@ -115,7 +115,7 @@ def head_frames(data: bytes, count: int, *, limits: MediaLimits = DEFAULT_LIMITS
     `source_frames` is the clip's frame count (its packets); `fps` as the trainer records it."""
     if not data:
         raise MediaError("empty_video", "the video file has 0 bytes")
-    packets = _count_packets(data, limits)
+    packets, _ = _count_packets(data, limits)
     clip, decoded = _decode_picking(data, np.arange(count), allow_short=True, limits=limits)
     if decoded == 0 or clip.frames.shape[0] == 0:
         raise MediaError("no_frames", "the video stream decoded to 0 frames")
@@ -126,10 +126,8 @@ def probe_frames(data: bytes, *, limits: MediaLimits = DEFAULT_LIMITS) -> tuple[
     """(frames, fps) of a video file without decoding it: its non-empty packets and its rate (see `SampledClip`)."""
     if not data:
         raise MediaError("empty_video", "the video file has 0 bytes")
-    container, stream = _open(data, limits)
-    with container:
-        fps = _fps(stream)
-    return max(_count_packets(data, limits), 1), fps
+    count, fps = _count_packets(data, limits)
+    return max(count, 1), fps
 
 
 def pick_frames(
@@ -206,10 +204,12 @@ def _check_declared(stream: av.video.stream.VideoStream, limits: MediaLimits) ->
         )
 
 
-def _count_packets(data: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> int:
-    """The stream's non-empty packets (demuxed, not decoded); MediaError past ``max_frames`` (counting stops)."""
+def _count_packets(data: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> tuple[int, float]:
+    """(the stream's non-empty packets, demuxed, not decoded; its fps), one open; MediaError past ``max_frames``
+    (counting stops)."""
     container, stream = _open(data, limits)
     count = 0
+    fps = _fps(stream)
     with container:
         try:
             for packet in container.demux(stream):
@@ -223,7 +223,7 @@ def _count_packets(data: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> int:
                         )
         except av.FFmpegError as exc:
             logger.debug("demux stopped after %d packets: %s", count, exc)
-    return count
+    return count, fps
 
 
 def _decode_picking(

@@ -179,7 +179,7 @@ def process_shard(
     rows: dict[str, LedgerRow] = dict(previous)  # rows of samples this run does not visit are kept
     get_encoder = functools.partial(load_encoder, plan)  # loads on first use only (cached per process)
     samples = open_source(plan.config.source).samples(shard.shard)
-    state = (previous, rows, result)
+    state = (previous, rows, result, ledger.windows_by_clip(previous))
     with (
         preempt.cleanup(functools.partial(_seal_from_journal, plan, shard.id)),
         ledger.Journal(plan.out, shard.id) as journal,
@@ -211,15 +211,15 @@ def _visit_clip(
     writer: Writer,
     get_encoder: Callable[[], LoadedFamily],
     journal: ledger.Journal,
-    state: tuple[dict[str, LedgerRow], dict[str, LedgerRow], ShardResult],
+    state: tuple[dict[str, LedgerRow], dict[str, LedgerRow], ShardResult, dict[str, list[LedgerRow]]],
     keys: frozenset[str] | None,
     run_id: str | None,
     on_row: RowCallback | None,
 ) -> bool:
     """Every sample (window) of one clip; True when a stop was asked for (SIGTERM, Ctrl-C): the shard ends there,
     after the sample in flight."""
-    previous, rows, result = state
-    windows = expand(clip, plan, previous)
+    previous, rows, result, known_windows = state
+    windows = expand(clip, plan, known_windows.get(clip.key, []))
     for ref in windows:
         if keys is not None and ref.key not in keys and clip.key not in keys:
             continue

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from infra.cache.ledger import WINDOWS_KEY, LedgerRow, window_rows
+from infra.cache.ledger import WINDOWS_KEY, LedgerRow
 from infra.errors import InputError
 from infra.gates.plan import BuildPlan
 from infra.media.temporal import choose_windows
@@ -18,12 +18,12 @@ from infra.media.video import MediaLimits, probe_frames
 from infra.sources import SampleRef
 
 
-def expand(ref: SampleRef, plan: BuildPlan, previous: dict[str, LedgerRow]) -> list[SampleRef]:
-    """The samples of one source clip under the plan's temporal policy (itself, unless it is windows:K)."""
+def expand(ref: SampleRef, plan: BuildPlan, known: list[LedgerRow]) -> list[SampleRef]:
+    """The samples of one source clip under the plan's temporal policy (itself, unless it is windows:K); `known`
+    is the ledger's rows of the clip's windows (`ledger.windows_by_clip`)."""
     policy = plan.spec.temporal_policy()
     if policy.kind != "windows":
         return [ref]
-    known = window_rows(previous, ref.key)
     if known and len(known) == known[0].extra[WINDOWS_KEY]:
         firsts = sorted(int(row.key.rpartition("@")[2]) for row in known)
         return [_window_ref(ref, first, ref.read_media) for first in firsts]
