@@ -23,6 +23,7 @@ SPEC_VERSION = 1
 
 Device = Literal["auto", "cpu", "cuda", "neuron"]
 ComputeDtype = Literal["bf16", "fp32"]
+StoreDtype = Literal["bf16", "fp16"]
 OnConflict = Literal["ask", "abort", "new_dir", "reuse"]
 
 
@@ -189,6 +190,11 @@ class BuildConfig(StrictModel):
     )
     device: Device = Field("auto", description="auto → cuda, else neuron (torch-neuronx), else cpu", **_in("device"))
     dtype: ComputeDtype = Field("bf16", description="Compute dtype; stored tensors are bf16 either way", **_in("dtype"))
+    store_dtype: StoreDtype = Field(
+        "bf16",
+        description="Stored dtype of latents and text embeddings: bf16, or fp16 (the image family)",
+        **_in("spec"),
+    )
     limit: int | None = Field(None, gt=0, description="Process at most N samples in total", **_in("selection"))
     shard_filter: str | None = Field(None, description="Only shards whose name contains this text", **_in("selection"))
     max_samples_per_shard: int | None = Field(None, gt=0, description="At most N samples per shard", **_in("selection"))
@@ -326,7 +332,7 @@ class CacheSpec(StrictModel):
     buckets: list[tuple[int, int, int]] | None = Field(None, description="(W, H, F) per bucket")
     audio: bool = False
     compute_dtype: ComputeDtype
-    store_dtype: Literal["bf16"] = "bf16"
+    store_dtype: StoreDtype = "bf16"
     text_max_length: int
     text_padding: str
     latent_norm: str = Field(description="How latents are normalised before storing")
@@ -357,6 +363,7 @@ class CacheSpec(StrictModel):
             "text_padding": self.text_padding,
             "identity_scheme": self.identity_scheme,
             "audio": self.audio,
+            "store_dtype": self.store_dtype,
         }
         if self.buckets:
             settings["buckets"] = ";".join(f"{w}x{h}x{f}" for w, h, f in self.buckets)

@@ -44,6 +44,11 @@ class Registry(Generic[T]):
         self._items[name] = item
         return item
 
+    def replace(self, name: str, item: T) -> T:
+        """Put `item` under `name` in place of what is there (a plugin renamed to the name it is found by)."""
+        self._items[name] = item
+        return item
+
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator form of `add`."""
         return lambda item: self.add(name, item)

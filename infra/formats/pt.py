@@ -18,9 +18,10 @@ from infra.formats.base import EncodedSample, Format, PerSampleWriter
 
 def to_record(sample: EncodedSample) -> dict[str, Any]:
     """The stored dict."""
+    text = {"text_embeds": sample.text_embeds.contiguous()} if sample.text_embeds is not None else {}
     record: dict[str, Any] = {
         "x0": sample.latents.contiguous(),
-        "text_embeds": sample.text_embeds.contiguous(),
+        **text,  # absent for a family without a text encoder (the prompt is stored as text only)
         "prompt": sample.prompt,
         "source_shape": list(sample.source_shape),
         "latent_shape": sample.latent_shape,

@@ -102,6 +102,10 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
         )
     if config.audio and not family.has_audio:
         raise ConfigError(f"--audio: family {family.name} has no audio encoder")
+    if config.store_dtype not in family.store_dtypes:
+        raise ConfigError(f"--store-dtype {config.store_dtype}: family {family.name} stores {', '.join(family.store_dtypes)}")
+    if family.resize_policies is not None and chosen["resize"] not in family.resize_policies:
+        raise ConfigError(f"--resize {chosen['resize']}: family {family.name} does {', '.join(family.resize_policies)}")
     policy = make_policy(chosen["temporal"], config.start, config.window_step, config.short_clips)
     if config.buckets is not None and policy.kind != "head":
         raise ConfigError("--buckets choose among the first frames of a clip: use them with --temporal head")
@@ -120,6 +124,8 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
     geometry = (
         [(b.frames, b.height, b.width) for b in buckets] if buckets else [(config.frames, config.height, config.width)]
     )
+    if family.media == "image":  # a still is one frame, whatever --frames says (the default is a video's 33)
+        geometry = [(1, height, width) for _, height, width in geometry]
     rules = family.rules(model_dir)
     for frames, height, width in geometry:
         rules.check(family.name, frames, height, width)
@@ -141,6 +147,7 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
         resize=RESIZE_POLICIES[chosen["resize"]],
         audio=config.audio,
         compute_dtype=config.dtype,
+        store_dtype=config.store_dtype,
         text_max_length=chosen["text_max_length"],
         text_padding=config.text_padding,
         text_encoder_output=chosen["text_stage"],

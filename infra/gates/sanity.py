@@ -26,7 +26,7 @@ from infra.cache.storage import atomic_write
 from infra.devices import resolve_device
 from infra.errors import ConfigError, ConflictError, InputError
 from infra.formats import EncodedSample, WrittenSample, get_format
-from infra.formats.base import KIND_DTYPES
+from infra.formats.base import kind_dtype
 from infra.gates.plan import BuildPlan
 from infra.models import LoadedFamily, get_family
 from infra.ops.faults import fault_point
@@ -175,8 +175,9 @@ def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, repor
         frames, height, width = sample.info["geometry"]
         latent = get_family(plan.family).latent_shape(Path(plan.config.model).expanduser(), frames, height, width)
     planned = {"latents": list(latent), "text_embeddings": list(plan.text_shape)}
-    report.latent_shape, report.text_shape = list(sample.latents.shape), list(sample.text_embeds.shape)
-    report.latent_dtype, report.text_dtype = str(sample.latents.dtype), str(sample.text_embeds.dtype)
+    text = sample.text_embeds
+    report.latent_shape, report.text_shape = list(sample.latents.shape), list(text.shape) if text is not None else []
+    report.latent_dtype, report.text_dtype = str(sample.latents.dtype), str(text.dtype) if text is not None else "-"
     report.finite = all(bool(torch.isfinite(t).all()) for t in outputs.values())
     records = {str(w.path): fmt.read(w.path) for _, w in written.files}
     same = []
@@ -186,8 +187,8 @@ def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, repor
         name = fmt.label(kind)
         if kind in planned and list(tensor.shape) != planned[kind]:
             report.problems.append(f"{name} shape {list(tensor.shape)}, planned {planned[kind]}")
-        if tensor.dtype != KIND_DTYPES[kind]:
-            report.problems.append(f"{name} dtype {tensor.dtype}, expected {KIND_DTYPES[kind]}")
+        if tensor.dtype != kind_dtype(kind, plan.spec.store_dtype):
+            report.problems.append(f"{name} dtype {tensor.dtype}, expected {kind_dtype(kind, plan.spec.store_dtype)}")
     report.round_trip = all(same)
     if not report.finite:
         report.problems.append("non-finite values (nan or inf) in the encoded tensors")

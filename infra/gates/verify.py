@@ -22,7 +22,7 @@ from infra.cache.cachedir import OutKind, classify, read_cache_json
 from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import Format, get_format
-from infra.formats.base import KIND_DTYPES
+from infra.formats.base import kind_dtype
 from infra.gates.plan import BuildPlan
 from infra.gates.stale import StaleReport, find_stale
 from infra.models import get_family
@@ -234,7 +234,7 @@ def _expected(spec: CacheSpec, fmt: Format, shapes: Mapping[str, tuple[int, ...]
         kind: {
             "key": fmt.keys[kind],
             "shape": list(shapes[kind]) if kind in shapes else None,
-            "dtype": str(KIND_DTYPES[kind]),
+            "dtype": str(kind_dtype(kind, spec.store_dtype)),
         }
         for kind in kinds
     }

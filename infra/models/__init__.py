@@ -11,13 +11,16 @@ import torch
 from infra.errors import ConfigError
 from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, read_json
 from infra.models.identity import Scheme, component_identity
+from infra.models.image import ImageSpec
 from infra.models.ltx2 import Ltx2Spec
+from infra.models.plugins import PLUGIN_KEY, as_family, is_builtin, load_module_attr, plugin_identity
 from infra.models.wan22 import Wan22Spec
 from infra.registry import Registry
 
 FAMILIES: Registry[FamilySpec] = Registry("family", plural="families", entry_points="latentforge.families")
 FAMILIES.add("wan22", Wan22Spec())
 FAMILIES.add("ltx2", Ltx2Spec())
+FAMILIES.add("image", ImageSpec())
 
 __all__ = [
     "FAMILIES",
@@ -34,8 +37,14 @@ __all__ = [
 
 
 def get_family(name: str) -> FamilySpec:
-    """The family registered under `name`."""
-    return FAMILIES.get(name)
+    """The family registered under `name` (an installed plugin's entry point too), or ``module:attr`` imported
+    and registered under that name (`infra.models.plugins`)."""
+    if name not in FAMILIES and ":" in name:
+        return FAMILIES.add(name, load_module_attr(name))
+    family = FAMILIES.get(name)
+    if family.name != name:  # a plugin whose class names itself otherwise: the registry's name is the one kept
+        family = FAMILIES.replace(name, as_family(family, name))
+    return family
 
 
 def resolve_family(model_dir: Path, name: str | None, audio: bool = False) -> FamilySpec:
@@ -43,11 +52,12 @@ def resolve_family(model_dir: Path, name: str | None, audio: bool = False) -> Fa
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ConfigError(f"--model {model_dir}: not a directory (models load from local paths only)")
-    index = read_json(model_dir / "model_index.json")
+    index = read_json(model_dir / "model_index.json") if (model_dir / "model_index.json").exists() else {}
     if name is not None:
         family = get_family(name)
     else:
-        found = [f for f in FAMILIES.values() if f.matches(model_dir, index)]
+        FAMILIES.load_plugins()
+        found = [get_family(n) for n in FAMILIES.names() if get_family(n).matches(model_dir, index)]
         if not found:
             raise ConfigError(
                 f"{model_dir}: cannot tell the family from model_index.json "
@@ -60,7 +70,7 @@ def resolve_family(model_dir: Path, name: str | None, audio: bool = False) -> Fa
 
 def check_model_dir(model_dir: Path, family: FamilySpec, audio: bool = False) -> None:
     """Every component the family reads must be there (a missing transformer/ is normal)."""
-    needed = family.components_for(audio)
+    needed = family.components_in(model_dir, audio)
     missing = [c for c in needed if not (model_dir / c).is_dir()]
     if missing:
         raise ConfigError(
@@ -72,8 +82,13 @@ def check_model_dir(model_dir: Path, family: FamilySpec, audio: bool = False) ->
 def model_identity(
     model_dir: Path, family: FamilySpec, scheme: Scheme = "content", audio: bool = False
 ) -> dict[str, str]:
-    """Per component the family reads: the hash of every byte of its files (`infra.models.identity`)."""
-    return {c: component_identity(Path(model_dir) / c, scheme) for c in family.components_for(audio)}
+    """Per component the family reads: the hash of every byte of its files (`infra.models.identity`); a plugin
+    family adds its code's identity under ``family_plugin`` (`infra.models.plugins.plugin_identity`)."""
+    components = family.components_in(Path(model_dir), audio)
+    identity = {c: component_identity(Path(model_dir) / c, scheme) for c in components}
+    if not is_builtin(family):
+        identity[PLUGIN_KEY] = plugin_identity(family)
+    return identity
 
 
 _load_lock = threading.Lock()

@@ -128,6 +128,13 @@ class FamilySpec(ABC):
     #: Text stages the family can store (BuildConfig.text_stage); audio: whether it has an audio encoder.
     text_stages: ClassVar[tuple[str, ...]] = ("last_hidden_state",)
     has_audio: ClassVar[bool] = False
+    #: What a sample's media is: ``video`` (clips, decoded by PyAV) or ``image`` (stills: one frame, ``frames``
+    #: fixed at 1, prepared by `infra.media.image`).
+    media: ClassVar[str] = "video"
+    #: Stored dtypes of latents and text embeddings the family can write (``--store-dtype``).
+    store_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
+    #: Resize policies the family can apply (None: every one of `infra.media.video.RESIZE_POLICIES`).
+    resize_policies: ClassVar[tuple[str, ...] | None] = None
 
     def kinds(self, spec: Any) -> tuple[str, ...]:
         """The output kinds of a cache of this family made with `spec` (a CacheSpec: audio adds a kind)."""
@@ -136,6 +143,11 @@ class FamilySpec(ABC):
     def components_for(self, audio: bool) -> tuple[str, ...]:
         """The components a cache depends on (their identity is in the fingerprint): audio adds the audio VAE."""
         return self.components
+
+    def components_in(self, model_dir: Path, audio: bool = False) -> tuple[str, ...]:
+        """The components of this model directory the cache depends on (default: `components_for`); a family
+        whose parts are optional (the image family's text encoder) looks at the directory."""
+        return self.components_for(audio)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -20,6 +20,7 @@ from infra.config import CacheSpec
 from infra.devices import resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
 from infra.formats import AUDIO_KIND, EncodedSample
+from infra.formats.base import STORE_DTYPES
 from infra.gates.plan import BuildPlan
 from infra.media.buckets import Bucket, choose_bucket
 from infra.media.prompts import decode_prompt
@@ -34,7 +35,8 @@ from infra.media.video import (
     resize_policy_of,
     sample_frames,
 )
-from infra.models import LoadedFamily, load_family
+from infra.media.image import prepare_image
+from infra.models import LoadedFamily, get_family, load_family
 from infra.ops.faults import fault_point
 from infra.sources import SampleRef
 
@@ -70,7 +72,11 @@ def prepare_video(
     """The recipe's pixels of one clip under `spec`: frames by its temporal policy (`infra.media.temporal`; for
     ``windows:K`` the window starting at source frame `window`), the bucket by the LTX-2 trainer's rule, resized
     by its resize policy. InputError for bad input, a clip over `limits` (refused before decoding) or a clip too
-    short for a policy that skips short clips."""
+    short for a policy that skips short clips. A spec of an image family takes a still image instead
+    (`infra.media.image`: one frame; a video is refused, ``not_an_image``)."""
+    if get_family(spec.family).media == "image":
+        pixels, still = prepare_image(media, spec.height, spec.width, limits)
+        return PreparedVideo(pixels, still, None)
     policy = spec.temporal_policy()
     buckets = [Bucket(*b) for b in spec.buckets] if spec.buckets else None
     frames, height, width, bucket = spec.frames, spec.height, spec.width, None
@@ -150,10 +156,11 @@ def encode_sample(
     video = prepare_video(media, spec, ref.window, media_limits(plan))
     fault_point("decode")
     encoder = get_encoder()
-    latents = encoder.encode_video(video.pixels)
-    text = encoder.encode_text(prompt, spec.text_settings())
+    store = STORE_DTYPES[spec.store_dtype]
+    latents = encoder.encode_video(video.pixels).to(store)
+    text = encoder.encode_text(prompt, spec.text_settings()) if "text_embeddings" in plan.kinds else None
     fault_point("encode")
-    extras: dict[str, Any] = dict(text.extras)
+    extras: dict[str, Any] = dict(text.extras) if text is not None else {}
     info: dict[str, Any] = {"fps": video.clip.fps, "geometry": tuple(int(n) for n in video.pixels.shape[2:])}
     info["sampling"] = sampling_record(video.clip)
     if spec.audio:
@@ -166,14 +173,15 @@ def encode_sample(
         stem=ref.stem,
         prompt=prompt,
         latents=latents,
-        text_embeds=text.embeds,
-        seq_len=text.seq_len,
+        text_embeds=text.embeds.to(store) if text is not None else None,
+        seq_len=text.seq_len if text is not None else 0,
         source_shape=video.clip.source_shape,
         fingerprint=plan.fingerprint,
         extras=extras,
         info=info,
     )
-    return sample, {"tokens_total": text.tokens_total, "truncated": text.truncated}
+    tokens = {"tokens_total": text.tokens_total, "truncated": text.truncated} if text is not None else {}
+    return sample, tokens or {"tokens_total": 0, "truncated": False}
 
 
 def _audio(
