@@ -8,6 +8,7 @@ the groups that apply to it, `infra.config.STEP_GROUPS`); every option is also a
 
 from __future__ import annotations
 
+import functools
 import getpass
 import json
 import logging
@@ -222,7 +223,9 @@ def approve(
 @cli_errors
 def make_tiny_model(
     directory: Annotated[Path, typer.Argument(help="where to write the model")],
-    family: Annotated[str, Opt(help="wan22 | ltx2")] = "wan22",
+    family: Annotated[str, Opt(help="wan22 | ltx2 | image")] = "wan22",
+    vae: Annotated[str, Opt(help="image: kl (AutoencoderKL, Flux's factors) | dc (AutoencoderDC)")] = "kl",
+    text: Annotated[str, Opt(help="image: clip | t5 | none (captions stored as text only)")] = "clip",
     seed: Annotated[int, Opt()] = 0,
     tokenizer: Annotated[Path | None, Opt(help="copy this tokenizer instead of building one")] = None,
     train_on: Annotated[
@@ -236,9 +239,11 @@ def make_tiny_model(
     """A tiny model with the real architecture and snapshot layout (tests, demos): random weights, or with
     --train-on a VAE fitted to a few clips (CPU, about a minute) so that decode-and-verify shows them."""
     from infra.models.tiny import make_tiny_wan22  # noqa: PLC0415
+    from infra.models.tiny_image import make_tiny_image  # noqa: PLC0415
     from infra.models.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415
 
-    makers = {"wan22": make_tiny_wan22, "ltx2": make_tiny_ltx2}
+    image = functools.partial(make_tiny_image, vae=vae, text=text)
+    makers = {"wan22": make_tiny_wan22, "ltx2": make_tiny_ltx2, "image": image}
     if family not in makers:
         raise ConfigError(f"make-tiny-model knows {', '.join(makers)}, not {family!r}")
     if train_on is not None and family != "wan22":

@@ -80,8 +80,17 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             "image-512",
-            "One frame per sample at 512x512: short side to 512 (bicubic, antialiased), centre crop, [-1, 1]",
-            {"frames": 1, "height": 512, "width": 512, "temporal": "head", "resize": "cover-crop"},
+            "One image per sample at 512x512 (the image family): EXIF orientation applied, RGB over white, short "
+            "side to 512 (Pillow bicubic, antialiased), centre crop, [-1, 1], bf16",
+            {
+                "family": "image",
+                "frames": 1,
+                "height": 512,
+                "width": 512,
+                "temporal": "head",
+                "resize": "cover-crop",
+                "store_dtype": "bf16",
+            },
         ),
     )
 }

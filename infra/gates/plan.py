@@ -103,7 +103,9 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
     if config.audio and not family.has_audio:
         raise ConfigError(f"--audio: family {family.name} has no audio encoder")
     if config.store_dtype not in family.store_dtypes:
-        raise ConfigError(f"--store-dtype {config.store_dtype}: family {family.name} stores {', '.join(family.store_dtypes)}")
+        raise ConfigError(
+            f"--store-dtype {config.store_dtype}: family {family.name} stores {', '.join(family.store_dtypes)}"
+        )
     if family.resize_policies is not None and chosen["resize"] not in family.resize_policies:
         raise ConfigError(f"--resize {chosen['resize']}: family {family.name} does {', '.join(family.resize_policies)}")
     policy = make_policy(chosen["temporal"], config.start, config.window_step, config.short_clips)

@@ -85,7 +85,9 @@ class ImageSpec(FamilySpec):
         return ("latents", TEXT_KIND) if "text_encoder" in spec.model_identity else ("latents",)
 
     def rules(self, model_dir: Path) -> GeometryRules:
-        return GeometryRules(frame_multiple=1, frame_remainder=0, spatial_multiple=spatial_ratio(_vae_config(model_dir)))
+        return GeometryRules(
+            frame_multiple=1, frame_remainder=0, spatial_multiple=spatial_ratio(_vae_config(model_dir))
+        )
 
     def latent_shape(self, model_dir: Path, frames: int, height: int, width: int) -> tuple[int, ...]:
         cfg = _vae_config(model_dir)
@@ -128,7 +130,9 @@ class ImageEncoder(LoadedFamily):
         self.vae.to(device).eval()
         self.scale = float(self.vae.config.scaling_factor)
         self.shift = float(getattr(self.vae.config, "shift_factor", None) or 0.0)
-        self.text_encoder, self.tokenizer = _load_text(model_dir, device, dtype) if has_text(model_dir) else (None, None)
+        self.text_encoder, self.tokenizer = (
+            _load_text(model_dir, device, dtype) if has_text(model_dir) else (None, None)
+        )
         self._lock = threading.Lock()
         logger.info("loaded image family (%s) from %s on %s (%s)", self.kind, model_dir, device, dtype)
 

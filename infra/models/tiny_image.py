@@ -80,9 +80,7 @@ def _text_encoder(kind: TextKind, seed: int, vocab_size: int) -> CLIPTextModel |
             pad_token_id=49407,
         )
         return CLIPTextModel(config).eval()
-    config = T5Config(
-        vocab_size=-(-vocab_size // 128) * 128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4
-    )
+    config = T5Config(vocab_size=-(-vocab_size // 128) * 128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
     return T5EncoderModel(config).eval()
 
 

@@ -23,6 +23,7 @@ from infra.formats import AUDIO_KIND, EncodedSample
 from infra.formats.base import STORE_DTYPES
 from infra.gates.plan import BuildPlan
 from infra.media.buckets import Bucket, choose_bucket
+from infra.media.image import prepare_image
 from infra.media.prompts import decode_prompt
 from infra.media.temporal import TemporalPolicy, choose_windows, effective_fps
 from infra.media.video import (
@@ -35,7 +36,6 @@ from infra.media.video import (
     resize_policy_of,
     sample_frames,
 )
-from infra.media.image import prepare_image
 from infra.models import LoadedFamily, get_family, load_family
 from infra.ops.faults import fault_point
 from infra.sources import SampleRef

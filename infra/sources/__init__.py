@@ -1,6 +1,7 @@
-"""Source readers. Importing this package registers every built-in kind (``vbvr:``, ...)."""
+"""Source readers. Importing this package registers every built-in kind (``vbvr:``, ``meta:``, ``wds:``,
+``folder:``)."""
 
-from infra.sources import meta, vbvr
+from infra.sources import folder, meta, vbvr, wds
 from infra.sources.base import SampleRef, Shard, ShardReadError, Source, SourceError, is_safe_name, open_source
 
 __all__ = [
@@ -9,8 +10,10 @@ __all__ = [
     "ShardReadError",
     "Source",
     "SourceError",
+    "folder",
     "is_safe_name",
     "meta",
     "open_source",
     "vbvr",
+    "wds",
 ]

@@ -1,0 +1,108 @@
+"""A folder of images or videos with sidecar captions, ``folder:PATH``: ``a/b/cat.jpg`` + ``a/b/cat.txt``.
+
+Media files (`IMAGE_SUFFIXES`, `VIDEO_SUFFIXES`) are found recursively, in sorted order; hidden files and
+folders (a leading ``.``) are left out. Sample id = the media path relative to PATH (nested folders kept), its
+outputs named by that path without its suffix, group = its top-level folder ("" for a file at the top). The
+caption is the file beside it with ``.txt`` for its suffix (absent: the sample is skipped, ``missing_prompt``).
+The sorted list is cut into shards of `FILES_PER_SHARD` (``<folder name>-00000``, ...): adding files moves
+later samples to other shards, whose rows then say so (``gone_from_source``) at reconciliation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+from infra.errors import InputError, SourceError
+from infra.media.image import IMAGE_SUFFIXES
+from infra.media.prompts import MAX_PROMPT_BYTES
+from infra.sources.base import SampleRef, Shard, Source, is_safe_name, mark_duplicate, register_source
+from infra.sources.identity import MemberIdentity, SourceIdentity
+
+logger = logging.getLogger(__name__)
+
+VIDEO_SUFFIXES = (".mp4", ".mov", ".mkv", ".webm", ".avi")
+FILES_PER_SHARD = 1000
+
+
+def list_media(root: Path) -> list[Path]:
+    """Every media file under `root` (relative paths), sorted; hidden names left out."""
+    suffixes = IMAGE_SUFFIXES + VIDEO_SUFFIXES
+    found = []
+    for path in root.rglob("*"):
+        rel = path.relative_to(root)
+        if path.suffix.lower() in suffixes and path.is_file() and not any(p.startswith(".") for p in rel.parts):
+            found.append(rel)
+    return sorted(found, key=lambda p: p.as_posix())
+
+
+@register_source("folder")
+class FolderSource(Source):
+    """Images or videos with ``.txt`` captions beside them, in nested folders."""
+
+    def __init__(self, path: str) -> None:
+        self.root = Path(path).expanduser()
+        name = self.root.resolve().name
+        self.prefix = name if is_safe_name(name) else "folder"
+
+    def _files(self) -> list[Path]:
+        if not self.root.is_dir():
+            raise SourceError(f"folder source {str(self.root)!r}: not a directory")
+        return list_media(self.root)
+
+    def shards(self) -> list[Shard]:
+        files = self._files()
+        if not files:
+            raise SourceError(f"folder source {str(self.root)!r}: no images or videos found")
+        count = -(-len(files) // FILES_PER_SHARD)
+        return [Shard(id=f"{self.prefix}-{i:05d}", path=str(self.root)) for i in range(count)]
+
+    def samples(self, shard: Shard) -> Iterator[SampleRef]:
+        index = int(shard.id.rpartition("-")[2])
+        chunk = self._files()[index * FILES_PER_SHARD : (index + 1) * FILES_PER_SHARD]
+        for rel in chunk:
+            yield mark_duplicate(self._ref(rel), shard)
+
+    def _ref(self, rel: Path) -> SampleRef:
+        media, caption = self.root / rel, (self.root / rel).with_suffix(".txt")
+        sid = rel.as_posix()
+        unsafe = [p for p in (*rel.parent.parts, rel.stem) if not is_safe_name(p)]
+        extra = {"layout_error": f"unsafe name for a path: {sid!r}"} if unsafe else {}
+        listed = {rel.name: media}
+        if caption.is_file():
+            listed[caption.name] = caption
+        members = {}
+        for name, path in listed.items():
+            st = path.stat()
+            members[name] = MemberIdentity(size=st.st_size, mtime=st.st_mtime)
+        identity = SourceIdentity(members=members)
+        return SampleRef(
+            id=sid,
+            group=rel.parts[0] if len(rel.parts) > 1 else "",
+            key=sid,
+            read_media=lambda: _read(media, identity),
+            read_prompt=lambda: _read(caption, identity, MAX_PROMPT_BYTES) if caption.name in members else None,
+            extra=extra,
+            identity=identity,
+            stem="" if unsafe else rel.with_suffix("").as_posix(),
+        )
+
+
+def _read(path: Path, identity: SourceIdentity, cap: int | None = None) -> bytes | None:
+    """The file's bytes (sha256 noted), after checking it is the file listed; InputError when it changed."""
+    listed = identity.members.get(path.name)
+    try:
+        st = path.stat()
+        if listed is not None and (st.st_size != listed.size or st.st_mtime != listed.mtime):
+            raise InputError("source_changed", f"{path} changed since it was listed: not read")
+        if cap is not None and st.st_size > cap:
+            raise InputError("prompt_too_long", f"{path}: {st.st_size} bytes, over {cap}: not read")
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError("source_vanished", f"{path} vanished since it was listed") from None
+    except OSError as exc:
+        raise InputError("member_unreadable", f"{path}: {exc}") from exc
+    identity.read_sha256[path.name] = hashlib.sha256(data).hexdigest()
+    return data

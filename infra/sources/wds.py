@@ -1,0 +1,184 @@
+"""WebDataset tar shards, ``wds:PATH``: a tar, a directory of tars, or a brace pattern (``dir/{000..009}.tar``,
+``dir/{a,b}.tar``; globs too).
+
+A sample is the members sharing a key (the member path up to the first ``.`` of its file name, as webdataset
+splits it): ``<key>.{jpg,jpeg,png,webp}`` (the image), ``<key>.txt`` (the caption), optional ``<key>.json``
+(recorded in the sample's identity, not read). One shard per tar; group = the shard id; id = the key; outputs
+``<shard>/<key>``. Members are streamed from the tar like VBVR's (`infra.sources.vbvr`): listing reads headers
+only, a done sample's bytes are never read on resume, and the tar is checked against its listing before each read.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import itertools
+import logging
+import re
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.errors import InputError, SourceError
+from infra.media.image import IMAGE_SUFFIXES
+from infra.media.prompts import MAX_PROMPT_BYTES
+from infra.sources.base import SampleRef, Shard, ShardReadError, Source, is_safe_name, mark_duplicate, register_source
+from infra.sources.identity import MemberIdentity, SourceIdentity
+from infra.sources.vbvr import TAR_SUFFIXES, _check_unchanged, shard_id_for
+
+logger = logging.getLogger(__name__)
+
+CAPTION_EXT, META_EXT = "txt", "json"
+IMAGE_EXTS = tuple(s.lstrip(".") for s in IMAGE_SUFFIXES)
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_BRACES = re.compile(r"\{([^{}]*)\}")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``a{000..002}b`` → a000b a001b a002b (zero padding kept); ``{x,y}`` → both; nested left to right."""
+    found = [m for m in (_RANGE.search(pattern), _BRACES.search(pattern)) if m is not None]
+    if not found:
+        return [pattern]
+    match = min(found, key=lambda m: (m.start(), m.re is not _RANGE))
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    if match.re is _RANGE:
+        lo, hi = match.group(1), match.group(2)
+        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        options = [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+    else:
+        options = match.group(1).split(",")
+    return list(itertools.chain.from_iterable(expand_braces(head + o + tail) for o in options))
+
+
+def find_tars(spec: str) -> list[Path]:
+    """The tars `spec` names, sorted; SourceError when it names nothing."""
+    found: list[Path] = []
+    for part in expand_braces(spec):
+        path = Path(part).expanduser()
+        if any(ch in part for ch in "*?["):
+            found += [Path(p) for p in glob.glob(str(path), recursive=True)]
+        elif path.is_dir():
+            found += [p for p in path.rglob("*") if p.is_file()]
+        elif path.is_file():
+            found.append(path)
+        elif "{" in spec:
+            raise SourceError(f"wds source {spec!r}: {part} does not exist")
+    tars = sorted({p for p in found if p.name.endswith(TAR_SUFFIXES)})
+    if not tars:
+        raise SourceError(f"wds source {spec!r}: no tar shards found ({', '.join(TAR_SUFFIXES)})")
+    return tars
+
+
+@dataclass
+class _Sample:
+    key: str
+    members: dict[str, tarfile.TarInfo] = field(default_factory=dict)  # extension → header
+
+
+def split_key(name: str) -> tuple[str, str]:
+    """webdataset's split of a member path: (key, extension), the extension from the file name's first dot."""
+    directory, _, base = name.removeprefix("./").rpartition("/")
+    stem, _, ext = base.partition(".")
+    return (f"{directory}/{stem}" if directory else stem), ext.lower()
+
+
+@register_source("wds")
+class WdsSource(Source):
+    """WebDataset tars of images and captions (CC12M's layout)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def shards(self) -> list[Shard]:
+        shards: dict[str, Shard] = {}
+        for tar in find_tars(self.path):
+            sid = shard_id_for(tar)
+            if not is_safe_name(sid):
+                raise SourceError(f"shard file name {tar.name!r} cannot be used as a shard id")
+            if sid in shards:
+                raise SourceError(f"two shards share the id {sid!r}: {shards[sid].path} and {tar}")
+            stat = tar.stat()
+            shards[sid] = Shard(id=sid, path=str(tar), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+        return list(shards.values())
+
+    def samples(self, shard: Shard) -> Iterator[SampleRef]:
+        """The shard's samples in tar order; ShardReadError at the end for a damaged tar."""
+        try:
+            tf = tarfile.open(shard.path, "r:*")
+        except FileNotFoundError as exc:
+            raise ShardReadError(f"{shard.path}: the shard vanished since it was listed") from exc
+        except (tarfile.TarError, OSError) as exc:
+            raise ShardReadError(f"{shard.path}: not a readable tar ({exc})") from exc
+        with tf:
+            samples, error = _list(tf)
+            for sample in samples:
+                yield mark_duplicate(_to_ref(tf, sample, shard), shard)
+        if error is not None:
+            raise ShardReadError(f"{shard.path}: {error} (listed {len(samples)} samples before it)")
+
+
+def _list(tf: tarfile.TarFile) -> tuple[list[_Sample], str | None]:
+    """Regular members grouped by key, in first-seen order (headers only: no member's bytes are read)."""
+    by_key: dict[str, _Sample] = {}
+    while True:
+        try:
+            info = tf.next()
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            return list(by_key.values()), f"tar damaged: {exc}"
+        if info is None:
+            return list(by_key.values()), None
+        if info.isfile():
+            key, ext = split_key(info.name)
+            by_key.setdefault(key, _Sample(key)).members.setdefault(ext, info)
+
+
+def _layout_error(sample: _Sample) -> str | None:
+    parts = sample.key.split("/")
+    if not all(is_safe_name(p) for p in parts):
+        return f"unsafe key for a path: {sample.key!r}"
+    images = [ext for ext in sample.members if ext in IMAGE_EXTS]
+    if len(images) > 1:
+        return f"{sample.key!r} has {len(images)} images ({', '.join(images)}): one expected"
+    return None
+
+
+def _to_ref(tf: tarfile.TarFile, sample: _Sample, shard: Shard) -> SampleRef:
+    error = _layout_error(sample)
+    extra = {"layout_error": error} if error else {}
+    identity = SourceIdentity(
+        members={f"{sample.key}.{ext}": MemberIdentity(size=i.size, mtime=i.mtime) for ext, i in sample.members.items()}
+    )
+    image = next((sample.members[e] for e in IMAGE_EXTS if e in sample.members), None)
+    return SampleRef(
+        id=sample.key,
+        group=shard.id,
+        key=sample.key,
+        read_media=lambda: _read(tf, image, identity, shard),
+        read_prompt=lambda: _read(tf, sample.members.get(CAPTION_EXT), identity, shard, MAX_PROMPT_BYTES),
+        extra=extra,
+        identity=identity,
+        stem="" if error else f"{shard.id}/{sample.key}",
+    )
+
+
+def _read(
+    tf: tarfile.TarFile, info: tarfile.TarInfo | None, identity: SourceIdentity, shard: Shard, cap: int | None = None
+) -> bytes | None:
+    """A member's bytes (their sha256 noted in `identity`), None when absent; InputError for a member over `cap`,
+    cut short, or a shard changed since it was listed."""
+    if info is None:
+        return None
+    _check_unchanged(shard)
+    if cap is not None and info.size > cap:
+        raise InputError("prompt_too_long", f"{info.name}: {info.size} bytes, over {cap}: not read")
+    try:
+        handle = tf.extractfile(info)
+        data = handle.read() if handle is not None else None
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise InputError("member_unreadable", f"{info.name}: {exc}") from exc
+    if data is None or len(data) != info.size:
+        raise InputError("member_unreadable", f"{info.name}: not all of its {info.size} bytes (shard cut short)")
+    key, ext = split_key(info.name)
+    identity.read_sha256[f"{key}.{ext}"] = hashlib.sha256(data).hexdigest()
+    return data
