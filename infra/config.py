@@ -352,6 +352,7 @@ class CacheSpec(StrictModel):
         from infra.media.video import resize_policy_of  # noqa: PLC0415 - config stays importable on its own
 
         settings: dict[str, Any] = {
+            "family": self.family,
             "format": self.format,
             "frames": self.frames,
             "height": self.height,

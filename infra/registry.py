@@ -35,7 +35,7 @@ class Registry(Generic[T]):
         self.plural = plural or f"{kind}s"
         self.entry_points = entry_points
         self._items: dict[str, T] = {}
-        self._plugins_loaded = False
+        self._broken: set[str] = set()  # entry points that failed to load: named once, not retried
 
     def add(self, name: str, item: T) -> T:
         """Register `item` under `name`; a second, different item under one name is an error."""
@@ -77,12 +77,12 @@ class Registry(Generic[T]):
         return iter(self.names())
 
     def load_plugins(self) -> None:
-        """Register what other installed packages declare in this registry's entry-point group (once)."""
-        if self.entry_points is None or self._plugins_loaded:
+        """Register what installed packages declare in this registry's entry-point group and is not registered yet
+        (the group is listed again on each call: a package installed while the process runs is found too)."""
+        if self.entry_points is None:
             return
-        self._plugins_loaded = True
         for entry in metadata.entry_points(group=self.entry_points):
-            if entry.name in self._items:
+            if entry.name in self._items or entry.name in self._broken:
                 continue
             try:
                 loaded = entry.load()
@@ -95,5 +95,6 @@ class Registry(Generic[T]):
                     type(exc).__name__,
                     exc,
                 )
+                self._broken.add(entry.name)
                 continue
             self.add(entry.name, loaded() if isinstance(loaded, type) else loaded)
