@@ -169,11 +169,11 @@ def test_an_installed_entry_point_family_builds_verifies_reconciles_and_decodes(
     decoded = json.loads(next((out / "reports" / "decode").rglob("report.json")).read_text())
     assert decoded["ok"] and min(r["psnr"] for r in decoded["rows"]) >= MIN_PSNR
     verified = runner.invoke(app, ["verify", str(out)])
-    assert verified.exit_code == 0 and "compatible" in verified.output, verified.output
+    assert verified.exit_code == 0 and "COMPATIBLE" in verified.output, verified.output
     # a fresh process finds the family by its entry point alone, from cache.json
     command = [sys.executable, "-m", "flows.cli", "reconcile", str(out)]
     done = subprocess.run(command, env=cli_env(tmp_path / "home"), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "shortfall" in done.stdout.lower(), (done.stdout[-2000:], done.stderr[-2000:])
+    assert done.returncode == 0 and "reconcile: OK (6 of 6" in done.stdout, (done.stdout[-2000:], done.stderr[-2000:])
 
 
 def test_a_module_attr_family_builds_and_an_edit_changes_the_fingerprint(tmp_path, monkeypatch):
