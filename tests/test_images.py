@@ -14,6 +14,7 @@ import pytest
 import torch
 from diffusers import AutoencoderDC, AutoencoderKL
 from PIL import Image
+from transformers import AutoTokenizer, T5EncoderModel
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -23,6 +24,7 @@ from infra.errors import ConfigError, InputError
 from infra.gates.plan import make_plan
 from infra.media.image import load_rgb, prepare_image
 from infra.models import load_family
+from infra.models.base import TextSettings
 from infra.models.tiny_image import FLUX_SHIFT, make_tiny_image
 from infra.preprocess.shard import process_shard
 from infra.sources import open_source
@@ -104,9 +106,9 @@ def test_a_video_or_a_broken_file_is_refused_with_a_reason(clips):
         assert caught.value.reason == "not_an_image"
 
 
-@pytest.mark.parametrize("vae", ["kl", "dc"])
-def test_latents_are_normalised_as_diffusers_pipelines_do(tmp_path, vae, images):
-    model = make_tiny_image(tmp_path / vae, vae=vae, text="none", seed=3)
+@pytest.mark.parametrize(("vae", "text"), [("kl", "none"), ("dc", "t5")])
+def test_latents_are_normalised_as_diffusers_pipelines_do(tmp_path, vae, text, images):
+    model = make_tiny_image(tmp_path / vae, vae=vae, text=text, seed=3)
     family = load_family(model, "image", torch.device("cpu"), torch.float32)
     pixels, _ = prepare_image(images[0].data, HEIGHT, WIDTH)
     latents = family.encode_video(pixels)
@@ -125,6 +127,15 @@ def test_latents_are_normalised_as_diffusers_pipelines_do(tmp_path, vae, images)
     torch.testing.assert_close(
         family.decode(latents), image[0].detach().clamp(-1, 1).unsqueeze(1), rtol=1e-4, atol=1e-4
     )
+    if text == "t5":  # the real T5 tokenizer and T5EncoderModel, padded to max_length, last_hidden_state as is
+        caption = images[0].caption
+        embedding = family.encode_text(caption, TextSettings(max_length=77))
+        tokenizer = AutoTokenizer.from_pretrained(model / "tokenizer")
+        encoder = T5EncoderModel.from_pretrained(model / "text_encoder")
+        tokens = tokenizer([caption], padding="max_length", max_length=77, return_tensors="pt")
+        expected_text = encoder(tokens.input_ids, attention_mask=tokens.attention_mask).last_hidden_state[0]
+        assert embedding.seq_len == len(tokenizer(caption).input_ids) == int(tokens.attention_mask.sum())
+        torch.testing.assert_close(embedding.embeds, expected_text.detach(), rtol=1e-5, atol=1e-5)
 
 
 def test_wds_source_streams_members_and_expands_braces(tmp_path, images):
@@ -144,6 +155,10 @@ def test_wds_source_streams_members_and_expands_braces(tmp_path, images):
     ]
     assert sorted(refs[0].identity.members) == ["astronaut.json", "astronaut.png", "astronaut.txt"]
     assert not refs[0].identity.read_sha256  # listing reads headers only
+    evil = tmp_path / "evil" / "e.tar"  # a key that would leave OUT: a layout error, no output name
+    write_wds(evil, [StillImage("../../evil", images[0].data, "x", "RGB")])
+    (ref,) = open_source(f"wds:{evil}").samples(open_source(f"wds:{evil}").shards()[0])
+    assert ref.stem == "" and "unsafe key" in ref.extra["layout_error"]
     with pytest.raises(ConfigError, match="does not exist"):
         open_source(f"wds:{tmp_path}/wds/{{000..004}}.tar").shards()
 
