@@ -29,7 +29,7 @@ from infra.models.tiny_image import FLUX_SHIFT, make_tiny_image
 from infra.preprocess.shard import process_shard
 from infra.sources import open_source
 from infra.sources.wds import expand_braces
-from tests.conftest import config, make_shards, sample
+from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.image_media import StillImage, rotated_jpeg, sample_images, write_folder, write_wds
 
 #: A small geometry the tiny VAEs (4x spatial compression) take, H ≠ W so a swapped axis shows.
@@ -247,3 +247,11 @@ def test_image_recipe_and_rotated_jpeg_helper_are_real():
 
     assert get_recipe("image-512").settings["family"] == "image"
     assert Image.open(io.BytesIO(rotated_jpeg())).getexif()[0x0112] == 6
+
+
+def test_tiny_image_models_are_byte_identical_per_seed(tmp_path):
+    first, second = (make_tiny_image(tmp_path / name, vae="dc", text="none", seed=5) for name in ("a", "b"))
+    other = make_tiny_image(tmp_path / "c", vae="dc", text="none", seed=6)
+    assert tree_hashes(first) == tree_hashes(second) != tree_hashes(other)
+    result = runner.invoke(app, ["make-tiny-model", str(tmp_path / "d"), "--family", "image", "--vae", "vq"])
+    assert result.exit_code == 2 and "--vae kl|dc" in result.output

@@ -4,8 +4,9 @@ Media files (`IMAGE_SUFFIXES`, `VIDEO_SUFFIXES`) are found recursively, in sorte
 folders (a leading ``.``) are left out. Sample id = the media path relative to PATH (nested folders kept), its
 outputs named by that path without its suffix, group = its top-level folder ("" for a file at the top). The
 caption is the file beside it with ``.txt`` for its suffix (absent: the sample is skipped, ``missing_prompt``).
-The sorted list is cut into shards of `FILES_PER_SHARD` (``<folder name>-00000``, ...): adding files moves
-later samples to other shards, whose rows then say so (``gone_from_source``) at reconciliation.
+The sorted list is cut into shards of `FILES_PER_SHARD` (``<folder name>-00000``, ...), so shards are by sorted
+position: a file added that sorts before existing ones moves later samples into the next shard. Keep the folder
+fixed while a cache is built from it (or add names that sort last).
 """
 
 from __future__ import annotations
