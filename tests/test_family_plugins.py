@@ -21,7 +21,7 @@ from tests.image_media import sample_images, write_folder
 from tests.procs import cli_env
 
 DIST, MODULE, ENTRY = "latentforge-tinyconv-plugin", "lf_tinyconv", "tinyconv"
-HEIGHT, WIDTH, PATCH = 32, 48, 4
+HEIGHT, WIDTH = 32, 48
 #: Latents of an orthonormal patch transform in bf16 decode to ~45 dB: the gate is real, and passes.
 MIN_PSNR = 35.0
 runner = CliRunner()

@@ -242,10 +242,12 @@ def test_fp16_is_refused_for_video_families(tmp_path, tiny_model):
         make_plan(config(src, tiny_model, tmp_path / "out", store_dtype="fp16"))
 
 
-def test_image_recipe_and_rotated_jpeg_helper_are_real():
-    from infra.recipes import get_recipe  # noqa: PLC0415
-
-    assert get_recipe("image-512").settings["family"] == "image"
+def test_the_image_recipe_plans_an_image_cache(tmp_path, kl_clip, images):
+    src = write_wds(tmp_path / "src" / "s.tar", images[:1])
+    values = {"source": f"wds:{src.parent}", "recipe": "image-512", "height": HEIGHT, "width": WIDTH}
+    plan = make_plan(config(Path("-"), kl_clip, tmp_path / "out", **values))  # frames: the fixture's 17, ignored
+    assert (plan.spec.family, plan.spec.frames, plan.spec.store_dtype) == ("image", 1, "bf16")
+    assert plan.latent_shape == (4, HEIGHT // 4, WIDTH // 4) and plan.kinds == ("latents", "text_embeddings")
     assert Image.open(io.BytesIO(rotated_jpeg())).getexif()[0x0112] == 6
 
 
