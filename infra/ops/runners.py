@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -35,6 +36,9 @@ NAMESPACE = "prefect"
 PASSED_ENV_PREFIXES = ("LATENTFORGE_", "PREFECT_", "OMP_NUM_THREADS", "HF_", "TOKENIZERS_")
 #: The ray.exceptions classes that mean "the process (or node) running the task is gone", not "the task failed".
 LOST_WORKER_ERRORS = ("WorkerCrashedError", "NodeDiedError", "LocalRayletDiedError", "ObjectLostError")
+
+#: The directory holding flows/, tasks/ and infra/ (what a local cluster's workers import).
+CODE_ROOT = str(Path(__file__).resolve().parents[2])
 
 Submit = Callable[[Task, dict[str, Any]], PrefectFuture]
 
@@ -96,8 +100,10 @@ def init_kwargs(config: BuildConfig) -> dict[str, Any]:
             "can reach (infra/deploy/ray/README.md)",
             api_url,
         )
-    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": {"env_vars": worker_env(api_url)}}
-    if not config.ray_address:
+    env = worker_env(api_url)
+    kwargs: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": {"env_vars": env}}
+    if not config.ray_address:  # a local cluster runs this checkout (a remote one: what its hosts installed)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (CODE_ROOT, os.environ.get("PYTHONPATH")) if p)
         kwargs.update(num_cpus=config.workers, include_dashboard=False)
     return kwargs
 
