@@ -202,3 +202,13 @@ def test_chunks_cover_the_shard_once_and_the_last_runs_to_the_quota():
     capped = ShardPlan(id="s", path="/s.tar", samples=3, quota=3)
     assert plan_chunks(capped, 2)[-1] == Chunk(index=1, start=2, stop=3)
     assert Chunk(index=7, start=0, stop=1).ledger_id("s") == f"{PARTS_DIR}/s.chunk-00007"
+
+
+def test_the_cluster_recipe_parses_and_asks_for_what_the_tasks_request():
+    import yaml  # noqa: PLC0415
+
+    recipe = Path(runners.CODE_ROOT) / "infra" / "deploy" / "ray"
+    cluster = yaml.safe_load((recipe / "cluster.yaml").read_text())
+    assert cluster["provider"]["type"] == "local"
+    assert any("--num-gpus" in c for c in cluster["worker_start_ray_commands"])
+    assert "neuron_cores" in (recipe / "README.md").read_text()
