@@ -18,11 +18,12 @@ import pytest
 from flows.run import run_build
 from infra.cache import ledger
 from infra.config import BuildConfig
-from infra.gates.plan import ShardPlan
+from infra.gates.plan import ShardPlan, make_plan
 from infra.models import LOAD_LOG_ENV
 from infra.ops import runners
 from infra.ops.faults import KILL_FILE_ENV
-from infra.preprocess.chunks import PARTS_DIR, Chunk, plan_chunks
+from infra.preprocess.chunks import PARTS_DIR, Chunk, merge, plan_chunks
+from infra.preprocess.shard import process_shard
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
 from tests.procs import cli_env
@@ -96,7 +97,7 @@ def _ledgers(out: Path) -> dict[str, list[dict[str, Any]]]:
         for row in rows:
             for name in VOLATILE:
                 row.pop(name)
-            row["extra"].pop("run_id")
+            row["extra"].pop("run_id", None)
         found[path.name] = rows
     return found
 
@@ -213,3 +214,28 @@ def test_the_cluster_recipe_parses_and_asks_for_what_the_tasks_request():
     assert cluster["provider"]["type"] == "local"
     assert any("--num-gpus" in c for c in cluster["worker_start_ray_commands"])
     assert "neuron_cores" in (recipe / "README.md").read_text()
+
+
+def test_chunks_of_a_shard_merge_into_the_unchunked_ledger_and_resume_from_their_parts(tmp_path, source, tiny_model):
+    """Plain functions, no runner: the chunks' parts merged equal one task's ledger; a chunk run again keeps its
+    samples (from the merged ledger), and a part left by an interrupted run is read back and merged."""
+    whole, chunked = tmp_path / "whole", tmp_path / "chunked"
+    for out in (whole, chunked):
+        out.mkdir()
+    plan = make_plan(_config(source, tiny_model, whole))
+    shard = plan.shards[0]
+    process_shard(plan, shard)
+    plan = make_plan(_config(source, tiny_model, chunked, chunk_size=CHUNK))
+    chunks = plan_chunks(shard, CHUNK)
+    results = [process_shard(plan, shard, chunk=c) for c in chunks]
+    assert (ledger.ledger_dir(chunked) / PARTS_DIR).is_dir() and not ledger.sealed_path(chunked, shard.id).exists()
+    resumed = process_shard(plan, shard, chunk=chunks[0])  # its part, not yet merged, is what it resumes from
+    assert (resumed.encoded, resumed.reused) == (0, CHUNK)
+    merged = merge(chunked, shard.id, chunks, results)
+    assert merged.counts == {"done": SAMPLES_PER_SHARD} and merged.encoded == SAMPLES_PER_SHARD
+    assert _ledgers(chunked) == _ledgers(whole) and _data(chunked) == _data(whole)
+    assert not (ledger.ledger_dir(chunked) / PARTS_DIR).exists()
+    again = process_shard(plan, shard, chunk=chunks[1])  # resumes from the shard's ledger: nothing encoded
+    assert (again.encoded, again.reused) == (0, len(range(chunks[1].start, SAMPLES_PER_SHARD)))
+    assert merge(chunked, shard.id, chunks, [again]).counts == {"done": SAMPLES_PER_SHARD}
+    assert _ledgers(chunked) == _ledgers(whole)
