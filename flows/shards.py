@@ -113,6 +113,7 @@ def _finished(
     except Exception as exc:  # noqa: BLE001 - a crashed shard is reported; the other shards go on
         if runners.worker_lost(exc) and unit.attempts <= LOST_WORKER_RESUBMITS:
             logger.warning("%s: its worker was lost (%s); submitted again", name, type(exc).__name__)
+            runners.mark_lost(future.task_run_id, exc)
             pending.insert(0, unit)
             return
         logger.error("shard %s crashed after its retries: %s", name, exc)

@@ -135,6 +135,20 @@ def _progress_percent() -> float:
     return float(latest.data)
 
 
+def _crashed_task_runs() -> list[Any]:
+    from prefect.client.orchestration import get_client  # noqa: PLC0415
+    from prefect.client.schemas.filters import (  # noqa: PLC0415
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType  # noqa: PLC0415
+
+    crashed = TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.CRASHED]))
+    with get_client(sync_client=True) as client:
+        return client.read_task_runs(task_run_filter=TaskRunFilter(state=crashed))
+
+
 def test_ray_builds_the_local_runners_bytes_in_chunks_loading_models_once_per_worker(
     tmp_path, cluster, source, tiny_model, local_cache, counters
 ):
@@ -165,6 +179,7 @@ def test_a_worker_killed_mid_shard_is_retried_and_the_cache_ends_identical(
     assert (result["done"], result["failed"], result["skipped"]) == (2 * SAMPLES_PER_SHARD, 0, 0)
     assert result["encoded"] + result["reused"] == 2 * SAMPLES_PER_SHARD
     assert result["reused"] >= 1  # the killed task's journalled sample, kept by its resubmission
+    assert [run.name.startswith("preprocess-shard") for run in _crashed_task_runs()] == [True]  # not left Running
     _assert_same_cache(out, local_cache)
 
 

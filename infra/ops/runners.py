@@ -165,3 +165,17 @@ def worker_lost(exc: BaseException) -> bool:
         return False
     lost = tuple(getattr(ray.exceptions, name) for name in LOST_WORKER_ERRORS if hasattr(ray.exceptions, name))
     return isinstance(exc, lost)
+
+
+def mark_lost(task_run_id: Any, error: BaseException) -> None:
+    """Record a task run whose worker was lost as Crashed (else it would stay Running in the UI forever);
+    best effort: the run goes on either way."""
+    from prefect.client.orchestration import get_client  # noqa: PLC0415
+    from prefect.states import Crashed  # noqa: PLC0415
+
+    message = f"its Ray worker was lost ({type(error).__name__}); the flow submitted the task again"
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_task_run_state(task_run_id, Crashed(message=message), force=True)
+    except Exception as exc:  # noqa: BLE001 - a record the UI shows, never a reason to stop the run
+        logger.warning("task run %s not marked Crashed: %s: %s", task_run_id, type(exc).__name__, exc)
