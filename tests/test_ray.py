@@ -254,3 +254,11 @@ def test_chunks_of_a_shard_merge_into_the_unchunked_ledger_and_resume_from_their
     assert (again.encoded, again.reused) == (0, len(range(chunks[1].start, SAMPLES_PER_SHARD)))
     assert merge(chunked, shard.id, chunks, [again]).counts == {"done": SAMPLES_PER_SHARD}
     assert _ledgers(chunked) == _ledgers(whole)
+
+
+def test_runner_settings_stay_out_of_the_fingerprint(tmp_path, source, tiny_model):
+    from infra.gates.plan import make_spec  # noqa: PLC0415
+
+    local = make_spec(_config(source, tiny_model, tmp_path))[1]
+    ray_run = _config(source, tiny_model, tmp_path, runner="ray", ray_address="auto", chunk_size=7, workers=5)
+    assert make_spec(ray_run)[1].fingerprint() == local.fingerprint()
