@@ -153,9 +153,10 @@ def test_ray_builds_the_local_runners_bytes_in_chunks_loading_models_once_per_wo
     tmp_path, cluster, source, tiny_model, local_cache, counters
 ):
     out = tmp_path / "out"
-    ok, result = run_build(_config(source, tiny_model, out, runner="ray", chunk_size=CHUNK))
+    ok, result = run_build(_config(source, tiny_model, out, runner="ray", chunk_size=CHUNK, decode_samples=1))
     assert ok, result
     assert (result["done"], result["failed"], result["skipped"]) == (2 * SAMPLES_PER_SHARD, 0, 0)
+    assert result["reconciled"] and result["decode_headline"] and result["sanity"]  # the gates ran as before
     _assert_same_cache(out, local_cache)
     assert _progress_percent() == 100.0  # counted in the workers, read by the flow
     loads = _loads(counters)
