@@ -263,3 +263,9 @@ def test_runner_settings_stay_out_of_the_fingerprint(tmp_path, source, tiny_mode
     local = make_spec(_config(source, tiny_model, tmp_path))[1]
     ray_run = _config(source, tiny_model, tmp_path, runner="ray", ray_address="auto", chunk_size=7, workers=5)
     assert make_spec(ray_run)[1].fingerprint() == local.fingerprint()
+
+
+def test_a_lost_worker_is_told_from_a_failed_task():
+    assert runners.worker_lost(ray.exceptions.WorkerCrashedError())
+    assert runners.worker_lost(ray.exceptions.NodeDiedError("node gone"))
+    assert not runners.worker_lost(RuntimeError("the task itself failed"))

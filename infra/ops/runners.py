@@ -35,7 +35,13 @@ NAMESPACE = "prefect"
 #: Environment the Ray workers of a local cluster get from the flow's process (kill points, load counters, ...).
 PASSED_ENV_PREFIXES = ("LATENTFORGE_", "PREFECT_", "OMP_NUM_THREADS", "HF_", "TOKENIZERS_")
 #: The ray.exceptions classes that mean "the process (or node) running the task is gone", not "the task failed".
-LOST_WORKER_ERRORS = ("WorkerCrashedError", "NodeDiedError", "LocalRayletDiedError", "ObjectLostError")
+LOST_WORKER_ERRORS = (
+    "WorkerCrashedError",
+    "NodeDiedError",
+    "LocalRayletDiedError",
+    "ObjectLostError",
+    "OutOfMemoryError",  # Ray's memory monitor killed the worker
+)
 
 #: The directory holding flows/, tasks/ and infra/ (what a local cluster's workers import).
 CODE_ROOT = str(Path(__file__).resolve().parents[2])
