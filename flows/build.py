@@ -13,19 +13,15 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import (
     create_markdown_artifact,
-    create_progress_artifact,
     create_table_artifact,
-    update_progress_artifact,
 )
-from prefect.futures import PrefectFuture, wait
-from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 from prefect.task_runners import ThreadPoolTaskRunner
-from tqdm import tqdm
 
 from flows.alerting import on_crashed, on_failure
 from flows.audit import audit
 from flows.conflict import WRITABLE, ConflictAborted, resolve_conflict
+from flows.shards import run_shards
 from flows.stale import resolve_stale
 from flows.steps import set_step
 from flows.upload import upload_step
@@ -33,18 +29,16 @@ from infra.cache.cachedir import CACHE_JSON, write_cache_json
 from infra.cache.lock import out_lock
 from infra.cache.storage import remove_stale_temps
 from infra.config import BuildConfig
-from infra.errors import DiskFull, GateFailed, Preempted
+from infra.errors import GateFailed, Preempted
 from infra.gates.conflicts import keep_old_cache_json
 from infra.gates.decision import Decision
-from infra.gates.plan import BuildPlan, parse_only
+from infra.gates.plan import BuildPlan
 from infra.gates.sanity import SanityReport
 from infra.ops import preempt
 from infra.ops.faults import fault_point
-from infra.preprocess import progress
-from infra.preprocess.shard import ShardResult
 from infra.preprocess.summary import BuildSummary, summarize
 from tasks.plan import plan_build
-from tasks.preprocess import dry_run_sample, preprocess_shard
+from tasks.preprocess import dry_run_sample
 from tasks.sanity import disk_check, one_sample_sanity
 from tasks.verify import verify_existing
 
@@ -110,7 +104,7 @@ def _build_locked(plan: BuildPlan, decided: list[Decision]) -> dict[str, Any]:
     set_step("preprocess")
     _check_unchanged(plan)
     _prepare_out(plan)
-    results = _run_shards(plan)
+    results = run_shards(plan)
     summary = summarize(
         results,
         out=str(plan.out),
@@ -163,54 +157,6 @@ def _prepare_out(plan: BuildPlan) -> None:
     removed = remove_stale_temps(plan.out)
     if removed:
         get_run_logger().warning("removed %d partial temp files left by an interrupted run", removed)
-
-
-def _run_shards(plan: BuildPlan) -> list[ShardResult]:
-    """Submit shards with at most config.workers running; report progress while they run. A stop (SIGTERM,
-    Ctrl-C) or a full disk starts no new shard; the running ones end (sealed), then the run stops."""
-    run_key = str(flow_run.get_id() or id(plan))
-    progress.start(run_key)
-    selection = parse_only(plan.config.only)  # a rerun of what failed: only the named shards run
-    chosen = [s for s in plan.shards if selection is None or s.id in selection]
-    total = sum(s.samples if selection is None or selection[s.id] is None else len(selection[s.id]) for s in chosen)
-    bar = tqdm(total=total, unit="sample", desc="encoding", disable=None)
-    artifact = create_progress_artifact(0.0, key="build-progress", description=f"{plan.out}: {total} samples")
-    pending, running, results = chosen, [], []
-    futures: dict[PrefectFuture, str] = {}
-    full: list[DiskFull] = []
-    try:
-        while running or (pending and not full and not preempt.requested()):
-            while pending and len(running) < plan.config.workers and not full and not preempt.requested():
-                shard = pending.pop(0)
-                future = preprocess_shard.submit(plan, shard, run_key)
-                futures[future] = shard.id
-                running.append(future)
-            finished, unfinished = wait(running, timeout=POLL_SECONDS)
-            running = list(unfinished)
-            results += [r for f in finished if (r := _result_of(f, futures[f], full)) is not None]
-            counts = progress.snapshot(run_key)
-            bar.update(counts.get("total", 0) - bar.n)
-            bar.set_postfix(skipped=counts.get("skipped", 0), failed=counts.get("failed", 0))
-            update_progress_artifact(artifact, 100.0 * counts.get("total", 0) / max(total, 1))
-    finally:
-        bar.close()
-        progress.finish(run_key)
-    if full:
-        raise full[0]
-    preempt.check()
-    return results
-
-
-def _result_of(future: PrefectFuture, shard_id: str, full: list[DiskFull]) -> ShardResult | None:
-    """A shard's result; a crashed shard's error as its result; None for a full disk (kept in `full`)."""
-    try:
-        return future.result()
-    except DiskFull as exc:
-        full.append(exc)
-        return None
-    except Exception as exc:  # noqa: BLE001 - a crashed shard is reported; the other shards go on
-        get_run_logger().error("shard %s crashed after its retries: %s", shard_id, exc)
-        return ShardResult(shard=shard_id, error=f"crashed: {type(exc).__name__}: {exc}")
 
 
 def _publish(summary: BuildSummary) -> None:

@@ -248,6 +248,25 @@ class BuildConfig(StrictModel):
         None, description="Make decode-and-verify a gate: every decoded sample ≥ this PSNR (dB)", **_in("decode")
     )
     workers: int = Field(2, ge=1, le=64, description="Shards processed at once (bounded task runner)", **_in("run"))
+    runner: Literal["local", "ray"] = Field(
+        "local",
+        description="Where the shard tasks run: local (threads of this process) or ray (Prefect's RayTaskRunner: a "
+        "task per shard or chunk on a Ray cluster; needs pip install 'latentforge[ray]'). Same bytes either way",
+        **_in("run"),
+    )
+    ray_address: str | None = Field(
+        None,
+        description="Ray cluster to run on (ray://HOST:10001, or auto); none: a local cluster of --workers CPUs, "
+        "started for the run and stopped at its end",
+        **_in("run"),
+    )
+    chunk_size: int | None = Field(
+        None,
+        gt=0,
+        description="Split a shard of more samples into chunks of this many, each its own task and ledger part "
+        "(merged into the shard's ledger when its chunks end); none: one task per shard",
+        **_in("run"),
+    )
     grace_seconds: int = Field(
         30,
         gt=0,
@@ -265,6 +284,15 @@ class BuildConfig(StrictModel):
     alerts: AlertConfig | None = Field(
         None, description="Notifications on failure, crash and approval-needed", **_in("alerts")
     )
+
+    @field_validator("runner")
+    @classmethod
+    def _runner_installed(cls, value: str) -> str:
+        if value == "ray":
+            from infra.ops.runners import require_ray  # noqa: PLC0415 - config stays importable on its own
+
+            require_ray()
+        return value
 
     @field_validator("source")
     @classmethod

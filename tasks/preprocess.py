@@ -11,7 +11,9 @@ from prefect.runtime import flow_run
 from infra.errors import DiskFull
 from infra.gates.plan import BuildPlan, ShardPlan
 from infra.gates.sanity import dry_run
-from infra.preprocess import progress
+from infra.ops import runners
+from infra.preprocess.chunks import Chunk
+from infra.preprocess.chunks import merge as chunks_merge
 from infra.preprocess.shard import ShardResult, process_shard
 
 
@@ -34,10 +36,18 @@ def _retry_unless_disk_full(task: Any, task_run: Any, state: Any) -> bool:
     retry_delay_seconds=5,
     retry_condition_fn=_retry_unless_disk_full,
 )
-def preprocess_shard(plan: BuildPlan, shard: ShardPlan, run_key: str) -> ShardResult:
-    """Encode one shard; resumes from its ledger, so a retry redoes only what is not done."""
+def preprocess_shard(plan: BuildPlan, shard: ShardPlan, run_key: str, chunk: Chunk | None = None) -> ShardResult:
+    """Encode one shard (or one chunk of it); resumes from its ledger, so a retry redoes only what is not done.
+    Runs in the flow's process or in a Ray worker: progress goes where the runner says."""
     run_id = flow_run.get_id()
-    return process_shard(plan, shard, on_row=lambda row: progress.report(run_key, row), run_id=run_id)
+    on_row = runners.row_reporter(run_key)
+    return process_shard(plan, shard, on_row=on_row, run_id=run_id, chunk=chunk)
+
+
+@task(name="merge-chunks", cache_policy=NO_CACHE)
+def merge_chunks(plan: BuildPlan, shard: ShardPlan, chunks: list[Chunk], results: list[ShardResult]) -> ShardResult:
+    """Seal a chunked shard's ledger from its parts, once every chunk has ended."""
+    return chunks_merge(plan.out, shard.id, chunks, results)
 
 
 @task(name="dry-run", cache_policy=NO_CACHE)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from pathlib import Path
 
@@ -94,9 +95,17 @@ def model_identity(
 _load_lock = threading.Lock()
 
 
+#: A directory where every model load appends a line to ``<pid>.loads`` (how tests count loads per process).
+LOAD_LOG_ENV = "LATENTFORGE_LOAD_LOG"
+
+
 @functools.lru_cache(maxsize=2)
 def _load(model_dir: str, family: str, device: str, dtype: torch.dtype, files: tuple) -> LoadedFamily:
-    return get_family(family).load(Path(model_dir), torch.device(device), dtype)
+    loaded = get_family(family).load(Path(model_dir), torch.device(device), dtype)
+    if log := os.environ.get(LOAD_LOG_ENV):
+        with open(Path(log) / f"{os.getpid()}.loads", "a", encoding="utf-8") as fh:
+            fh.write(f"{family} {model_dir}\n")
+    return loaded
 
 
 def _files_signature(model_dir: Path) -> tuple:

@@ -4,6 +4,8 @@ FILE (how the sweep finds which hit of a point falls mid-run). Unset (always, ou
 is two environment lookups. Points are chosen by progress, not by clock, so a kill lands where it is meant to
 on any machine.
 
+``LATENTFORGE_KILL_FILE=FILE`` kills, once, the first process to reach the point FILE names.
+
 Points: ``plan`` (planned, nothing written), ``sanity`` (the sanity sample encoded), ``decode`` (a sample's
 frames decoded, not yet encoded), ``encode`` (encoded, not yet written), ``write`` (a file's bytes on disk
 under its temporary name, not yet linked), ``sample`` (a row journalled: between samples), ``seal`` (a shard's
@@ -17,19 +19,26 @@ import os
 import signal
 import threading
 from collections import Counter
+from pathlib import Path
 
 ENV = "LATENTFORGE_KILL_AT"
 LOG_ENV = "LATENTFORGE_FAULT_LOG"  # a file each point reached is appended to (the sweep's reference run)
 POINTS = ("plan", "sanity", "decode", "encode", "write", "sample", "seal", "shard", "verify")
+#: A file holding a point's name: the first process (of any on the host or shared file system) to reach that point
+#: removes the file and is killed there, once (how a test kills one Ray worker mid-shard, whichever runs it).
+KILL_FILE_ENV = "LATENTFORGE_KILL_FILE"
 _hits: Counter[str] = Counter()
 _lock = threading.Lock()
 
 
 def fault_point(name: str) -> None:
-    """SIGKILL this process here if ``LATENTFORGE_KILL_AT`` names this point and this is its N-th hit."""
+    """SIGKILL this process here if ``LATENTFORGE_KILL_AT`` names this point and this is its N-th hit, or if the
+    ``LATENTFORGE_KILL_FILE`` names this point and this process is the first to claim it."""
     if log := os.environ.get(LOG_ENV):
         with _lock, open(log, "a", encoding="utf-8") as fh:
             fh.write(name + "\n")
+    if (kill_file := os.environ.get(KILL_FILE_ENV)) and _claimed(kill_file, name):
+        os.kill(os.getpid(), signal.SIGKILL)
     wanted = os.environ.get(ENV)
     if not wanted:
         return
@@ -40,3 +49,15 @@ def fault_point(name: str) -> None:
         _hits[name] += 1
         if _hits[name] == int(nth or 1):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _claimed(kill_file: str, name: str) -> bool:
+    """Whether this process takes the kill named in `kill_file` (renaming it away first: one taker only)."""
+    try:
+        with open(kill_file, encoding="utf-8") as fh:
+            if fh.read().strip() != name:
+                return False
+        Path(kill_file).rename(f"{kill_file}.{os.getpid()}")
+    except FileNotFoundError:
+        return False
+    return True

@@ -1,4 +1,5 @@
-"""Per-run sample counters, shared by the shard tasks of a run (threads of one process)."""
+"""Per-run sample counters, shared by the shard tasks of a run (threads of one process; tasks in other processes
+report through their runner: `infra.ops.runners.row_reporter`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ def start(run_key: str) -> None:
     """Begin counting for a run."""
     with _lock:
         _runs[run_key] = Counter()
+
+
+def counting(run_key: str) -> bool:
+    """Whether this process counts the run (its flow runs here)."""
+    with _lock:
+        return run_key in _runs
 
 
 def report(run_key: str, row: LedgerRow) -> None:

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from infra.cache import ledger
 from infra.cache.ledger import WINDOWS_KEY, FileRecord, LedgerRow
@@ -30,6 +31,9 @@ from infra.ops.faults import fault_point
 from infra.preprocess.encode import encode_sample, load_encoder
 from infra.preprocess.windows import expand
 from infra.sources import SampleRef, ShardReadError, open_source
+
+if TYPE_CHECKING:
+    from infra.preprocess.chunks import Chunk
 
 logger = logging.getLogger(__name__)
 
@@ -165,29 +169,39 @@ def _reusable(row: LedgerRow | None, plan: BuildPlan) -> bool:
 
 
 def process_shard(
-    plan: BuildPlan, shard: ShardPlan, on_row: RowCallback | None = None, run_id: str | None = None
+    plan: BuildPlan,
+    shard: ShardPlan,
+    on_row: RowCallback | None = None,
+    run_id: str | None = None,
+    chunk: Chunk | None = None,
 ) -> ShardResult:
     """Encode one shard's samples (up to its quota), journal each row, seal the ledger at the end.
 
     With ``config.only`` naming samples of this shard, only those are visited; every other row is kept.
-    Each new row records `run_id` (the flow run that wrote it: `rerun --failed-only` selects by it)."""
+    Each new row records `run_id` (the flow run that wrote it: `rerun --failed-only` selects by it).
+    A `chunk` takes only its clips and seals only their rows, into its own ledger part (`infra.preprocess.chunks`:
+    merged into the shard's ledger when the shard's chunks have ended)."""
     start = time.perf_counter()
     selection = parse_only(plan.config.only)
     keys = selection.get(shard.id) if selection is not None else None
     result = ShardResult(shard=shard.id)
+    ledger_id = shard.id if chunk is None else chunk.ledger_id(shard.id)
     previous = ledger.read_shard(plan.out, shard.id)
-    rows: dict[str, LedgerRow] = dict(previous)  # rows of samples this run does not visit are kept
+    if chunk is not None:
+        previous.update(ledger.read_shard(plan.out, ledger_id))  # an interrupted run's part of this chunk
+    rows: dict[str, LedgerRow] = dict(previous) if chunk is None else {}  # unvisited rows are kept (a chunk: merge)
+    first, stop = (0, shard.quota) if chunk is None else (chunk.start, chunk.stop)
     get_encoder = functools.partial(load_encoder, plan)  # loads on first use only (cached per process)
     samples = open_source(plan.config.source).samples(shard.shard)
     state = (previous, rows, result, ledger.windows_by_clip(previous))
     with (
-        preempt.cleanup(functools.partial(_seal_from_journal, plan, shard.id)),
-        ledger.Journal(plan.out, shard.id) as journal,
+        preempt.cleanup(functools.partial(_seal_from_journal, plan, ledger_id)),
+        ledger.Journal(plan.out, ledger_id) as journal,
         get_format(plan.spec.format).writer(plan.out) as writer,
     ):
         try:
             with contextlib.closing(samples):
-                for clip in itertools.islice(samples, shard.quota):
+                for clip in itertools.islice(samples, first, stop):
                     if keys is not None and not _selected(clip.key, keys):
                         continue
                     if _visit_clip(clip, plan, writer, get_encoder, journal, state, keys, run_id, on_row):
@@ -196,9 +210,9 @@ def process_shard(
             logger.error("shard %s: %s", shard.id, exc)
             result.error = str(exc)
         except DiskFull as exc:
-            _seal_what_is_done(plan, shard.id, rows)
+            _seal_what_is_done(plan, ledger_id, rows)
             raise DiskFull(disk_full_message(plan.out, str(exc)), exc.path) from exc
-    ledger.seal(plan.out, shard.id, rows.values())
+    ledger.seal(plan.out, ledger_id, rows.values())
     fault_point("shard")
     _tally(result, rows.values())
     result.seconds = round(time.perf_counter() - start, 3)
