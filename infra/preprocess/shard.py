@@ -135,7 +135,7 @@ def process_sample(
         if adopted_files:
             row.extra["adopted"] = True
         files = written.records(plan.out)
-        row.status, row.path, row.sha256 = "done", files[0].path, files[0].sha256
+        row.status, row.path, row.sha256, row.member = "done", files[0].path, files[0].sha256, files[0].member
         row.bytes, row.files = sum(f.bytes for f in files), files if len(files) > 1 else []
         row.missing = dict(sample.info.get("missing_outputs") or {})
         row.source_shape, row.latent_shape, row.seq_len = sample.source_shape, sample.latent_shape, sample.seq_len
@@ -158,10 +158,8 @@ def _reusable(row: LedgerRow | None, plan: BuildPlan) -> bool:
     """Done for this fingerprint and every one of its files on disk at the ledger's size."""
     if row is None or row.status != "done" or row.fingerprint != plan.fingerprint:
         return False
-    files = row.output_files()
-    return bool(files) and all(
-        (plan.out / f.path).is_file() and (plan.out / f.path).stat().st_size == f.bytes for f in files
-    )
+    files, fmt = row.output_files(), get_format(plan.spec.format)
+    return bool(files) and all(fmt.present(plan.out, f) for f in files)
 
 
 def process_shard(
@@ -183,7 +181,7 @@ def process_shard(
     with (
         preempt.cleanup(functools.partial(_seal_from_journal, plan, shard.id)),
         ledger.Journal(plan.out, shard.id) as journal,
-        get_format(plan.spec.format).writer(plan.out) as writer,
+        get_format(plan.spec.format).open_writer(plan.out, plan.spec, shard.id) as writer,
     ):
         try:
             with contextlib.closing(samples):
