@@ -93,7 +93,9 @@ def part_path(shard_id: str, part: int, ext: str) -> str:
 def next_part(out: Path, shard_id: str, ext: str) -> int:
     """The part after the last finished one of `shard_id` (0 when none is)."""
     pattern = re.compile(rf"^{re.escape(shard_id)}-(\d{{5}})\.{re.escape(ext)}$")
-    found = [int(m.group(1)) for p in (Path(out) / SHARDS_DIR).glob(f"{shard_id}-*.{ext}") if (m := pattern.match(p.name))]
+    found = [
+        int(m.group(1)) for p in (Path(out) / SHARDS_DIR).glob(f"{shard_id}-*.{ext}") if (m := pattern.match(p.name))
+    ]
     return max(found, default=-1) + 1
 
 
@@ -277,3 +279,16 @@ def write_meta(out: Path, fmt: Format, fingerprint: str, rows: dict[str, dict[st
     }
     body = json.dumps(meta, indent=1, sort_keys=True) + "\n"
     return atomic_write(Path(out) / META_JSON, body.encode(), replace=True).path
+
+
+def shard_summary(out: Path, fmt: ShardFormat) -> dict[str, Any]:
+    """What `latentforge inspect` shows of a shard format's files: how many, how many samples, and the
+    fingerprints found in them (read from each part, not from the ledger), each with its number of parts."""
+    prints: dict[str, int] = {}
+    samples = 0
+    parts = finished_parts(out, fmt.ext)
+    for relpath in parts:
+        for fingerprint in fmt.fingerprints(Path(out) / relpath):
+            prints[fingerprint] = prints.get(fingerprint, 0) + 1
+        samples += part_record(out, relpath, fmt).samples
+    return {"files": len(parts), "samples": samples, "fingerprints": prints}

@@ -94,7 +94,7 @@ class WdsWriter(ShardWriter):
     ext = "tar"
 
     def begin(self, sink: Sink, sample: EncodedSample) -> None:
-        self._tar = tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT)  # noqa: SIM115 - ended in `end`
+        self._tar = tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT)
 
     def add(self, sample: EncodedSample) -> tuple[str, int, str]:
         key = member_key(sample.stem)
