@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -23,11 +25,13 @@ from flows.run import run_build
 from infra.audit.reconcile import reconcile
 from infra.cache import ledger
 from infra.cache.inspect import format_report, inspect_cache
+from infra.cache.storage import TEMP_SUFFIX
 from infra.formats import get_format
 from infra.formats.parquet import SCHEMA_T2V
 from infra.formats.shards import META_JSON, MixedFingerprints
 from infra.formats.stream import stream_samples
 from infra.gates.plan import make_plan
+from infra.ops.faults import LOG_ENV
 from tests import s3_server
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
@@ -170,8 +174,6 @@ def test_two_encoders_are_never_streamed_together_unless_asked(builds, fmt):
 
 def test_reconcile_counts_samples_inside_shards(builds, source, tiny_model, tmp_path):
     out = tmp_path / "copy"
-    import shutil  # noqa: PLC0415
-
     shutil.copytree(builds("webdataset", "wan22"), out)
     cfg = shard_config(source, tiny_model, out, "webdataset", "wan22")
     assert reconcile(make_plan(cfg)).produced == SAMPLES
@@ -192,3 +194,36 @@ def test_upload_sends_whole_shard_files_each_once(builds, s3_env, tmp_path):
     shards = {k.removeprefix("c/"): size for k, size in objects.items() if k.startswith("c/shards/")}
     assert shards == {f"shards/{p.name}": p.stat().st_size for p in _parts(out)}
     assert "c/_meta.json" in objects and "c/cache.json" in objects
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_resume_after_a_crash_mid_part_reuses_finished_parts_and_ends_byte_identical(
+    builds, source, tiny_model, tmp_path, monkeypatch, fmt
+):
+    reference = builds(fmt, "wan22")
+    out = tmp_path / "out"
+    shutil.copytree(reference, out)
+    # What a SIGKILL mid-part leaves (tests/test_shard_resume.py makes it for real): shard-a's second part never
+    # linked, its rows journalled done and pointing at it, its temp file hidden; no part record, no _meta.json.
+    unfinished = out / "shards" / f"shard-a-00001{SUFFIX[fmt]}"
+    finished = out / "shards" / f"shard-a-00000{SUFFIX[fmt]}"
+    unfinished.unlink()
+    (out / "ledger/parts" / f"{unfinished.name}.json").unlink()
+    (out / META_JSON).unlink()
+    (out / "ledger/shard-a.jsonl").rename(out / "ledger/shard-a.journal.jsonl")
+    temp = unfinished.with_name(f".{unfinished.name}.0123456789ab{TEMP_SUFFIX}")
+    temp.write_bytes(b"PAR1 half a part")
+    before = os.stat(finished)
+    points = tmp_path / "points.log"
+    monkeypatch.setenv(LOG_ENV, str(points))
+
+    ok, result = run_build(shard_config(source, tiny_model, out, fmt, "wan22", workers=1))
+    assert ok, result
+    assert (result["done"], result["reused"], result["encoded"]) == (SAMPLES, SAMPLES - 1, 1)
+    assert points.read_text().split().count("decode") == 2  # the sanity sample, and the one in the lost part
+    after = os.stat(finished)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "a finished part was rewritten"
+    assert not temp.exists() and not list(out.rglob(f"*{TEMP_SUFFIX}"))
+    wanted = {k: v for k, v in tree_hashes(reference).items() if k.startswith(("shards/", "ledger/parts/"))}
+    assert wanted == {k: v for k, v in tree_hashes(out).items() if k.startswith(("shards/", "ledger/parts/"))}
+    assert (out / META_JSON).read_bytes() == (reference / META_JSON).read_bytes()
