@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tarfile
 from pathlib import Path
@@ -213,7 +212,7 @@ def test_resume_after_a_crash_mid_part_reuses_finished_parts_and_ends_byte_ident
     (out / "ledger/shard-a.jsonl").rename(out / "ledger/shard-a.journal.jsonl")
     temp = unfinished.with_name(f".{unfinished.name}.0123456789ab{TEMP_SUFFIX}")
     temp.write_bytes(b"PAR1 half a part")
-    before = os.stat(finished)
+    before = finished.stat()
     points = tmp_path / "points.log"
     monkeypatch.setenv(LOG_ENV, str(points))
 
@@ -221,7 +220,7 @@ def test_resume_after_a_crash_mid_part_reuses_finished_parts_and_ends_byte_ident
     assert ok, result
     assert (result["done"], result["reused"], result["encoded"]) == (SAMPLES, SAMPLES - 1, 1)
     assert points.read_text().split().count("decode") == 2  # the sanity sample, and the one in the lost part
-    after = os.stat(finished)
+    after = finished.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns), "a finished part was rewritten"
     assert not temp.exists() and not list(out.rglob(f"*{TEMP_SUFFIX}"))
     wanted = {k: v for k, v in tree_hashes(reference).items() if k.startswith(("shards/", "ledger/parts/"))}
