@@ -25,11 +25,12 @@ from infra.audit.reconcile import reconcile
 from infra.cache import ledger
 from infra.cache.inspect import format_report, inspect_cache
 from infra.cache.storage import TEMP_SUFFIX
+from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.formats.parquet import SCHEMA_T2V
 from infra.formats.shards import META_JSON, MixedFingerprints
 from infra.formats.stream import stream_samples
-from infra.gates.plan import make_plan
+from infra.gates.plan import make_plan, make_spec
 from infra.ops.faults import LOG_ENV
 from tests import s3_server
 from tests.conftest import config, make_shards, sample, tree_hashes
@@ -226,3 +227,10 @@ def test_resume_after_a_crash_mid_part_reuses_finished_parts_and_ends_byte_ident
     wanted = {k: v for k, v in tree_hashes(reference).items() if k.startswith(("shards/", "ledger/parts/"))}
     assert wanted == {k: v for k, v in tree_hashes(out).items() if k.startswith(("shards/", "ledger/parts/"))}
     assert (out / META_JSON).read_bytes() == (reference / META_JSON).read_bytes()
+
+
+def test_parquet_has_no_column_for_audio_and_says_so_before_anything_runs(source, ltx2_model, tmp_path):
+    cfg = shard_config(source, ltx2_model, tmp_path / "out", "parquet", "ltx2", audio=True)
+    with pytest.raises(ConfigError, match="format parquet has no place for audio_latents"):
+        make_spec(cfg)
+    assert not (tmp_path / "out").exists()

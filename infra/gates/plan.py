@@ -148,6 +148,8 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
         latent_norm=family.latent_norm,
         **shard_settings(config),
     )
+    if unplaced := [kind for kind in family.kinds(spec) if kind not in get_format(config.format).keys]:
+        raise ConfigError(f"format {config.format} has no place for {', '.join(unplaced)} (family {family.name})")
     latent_shape = family.latent_shape(model_dir, frames, height, width)
     return family.name, spec, latent_shape, family.text_shape(model_dir, spec.text_settings())
 
