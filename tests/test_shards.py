@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.run import run_build
+from infra.audit.decode_verify import decode_and_verify
 from infra.audit.reconcile import reconcile
 from infra.cache import ledger
 from infra.cache.inspect import format_report, inspect_cache
@@ -31,6 +32,7 @@ from infra.formats.parquet import SCHEMA_T2V
 from infra.formats.shards import META_JSON, MixedFingerprints
 from infra.formats.stream import stream_samples
 from infra.gates.plan import make_plan, make_spec
+from infra.gates.verify import verify_plan
 from infra.ops.faults import LOG_ENV
 from tests import s3_server
 from tests.conftest import config, make_shards, sample, tree_hashes
@@ -234,3 +236,14 @@ def test_parquet_has_no_column_for_audio_and_says_so_before_anything_runs(source
     with pytest.raises(ConfigError, match="format parquet has no place for audio_latents"):
         make_spec(cfg)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_verify_existing_and_decode_and_verify_read_samples_inside_shards(builds, source, tiny_model, tmp_path, fmt):
+    out = builds(fmt, "wan22")
+    report = verify_plan(make_plan(shard_config(source, tiny_model, out, fmt, "wan22")))
+    assert report.kind == "compatible" and report.problems == [] and len(report.checked) == SAMPLES
+    assert report.outputs == {"latents": "present", "text_embeddings": "present"}
+    assert report.bytes == sum(p.stat().st_size for p in _parts(out))  # each shard file counted once
+    decoded = decode_and_verify(out, n=2, device="cpu", report_dir=tmp_path / "decode")
+    assert len(decoded.rows) == 2 and not decoded.problems
