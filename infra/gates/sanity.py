@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import shutil
 import statistics
 import threading
 import time
@@ -28,6 +29,7 @@ from infra.devices import resolve_device
 from infra.errors import ConfigError, ConflictError, InputError
 from infra.formats import EncodedSample, WrittenSample, get_format
 from infra.formats.base import KIND_DTYPES
+from infra.formats.shards import SHARDS_DIR
 from infra.gates.plan import BuildPlan
 from infra.models import LoadedFamily, get_family
 from infra.ops.faults import fault_point
@@ -223,7 +225,10 @@ def _timed(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, out: Path, re
     for _ in range(repeats):
         start = time.perf_counter()
         sample, _ = encode_sample(ref, plan, lambda: encoder)
-        with get_format(plan.spec.format).open_writer(out, plan.spec, "sanity") as writer:
+        fmt = get_format(plan.spec.format)
+        if fmt.sharded:  # the scratch's shard files are replaced too (a writer continues after the parts it finds)
+            shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
+        with fmt.open_writer(out, plan.spec, "sanity") as writer:
             written = writer.write(sample, replace=True)
         times.append(time.perf_counter() - start)
     return (sample, written), statistics.median(times)
