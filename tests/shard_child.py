@@ -36,9 +36,9 @@ def made(i: int) -> EncodedSample:
     )
 
 
-def write(out: Path, first: int, last: int, fmt: str) -> None:
-    """Samples first..last-1 of source shard ``s`` into OUT's parts."""
-    with get_format(fmt).open_writer(Path(out), Spec, "s") as writer:
+def write(out: Path, first: int, last: int, fmt: str, spec: object = Spec) -> None:
+    """Samples first..last-1 of source shard ``s`` into OUT's parts (rotation as `spec` says)."""
+    with get_format(fmt).open_writer(Path(out), spec, "s") as writer:
         for i in range(first, last):
             writer.write(made(i))
 

@@ -6,6 +6,7 @@ webdataset format SIGKILLed there, rerun, ends byte-identical to an uninterrupte
 from __future__ import annotations
 
 import hashlib
+import json
 import signal
 import subprocess
 import sys
@@ -54,6 +55,20 @@ def test_a_writer_killed_mid_part_leaves_only_whole_parts_and_resumes_to_the_sam
     shard_child.write(out, 2, 5, fmt)  # the rows of the lost part, encoded again
     assert _hashes(out / "shards") == _hashes(reference / "shards")
     assert _hashes(out / "ledger/parts") == _hashes(reference / "ledger/parts")
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
+def test_parts_rotate_by_size_as_well_as_by_count(tmp_path, fmt):
+    class BySize:  # any sample reaches the limit: one sample per part, then the next part
+        shard_samples, shard_bytes, parquet_dtype = 1000, 1, None
+
+    shard_child.write(tmp_path, 0, 3, fmt, BySize)
+    records = [json.loads(p.read_text()) for p in sorted((tmp_path / "ledger/parts").iterdir())]
+    assert [(r["path"], r["samples"], r["members"]) for r in records] == [
+        (f"shards/s-{i:05d}{'.tar' if fmt == 'webdataset' else '.parquet'}", 1, [f"g/s{i}"]) for i in range(3)
+    ]
+    for record in records:
+        assert record["sha256"] == hashlib.sha256((tmp_path / record["path"]).read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope="module")
