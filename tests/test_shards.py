@@ -247,3 +247,15 @@ def test_verify_existing_and_decode_and_verify_read_samples_inside_shards(builds
     assert report.bytes == sum(p.stat().st_size for p in _parts(out))  # each shard file counted once
     decoded = decode_and_verify(out, n=2, device="cpu", report_dir=tmp_path / "decode")
     assert len(decoded.rows) == 2 and not decoded.problems
+
+
+def test_the_reader_of_a_cache_streams_only_the_samples_its_ledger_names(builds, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(builds("webdataset", "wan22"), out)
+    sealed = out / "ledger/shard-a.jsonl"
+    lines = sealed.read_text().splitlines(keepends=True)
+    superseded = json.loads(lines[0])["member"]
+    sealed.write_text("".join(lines[1:]))  # as if its row now named a newer copy elsewhere
+    keys = [s["__key__"] for s in stream_samples(out)]
+    assert len(keys) == SAMPLES - 1 and superseded not in keys
+    assert len(list(stream_samples(_parts(out)))) == SAMPLES  # files given one by one: every member
