@@ -89,7 +89,13 @@ class LedgerRow(BaseModel):
         return next((f for f in self.output_files() if not f.kinds or kind in f.kinds), None)
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
+        """One line; `member` only where a shard format sets it (rows of per-sample formats keep their old bytes,
+        readable by a latentforge without shard formats)."""
+        data = self.model_dump(mode="json")
+        for record in (data, *data["files"]):
+            if record.get("member") is None:
+                record.pop("member", None)
+        return json.dumps(data, sort_keys=True, ensure_ascii=False)
 
 
 def ledger_dir(out: Path) -> Path:
