@@ -122,6 +122,25 @@ class BuildConfig(StrictModel):
         **_in("spec"),
     )
     format: str = Field("pt", description="Output format", **_in("spec"))
+    shard_samples: int | None = Field(
+        None,
+        gt=0,
+        description="Shard formats (webdataset, parquet): samples per shard file before the next (default 10000)",
+        **_in("spec"),
+    )
+    shard_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="Shard formats: bytes per shard file before the next (default 1 GiB; a file ends after the "
+        "sample that reaches it)",
+        **_in("spec"),
+    )
+    parquet_dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
+        None,
+        description="parquet: dtype of the tensor bytes (default fp32: FastVideo's reader ignores the *_dtype "
+        "columns and decodes float32)",
+        **_in("spec"),
+    )
     frames: int = Field(33, gt=0, description="Frames per sample (F)", **_in("spec"))
     height: int = Field(832, gt=0, description="Height of the encoded frames (H)", **_in("spec"))
     width: int = Field(832, gt=0, description="Width of the encoded frames (W)", **_in("spec"))
@@ -334,6 +353,9 @@ ADDED_LATER: dict[str, Any] = {
     "identity_scheme": "sampled",
     "buckets": None,
     "audio": False,
+    "shard_samples": None,
+    "shard_bytes": None,
+    "parquet_dtype": None,
     "temporal_start": 0,
     "window_step": None,
     "short_clips": None,
@@ -363,6 +385,9 @@ class CacheSpec(StrictModel):
     store_dtype: StoreDtype = "bf16"
     text_max_length: int
     text_padding: str
+    shard_samples: int | None = Field(None, description="Shard formats: samples per shard file")
+    shard_bytes: int | None = Field(None, description="Shard formats: bytes per shard file")
+    parquet_dtype: str | None = Field(None, description="parquet: dtype of the tensor bytes")
     latent_norm: str = Field(description="How latents are normalised before storing")
     text_encoder_output: str = "last_hidden_state"
 
@@ -396,6 +421,9 @@ class CacheSpec(StrictModel):
         }
         if self.buckets:
             settings["buckets"] = ";".join(f"{w}x{h}x{f}" for w, h, f in self.buckets)
+        for name in ("shard_samples", "shard_bytes", "parquet_dtype"):
+            if getattr(self, name) is not None:
+                settings[name] = getattr(self, name)
         for name, key in (("start", "temporal_start"), ("window_step", "window_step"), ("short_clips", "short_clips")):
             if getattr(self, key) != ADDED_LATER[key]:
                 settings[name] = getattr(self, key)

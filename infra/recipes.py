@@ -55,7 +55,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             "fastvideo-ltx2",
             "FastVideo's LTX-2 training data: frames resampled to 24 fps, bilinear antialiased cover + centre "
-            "crop, post-connector text, parquet (the parquet format is not in this release yet)",
+            "crop, post-connector text, parquet (FastVideo's t2v schema, float32 bytes)",
             {
                 "family": "ltx2",
                 "format": "parquet",

@@ -17,7 +17,6 @@ from flows.cli import app
 from flows.run import run_build
 from infra.cache.inspect import inspect_cache
 from infra.config import BuildConfig, CacheSpec
-from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.gates.plan import make_spec
 from infra.gates.verify import verify_out
@@ -64,8 +63,10 @@ def test_ltx2_recipes_and_their_overrides(tmp_path, ltx2_model):
         src, ltx2_model, tmp_path / "o", recipe="ltx2-trainer", resize="cover-crop-aa", frames=9, height=64, width=64
     )
     assert make_spec(over)[1].resize == RESIZE_POLICIES["cover-crop-aa"]
-    with pytest.raises(ConfigError, match="parquet"):  # the format FastVideo reads is not in this release
-        make_spec(config(src, ltx2_model, tmp_path / "o", recipe="fastvideo-ltx2", frames=9, height=64, width=64))
+    fastvideo = make_spec(
+        config(src, ltx2_model, tmp_path / "o", recipe="fastvideo-ltx2", frames=9, height=64, width=64)
+    )
+    assert (fastvideo[1].format, fastvideo[1].parquet_dtype, fastvideo[1].temporal) == ("parquet", "fp32", "fps:24")
     with pytest.raises(ValueError, match="unknown recipe 'nope'"):
         config(src, ltx2_model, tmp_path / "o", recipe="nope")
 

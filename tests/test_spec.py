@@ -29,6 +29,7 @@ BASE = {
 
 def test_fingerprint_is_sha256_of_canonical_json():
     added = {"identity_scheme": "content", "audio": True, "buckets": [(96, 64, 9)], "temporal_start": 2}
+    added |= {"shard_samples": 10, "shard_bytes": 1 << 20, "parquet_dtype": "fp32"}
     spec = CacheSpec(**{**BASE, **added, "window_step": 5, "short_clips": "skip"})
     canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     assert spec.fingerprint() == hashlib.sha256(canonical.encode()).hexdigest()
@@ -48,6 +49,9 @@ def test_fields_added_since_0_1_at_their_absent_values_leave_the_fingerprint_as_
         ("temporal_start", 3),
         ("window_step", 8),
         ("short_clips", "repeat"),
+        ("shard_samples", 100),
+        ("shard_bytes", 1 << 20),
+        ("parquet_dtype", "bf16"),
     ):
         assert CacheSpec(**{**BASE, field: value}).fingerprint() != spec.fingerprint(), field
 

@@ -108,7 +108,7 @@ def audio_check(out: Path) -> AudioReport:
                     report.first_error = f"{row.id}: {reason}: {detail}"
                 continue
             try:
-                value = fmt.read(out / file.path).get(key)
+                value = fmt.read_file(out, file).get(key)
             except Exception as exc:  # noqa: BLE001 - an unreadable file is the finding
                 report.unreadable.append(f"{file.path}: {type(exc).__name__}")
                 continue

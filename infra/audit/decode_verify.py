@@ -194,7 +194,7 @@ class _Run:
         if file is None or not path.is_relative_to(self.out.resolve()) or path == self.out.resolve():
             raise ValueError(f"the ledger's latents file {file and file.path!r} is not inside OUT")
         key = self.fmt.keys["latents"]
-        record = self.fmt.read(path)  # weights_only
+        record = self.fmt.read_file(self.out, file)  # weights_only (a shard file's member where the format has them)
         if not isinstance(record, dict) or not isinstance(record.get(key), torch.Tensor):
             raise ValueError(f"{path}: no {key} tensor in the stored sample")
         if (media := read_media()) is None:
@@ -221,7 +221,7 @@ class _Run:
         reference = trainer_audio(media, seconds) if file is not None else None
         if file is None or reference is None:
             return None
-        latents = self.fmt.read(self.out / file.path)[self.fmt.keys[AUDIO_KIND]]
+        latents = self.fmt.read_file(self.out, file)[self.fmt.keys[AUDIO_KIND]]
         decoded = self.family.decode_audio(latents)
         frames = min(decoded.shape[1], reference[0].shape[1])
         return float((decoded[:, :frames] - reference[0][:, :frames]).abs().mean())

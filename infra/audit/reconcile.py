@@ -20,6 +20,8 @@ from typing import Any
 from infra.audit import reports
 from infra.cache import ledger
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow, windows_by_clip
+from infra.formats import ShardFormat, get_format
+from infra.formats.shards import part_record, write_meta
 from infra.gates.plan import BuildPlan, ShardPlan
 from infra.models import get_family
 from infra.sources import Source, open_source
@@ -192,6 +194,9 @@ def reconcile(plan: BuildPlan) -> ReconcileReport:
         str(plan.out), plan.config.source, plan.fingerprint, spec.format, kinds, spec.text_max_length
     )
     tally = _Tally(plan, report, functools.cache(functools.partial(_size, plan.out)))
+    fmt = get_format(spec.format)
+    if isinstance(fmt, ShardFormat):
+        tally.members = functools.cache(lambda rel: frozenset(part_record(plan.out, rel, fmt).members))
     source = open_source(plan.config.source)
     for shard in plan.shards:
         listed, every_key, whole = _list_shard(source, shard, report)
@@ -207,6 +212,8 @@ def reconcile(plan: BuildPlan) -> ReconcileReport:
         report.unlisted += len(beyond - gone)
         report.gone_from_source += [_gone(rows[key]) for key in sorted(gone)]
     report.gone_from_source += _gone_shards(plan, source)
+    if isinstance(fmt, ShardFormat):  # the shard index, last: what the parts hold now
+        write_meta(plan.out, fmt, plan.fingerprint, ledger.read_all(plan.out))
     logger.info("%s", report.headline())
     return report
 
@@ -276,6 +283,8 @@ class _Tally:
     report: ReconcileReport
     size: Callable[[str | None], int | None]  # an OUT-relative file's size, cached (kinds may share a file)
     owners: dict[str, MissingSample] = field(default_factory=dict)  # output path → the sample that claimed it
+    #: A shard file's sample keys (shard formats count the samples inside their files).
+    members: Callable[[str], frozenset[str]] = field(default=lambda _: frozenset())
 
     def account(self, missing: MissingSample, row: LedgerRow | None) -> None:
         """Count one expected sample as produced, or list it as missing with why."""
@@ -298,7 +307,7 @@ class _Tally:
         if row.truncated:
             named = (missing.id, missing.group, missing.shard, missing.key)
             self.report.truncated.append(TruncatedPrompt(*named, row.tokens_total, self.report.max_length))
-        owner = self.owners.setdefault(str(row.path), missing)
+        owner = self.owners.setdefault(f"{row.path}#{row.member}" if row.member else str(row.path), missing)
         if owner is not missing:
             return DUPLICATE, f"{row.path} is already the output of {owner.key!r} in shard {owner.shard}"
         problems = self.check_outputs(row, counts)
@@ -320,7 +329,9 @@ class _Tally:
             size = self.size(wanted.path)
             if size is None:
                 problems[f"{kind}: {wanted.path} not on disk"] = FILE_MISSING
-            elif wanted.bytes is not None and size != wanted.bytes:
+            elif wanted.member is not None and wanted.member not in self.members(wanted.path):
+                problems[f"{kind}: {wanted.path} has no sample {wanted.member!r}"] = FILE_MISSING
+            elif wanted.member is None and wanted.bytes is not None and size != wanted.bytes:
                 problems[f"{kind}: {wanted.path} has {size} bytes, the ledger {wanted.bytes}"] = FILE_SIZE
             else:
                 counts.kinds[kind] = counts.kinds.get(kind, 0) + 1

@@ -10,9 +10,11 @@ import torch
 
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
+from infra.cache.ledger import FileRecord
 from infra.errors import DamagedCacheError
 from infra.formats import get_format
 from infra.formats.base import Format
+from infra.formats.shards import ShardFormat, shard_summary
 
 
 def _describe(value: Any) -> Any:
@@ -23,10 +25,12 @@ def _describe(value: Any) -> Any:
     return value
 
 
-def _read(fmt: Format, path: Path) -> dict[str, Any]:
-    """One stored file through the format's safe reader (weights_only); DamagedCacheError when it does not load."""
+def _read(fmt: Format, out: Path, file: FileRecord) -> dict[str, Any]:
+    """One stored file (or a shard file's member) through the format's safe reader (weights_only);
+    DamagedCacheError when it does not load."""
+    path = out / file.path
     try:
-        record = fmt.read(path)
+        record = fmt.read_file(out, file)
     except Exception as exc:  # whatever stops a safe load (a pickle with code, a torn file) is damage
         text = str(exc)
         reason = " ".join(text[max(text.find("WeightsUnpickler error:"), 0) :].split())[:160]
@@ -46,7 +50,7 @@ def inspect_cache(out: Path) -> dict[str, Any]:
     fmt = get_format(meta["spec"]["format"])
     groups: dict[str, Counter[str]] = defaultdict(Counter)
     reasons: Counter[str] = Counter()
-    first_done: dict[str, list[str]] = {}
+    first_done: dict[str, list[FileRecord]] = {}
     total_bytes = 0
     for rows in ledger.read_all(out).values():
         for row in rows.values():
@@ -55,10 +59,11 @@ def inspect_cache(out: Path) -> dict[str, Any]:
                 reasons[row.reason] += 1
             if row.status == "done":
                 total_bytes += row.bytes or 0
-                first_done.setdefault(row.group, [f.path for f in row.output_files()])
+                first_done.setdefault(row.group, row.output_files())
     samples = {}
-    for group, paths in sorted(first_done.items()):
-        described = {rel: {k: _describe(v) for k, v in _read(fmt, out / rel).items()} for rel in paths}
+    for group, files in sorted(first_done.items()):
+        paths = [f.path for f in files]
+        described = {f.path: {k: _describe(v) for k, v in _read(fmt, out, f).items()} for f in files}
         if len(paths) == 1:
             samples[group] = {"path": paths[0], **described[paths[0]]}
         else:  # a format that keeps a sample in several files (the LTX-2 layout: latents, conditions, audio)
@@ -77,6 +82,7 @@ def inspect_cache(out: Path) -> dict[str, Any]:
         "done": sum(c["done"] for c in groups.values()),
         "bytes": total_bytes,
         "samples": samples,
+        **({"shards": shard_summary(out, fmt)} if isinstance(fmt, ShardFormat) else {}),
     }
 
 
@@ -96,6 +102,10 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"{group:<50} {counts.get('done', 0):>6} {counts.get('skipped', 0):>8} {counts.get('failed', 0):>7}"
         )
+    if "shards" in report:
+        shards = report["shards"]
+        prints = ", ".join(f"{fp[:16]}… in {n} file(s)" for fp, n in sorted(shards["fingerprints"].items()))
+        lines += [f"shard files  {shards['files']} holding {shards['samples']} samples; fingerprints: {prints or '-'}"]
     if report["reasons"]:
         lines += ["", "reasons: " + ", ".join(f"{k} × {v}" for k, v in sorted(report["reasons"].items()))]
     for group, sample in report["samples"].items():

@@ -29,7 +29,9 @@ Status = Literal["done", "skipped", "failed"]
 
 
 class FileRecord(BaseModel):
-    """One output file of a sample: OUT-relative path, size, sha256, and the output kinds it holds."""
+    """One output file of a sample: OUT-relative path, size, sha256, and the output kinds it holds. In a shard
+    format (webdataset, parquet) `path` is the shard file, `member` the sample's key in it, and `bytes` and
+    `sha256` are the sample's own (its tensors and texts as stored), not the shard file's."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -37,6 +39,7 @@ class FileRecord(BaseModel):
     bytes: int
     sha256: str
     kinds: list[str] = Field(default_factory=list, description="output kinds in this file ([]: all of them)")
+    member: str | None = None
 
 
 class LedgerRow(BaseModel):
@@ -52,6 +55,7 @@ class LedgerRow(BaseModel):
     reason: str | None = None  # short code: missing_prompt, video_decode_error, ...
     detail: str | None = None  # human-readable error text
     path: str | None = None  # OUT-relative output path (the first file, where a format writes several)
+    member: str | None = None  # the sample's key inside `path` (shard formats)
     bytes: int | None = None  # all of the sample's files
     sha256: str | None = None  # of the first file
     #: Where a format writes a file per output kind: every file (empty: the one file `path` holds every kind).
@@ -75,7 +79,7 @@ class LedgerRow(BaseModel):
         if self.files:
             return list(self.files)
         if self.path and self.bytes is not None and self.sha256 is not None:
-            return [FileRecord(path=self.path, bytes=self.bytes, sha256=self.sha256)]
+            return [FileRecord(path=self.path, bytes=self.bytes, sha256=self.sha256, member=self.member)]
         return []
 
     def file_of(self, kind: str) -> FileRecord | None:
@@ -85,7 +89,13 @@ class LedgerRow(BaseModel):
         return next((f for f in self.output_files() if not f.kinds or kind in f.kinds), None)
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, ensure_ascii=False)
+        """One line; `member` only where a shard format sets it (rows of per-sample formats keep their old bytes,
+        readable by a latentforge without shard formats)."""
+        data = self.model_dump(mode="json")
+        for record in (data, *data["files"]):
+            if record.get("member") is None:
+                record.pop("member", None)
+        return json.dumps(data, sort_keys=True, ensure_ascii=False)
 
 
 def ledger_dir(out: Path) -> Path:

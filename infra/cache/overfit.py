@@ -66,6 +66,11 @@ def export_overfit(
         raise ConfigError("overfit: give --ids ID... or --n K (K ≥ 1), and --copies C ≥ 1")
     meta = read_cache_json(out)
     spec = CacheSpec.model_validate(meta["spec"])
+    if get_format(spec.format).sharded:
+        raise ConfigError(
+            f"overfit: the {spec.format} format keeps samples inside shard files; export from a pt or ltx build of "
+            "the same samples (the overfit export copies per-sample files)"
+        )
     rows = _choose(out, ids, n)
     spec_source = source or meta.get("provenance", {}).get("source")
     if not spec_source:

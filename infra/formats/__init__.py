@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from infra.formats.base import AUDIO_KIND, EncodedSample, Format, PerSampleWriter, Writer, WrittenSample
 from infra.formats.ltx import LtxFormat
+from infra.formats.parquet import ParquetFormat
 from infra.formats.pt import PtFormat
+from infra.formats.shards import ShardFormat
+from infra.formats.webdataset import WebDatasetFormat
 from infra.registry import Registry
 
 FORMATS: Registry[Format] = Registry("format")
 FORMATS.add("pt", PtFormat())
 FORMATS.add("ltx", LtxFormat())
+FORMATS.add("webdataset", WebDatasetFormat())
+FORMATS.add("parquet", ParquetFormat())
 
 __all__ = [
     "AUDIO_KIND",
@@ -17,6 +22,7 @@ __all__ = [
     "EncodedSample",
     "Format",
     "PerSampleWriter",
+    "ShardFormat",
     "Writer",
     "WrittenSample",
     "get_format",

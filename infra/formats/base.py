@@ -69,11 +69,14 @@ class WrittenSample:
     """What a writer put on disk for one sample: each file with the output kinds it holds."""
 
     files: list[tuple[list[str], Written]]
+    member: str | None = None  # the sample's key inside its file (shard formats: `Written` is the sample's bytes)
 
     def records(self, out: Path) -> list[FileRecord]:
         """The ledger's records of the files (paths relative to OUT)."""
         return [
-            FileRecord(path=w.path.relative_to(out).as_posix(), bytes=w.bytes, sha256=w.sha256, kinds=kinds)
+            FileRecord(
+                path=w.path.relative_to(out).as_posix(), bytes=w.bytes, sha256=w.sha256, kinds=kinds, member=self.member
+            )
             for kinds, w in self.files
         ]
 
@@ -159,6 +162,25 @@ class Format(ABC):
     @abstractmethod
     def writer(self, out: Path) -> Writer:
         """A writer of samples under OUT."""
+
+    #: True for formats that keep many samples per file (webdataset, parquet: `infra.formats.shards`).
+    sharded: ClassVar[bool] = False
+    #: True when the text embedding is stored trimmed to the prompt's tokens ([seq_len, D]: FastVideo's parquet).
+    trims_text: ClassVar[bool] = False
+
+    def open_writer(self, out: Path, spec: Any, shard_id: str) -> Writer:
+        """The writer the shard loop uses for source shard `shard_id` under the cache spec `spec` (a CacheSpec, or
+        None for defaults); per-sample formats need neither."""
+        return self.writer(out)
+
+    def present(self, out: Path, file: FileRecord) -> bool:
+        """Whether a ledger's file record is whole on disk (a per-sample file: there, at the ledger's size)."""
+        path = Path(out) / file.path
+        return path.is_file() and path.stat().st_size == file.bytes
+
+    def read_file(self, out: Path, file: FileRecord) -> dict[str, Any]:
+        """Load what a ledger's file record names (a whole file, or a member of a shard file) safely."""
+        return self.read(Path(out) / file.path)
 
     @abstractmethod
     def paths(self, stem: str, kinds: Iterable[str]) -> dict[str, str]:

@@ -17,6 +17,7 @@ from infra.cache.cachedir import read_cache_json
 from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
+from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
 from infra.media.buckets import parse_buckets
 from infra.media.temporal import DEFAULT_SHORT, make_policy
 from infra.media.video import RESIZE_POLICIES
@@ -154,9 +155,25 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
         text_padding=config.text_padding,
         text_encoder_output=chosen["text_stage"],
         latent_norm=family.latent_norm,
+        **shard_settings(config),
     )
+    if unplaced := [kind for kind in family.kinds(spec) if kind not in get_format(config.format).keys]:
+        raise ConfigError(f"format {config.format} has no place for {', '.join(unplaced)} (family {family.name})")
     latent_shape = family.latent_shape(model_dir, frames, height, width)
     return family.name, spec, latent_shape, family.text_shape(model_dir, spec.text_settings())
+
+
+def shard_settings(config: BuildConfig) -> dict[str, Any]:
+    """The spec's shard layout: rotation (and the parquet dtype) for a shard format, nothing for the others."""
+    if not get_format(config.format).sharded:
+        return {}
+    settings: dict[str, Any] = {
+        "shard_samples": config.shard_samples or DEFAULT_SHARD_SAMPLES,
+        "shard_bytes": config.shard_bytes or DEFAULT_SHARD_BYTES,
+    }
+    if config.format == "parquet":
+        settings["parquet_dtype"] = config.parquet_dtype or "fp32"
+    return settings
 
 
 def _count_samples(

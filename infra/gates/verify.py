@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from infra.cache import ledger
 from infra.cache.cachedir import OutKind, classify, read_cache_json
+from infra.cache.ledger import FileRecord
 from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import Format, get_format
@@ -179,6 +180,7 @@ def _inside(out: Path, relpath: str | None) -> Path | None:
 
 def _check_files(out: Path, rows: list[ledger.LedgerRow], report: VerifyReport) -> None:
     """Every file of every done row exists with the ledger's size; bytes sums what is there."""
+    counted: set[str] = set()  # a shard file holds many samples: its bytes count once
     for row in rows:
         files = row.output_files()
         if not files:
@@ -191,6 +193,10 @@ def _check_files(out: Path, rows: list[ledger.LedgerRow], report: VerifyReport) 
                 )
             elif not path.is_file():
                 report.missing.append(str(path))
+            elif file.member is not None:  # a sample inside a shard file: the member is read by _check_samples
+                if file.path not in counted:
+                    counted.add(file.path)
+                    report.bytes += path.stat().st_size
             else:
                 size = path.stat().st_size
                 report.bytes += size
@@ -208,10 +214,11 @@ def _choose(rows: list[ledger.LedgerRow], limit: int) -> list[ledger.LedgerRow]:
     return chosen[: max(limit, 0)]
 
 
-def _load(fmt: Format, path: Path, report: VerifyReport) -> dict[str, Any] | None:
+def _load(fmt: Format, out: Path, file: FileRecord, report: VerifyReport) -> dict[str, Any] | None:
     """The sample through the format's safe reader, or None with the problem recorded."""
+    path = out / file.path
     try:
-        record = fmt.read(path)
+        record = fmt.read_file(out, file)
     except Exception as exc:  # noqa: BLE001 - any failure to load is damage, reported with its path
         text = str(exc)
         reason = " ".join(text[max(text.find("WeightsUnpickler error:"), 0) :].split())[:160]
@@ -230,10 +237,11 @@ def _expected(spec: CacheSpec, fmt: Format, shapes: Mapping[str, tuple[int, ...]
     unknown = [kind for kind in kinds if kind not in fmt.keys]
     if unknown:
         raise ConfigError(f"format {fmt.name} has no place for {', '.join(unknown)} (family {spec.family})")
+    trimmed = {"text_embeddings"} if fmt.trims_text else set()  # stored [seq_len, D]: no planned shape
     return {
         kind: {
             "key": fmt.keys[kind],
-            "shape": list(shapes[kind]) if kind in shapes else None,
+            "shape": list(shapes[kind]) if kind in shapes and kind not in trimmed else None,
             "dtype": str(kind_dtype(kind, spec.store_dtype)),
         }
         for kind in kinds
@@ -251,7 +259,7 @@ def _check_samples(
         if not files or any(path is None or not path.is_file() for path in files.values()):
             continue  # already reported by _check_files
         report.checked.append(row.path or "")
-        records = {rel: _load(fmt, path, report) for rel, path in files.items() if path is not None}
+        records = {f.path: _load(fmt, out, f, report) for f in row.output_files()}
         if any(r is None for r in records.values()):
             continue
         for rel, record in records.items():

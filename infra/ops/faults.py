@@ -9,7 +9,8 @@ on any machine.
 Points: ``plan`` (planned, nothing written), ``sanity`` (the sanity sample encoded), ``decode`` (a sample's
 frames decoded, not yet encoded), ``encode`` (encoded, not yet written), ``write`` (a file's bytes on disk
 under its temporary name, not yet linked), ``sample`` (a row journalled: between samples), ``seal`` (a shard's
-sealed ledger written, its journal not yet removed), ``shard`` (a shard done: between shards), ``verify`` (a
+sealed ledger written, its journal not yet removed), ``part`` (a sample appended to an open shard part of the
+webdataset or parquet format, the part not yet in place), ``shard`` (a shard done: between shards), ``verify`` (a
 sample decoded back by decode-and-verify).
 """
 
@@ -27,6 +28,8 @@ POINTS = ("plan", "sanity", "decode", "encode", "write", "sample", "seal", "shar
 #: A file holding a point's name: the first process (of any on the host or shared file system) to reach that point
 #: removes the file and is killed there, once (how a test kills one Ray worker mid-shard, whichever runs it).
 KILL_FILE_ENV = "LATENTFORGE_KILL_FILE"
+#: Points only a shard format's build reaches (tests/test_shard_resume.py sweeps them).
+SHARD_POINTS = ("part",)
 _hits: Counter[str] = Counter()
 _lock = threading.Lock()
 

@@ -1,7 +1,7 @@
 """Chunks of a large shard (``--chunk-size``): each its own task and its own ledger part, merged when all end.
 
 A chunk is a range of the shard's clips (in source order). Its rows are journalled and sealed under
-``OUT/ledger/parts/<shard>.chunk-NNNNN`` (outside the ledger directory's listing, so no reader takes a part for a
+``OUT/ledger/chunks/<shard>.chunk-NNNNN`` (outside the ledger directory's listing, so no reader takes a part for a
 shard); once every chunk of the shard has ended, the parts are merged over the shard's own ledger, sealed
 atomically as the shard's ledger, and removed. Chunks cover disjoint samples, so no two tasks ever write the
 same file; a part left by an interrupted run is read back by its chunk's next run (resume) and merged then.
@@ -21,7 +21,7 @@ from infra.preprocess.shard import ShardResult
 
 logger = logging.getLogger(__name__)
 
-PARTS_DIR = "parts"
+PARTS_DIR = "chunks"
 
 
 class Chunk(BaseModel):
@@ -35,7 +35,12 @@ class Chunk(BaseModel):
 
     def ledger_id(self, shard_id: str) -> str:
         """The ledger name of this chunk's part (a path under the ledger directory)."""
-        return f"{PARTS_DIR}/{shard_id}.chunk-{self.index:05d}"
+        return f"{PARTS_DIR}/{self.name(shard_id)}"
+
+    def name(self, shard_id: str) -> str:
+        """The chunk's own name: its ledger part's, and the prefix of a shard format's part files, so two chunks of
+        one shard (perhaps on two machines) never write the same file."""
+        return f"{shard_id}.chunk-{self.index:05d}"
 
 
 def plan_chunks(shard: ShardPlan, chunk_size: int | None) -> list[Chunk] | None:

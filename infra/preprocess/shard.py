@@ -139,7 +139,7 @@ def process_sample(
         if adopted_files:
             row.extra["adopted"] = True
         files = written.records(plan.out)
-        row.status, row.path, row.sha256 = "done", files[0].path, files[0].sha256
+        row.status, row.path, row.sha256, row.member = "done", files[0].path, files[0].sha256, files[0].member
         row.bytes, row.files = sum(f.bytes for f in files), files if len(files) > 1 else []
         row.missing = dict(sample.info.get("missing_outputs") or {})
         row.source_shape, row.latent_shape, row.seq_len = sample.source_shape, sample.latent_shape, sample.seq_len
@@ -162,10 +162,8 @@ def _reusable(row: LedgerRow | None, plan: BuildPlan) -> bool:
     """Done for this fingerprint and every one of its files on disk at the ledger's size."""
     if row is None or row.status != "done" or row.fingerprint != plan.fingerprint:
         return False
-    files = row.output_files()
-    return bool(files) and all(
-        (plan.out / f.path).is_file() and (plan.out / f.path).stat().st_size == f.bytes for f in files
-    )
+    files, fmt = row.output_files(), get_format(plan.spec.format)
+    return bool(files) and all(fmt.present(plan.out, f) for f in files)
 
 
 def process_shard(
@@ -186,6 +184,7 @@ def process_shard(
     keys = selection.get(shard.id) if selection is not None else None
     result = ShardResult(shard=shard.id)
     ledger_id = shard.id if chunk is None else chunk.ledger_id(shard.id)
+    writer_id = shard.id if chunk is None else chunk.name(shard.id)
     previous = ledger.read_shard(plan.out, shard.id)
     if chunk is not None:
         previous.update(ledger.read_shard(plan.out, ledger_id))  # an interrupted run's part of this chunk
@@ -197,7 +196,7 @@ def process_shard(
     with (
         preempt.cleanup(functools.partial(_seal_from_journal, plan, ledger_id)),
         ledger.Journal(plan.out, ledger_id) as journal,
-        get_format(plan.spec.format).writer(plan.out) as writer,
+        get_format(plan.spec.format).open_writer(plan.out, plan.spec, writer_id) as writer,
     ):
         try:
             with contextlib.closing(samples):

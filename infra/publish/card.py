@@ -342,8 +342,8 @@ def _sample_record(out: Path, format_name: str, rows: list[LedgerRow]) -> dict[s
     if example is None:
         return None
     try:
-        return get_format(format_name).read(out / example.path)  # weights_only: nothing in OUT can run code
-    except (OSError, RuntimeError, ValueError) as exc:
+        return get_format(format_name).read_file(out, example.output_files()[0])  # weights_only: no code runs
+    except (OSError, RuntimeError, ValueError, KeyError) as exc:
         logger.warning("%s: cannot read a sample for the card's key table: %s", example.path, exc)
         return None
 

@@ -22,6 +22,8 @@ from infra.cache import ledger
 from infra.cache.cachedir import CACHE_JSON, read_cache_json
 from infra.cache.storage import TEMP_SUFFIX, sha256_file
 from infra.config import UploadConfig
+from infra.formats import ShardFormat, get_format
+from infra.formats.shards import META_JSON, part_record
 from infra.publish.base import ROLE_ORDER, LocalFile, PublishError, Role, Target
 from infra.publish.card import card_file
 
@@ -67,6 +69,10 @@ def _data_files(out: Path, problems: list[str]) -> list[LocalFile]:
                 if not path.is_file():
                     problems.append(f"{record.path}: done in ledger {shard} but not on disk")
                     continue
+                if record.member is not None:  # a sample inside a shard file: the whole file goes, once
+                    if record.path not in files:
+                        files[record.path] = _shard_file(out, record.path, problems)
+                    continue
                 if path.stat().st_size != record.bytes:
                     problems.append(
                         f"{record.path}: {path.stat().st_size} bytes on disk, ledger {shard} says {record.bytes}"
@@ -77,6 +83,18 @@ def _data_files(out: Path, problems: list[str]) -> list[LocalFile]:
                     problems.append(f"{record.path}: two ledger rows with different sha256 (duplicate output)")
                 files[record.path] = LocalFile(record.path, record.bytes, record.sha256, "data", source=path)
     return list(files.values())
+
+
+def _shard_file(out: Path, relpath: str, problems: list[str]) -> LocalFile:
+    """A shard file (many samples), with the size and sha256 its part record gives, checked against the disk."""
+    fmt = get_format(str(read_cache_json(out)["spec"]["format"]))
+    if not isinstance(fmt, ShardFormat):
+        raise PublishError(f"{relpath}: a ledger row names a member, but format {fmt.name} keeps no shard files")
+    record = part_record(out, relpath, fmt)
+    path = out / relpath
+    if path.stat().st_size != record.bytes:
+        problems.append(f"{relpath}: {path.stat().st_size} bytes on disk, its part record says {record.bytes}")
+    return LocalFile(relpath, record.bytes, record.sha256, "data", source=path)
 
 
 def _tree(out: Path, directory: str, role: Role, skip: tuple[str, ...] = ()) -> list[LocalFile]:
@@ -111,6 +129,8 @@ def build_manifest(out: Path, config: UploadConfig, target: Target) -> Manifest:
     kept_specs = [_on_disk(out, p.name, "report") for p in sorted(out.glob("cache.*.json"))]  # replaced caches
     card = _card(out, config, target)
     manifest_file = _on_disk(out, CACHE_JSON, "manifest")
+    if (out / META_JSON).is_file():  # a shard format's index: after the shards it names
+        ledgers.append(_on_disk(out, META_JSON, "ledger"))
     everything = [*data, *reports, *kept_specs, card, *ledgers, manifest_file]
     chosen = [f for f in everything if _chosen(f, config)]
     chosen.sort(key=lambda f: (ROLE_ORDER[f.role], f.path))

@@ -1,0 +1,184 @@
+"""The parquet format: FastVideo's t2v schema exactly, ``OUT/shards/<shard-id>-<part:05d>.parquet``.
+
+Columns (FastVideo's ``pyarrow_schema_t2v``): ``id``, ``vae_latent_bytes/shape/dtype``,
+``text_embedding_bytes/shape/dtype``, ``file_name``, ``caption``, ``media_type``, ``width``, ``height``,
+``num_frames`` (int64), ``duration_sec``, ``fps`` (float64); shapes ``list<int64>``.
+
+* FastVideo's reader ignores the ``*_dtype`` columns and always decodes float32, so tensor bytes are float32 by
+  default (``--parquet-dtype bf16|fp16`` for readers that honour the column);
+* the text embedding is stored trimmed to the prompt's tokens, ``[seq_len, D]`` (FastVideo pads it to its
+  max length with a mask);
+* zstd, row groups of at most `ROW_GROUP_ROWS` rows or `ROW_GROUP_BYTES` bytes (streamed one at a time);
+* the file's key-value metadata holds ``latentforge.fingerprint`` and the dtypes the tensors were made in
+  (latentforge's reader gives them back in those: bf16 widened to float32 and back is exact).
+
+Audio latents have no column in this schema: a family's audio kind needs another format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from infra.formats.base import EncodedSample
+from infra.formats.shards import ShardFormat, ShardWriter, Sink, shard_options
+
+SCHEMA_T2V = pa.schema(
+    [
+        pa.field("id", pa.string()),
+        pa.field("vae_latent_bytes", pa.binary()),
+        pa.field("vae_latent_shape", pa.list_(pa.int64())),
+        pa.field("vae_latent_dtype", pa.string()),
+        pa.field("text_embedding_bytes", pa.binary()),
+        pa.field("text_embedding_shape", pa.list_(pa.int64())),
+        pa.field("text_embedding_dtype", pa.string()),
+        pa.field("file_name", pa.string()),
+        pa.field("caption", pa.string()),
+        pa.field("media_type", pa.string()),
+        pa.field("width", pa.int64()),
+        pa.field("height", pa.int64()),
+        pa.field("num_frames", pa.int64()),
+        pa.field("duration_sec", pa.float64()),
+        pa.field("fps", pa.float64()),
+    ]
+)
+FINGERPRINT_KEY = "latentforge.fingerprint"
+DTYPES_KEY = "latentforge.dtypes"
+ROW_GROUP_ROWS = 256
+ROW_GROUP_BYTES = 64 << 20
+#: --parquet-dtype → (torch dtype, the name in the *_dtype column).
+DTYPES: dict[str, tuple[torch.dtype, str]] = {
+    "fp32": (torch.float32, "float32"),
+    "bf16": (torch.bfloat16, "bfloat16"),
+    "fp16": (torch.float16, "float16"),
+}
+
+
+def tensor_bytes(tensor: torch.Tensor, dtype: torch.dtype) -> bytes:
+    """C-order bytes of `tensor` in `dtype` (bf16 as its 16-bit patterns)."""
+    value = tensor.detach().cpu().to(dtype).contiguous()
+    if dtype == torch.bfloat16:
+        value = value.view(torch.int16)
+    return value.numpy().tobytes()
+
+
+def from_bytes(data: bytes, shape: list[int], dtype: str) -> torch.Tensor:
+    """A tensor from a row's bytes, shape and dtype column."""
+    if dtype == "bfloat16":
+        return torch.from_numpy(np.frombuffer(data, dtype=np.int16).copy()).view(torch.bfloat16).reshape(shape)
+    return torch.from_numpy(np.frombuffer(data, dtype=np.dtype(dtype)).copy()).reshape(shape)
+
+
+def to_row(sample: EncodedSample, dtype: str) -> dict[str, Any]:
+    """One sample as a row of the t2v schema."""
+    torch_dtype, name = DTYPES[dtype]
+    geometry = list(sample.info.get("geometry") or [])
+    frames, height, width = ([1, *geometry] if len(geometry) == 2 else geometry) or [0, 0, 0]
+    fps = float(sample.info.get("fps") or 0.0)
+    text = sample.text_embeds[: int(sample.seq_len)]
+    return {
+        "id": sample.stem,
+        "vae_latent_bytes": tensor_bytes(sample.latents, torch_dtype),
+        "vae_latent_shape": list(sample.latents.shape),
+        "vae_latent_dtype": name,
+        "text_embedding_bytes": tensor_bytes(text, torch_dtype),
+        "text_embedding_shape": list(text.shape),
+        "text_embedding_dtype": name,
+        "file_name": sample.id,
+        "caption": sample.prompt,
+        "media_type": "image" if frames <= 1 else "video",
+        "width": int(width),
+        "height": int(height),
+        "num_frames": int(frames),
+        "duration_sec": frames / fps if fps else 0.0,
+        "fps": fps,
+    }
+
+
+class ParquetWriter(ShardWriter):
+    """Streams samples into parquet parts, a row group at a time."""
+
+    ext = "parquet"
+
+    def begin(self, sink: Sink, sample: EncodedSample) -> None:
+        made_in = {"latents": str(sample.latents.dtype), "text_embeddings": str(sample.text_embeds.dtype)}
+        metadata = {FINGERPRINT_KEY: sample.fingerprint, DTYPES_KEY: json.dumps(made_in, sort_keys=True)}
+        self._pq = pq.ParquetWriter(
+            pa.PythonFile(sink, mode="w"), SCHEMA_T2V.with_metadata(metadata), compression="zstd"
+        )
+        self._rows: list[dict[str, Any]] = []
+        self._buffered = 0
+
+    def add(self, sample: EncodedSample) -> tuple[str, int, str]:
+        row = to_row(sample, self.options.get("parquet_dtype") or "fp32")
+        self._rows.append(row)
+        size = len(row["vae_latent_bytes"]) + len(row["text_embedding_bytes"])
+        self._buffered += size
+        if len(self._rows) >= ROW_GROUP_ROWS or self._buffered >= ROW_GROUP_BYTES:
+            self._flush()
+        digest = hashlib.sha256(row["vae_latent_bytes"] + row["text_embedding_bytes"])
+        return row["id"], size, digest.hexdigest()
+
+    def size(self) -> int:
+        return super().size() + self._buffered
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._pq.write_table(pa.Table.from_pylist(self._rows, schema=self._pq.schema))
+        self._rows, self._buffered = [], 0
+
+    def end(self) -> None:
+        self._flush()
+        self._pq.close()
+
+
+class ParquetFormat(ShardFormat):
+    """FastVideo's parquet (t2v schema)."""
+
+    name = "parquet"
+    ext = "parquet"
+    trims_text = True
+    keys: ClassVar[dict[str, str]] = {"latents": "latents", "text_embeddings": "text_embeddings"}
+
+    def open_writer(self, out: Path, spec: Any, shard_id: str) -> ParquetWriter:
+        return ParquetWriter(out, self, shard_id, shard_options(spec))
+
+    def _records(self, table: pa.Table, metadata: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
+        made_in = json.loads(metadata.get(DTYPES_KEY.encode(), b"{}"))
+        fingerprint = metadata.get(FINGERPRINT_KEY.encode(), b"").decode()
+        records = {}
+        for row in table.to_pylist():
+            latents = from_bytes(row["vae_latent_bytes"], row["vae_latent_shape"], row["vae_latent_dtype"])
+            text = from_bytes(row["text_embedding_bytes"], row["text_embedding_shape"], row["text_embedding_dtype"])
+            back = {k: getattr(torch, v.removeprefix("torch.")) for k, v in made_in.items()}
+            records[row["id"]] = {
+                "latents": latents.to(back.get("latents", latents.dtype)),
+                "text_embeddings": text.to(back.get("text_embeddings", text.dtype)),
+                "prompt": row["caption"],
+                "fingerprint": fingerprint,
+                "seq_len": int(row["text_embedding_shape"][0]),
+                **{k: row[k] for k in ("id", "file_name", "media_type", "width", "height", "num_frames", "fps")},
+            }
+        return records
+
+    def read_part(self, path: Path) -> dict[str, dict[str, Any]]:
+        file = pq.ParquetFile(path)
+        return self._records(file.read(), file.schema_arrow.metadata or {})
+
+    def read_member(self, path: Path, member: str) -> dict[str, Any]:
+        table = pq.read_table(path, filters=[("id", "=", member)])
+        found = self._records(table, table.schema.metadata or {})
+        if member not in found:
+            raise KeyError(f"{path}: no sample {member!r}")
+        return found[member]
+
+    def fingerprints(self, path: Path) -> set[str]:
+        metadata = pq.read_schema(path).metadata or {}
+        return {metadata.get(FINGERPRINT_KEY.encode(), b"").decode()}

@@ -1,0 +1,89 @@
+"""The reader training code uses for a shard-format cache: streams samples from its webdataset tars or parquet
+files, and refuses to stream two encoders' (two specs') samples together.
+
+    from infra.formats.stream import stream_samples
+    for sample in stream_samples("/data/cache"):   # OUT, OUT/shards, or a list of part files
+        latents, text = sample["latents"], sample["text_embeddings"]
+
+Every part's fingerprint is read (tar json members, parquet key-value metadata) before the first sample is
+yielded: parts of more than one fingerprint raise `MixedFingerprints` naming them, unless ``allow_mixed=True``
+(each sample then carries its own ``fingerprint``). Tensors come back in the dtypes they were made in (bf16).
+Given OUT itself, only the samples its ledgers name are streamed: a stale sample re-encoded with an approved
+replace lives in a later part, and its superseded copy (parts are never rewritten) is left out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from infra.cache import ledger
+from infra.formats.parquet import ParquetFormat
+from infra.formats.shards import SHARDS_DIR, MixedFingerprints, ShardFormat
+from infra.formats.webdataset import WebDatasetFormat
+
+logger = logging.getLogger(__name__)
+
+READERS: dict[str, ShardFormat] = {".tar": WebDatasetFormat(), ".parquet": ParquetFormat()}
+
+
+def shard_files(where: Path | str | Iterable[Path | str]) -> list[Path]:
+    """The part files of a cache (OUT or OUT/shards) or the files given, in order; hidden temp parts never."""
+    if isinstance(where, (str, Path)):
+        root = Path(where)
+        if root.is_file():
+            return [root]
+        folder = root / SHARDS_DIR if (root / SHARDS_DIR).is_dir() else root
+        return sorted(p for p in folder.iterdir() if p.suffix in READERS and not p.name.startswith("."))
+    return [Path(p) for p in where]
+
+
+def fingerprints(files: list[Path]) -> dict[str, list[str]]:
+    """Fingerprint → the part files that carry it."""
+    found: dict[str, list[str]] = {}
+    for path in files:
+        for fingerprint in _reader(path).fingerprints(path):
+            found.setdefault(fingerprint, []).append(path.name)
+    return found
+
+
+def stream_samples(where: Path | str | Iterable[Path | str], *, allow_mixed: bool = False) -> Iterator[dict[str, Any]]:
+    """Every sample of the parts, part by part: the record (latents, text_embeddings, prompt, fingerprint, ...)
+    with ``__key__`` and ``__url__``. MixedFingerprints before the first sample when the parts are of two specs
+    and not `allow_mixed`."""
+    files = shard_files(where)
+    found = fingerprints(files)
+    if len(found) > 1 and not allow_mixed:
+        listed = "; ".join(f"{fp[:16]}… in {', '.join(names[:3])}" for fp, names in sorted(found.items()))
+        raise MixedFingerprints(
+            f"these shards come from {len(found)} different encoders or specs ({listed}): refusing to stream them "
+            "together (allow_mixed=True streams them, each sample with its fingerprint)"
+        )
+    live = _live_members(where)
+    skipped = 0
+    for path in files:
+        for key, record in _reader(path).read_part(path).items():
+            if live is not None and (f"{SHARDS_DIR}/{path.name}", key) not in live:
+                skipped += 1  # superseded (a stale sample re-encoded into a later part): the ledger names the new copy
+                continue
+            yield {**record, "__key__": key, "__url__": str(path)}
+    if skipped:
+        logger.info("%d superseded sample(s) not streamed (the ledger names a newer copy)", skipped)
+
+
+def _live_members(where: Path | str | Iterable[Path | str]) -> set[tuple[str, str]] | None:
+    """(shard file, key) of every done sample the ledgers of a cache name; None when `where` is not a cache with
+    ledgers (files given one by one, or shards copied without their ledger: every member is streamed)."""
+    if not isinstance(where, (str, Path)) or not (Path(where) / ledger.LEDGER_DIR).is_dir():
+        return None
+    rows = (row for shard in ledger.read_all(Path(where)).values() for row in shard.values())
+    return {(row.path, row.member) for row in rows if row.status == "done" and row.path and row.member}
+
+
+def _reader(path: Path) -> ShardFormat:
+    reader = READERS.get(path.suffix)
+    if reader is None:
+        raise ValueError(f"{path}: not a shard file (.tar or .parquet)")
+    return reader
