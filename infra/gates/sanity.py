@@ -175,6 +175,8 @@ def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, repor
         frames, height, width = sample.info["geometry"]
         latent = get_family(plan.family).latent_shape(Path(plan.config.model).expanduser(), frames, height, width)
     planned = {"latents": list(latent), "text_embeddings": list(plan.text_shape)}
+    if plan.spec.text_storage == "trimmed":  # the prompt's rows only
+        planned["text_embeddings"] = [sample.seq_len, *plan.text_shape[1:]]
     report.latent_shape, report.text_shape = list(sample.latents.shape), list(sample.text_embeds.shape)
     report.latent_dtype, report.text_dtype = str(sample.latents.dtype), str(sample.text_embeds.dtype)
     report.finite = all(bool(torch.isfinite(t).all()) for t in outputs.values())
