@@ -118,3 +118,9 @@ def stats() -> TextStats:
         total.encoded += cache.stats.encoded
         total.served += cache.stats.served
     return total
+
+
+def clear() -> None:
+    """Forget every held embedding and count (a benchmark or test that compares runs in one process)."""
+    with _caches_lock:
+        _caches.clear()
