@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/upload_bench.py
 	$(BIN)/python bench/identity_bench.py
 	$(BIN)/python bench/sanity_bench.py
+	$(BIN)/python bench/throughput_bench.py
 
 clean-demo:
 	rm -rf $(DEMO)
