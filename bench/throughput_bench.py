@@ -144,13 +144,16 @@ def run_child(which: str, src: Path, model: Path, out: Path) -> dict:
     env = {**os.environ, "PREFECT_HOME": str(out.parent / f"prefect-{out.name}")}
     env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # a busy 2-core machine
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    stderr = proc.stderr.read() if proc.stderr else ""
-    _, status, usage = os.wait4(proc.pid, 0)
+    log = out.with_suffix(".log")
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    stderr = log.read_text(errors="replace")
     seconds = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0 or not report.exists():
-        raise RuntimeError(f"{which} failed ({proc.returncode}):\n{stderr[-3000:]}")
+        errors = [line for line in stderr.splitlines() if line.startswith(("error", "ERROR", "Error"))]
+        raise RuntimeError(f"{which} failed ({proc.returncode}): {errors[-5:]}\n{stderr[-2000:]}")
     result = json.loads(report.read_text())
     return {**result, "seconds": seconds, "peak_rss": usage.ru_maxrss * 1024, "rate": result["samples"] / seconds}
 
