@@ -239,7 +239,7 @@ def main() -> None:
                 print(f"{which:12s} run {attempt}: {result['samples']} samples in {result['seconds']:.1f} s, "
                       f"peak RSS {result['peak_rss'] / 2**20:.0f} MiB, text calls {result['text_calls']}")  # fmt: skip
     med = {
-        w: {k: statistics.median(r[k] for r in rs) for k in ("rate", "peak_rss", "text_calls")}
+        w: {k: statistics.median(r[k] for r in rs) for k in ("rate", "peak_rss", "text_calls", "prompts_encoded")}
         for w, rs in runs.items()
     }
     speed = med["latentforge"]["rate"] / med["plain"]["rate"]
