@@ -73,3 +73,33 @@ def test_a_stop_between_samples_ends_the_shard_with_prefetch(tmp_path, tiny_mode
     plan = make_plan(config(source, tiny_model, tmp_path / "out", on_conflict="reuse", **AHEAD))
     resumed = process_shard(plan, plan.shards[0])
     assert resumed.reused == 2 and len(ledger.read_shard(tmp_path / "out", "mixed")) == 7
+
+
+def test_the_source_is_not_moved_past_a_sample_that_was_not_read_ahead() -> None:
+    """A sample kept from the ledger may read its source while visited (a stale check): the source (a tar, one file
+    position; closed at its end) is not advanced past it until the loop moves on."""
+    from infra.preprocess.prefetch import Prefetcher  # noqa: PLC0415
+    from infra.sources import SampleRef  # noqa: PLC0415
+
+    pulled: list[int] = []
+
+    def refs():
+        for i in range(6):
+            pulled.append(i)
+            yield SampleRef(id=str(i), group="g", key=str(i), read_media=lambda: b"v", read_prompt=lambda: b"p")
+
+    kept = {"1", "2"}  # done in the ledger: not read ahead
+    ahead = Prefetcher(
+        refs(), read=lambda ref: ("p", b"v"), decode=lambda ref, media: ref.key, wanted=lambda r: r.key not in kept,
+        depth=2, lookahead=3,
+    )  # fmt: skip
+    seen = []
+    for ref in ahead:
+        seen.append((ref.key, len(pulled)))
+        taken = ahead.take(ref)
+        assert (taken is None) == (ref.key in kept)
+        if taken is not None:
+            assert taken == ("p", b"v", ref.key)
+    ahead.close()
+    assert [key for key, _ in seen] == [str(i) for i in range(6)]
+    assert dict(seen)["0"] == 2 and dict(seen)["1"] == 2 and dict(seen)["2"] == 3  # stops at each kept one

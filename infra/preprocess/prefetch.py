@@ -83,11 +83,16 @@ class Prefetcher:
                 raise head.error
             raise StopIteration
         self._current = head
-        self._fill(1 + self.lookahead)  # the next ones start decoding while this one is encoded
+        if _read_ahead(head):  # its bytes are in memory: the source may move on (and close at its end)
+            self._fill(1 + self.lookahead)  # the next ones start decoding while this one is encoded
         return head.ref
 
     def _fill(self, size: int) -> None:
-        while not self._done and len(self._queue) < size and not (self._queue and isinstance(self._queue[-1], _End)):
+        """Pull refs up to `size` queued, stopping after one that is not read ahead (a sample kept from the ledger
+        may still read its source while it is visited: the source must not have moved past it, or ended)."""
+        while not self._done and len(self._queue) < size:
+            if self._queue and not _read_ahead(self._queue[-1]):
+                break
             try:
                 ref = next(self._refs)
             except StopIteration:
@@ -137,6 +142,11 @@ class Prefetcher:
         close = getattr(self._refs, "close", None)
         if close is not None:
             close()
+
+
+def _read_ahead(entry: _Entry | _End) -> bool:
+    """Whether the entry's bytes were read (or its reading failed): nothing more will be read from the source for it."""
+    return isinstance(entry, _Entry) and (entry.prompt is not None or entry.error is not None)
 
 
 _active: contextvars.ContextVar[Prefetcher | None] = contextvars.ContextVar("lf_prefetcher", default=None)
