@@ -146,8 +146,14 @@ def read_sample(ref: SampleRef) -> tuple[str, bytes]:
 
 
 def prepared_video(plan: BuildPlan) -> Callable[[SampleRef, bytes], PreparedVideo]:
-    """`prepare_video` of one sample's bytes under the plan (what the prefetcher runs in its threads)."""
-    return lambda ref, media: prepare_video(media, plan.spec, ref.window, media_limits(plan))
+    """`prepare_video` of one sample's bytes under the plan (what the prefetcher runs in its threads), without the
+    source-resolution frames (the encoder needs the pixels; a sample waiting in the prefetch queue holds only them)."""
+
+    def prepare(ref: SampleRef, media: bytes) -> PreparedVideo:
+        video = prepare_video(media, plan.spec, ref.window, media_limits(plan))
+        return dataclasses.replace(video, clip=dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy()))
+
+    return prepare
 
 
 def prefetcher_for(
