@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/identity_bench.py
 	$(BIN)/python bench/sanity_bench.py
 	$(BIN)/python bench/ray_bench.py
+	$(BIN)/python bench/throughput_bench.py
 
 clean-demo:
 	rm -rf $(DEMO)

@@ -201,6 +201,13 @@ class BuildConfig(StrictModel):
         "recipe stores it) or zeros (what WanPipeline feeds the transformer)",
         **_in("spec"),
     )
+    text_storage: Literal["padded", "trimmed"] = Field(
+        "padded",
+        description="How text embeddings are stored: padded ([max_length, D], as the recipe) or trimmed ([seq_len, "
+        "D] plus seq_len; needs --text-padding zeros; infra.formats.textpad.restore_padded gives the padded tensor "
+        "back exactly)",
+        **_in("spec"),
+    )
     identity_scheme: Literal["content", "sampled"] = Field(
         "content",
         description="How the model's identity is computed: content (every byte of every file) or sampled "
@@ -286,6 +293,29 @@ class BuildConfig(StrictModel):
         "(merged into the shard's ledger when its chunks end); none: one task per shard",
         **_in("run"),
     )
+    prefetch: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="Samples decoded, sampled and resized ahead of the encoder, per shard (0: one at a time)",
+        **_in("run"),
+    )
+    decode_workers: int = Field(
+        1, ge=1, le=32, description="Threads decoding the prefetched samples, per shard", **_in("run")
+    )
+    text_batch: int = Field(
+        8,
+        ge=1,
+        le=256,
+        description="Prompts encoded in one text-encoder call (a prompt not yet encoded, with upcoming ones)",
+        **_in("run"),
+    )
+    text_cache_mb: int = Field(
+        512,
+        ge=0,
+        description="MiB of prompt embeddings kept per process: an identical prompt is encoded once",
+        **_in("run"),
+    )
     grace_seconds: int = Field(
         30,
         gt=0,
@@ -359,6 +389,7 @@ ADDED_LATER: dict[str, Any] = {
     "temporal_start": 0,
     "window_step": None,
     "short_clips": None,
+    "text_storage": "padded",
 }
 
 
@@ -388,6 +419,7 @@ class CacheSpec(StrictModel):
     shard_samples: int | None = Field(None, description="Shard formats: samples per shard file")
     shard_bytes: int | None = Field(None, description="Shard formats: bytes per shard file")
     parquet_dtype: str | None = Field(None, description="parquet: dtype of the tensor bytes")
+    text_storage: Literal["padded", "trimmed"] = "padded"
     latent_norm: str = Field(description="How latents are normalised before storing")
     text_encoder_output: str = "last_hidden_state"
 
@@ -419,6 +451,8 @@ class CacheSpec(StrictModel):
             "audio": self.audio,
             "store_dtype": self.store_dtype,
         }
+        if self.text_storage != "padded":
+            settings["text_storage"] = self.text_storage
         if self.buckets:
             settings["buckets"] = ";".join(f"{w}x{h}x{f}" for w, h, f in self.buckets)
         for name in ("shard_samples", "shard_bytes", "parquet_dtype"):

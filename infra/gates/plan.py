@@ -101,6 +101,13 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
         raise ConfigError(
             f"--text-stage {chosen['text_stage']}: family {family.name} stores {', '.join(family.text_stages)}"
         )
+    if config.text_storage == "trimmed" and (config.text_padding != "zeros" or not family.text_trimmable):
+        why = (
+            f"family {family.name} stores pad rows that are not zeros"
+            if not family.text_trimmable
+            else "use it with --text-padding zeros (the rows past seq_len are then zeros)"
+        )
+        raise ConfigError(f"--text-storage trimmed keeps only the prompt's rows, restored exactly only as zeros: {why}")
     if config.audio and not family.has_audio:
         raise ConfigError(f"--audio: family {family.name} has no audio encoder")
     if config.store_dtype not in family.store_dtypes:
@@ -153,6 +160,7 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
         store_dtype=config.store_dtype,
         text_max_length=chosen["text_max_length"],
         text_padding=config.text_padding,
+        text_storage=config.text_storage,
         text_encoder_output=chosen["text_stage"],
         latent_norm=family.latent_norm,
         **shard_settings(config),

@@ -183,6 +183,8 @@ def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, repor
         frames, height, width = sample.info["geometry"]
         latent = get_family(plan.family).latent_shape(Path(plan.config.model).expanduser(), frames, height, width)
     planned = {"latents": list(latent), "text_embeddings": list(plan.text_shape)}
+    if plan.spec.text_storage == "trimmed":  # the prompt's rows only
+        planned["text_embeddings"] = [sample.seq_len, *plan.text_shape[1:]]
     text = sample.text_embeds
     report.latent_shape, report.text_shape = list(sample.latents.shape), list(text.shape) if text is not None else []
     report.latent_dtype, report.text_dtype = str(sample.latents.dtype), str(text.dtype) if text is not None else "-"

@@ -14,6 +14,7 @@ FFmpeg's libraries decode the stored frames; only the ``ffmpeg`` program rotates
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import logging
 from collections.abc import Callable
@@ -149,7 +150,8 @@ def pick_frames(
         if len(clip.indices) < len(np.unique(indices)):
             raise MediaError("video_decode_error", f"frame count unstable (decoding ended after {decoded} frames)")
     row = {index: k for k, index in enumerate(clip.indices)}
-    frames = clip.frames[[row[int(i)] for i in indices]]
+    rows = [row[int(i)] for i in indices]
+    frames = clip.frames if rows == list(range(len(clip.indices))) else clip.frames[rows]  # no copy when in order
     return dataclasses.replace(clip, frames=frames, source_frames=packets, indices=tuple(int(i) for i in indices))
 
 
@@ -230,18 +232,21 @@ def _decode_picking(
     data: bytes, indices: np.ndarray, *, allow_short: bool = False, limits: MediaLimits = DEFAULT_LIMITS
 ) -> tuple[SampledClip, int]:
     """One decode pass keeping only frames whose index is in `indices` (with `allow_short`, stopping after the
-    last of them and keeping what the clip has); returns (clip, frames decoded)."""
-    wanted = set(indices.tolist())
-    last = max(wanted, default=-1)
-    kept: dict[int, np.ndarray] = {}
+    last of them and keeping what the clip has); returns (clip, frames decoded). Each kept frame is copied once,
+    into its rows of one preallocated (F, H, W, 3) array: no second stacked copy of the clip."""
+    slots: dict[int, list[int]] = {}
+    for row, index in enumerate(indices.tolist()):
+        slots.setdefault(int(index), []).append(row)
+    last = max(slots, default=-1)
+    picked = _Picked(len(indices))
     container, stream = _open(data, limits)
     fps = _fps(stream)
     n, rotation = 0, 0
     with container:
         try:
             for frame in container.decode(stream):
-                if n in wanted:
-                    kept[n] = frame.to_ndarray(format="rgb24")
+                if n in slots:
+                    picked.put(n, slots[n], frame.to_ndarray(format="rgb24"))
                     rotation = rotation or _rotation(frame)
                 n += 1
                 if allow_short and n > last:
@@ -249,18 +254,42 @@ def _decode_picking(
         except av.FFmpegError as exc:
             raise MediaError("video_decode_error", f"decoding failed after {n} frames: {exc}") from exc
     if allow_short:
-        indices = np.array(sorted(kept), dtype=np.int64)
-        wanted = set(indices.tolist())
-    if not kept or any(i not in kept for i in wanted):
+        kept = sorted(picked.kept)
+        indices = np.array(kept, dtype=np.int64)
+        frames = picked.rows([slots[i][0] for i in kept]) if kept else None
+    else:
+        frames = picked.array if picked.kept and len(picked.kept) == len(slots) else None
+    if frames is None:
         empty = np.zeros((0, 0, 0, 3), dtype=np.uint8)
         return SampledClip(empty, n, 0, 0, tuple(indices.tolist()), fps), n
-    shapes = {frame.shape for frame in kept.values()}
-    if len(shapes) > 1:
-        sizes = ", ".join(f"{w}x{h}" for h, w, _ in sorted(shapes))
-        raise MediaError("variable_resolution", f"the picked frames differ in size ({sizes})")
-    frames = np.stack([kept[i] for i in indices.tolist()])
+    picked.check_sizes()
     height, width = frames.shape[1:3]
     return SampledClip(frames, n, height, width, tuple(indices.tolist()), fps, rotation), n
+
+
+class _Picked:
+    """The frames kept by one decode pass, written into a preallocated array as they come."""
+
+    def __init__(self, rows: int) -> None:
+        self.count, self.array, self.kept = rows, None, set()
+        self.shapes: set[tuple[int, ...]] = set()
+
+    def put(self, index: int, rows: list[int], frame: np.ndarray) -> None:
+        self.kept.add(index)
+        self.shapes.add(frame.shape)
+        if self.array is None:
+            self.array = np.empty((self.count, *frame.shape), dtype=np.uint8)
+        if frame.shape == self.array.shape[1:]:
+            self.array[rows] = frame
+
+    def check_sizes(self) -> None:
+        if len(self.shapes) > 1:
+            sizes = ", ".join(f"{w}x{h}" for h, w, _ in sorted(self.shapes))
+            raise MediaError("variable_resolution", f"the picked frames differ in size ({sizes})")
+
+    def rows(self, rows: list[int]) -> np.ndarray:
+        """The array cut to `rows` (all of them: the array itself, no copy)."""
+        return self.array if rows == list(range(self.count)) else self.array[rows]
 
 
 def _rotation(frame: av.VideoFrame) -> int:
@@ -271,20 +300,53 @@ def _rotation(frame: av.VideoFrame) -> int:
         return 0
 
 
-def frames_to_pixels(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
-    """(F,H,W,3) uint8 → (1,3,F,height,width) float32 in [-1, 1]: /127.5-1, bilinear, align_corners=False."""
-    x = torch.from_numpy(frames).float() / 127.5 - 1.0
-    x = x.permute(0, 3, 1, 2)  # (T, C, H, W)
-    x = F.interpolate(x, size=(height, width), mode="bilinear", align_corners=False)
-    return x.permute(1, 0, 2, 3).unsqueeze(0).contiguous()
+#: Frames turned into float pixels at once: the float32 copy of a chunk (4 frames of 1080p: ~100 MB) is all that
+#: exists at source resolution beside the uint8 frames, so the peak does not grow with the clip's length. Each
+#: frame's numbers are computed exactly as in one whole-tensor call (per-frame arithmetic, same memory layout).
+PIXEL_CHUNK = 4
 
 
-def cover_crop_pixels(frames: np.ndarray, height: int, width: int, mode: str = "bicubic") -> torch.Tensor:
+def frames_to_pixels(frames: np.ndarray, height: int, width: int, *, chunk: int = PIXEL_CHUNK) -> torch.Tensor:
+    """(F,H,W,3) uint8 → (1,3,F,height,width) float32 in [-1, 1]: /127.5-1, bilinear, align_corners=False;
+    `chunk` frames at a time (bit-identical to one call over all frames)."""
+    return _chunked(frames, height, width, chunk, _stretch_chunk)
+
+
+def _stretch_chunk(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
+    x = torch.from_numpy(frames).float()
+    x.div_(127.5).sub_(1.0)  # in place: the same arithmetic as x / 127.5 - 1.0
+    x = x.permute(0, 3, 1, 2)  # (T, C, H, W), channels-last in memory as the whole-tensor path has it
+    return F.interpolate(x, size=(height, width), mode="bilinear", align_corners=False)
+
+
+def _chunked(
+    frames: np.ndarray, height: int, width: int, chunk: int, convert: Callable[..., torch.Tensor]
+) -> torch.Tensor:
+    """(1,3,F,height,width) float32: `convert` (uint8 frames → (t,3,height,width)) applied `chunk` frames at a
+    time, each result copied into one preallocated output."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be ≥ 1, got {chunk}")
+    out = torch.empty((1, 3, frames.shape[0], height, width), dtype=torch.float32)
+    for first in range(0, frames.shape[0], chunk):
+        part = convert(frames[first : first + chunk], height, width)
+        out[0, :, first : first + part.shape[0]] = part.permute(1, 0, 2, 3)
+    return out
+
+
+def cover_crop_pixels(
+    frames: np.ndarray, height: int, width: int, mode: str = "bicubic", *, chunk: int = PIXEL_CHUNK
+) -> torch.Tensor:
     """(F,H,W,3) uint8 → (1,3,F,height,width) float32 in [-1, 1], as the LTX-2 trainer prepares a clip: /255,
     `mode` resize (antialiased, as torchvision's tensor resize by default) so the frame covers height×width with
     its aspect kept (the other side truncated to an int), centre crop, clamp to [0, 1], then (x - 0.5) / 0.5.
-    ``mode="bilinear"`` is FastVideo's (bilinear with antialias, cover, centre crop)."""
-    x = torch.from_numpy(frames).float().div(255.0).permute(0, 3, 1, 2)  # (F, C, H, W)
+    ``mode="bilinear"`` is FastVideo's (bilinear with antialias, cover, centre crop). `chunk` frames at a time."""
+    return _chunked(frames, height, width, chunk, functools.partial(_cover_chunk, mode=mode))
+
+
+def _cover_chunk(frames: np.ndarray, height: int, width: int, mode: str) -> torch.Tensor:
+    x = torch.from_numpy(frames).float()
+    x.div_(255.0)
+    x = x.permute(0, 3, 1, 2)  # (F, C, H, W)
     src_h, src_w = x.shape[-2:]
     if src_w / src_h > width / height:
         size = (height, int(src_w * height / src_h))
@@ -293,16 +355,17 @@ def cover_crop_pixels(frames: np.ndarray, height: int, width: int, mode: str = "
     x = F.interpolate(x, size=size, mode=mode, align_corners=False, antialias=True)
     top, left = (x.shape[-2] - height) // 2, (x.shape[-1] - width) // 2
     x = x[:, :, top : top + height, left : left + width].clamp_(0, 1)
-    x = (x - 0.5) / 0.5
-    return x.permute(1, 0, 2, 3).unsqueeze(0).contiguous()
+    return (x - 0.5) / 0.5
 
 
-def resize_pixels(frames: np.ndarray, height: int, width: int, policy: str) -> torch.Tensor:
-    """Frames to pixels by a resize policy name (`RESIZE_POLICIES`)."""
+def resize_pixels(
+    frames: np.ndarray, height: int, width: int, policy: str, *, chunk: int = PIXEL_CHUNK
+) -> torch.Tensor:
+    """Frames to pixels by a resize policy name (`RESIZE_POLICIES`), `chunk` frames at a time."""
     if policy == "stretch":
-        return frames_to_pixels(frames, height, width)
+        return frames_to_pixels(frames, height, width, chunk=chunk)
     if policy == "cover-crop":
-        return cover_crop_pixels(frames, height, width)
+        return cover_crop_pixels(frames, height, width, chunk=chunk)
     if policy == "cover-crop-aa":
-        return cover_crop_pixels(frames, height, width, mode="bilinear")
+        return cover_crop_pixels(frames, height, width, mode="bilinear", chunk=chunk)
     raise ValueError(f"unknown resize policy {policy!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -94,6 +95,11 @@ class LoadedFamily(ABC):
         """One prompt → its embedding padded to ``settings.max_length`` (the encoder's own output at the pad
         positions, or zeros there: ``settings.padding``)."""
 
+    def encode_texts(self, prompts: Sequence[str], settings: TextSettings) -> list[TextEmbedding]:
+        """Several prompts → their embeddings, each exactly what `encode_text` gives it alone. This default loops;
+        a family that can batch (one encoder call for all) overrides it."""
+        return [self.encode_text(prompt, settings) for prompt in prompts]
+
     def encode_audio(self, media: bytes, seconds: float) -> AudioEmbedding | None:
         """A clip's audio track, `seconds` long (trimmed or zero-padded), → its latents; None when the file has no
         audio track; InputError("audio_decode_error") when it cannot be decoded. Families without audio: error."""
@@ -135,6 +141,9 @@ class FamilySpec(ABC):
     store_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
     #: Resize policies the family can apply (None: every one of `infra.media.video.RESIZE_POLICIES`).
     resize_policies: ClassVar[tuple[str, ...] | None] = None
+    #: Whether ``--text-padding zeros`` makes every row past seq_len zero (right padding): then
+    #: ``--text-storage trimmed`` can keep the prompt's rows only and restore the padded tensor exactly.
+    text_trimmable: ClassVar[bool] = True
 
     def kinds(self, spec: Any) -> tuple[str, ...]:
         """The output kinds of a cache of this family made with `spec` (a CacheSpec: audio adds a kind)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -55,6 +56,7 @@ class Ltx2Spec(FamilySpec):
     }
     text_stages = ("pre_connector", "post_connector")
     has_audio = True
+    text_trimmable = False  # left padding; the pre-connector pad rows are the projection's bias, not zeros
 
     def components_for(self, audio: bool) -> tuple[str, ...]:
         return (*self.components, "audio_vae") if audio else self.components
@@ -140,13 +142,17 @@ class Ltx2Encoder(LoadedFamily):
             pixels = self.vae.decode(z.to(self.device, self.dtype)).sample
         return pixels.float().cpu()[0].clamp(-1, 1)
 
-    @torch.inference_mode()
     def encode_text(self, prompt: str, settings: TextSettings) -> TextEmbedding:
+        return self.encode_texts([prompt], settings)[0]
+
+    @torch.inference_mode()
+    def encode_texts(self, prompts: Sequence[str], settings: TextSettings) -> list[TextEmbedding]:
+        """One Gemma (and connectors) call for every prompt, each left-padded to max_length on its own."""
         from diffusers.pipelines.ltx2.connectors import per_layer_masked_mean_norm  # noqa: PLC0415
 
-        prompt = prompt.strip()
+        prompts = [prompt.strip() for prompt in prompts]
         tokens = self.tokenizer(
-            [prompt],
+            prompts,
             padding="max_length",
             max_length=settings.max_length,
             truncation=True,
@@ -154,26 +160,29 @@ class Ltx2Encoder(LoadedFamily):
             return_tensors="pt",
         )
         mask = tokens.attention_mask
-        total = len(self.tokenizer(prompt, add_special_tokens=True, truncation=False).input_ids)
+        totals = [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=True, truncation=False).input_ids]
         with self._lock:
             out = self.text_encoder(
                 input_ids=tokens.input_ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 output_hidden_states=True,
             )
-            stacked = torch.stack(out.hidden_states, dim=-1).to(self.dtype)  # [1, L, D, layers + 1]
+            stacked = torch.stack(out.hidden_states, dim=-1).to(self.dtype)  # [B, L, D, layers + 1]
             if settings.stage == "post_connector":
                 video, audio, kept = self.connectors(stacked.flatten(2, 3), mask.to(self.device), padding_side=PAD_SIDE)
                 mask_out = kept.to(torch.int64).cpu()
             else:
                 video, audio = self._pre_connector(stacked, mask.to(self.device), per_layer_masked_mean_norm)
                 mask_out = mask.to(torch.int64)
-        embeds = video[0].float().cpu().to(STORE_DTYPE).contiguous()
-        extras = {
-            "prompt_attention_mask": mask_out[0].contiguous(),
-            "audio_prompt_embeds": audio[0].float().cpu().to(STORE_DTYPE).contiguous(),
-        }
-        return TextEmbedding(embeds, int(mask.sum()), total, extras)
+        result = []
+        for row, total in enumerate(totals):
+            embeds = video[row].float().cpu().to(STORE_DTYPE).contiguous()
+            extras = {
+                "prompt_attention_mask": mask_out[row].contiguous(),
+                "audio_prompt_embeds": audio[row].float().cpu().to(STORE_DTYPE).contiguous(),
+            }
+            result.append(TextEmbedding(embeds, int(mask[row].sum()), total, extras))
+        return result
 
     def _pre_connector(self, stacked: torch.Tensor, mask: torch.Tensor, norm: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """What the connectors' own forward feeds their transformers (LTX-2.0: one projection for both streams;

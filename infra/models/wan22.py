@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,28 +88,36 @@ class Wan22Encoder(LoadedFamily):
         z = z.float().cpu()
         return ((z - self.mean) / self.std).to(STORE_DTYPE)[0].contiguous()
 
-    @torch.inference_mode()
     def encode_text(self, prompt: str, settings: TextSettings) -> TextEmbedding:
-        max_length = settings.max_length
+        return self.encode_texts([prompt], settings)[0]
+
+    @torch.inference_mode()
+    def encode_texts(self, prompts: Sequence[str], settings: TextSettings) -> list[TextEmbedding]:
+        """One UMT5 call for every prompt: each is padded to max_length on its own, so a row's numbers do not depend
+        on the others in the batch (tests/test_text_batch.py holds that bit for bit)."""
         tokens = self.tokenizer(
-            [prompt],
+            list(prompts),
             padding="max_length",
-            max_length=max_length,
+            max_length=settings.max_length,
             truncation=True,
             add_special_tokens=True,
             return_attention_mask=True,
             return_tensors="pt",
         )
-        seq_len = int(tokens.attention_mask.gt(0).sum())
-        total = len(self.tokenizer(prompt, add_special_tokens=True, truncation=False).input_ids)
+        lengths = tokens.attention_mask.gt(0).sum(dim=1).tolist()
+        untruncated = self.tokenizer(list(prompts), add_special_tokens=True, truncation=False).input_ids
+        totals = [len(ids) for ids in untruncated]
         with self._lock:
             out = self.text_encoder(
                 tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
             ).last_hidden_state
-        embeds = out[0].float().cpu()
-        if settings.padding == "zeros":
-            embeds[seq_len:] = 0  # as WanPipeline._get_t5_prompt_embeds feeds the transformer
-        return TextEmbedding(embeds.to(STORE_DTYPE).contiguous(), seq_len, total)
+        result = []
+        for row, (seq_len, total) in enumerate(zip(lengths, totals, strict=True)):
+            embeds = out[row].float().cpu()
+            if settings.padding == "zeros":
+                embeds[seq_len:] = 0  # as WanPipeline._get_t5_prompt_embeds feeds the transformer
+            result.append(TextEmbedding(embeds.to(STORE_DTYPE).contiguous(), int(seq_len), total))
+        return result
 
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

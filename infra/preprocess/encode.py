@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ import torch
 from infra.config import CacheSpec
 from infra.devices import resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
-from infra.formats import AUDIO_KIND, EncodedSample
+from infra.formats import AUDIO_KIND, EncodedSample, textpad
 from infra.formats.base import STORE_DTYPES
 from infra.gates.plan import BuildPlan
 from infra.media.buckets import Bucket, choose_bucket
@@ -37,7 +37,9 @@ from infra.media.video import (
     sample_frames,
 )
 from infra.models import LoadedFamily, get_family, load_family
+from infra.models.base import TextEmbedding
 from infra.ops.faults import fault_point
+from infra.preprocess import prefetch, texts
 from infra.sources import SampleRef
 
 
@@ -133,16 +135,9 @@ def sampling_record(clip: SampledClip) -> dict[str, Any]:
     return record
 
 
-def encode_sample(
-    ref: SampleRef, plan: BuildPlan, get_encoder: Callable[[], LoadedFamily]
-) -> tuple[EncodedSample, dict]:
-    """Decode, sample, resize and encode one sample (its audio too, for an audio spec). Raises InputError for bad
-    input. Inputs are checked before the model is asked for, so a run of bad inputs never loads a model.
-
-    A clip without an audio track (or whose audio cannot be decoded) in an audio run is still encoded: its row
-    records the missing audio with the reason (``extras["missing_outputs"]``), and reconciliation and the audio
-    gate count it as a loss."""
-    spec = plan.spec
+def read_sample(ref: SampleRef) -> tuple[str, bytes]:
+    """(prompt, video bytes) of a sample, after its layout checks; InputError for what cannot be encoded. Runs on
+    the shard loop's thread (a source's reader is not shared across threads)."""
     if "layout_error" in ref.extra:
         raise InputError("bad_layout", ref.extra["layout_error"])
     if "duplicate_of" in ref.extra:
@@ -153,12 +148,74 @@ def encode_sample(
     media = ref.read_media()
     if media is None:
         raise InputError("missing_video", "the sample has no video file")
-    video = prepare_video(media, spec, ref.window, media_limits(plan))
+    return prompt, media
+
+
+def prepared_video(plan: BuildPlan) -> Callable[[SampleRef, bytes], PreparedVideo]:
+    """`prepare_video` of one sample's bytes under the plan (what the prefetcher runs in its threads), without the
+    source-resolution frames (the encoder needs the pixels; a sample waiting in the prefetch queue holds only them)."""
+
+    def prepare(ref: SampleRef, media: bytes) -> PreparedVideo:
+        video = prepare_video(media, plan.spec, ref.window, media_limits(plan))
+        return dataclasses.replace(video, clip=dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy()))
+
+    return prepare
+
+
+def prefetcher_for(
+    plan: BuildPlan, refs: Iterator[SampleRef], wanted: Callable[[SampleRef], bool]
+) -> prefetch.Prefetcher | None:
+    """A shard's read-ahead (`infra.preprocess.prefetch`) over the samples `wanted`; None without one
+    (``--prefetch 0 --text-batch 1``, or ``windows:K``, whose samples are made from their clip as it is visited)."""
+    cfg = plan.config
+    if (cfg.prefetch == 0 and cfg.text_batch == 1) or plan.spec.temporal_policy().kind == "windows":
+        return None
+    return prefetch.Prefetcher(
+        refs,
+        read=read_sample,
+        decode=prepared_video(plan),
+        wanted=wanted,
+        depth=cfg.prefetch,
+        lookahead=cfg.text_batch - 1,
+        workers=cfg.decode_workers,
+    )
+
+
+def _prepared(ref: SampleRef, plan: BuildPlan) -> tuple[str, bytes, PreparedVideo]:
+    """The sample's prompt, bytes and pixels: as the shard's prefetcher prepared them, else prepared now."""
+    ahead = prefetch.active()
+    taken = ahead.take(ref) if ahead is not None else None
+    prompt, media = taken[:2] if taken is not None else read_sample(ref)
+    video = taken[2] if taken is not None and taken[2] is not None else prepared_video(plan)(ref, media)
+    return prompt, media, video
+
+
+def encode_text(encoder: LoadedFamily, prompt: str, plan: BuildPlan) -> TextEmbedding:
+    """The prompt's embedding: held by the process's text cache, or encoded now in one batch with upcoming prompts
+    (``--text-batch``, ``--text-cache-mb``)."""
+    cfg = plan.config
+    cache = texts.cache_for(encoder, cfg.text_cache_mb * 2**20)
+    ahead = prefetch.active()
+    upcoming = ahead.upcoming() if ahead is not None and cfg.text_cache_mb else []
+    return cache.embedding(encoder, prompt, plan.spec.text_settings(), upcoming=upcoming, batch=cfg.text_batch)
+
+
+def encode_sample(
+    ref: SampleRef, plan: BuildPlan, get_encoder: Callable[[], LoadedFamily]
+) -> tuple[EncodedSample, dict]:
+    """Decode, sample, resize and encode one sample (its audio too, for an audio spec). Raises InputError for bad
+    input. Inputs are checked before the model is asked for, so a run of bad inputs never loads a model.
+
+    A clip without an audio track (or whose audio cannot be decoded) in an audio run is still encoded: its row
+    records the missing audio with the reason (``extras["missing_outputs"]``), and reconciliation and the audio
+    gate count it as a loss."""
+    spec = plan.spec
+    prompt, media, video = _prepared(ref, plan)
     fault_point("decode")
     encoder = get_encoder()
     store = STORE_DTYPES[spec.store_dtype]
     latents = encoder.encode_video(video.pixels).to(store)
-    text = encoder.encode_text(prompt, spec.text_settings()) if "text_embeddings" in plan.kinds else None
+    text = encode_text(encoder, prompt, plan) if "text_embeddings" in plan.kinds else None
     fault_point("encode")
     extras: dict[str, Any] = dict(text.extras) if text is not None else {}
     info: dict[str, Any] = {"fps": video.clip.fps, "geometry": tuple(int(n) for n in video.pixels.shape[2:])}
@@ -167,13 +224,17 @@ def encode_sample(
         audio, facts = _audio(encoder, ref, media, video.pixels.shape[2] / video.clip.fps)
         extras.update(audio)
         info.update(facts)
+    embeds = None
+    if text is not None:
+        trimmed = spec.text_storage == "trimmed"
+        embeds = (textpad.trim(text.embeds, text.seq_len) if trimmed else text.embeds).to(store)
     sample = EncodedSample(
         id=ref.id,
         group=ref.group,
         stem=ref.stem,
         prompt=prompt,
         latents=latents,
-        text_embeds=text.embeds.to(store) if text is not None else None,
+        text_embeds=embeds,
         seq_len=text.seq_len if text is not None else 0,
         source_shape=video.clip.source_shape,
         fingerprint=plan.fingerprint,

@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,8 @@ from infra.gates.stale import kept, refreshed, source_state
 from infra.models import LoadedFamily
 from infra.ops import preempt
 from infra.ops.faults import fault_point
-from infra.preprocess.encode import encode_sample, load_encoder
+from infra.preprocess import prefetch
+from infra.preprocess.encode import encode_sample, load_encoder, prefetcher_for
 from infra.preprocess.windows import expand
 from infra.sources import SampleRef, ShardReadError, open_source
 
@@ -193,14 +194,16 @@ def process_shard(
     get_encoder = functools.partial(load_encoder, plan)  # loads on first use only (cached per process)
     samples = open_source(plan.config.source).samples(shard.shard)
     state = (previous, rows, result, ledger.windows_by_clip(previous))
+    ahead = _prefetcher(plan, itertools.islice(samples, first, stop), previous, keys)
     with (
         preempt.cleanup(functools.partial(_seal_from_journal, plan, ledger_id)),
         ledger.Journal(plan.out, ledger_id) as journal,
         get_format(plan.spec.format).open_writer(plan.out, plan.spec, writer_id) as writer,
+        prefetch.running(ahead),
     ):
         try:
             with contextlib.closing(samples):
-                for clip in itertools.islice(samples, first, stop):
+                for clip in ahead if ahead is not None else itertools.islice(samples, first, stop):
                     if keys is not None and not _selected(clip.key, keys):
                         continue
                     if _visit_clip(clip, plan, writer, get_encoder, journal, state, keys, run_id, on_row):
@@ -216,6 +219,17 @@ def process_shard(
     _tally(result, rows.values())
     result.seconds = round(time.perf_counter() - start, 3)
     return result
+
+
+def _prefetcher(
+    plan: BuildPlan, refs: Iterator[SampleRef], previous: dict[str, LedgerRow], keys: frozenset[str] | None
+) -> prefetch.Prefetcher | None:
+    """The shard's read-ahead over the samples it will encode (not those kept from the ledger)."""
+
+    def wanted(ref: SampleRef) -> bool:
+        return (keys is None or _selected(ref.key, keys)) and not _reusable(previous.get(ref.key), plan)
+
+    return prefetcher_for(plan, refs, wanted)
 
 
 def _visit_clip(

@@ -1,0 +1,271 @@
+"""Throughput benchmark: latentforge against a plain straight-line loop of the recipe, same clips, same tiny model.
+
+Workload: real clips from the test-media cache (`infra.demo.testmedia`: 23 to 250 frames, 176×144 to 1920×1080),
+cycled into VBVR samples whose prompts repeat within a task family (a few unique prompts), at 33×128² (fp32, CPU).
+
+Each run is a fresh process, whole process timed and measured (start-up included; peak RSS from ``wait4``):
+
+* plain: read each sample from the tar, decode every frame (PyAV), stack, ``linspace(0, T-1, 33).round()``,
+  ``/127.5-1``, bilinear (align_corners=False), VAE posterior mode, ``(z-mean)/std``, bf16; UMT5 padded to 512 for
+  every sample; ``torch.save`` one file per sample;
+* latentforge: ``latentforge build`` (every gate; decode-and-verify off, as the plain loop has none).
+
+They alternate, ``--repeats`` times each; the medians and their ratios are printed with the issue's targets (PASS /
+MISS). Also: peak memory of preparing one 1080p clip's pixels, whole-tensor (before) and in chunks (after), and bytes
+per sample, padded and trimmed text, at the real dims (48×9×52×52 latents, 512×4096 text, bf16; 200-token prompts).
+
+    python bench/throughput_bench.py            # quick: 8 clips, 2 runs each (a few minutes on 2 cores)
+    python bench/throughput_bench.py --clips 28 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CLIP_NAMES = ("bigbuckbunny", "bikes", "carphone", "sample_1080p")
+GENERATORS = ("G-11_handle_object_reappearance_data-generator", "O-21_ball_trajectory_data-generator")
+PROMPTS_PER_GROUP = 2
+FRAMES, SIZE = 33, 128
+#: The real dims: Wan2.2 latents of 33×832² ([48, 9, 52, 52]) and UMT5-XXL text ([512, 4096]), bf16.
+REAL_LATENTS, REAL_TEXT, REAL_PROMPT_TOKENS = (48, 9, 52, 52), (512, 4096), 200
+
+logger = logging.getLogger("throughput_bench")
+
+
+def make_workload(root: Path, clips: int) -> tuple[Path, Path, int]:
+    """(source dir, tiny model dir, unique prompts): `clips` samples over two task families."""
+    from infra.demo.data import DemoSample, write_vbvr_tar  # noqa: PLC0415
+    from infra.demo.testmedia import real_clip  # noqa: PLC0415
+    from infra.models.tiny import make_tiny_wan22  # noqa: PLC0415
+
+    data = [real_clip(name).read_bytes() for name in CLIP_NAMES]
+    samples, prompts = [], set()
+    for i in range(clips):
+        group = i % 2
+        prompt = f"task {group}: the object moves and comes back (template {i // 2 % PROMPTS_PER_GROUP})"
+        prompts.add(prompt)
+        generator = GENERATORS[group]
+        task = generator.split("_", 1)[1].removesuffix("_data-generator")
+        files = {"ground_truth.mp4": data[i % len(data)], "prompt.txt": prompt.encode()}
+        samples.append(DemoSample(generator=generator, task=task, index=i, files=files))
+    src = root / "src"
+    src.mkdir(parents=True)
+    write_vbvr_tar(src / "bench_part-00000.tar", samples)
+    return src, make_tiny_wan22(root / "model", seed=0), len(prompts)
+
+
+# ----------------------------------------------------------------------------- the children
+
+
+def plain_loop(src: Path, model: Path, out: Path) -> dict:
+    """The recipe as a straight script: everything decoded, every prompt encoded."""
+    import av  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: PLC0415
+    from diffusers import AutoencoderKLWan  # noqa: PLC0415
+    from transformers import AutoTokenizer, UMT5EncoderModel  # noqa: PLC0415
+
+    vae = AutoencoderKLWan.from_pretrained(model / "vae", torch_dtype=torch.float32).eval()
+    text_encoder = UMT5EncoderModel.from_pretrained(model / "text_encoder", torch_dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model / "tokenizer")
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    out.mkdir(parents=True)
+    calls = samples = 0
+    for tar_path in sorted(src.glob("*.tar")):
+        with tarfile.open(tar_path) as tf:
+            members = {m.name: m for m in tf.getmembers() if m.isfile()}
+            for name in sorted(n for n in members if n.endswith("ground_truth.mp4")):
+                video = tf.extractfile(members[name]).read()
+                prompt = tf.extractfile(members[name.replace("ground_truth.mp4", "prompt.txt")]).read().decode()
+                with av.open(io.BytesIO(video)) as container:
+                    frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+                idx = np.linspace(0, len(frames) - 1, FRAMES).round().astype(np.int64)
+                x = torch.from_numpy(frames[idx]).float() / 127.5 - 1.0
+                x = F.interpolate(x.permute(0, 3, 1, 2), size=(SIZE, SIZE), mode="bilinear", align_corners=False)
+                pixels = x.permute(1, 0, 2, 3).unsqueeze(0).contiguous()
+                with torch.inference_mode():
+                    z = vae.encode(pixels).latent_dist.mode()
+                    latents = ((z - mean) / std).to(torch.bfloat16)[0]
+                    tokens = tokenizer(
+                        [prompt], padding="max_length", max_length=512, truncation=True, return_tensors="pt"
+                    )
+                    embeds = text_encoder(tokens.input_ids, tokens.attention_mask).last_hidden_state[0]
+                    calls += 1
+                record = {"x0": latents, "text_embeds": embeds.to(torch.bfloat16), "prompt": prompt}
+                torch.save(record, out / f"{samples:06d}.pt")
+                samples += 1
+    return {"samples": samples, "text_calls": calls, "prompts_encoded": calls}
+
+
+def latentforge_build(src: Path, model: Path, out: Path) -> dict:
+    """`latentforge build`, in this process (so its text-encoder calls can be read after)."""
+    from flows import cli  # noqa: PLC0415
+    from infra.preprocess import texts  # noqa: PLC0415
+
+    flags = ["--source", f"vbvr:{src}", "--model", str(model), "--out", str(out), "--frames", str(FRAMES)]
+    flags += ["--height", str(SIZE), "--width", str(SIZE), "--device", "cpu", "--dtype", "fp32"]
+    flags += ["--decode-samples", "0", "--on-loss", "accept", "--on-conflict", "abort"]
+    sys.argv = ["latentforge", "build", *flags]
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    done = len(list(out.rglob("*.pt")))
+    stats = texts.stats()
+    return {"samples": done, "text_calls": stats.calls, "prompts_encoded": stats.encoded, "exit": code}
+
+
+def child(which: str, src: Path, model: Path, out: Path, report: Path) -> None:
+    result = (plain_loop if which == "plain" else latentforge_build)(src, model, out)
+    report.write_text(json.dumps(result))
+
+
+def run_child(which: str, src: Path, model: Path, out: Path) -> dict:
+    """One fresh process: its result, wall seconds (start-up included) and peak RSS (bytes)."""
+    report = out.with_suffix(".json")
+    cmd = [sys.executable, __file__, "--child", which, str(src), str(model), str(out), str(report)]
+    env = {**os.environ, "PREFECT_HOME": str(out.parent / f"prefect-{out.name}")}
+    env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # a busy 2-core machine
+    start = time.perf_counter()
+    log = out.with_suffix(".log")
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    stderr = log.read_text(errors="replace")
+    seconds = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0 or not report.exists():
+        errors = [line for line in stderr.splitlines() if line.startswith(("error", "ERROR", "Error"))]
+        raise RuntimeError(f"{which} failed ({proc.returncode}): {errors[-5:]}\n{stderr[-2000:]}")
+    result = json.loads(report.read_text())
+    return {**result, "seconds": seconds, "peak_rss": usage.ru_maxrss * 1024, "rate": result["samples"] / seconds}
+
+
+# ----------------------------------------------------------------------------- pixels and bytes
+
+
+def pixel_peak(which: str) -> int:
+    """Peak RSS growth (bytes) of preparing the 1080p clip's 33 frames at 128² in a fresh process."""
+    code = (
+        f"import resource, sys; sys.path.insert(0, {str(ROOT)!r})\n"
+        "import numpy as np, torch, torch.nn.functional as F\n"
+        "from infra.demo.testmedia import real_clip\n"
+        "from infra.media.video import resize_pixels, sample_frames\n"
+        "data = real_clip('sample_1080p').read_bytes(); sample_frames(real_clip('carphone').read_bytes(), 2)\n"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "frames = sample_frames(data, 33).frames\n"
+        f"if {which!r} == 'whole':\n"
+        "    x = torch.from_numpy(frames).float() / 127.5 - 1.0\n"
+        "    x = F.interpolate(x.permute(0, 3, 1, 2), size=(128, 128), mode='bilinear', align_corners=False)\n"
+        "    x = x.permute(1, 0, 2, 3).unsqueeze(0).contiguous()\n"
+        "else:\n"
+        "    x = resize_pixels(frames, 128, 128, 'stretch')\n"
+        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)\n"
+    )
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def bytes_per_sample() -> dict[str, int]:
+    """pt file bytes at the real dims: padded text, trimmed text (a 200-token prompt), and the text tensors alone."""
+    import torch  # noqa: PLC0415
+
+    from infra.formats import EncodedSample  # noqa: PLC0415
+    from infra.formats.pt import serialize  # noqa: PLC0415
+    from infra.formats.textpad import trim  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(0)
+    latents = torch.randn(REAL_LATENTS, generator=gen).to(torch.bfloat16)
+    text = torch.zeros(REAL_TEXT, dtype=torch.bfloat16)
+    text[:REAL_PROMPT_TOKENS] = torch.randn(REAL_PROMPT_TOKENS, REAL_TEXT[1], generator=gen).to(torch.bfloat16)
+
+    def size(embeds: torch.Tensor) -> int:
+        sample = EncodedSample(
+            "id", "group", "group/id", "a prompt", latents, embeds, REAL_PROMPT_TOKENS, [121, 1080, 1920, 3], "0" * 64
+        )
+        return len(serialize(sample))
+
+    trimmed = trim(text, REAL_PROMPT_TOKENS)
+    return {
+        "padded": size(text),
+        "trimmed": size(trimmed),
+        "text_padded": text.numel() * 2,
+        "text_trimmed": trimmed.numel() * 2,
+    }
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clips", type=int, default=8, help="samples in the workload (28: the issue's)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each, alternating")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        which, *paths = args.child
+        child(which, *(Path(p) for p in paths))
+        return
+    logging.basicConfig(level=logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="lf-throughput-") as tmp:
+        root = Path(tmp)
+        src, model, unique = make_workload(root, args.clips)
+        runs: dict[str, list[dict]] = {"plain": [], "latentforge": []}
+        for attempt in range(args.repeats):
+            for which in ("plain", "latentforge"):
+                result = run_child(which, src, model, root / f"{which}-{attempt}")
+                runs[which].append(result)
+                print(f"{which:12s} run {attempt}: {result['samples']} samples in {result['seconds']:.1f} s, "
+                      f"peak RSS {result['peak_rss'] / 2**20:.0f} MiB, text calls {result['text_calls']}")  # fmt: skip
+    med = {
+        w: {k: statistics.median(r[k] for r in rs) for k in ("rate", "peak_rss", "text_calls", "prompts_encoded")}
+        for w, rs in runs.items()
+    }
+    speed = med["latentforge"]["rate"] / med["plain"]["rate"]
+    memory = med["latentforge"]["peak_rss"] / med["plain"]["peak_rss"]
+    whole, chunked = pixel_peak("whole"), pixel_peak("chunked")
+    sizes = bytes_per_sample()
+    text_ratio, sample_ratio = sizes["text_trimmed"] / sizes["text_padded"], sizes["trimmed"] / sizes["padded"]
+    print(f"\nworkload: {args.clips} real clips (23-250 frames, up to 1920x1080) at {FRAMES}x{SIZE}x{SIZE}, "
+          "tiny wan22, "
+          f"fp32 CPU, {unique} unique prompts; medians of {args.repeats} runs each, whole process")  # fmt: skip
+    for which in ("plain", "latentforge"):
+        m = med[which]
+        print(f"  {which:12s} {m['rate']:.3f} samples/s  peak RSS {m['peak_rss'] / 2**20:.0f} MiB  "
+              f"text-encoder calls {m['text_calls']:.0f} ({m['prompts_encoded']:.0f} prompts encoded)")  # fmt: skip
+    print(f"  samples/s ratio {speed:.2f}x (target >= 2x): {_verdict(speed >= 2)}")
+    print(f"  peak RSS ratio  {memory:.2f}x (target <= 0.5x): {_verdict(memory <= 0.5)}")
+    calls, encoded = med["latentforge"]["text_calls"], med["latentforge"]["prompts_encoded"]
+    print(f"  prompts encoded {encoded:.0f} in {calls:.0f} call(s), unique prompts {unique} (target: calls <= unique, "
+          f"each prompt once): {_verdict(calls <= unique and encoded == unique)}")  # fmt: skip
+    print(f"pixels of one 1080p clip (33 frames -> 128x128): peak growth whole-tensor {whole / 2**20:.0f} MiB, "
+          f"chunked {chunked / 2**20:.0f} MiB ({chunked / whole:.2f}x)")  # fmt: skip
+    print(f"bytes per sample at the real dims (pt, 48x9x52x52 + 512x4096 bf16, {REAL_PROMPT_TOKENS}-token prompt): "
+          f"padded {sizes['padded']:,}, trimmed {sizes['trimmed']:,} ({sample_ratio:.0%}); text alone "
+          f"{sizes['text_padded']:,} -> {sizes['text_trimmed']:,} ({text_ratio:.0%}, target <= 45%: "
+          f"{_verdict(text_ratio <= 0.45)})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Run ahead of the encoder inside a shard: the next samples are read, decoded, sampled and resized while the
+current one is encoded (``--prefetch N`` samples ahead, ``--decode-workers`` threads).
+
+The shard loop iterates a `Prefetcher` instead of the source's samples; it yields the same refs in the same order.
+Reading a sample's bytes (prompt, video) happens on the loop's own thread, as the source's readers expect (a tar is
+one file position); only decoding and resizing run in the pool. `encode.encode_sample` takes what was prepared for
+its ref (`take`), or prepares it itself when nothing was (a sample kept from the ledger is never read ahead). What
+a sample raises while prepared ahead (an InputError, a decode error) is raised when its turn comes, so its ledger
+row is the one it gets without prefetching; a source that fails mid-shard (ShardReadError) fails at the same point.
+A stop (SIGTERM, Ctrl-C) between samples drops what was prepared ahead: the pool's queued work is cancelled.
+
+Each decoder still runs one FFmpeg thread (`infra.media.video._open`: frame threading can drop a damaged last
+packet's error); the parallelism is across samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from infra.sources import SampleRef
+
+logger = logging.getLogger(__name__)
+
+Reader = Callable[[SampleRef], tuple[str, bytes]]
+Decoder = Callable[[SampleRef, bytes], Any]
+
+
+@dataclass
+class _Entry:
+    ref: SampleRef
+    prompt: str | None = None
+    media: bytes | None = None
+    error: BaseException | None = None
+    future: Future[Any] | None = None
+
+
+class _End:
+    """The source's own end or failure, kept in the queue at the point where it came."""
+
+    def __init__(self, error: BaseException | None) -> None:
+        self.error = error
+
+
+class Prefetcher:
+    """The refs of `refs`, in order; those `wanted` are read `lookahead` ahead (their prompts known for text
+    batching) and the first `depth` of them decoded ahead by `decode` on `workers` threads."""
+
+    def __init__(
+        self,
+        refs: Iterator[SampleRef],
+        *,
+        read: Reader,
+        decode: Decoder,
+        wanted: Callable[[SampleRef], bool],
+        depth: int,
+        lookahead: int,
+        workers: int = 1,
+    ) -> None:
+        self._refs, self._read, self._decode, self._wanted = refs, read, decode, wanted
+        self.depth, self.lookahead = depth, max(depth, lookahead)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lf-decode") if depth else None
+        self._queue: deque[_Entry | _End] = deque()
+        self._current: _Entry | None = None
+        self._done = False
+
+    def __iter__(self) -> Iterator[SampleRef]:
+        return self
+
+    def __next__(self) -> SampleRef:
+        self._fill(1 + self.lookahead)
+        head = self._queue.popleft()
+        if isinstance(head, _End):
+            self._done = True
+            self._queue.clear()
+            if head.error is not None:
+                raise head.error
+            raise StopIteration
+        self._current = head
+        if _read_ahead(head):  # its bytes are in memory: the source may move on (and close at its end)
+            self._fill(1 + self.lookahead)  # the next ones start decoding while this one is encoded
+        return head.ref
+
+    def _fill(self, size: int) -> None:
+        """Pull refs up to `size` queued, stopping after one that is not read ahead (a sample kept from the ledger
+        may still read its source while it is visited: the source must not have moved past it, or ended)."""
+        while not self._done and len(self._queue) < size:
+            if self._queue and not _read_ahead(self._queue[-1]):
+                break
+            try:
+                ref = next(self._refs)
+            except StopIteration:
+                self._queue.append(_End(None))
+                break
+            except Exception as exc:  # noqa: BLE001 - raised again when the loop reaches this point
+                self._queue.append(_End(exc))
+                break
+            entry = _Entry(ref)
+            if self._wanted(ref):
+                try:
+                    entry.prompt, entry.media = self._read(ref)
+                except Exception as exc:  # noqa: BLE001 - the sample's own error, raised at its turn
+                    entry.error = exc
+            self._queue.append(entry)
+        self._submit()
+
+    def _submit(self) -> None:
+        if self._pool is None:
+            return
+        for entry in list(self._queue)[: self.depth]:
+            if isinstance(entry, _Entry) and entry.media is not None and entry.future is None:
+                entry.future = self._pool.submit(contextvars.copy_context().run, self._decode, entry.ref, entry.media)
+
+    def take(self, ref: SampleRef) -> tuple[str, bytes, Any | None] | None:
+        """(prompt, media bytes, the decoded video or None when not decoded ahead) of the ref being visited, if it
+        was read ahead; None otherwise. Raises what reading or decoding it raised."""
+        entry = self._current
+        if entry is None or entry.ref is not ref or (entry.prompt is None and entry.error is None):
+            return None
+        self._current = None
+        if entry.error is not None:
+            raise entry.error
+        video = entry.future.result() if entry.future is not None else None
+        return entry.prompt or "", entry.media or b"", video
+
+    def upcoming(self) -> list[str]:
+        """The prompts of the samples read ahead, in order (text batching encodes them with the current one)."""
+        return [e.prompt for e in self._queue if isinstance(e, _Entry) and e.prompt is not None]
+
+    def close(self) -> None:
+        """Drop what was prepared ahead: queued decodes are cancelled, running ones finish (one sample each)."""
+        self._done = True
+        self._queue.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        close = getattr(self._refs, "close", None)
+        if close is not None:
+            close()
+
+
+def _read_ahead(entry: _Entry | _End) -> bool:
+    """Whether the entry's bytes were read (or its reading failed): nothing more will be read from the source for it."""
+    return isinstance(entry, _Entry) and (entry.prompt is not None or entry.error is not None)
+
+
+_active: contextvars.ContextVar[Prefetcher | None] = contextvars.ContextVar("lf_prefetcher", default=None)
+
+
+def active() -> Prefetcher | None:
+    """The prefetcher of the shard running in this context (None: samples are prepared one at a time)."""
+    return _active.get()
+
+
+@contextlib.contextmanager
+def running(prefetcher: Prefetcher | None) -> Iterator[Prefetcher | None]:
+    """Make `prefetcher` the active one of this context while the shard loop runs; closed at the end."""
+    token = _active.set(prefetcher)
+    try:
+        yield prefetcher
+    finally:
+        _active.reset(token)
+        if prefetcher is not None:
+            prefetcher.close()

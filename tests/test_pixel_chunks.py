@@ -1,0 +1,52 @@
+"""Pixels made in chunks of frames are the whole-tensor recipe's numbers, bit for bit (real clips)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from infra.media.video import RESIZE_POLICIES, head_frames, pick_frames, resize_pixels, sample_frames
+
+FRAMES, HEIGHT, WIDTH = 9, 48, 80
+
+
+def _whole_stretch(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
+    """The reference recipe in one call: /127.5-1, bilinear, align_corners=False (latentforge 0.1's code)."""
+    x = torch.from_numpy(frames).float() / 127.5 - 1.0
+    x = F.interpolate(x.permute(0, 3, 1, 2), size=(height, width), mode="bilinear", align_corners=False)
+    return x.permute(1, 0, 2, 3).unsqueeze(0).contiguous()
+
+
+@pytest.mark.parametrize("name", ["bikes", "sample_1080p"])
+def test_chunked_pixels_equal_the_whole_tensor(clips: dict[str, bytes], name: str) -> None:
+    frames = sample_frames(clips[name], FRAMES).frames
+    assert torch.equal(resize_pixels(frames, HEIGHT, WIDTH, "stretch", chunk=2), _whole_stretch(frames, HEIGHT, WIDTH))
+    for policy in RESIZE_POLICIES:
+        whole = resize_pixels(frames, HEIGHT, WIDTH, policy, chunk=FRAMES)
+        for chunk in (1, 4):
+            chunked = resize_pixels(frames, HEIGHT, WIDTH, policy, chunk=chunk)
+            assert chunked.is_contiguous() and chunked.shape == (1, 3, FRAMES, HEIGHT, WIDTH)
+            assert torch.equal(chunked, whole), (policy, chunk)
+
+
+def test_a_chunk_below_one_is_refused(clips: dict[str, bytes]) -> None:
+    frames = sample_frames(clips["carphone"], 2).frames
+    with pytest.raises(ValueError, match="chunk"):
+        resize_pixels(frames, HEIGHT, WIDTH, "stretch", chunk=0)
+
+
+def test_frames_are_decoded_into_one_array_in_the_asked_order(clips: dict[str, bytes]) -> None:
+    """Repeated indices (a clip shorter than F), a head, and a picked order with repeats: each frame is the
+    decoder's frame at that index."""
+    data = clips["carphone"]  # 120 frames
+    every = head_frames(data, 120).frames
+    short = sample_frames(clips["sample_1080p"], 30)  # 23 frames → repeats
+    assert len(short.indices) == 30 and len(set(short.indices)) == 23
+    assert np.array_equal(short.frames[0], short.frames[1]) or short.indices[0] != short.indices[1]
+    picked = pick_frames(data, lambda total, fps: (5, 3, 3, 119))
+    assert picked.indices == (5, 3, 3, 119)
+    assert np.array_equal(picked.frames, every[[5, 3, 3, 119]])
+    spread = sample_frames(data, FRAMES)
+    assert np.array_equal(spread.frames, every[list(spread.indices)])
