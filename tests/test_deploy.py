@@ -202,6 +202,7 @@ def test_a_worker_runs_the_build_and_the_sanity_deployments(deployed, client, ti
     assert "sanity" in {a.key for a in artifacts}
 
 
+@pytest.mark.soak  # ~75 s: three deployment runs; `rerun --failed-only` itself is in tests/test_rerun.py
 def test_rerun_failed_only_of_a_deployment_run_is_a_new_run_of_that_deployment(
     deployed, client, tiny_model, clips, tmp_path
 ):

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -29,6 +30,8 @@ from infra.preprocess import progress
 
 logger = logging.getLogger(__name__)
 
+#: Marking a lost worker's task run Crashed: tries, and the wait between them (the run may not be recorded yet).
+MARK_LOST_ATTEMPTS, MARK_LOST_WAIT_S = 10, 1.0
 EXTRA_HINT = "pip install 'latentforge[ray]'"
 #: Ray's namespace for the run's named actors (RayTaskRunner's default namespace).
 NAMESPACE = "prefect"
@@ -180,8 +183,16 @@ def mark_lost(task_run_id: Any, error: BaseException) -> None:
     from prefect.states import Crashed  # noqa: PLC0415
 
     message = f"its Ray worker was lost ({type(error).__name__}); the flow submitted the task again"
-    try:
-        with get_client(sync_client=True) as client:
-            client.set_task_run_state(task_run_id, Crashed(message=message), force=True)
-    except Exception as exc:  # noqa: BLE001 - a record the UI shows, never a reason to stop the run
-        logger.warning("task run %s not marked Crashed: %s: %s", task_run_id, type(exc).__name__, exc)
+    for attempt in range(MARK_LOST_ATTEMPTS):
+        try:
+            with get_client(sync_client=True) as client:
+                client.set_task_run_state(task_run_id, Crashed(message=message), force=True)
+            return
+        except Exception as exc:  # noqa: BLE001 - a record the UI shows, never a reason to stop the run
+            # The server records task runs from their events, a moment after the worker sent them: a run not
+            # found yet is asked for again.
+            if "404" in str(exc) and attempt + 1 < MARK_LOST_ATTEMPTS:
+                time.sleep(MARK_LOST_WAIT_S)
+                continue
+            logger.warning("task run %s not marked Crashed: %s: %s", task_run_id, type(exc).__name__, exc)
+            return

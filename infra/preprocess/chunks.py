@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from infra.cache import ledger
 from infra.gates.plan import ShardPlan
-from infra.preprocess.shard import ShardResult
+from infra.preprocess.result import ShardResult
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from infra.cache import ledger
@@ -30,6 +29,7 @@ from infra.ops import preempt
 from infra.ops.faults import fault_point
 from infra.preprocess import prefetch
 from infra.preprocess.encode import encode_sample, load_encoder, prefetcher_for
+from infra.preprocess.result import ShardResult
 from infra.preprocess.windows import expand
 from infra.sources import SampleRef, ShardReadError, open_source
 
@@ -45,24 +45,6 @@ FAIL_FAST_AFTER = 3
 
 class ShardBroken(LatentforgeError, RuntimeError):
     """A shard's first encodes all failed: the model or the device is broken, not the inputs."""
-
-
-@dataclass
-class ShardResult:
-    """What one shard task did."""
-
-    shard: str
-    counts: dict[str, int] = field(default_factory=dict)
-    reasons: dict[str, int] = field(default_factory=dict)
-    encoded: int = 0  # samples decoded and encoded by this run
-    reused: int = 0  # done samples kept from an earlier run
-    encode_errors: int = 0
-    stale_kept: int = 0  # done samples whose source changed, kept by a `keep` decision
-    stale_undecided: int = 0  # changed after the stale gate looked: kept as they were, the next run asks
-    bytes: int = 0
-    seconds: float = 0.0
-    error: str | None = None
-    interrupted: str | None = None  # the signal that stopped the shard between samples (SIGTERM, SIGINT, ...)
 
 
 def _adopt_ours(plan: BuildPlan, fmt: Format, existing: list[str], row: LedgerRow) -> LedgerRow | None:
