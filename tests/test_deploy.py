@@ -21,6 +21,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import httpx
+import psutil
 import pytest
 import yaml
 from prefect.cli.deploy._models import PrefectYamlModel  # private: prefect is pinned to 3.9.x in tests
@@ -167,6 +168,10 @@ def _wait_final(client: SyncPrefectClient, run_id: UUID, worker: subprocess.Pope
     raise AssertionError(f"flow run {run_id} not finished within {RUN_WAIT} s")
 
 
+#: Seconds a stopping test waits for the worker's flow-run processes to exit on their own.
+FLOW_RUN_EXIT_WAIT = 30
+
+
 @contextlib.contextmanager
 def _worker(env: dict[str, str], name: str, log_path: Path) -> Iterator[subprocess.Popen]:
     """`prefect worker start` on the pool from the repository root; stopped by its process group."""
@@ -178,8 +183,18 @@ def _worker(env: dict[str, str], name: str, log_path: Path) -> Iterator[subproce
         try:
             yield worker
         finally:
+            _runs_exited(worker, FLOW_RUN_EXIT_WAIT)
             os.killpg(worker.pid, signal.SIGTERM)
             worker.wait(timeout=30)
+
+
+def _runs_exited(worker: subprocess.Popen, seconds: float) -> None:
+    """Wait until the worker's flow-run processes are gone: a run's state is final a moment before its process
+    exits, and a SIGTERM to the group in that moment would make the run's process, and so the worker, linger."""
+    deadline = time.monotonic() + seconds
+    with contextlib.suppress(psutil.NoSuchProcess):
+        while psutil.Process(worker.pid).children(recursive=True) and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def test_a_worker_runs_the_build_and_the_sanity_deployments(deployed, client, tiny_model, clips, tmp_path):

@@ -295,6 +295,7 @@ def test_cli_verify_only_finds_a_file_deleted_on_the_hub(hub_env: FakeHub, out: 
     assert hub_env.put_bytes() == 0 and hub_env.count("POST", "/commit/") == 0  # verify-only sends nothing
 
 
+@pytest.mark.soak  # ~16 s; the killed-upload resume runs in make test for S3 (tests/test_publish_s3.py)
 def test_cli_rerun_after_a_killed_upload_sends_nothing_already_there(
     hub_env: FakeHub, out: Path, tmp_path: Path
 ) -> None:

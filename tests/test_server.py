@@ -11,6 +11,7 @@ import sys
 import urllib.request
 
 import psutil
+import pytest
 from prefect.client.orchestration import get_client
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from typer.testing import CliRunner
@@ -50,6 +51,9 @@ def _pool_type(api_url: str, name: str) -> tuple[str, dict]:
     return pool.type, pool.base_job_template["variables"]["properties"]["env"]["default"]
 
 
+# ~45 s of a real server and worker start-up: in make soak. `server start --port` and `server stop` run in make test
+# (tests/test_ui.py's fixture), `server status` in the unit tests below.
+@pytest.mark.soak
 def test_start_status_stop(tmp_path, prefect_server):
     home, port = tmp_path / "home", _free_port()
     env = {**prefect_server, "PREFECT_UI_ENABLED": "false"}
