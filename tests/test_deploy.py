@@ -21,7 +21,6 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import httpx
-import psutil
 import pytest
 import yaml
 from prefect.cli.deploy._models import PrefectYamlModel  # private: prefect is pinned to 3.9.x in tests
@@ -168,8 +167,8 @@ def _wait_final(client: SyncPrefectClient, run_id: UUID, worker: subprocess.Pope
     raise AssertionError(f"flow run {run_id} not finished within {RUN_WAIT} s")
 
 
-#: Seconds a stopping test waits for the worker's flow-run processes to exit on their own.
-FLOW_RUN_EXIT_WAIT = 30
+#: Seconds a stopping worker gets after SIGTERM before its process group is killed.
+WORKER_STOP_WAIT = 20
 
 
 @contextlib.contextmanager
@@ -183,18 +182,20 @@ def _worker(env: dict[str, str], name: str, log_path: Path) -> Iterator[subproce
         try:
             yield worker
         finally:
-            _runs_exited(worker, FLOW_RUN_EXIT_WAIT)
-            os.killpg(worker.pid, signal.SIGTERM)
-            worker.wait(timeout=30)
+            _stop(worker)
 
 
-def _runs_exited(worker: subprocess.Popen, seconds: float) -> None:
-    """Wait until the worker's flow-run processes are gone: a run's state is final a moment before its process
-    exits, and a SIGTERM to the group in that moment would make the run's process, and so the worker, linger."""
-    deadline = time.monotonic() + seconds
-    with contextlib.suppress(psutil.NoSuchProcess):
-        while psutil.Process(worker.pid).children(recursive=True) and time.monotonic() < deadline:
-            time.sleep(0.2)
+def _stop(worker: subprocess.Popen) -> None:
+    """SIGTERM the worker's process group; SIGKILL what is left after WORKER_STOP_WAIT s. What this file tests is
+    what the worker ran, not how fast it stops: on this 2-core machine `prefect worker start` has taken over 30 s to
+    stop after its runs ended, and the test must not fail on that."""
+    os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(timeout=WORKER_STOP_WAIT)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=30)
 
 
 def test_a_worker_runs_the_build_and_the_sanity_deployments(deployed, client, tiny_model, clips, tmp_path):

@@ -32,7 +32,7 @@ from infra.sources.base import (
 )
 from infra.sources.identity import MemberIdentity, SourceIdentity
 
-__all__ = ["ShardReadError", "VbvrSource", "shard_id_for"]
+__all__ = ["ShardReadError", "VbvrSource", "check_unchanged", "open_shard_tar", "shard_id_for", "tar_shards"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,30 @@ def shard_id_for(path: Path) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return path.stem
+
+
+def tar_shards(tars: list[Path]) -> list[Shard]:
+    """One shard per tar file, its id from the file name (safe and unique, or a SourceError naming both files)."""
+    shards: dict[str, Shard] = {}
+    for tar in tars:
+        sid = shard_id_for(tar)
+        if not is_safe_name(sid):
+            raise SourceError(f"shard file name {tar.name!r} cannot be used as a shard id")
+        if sid in shards:
+            raise SourceError(f"two shards share the id {sid!r}: {shards[sid].path} and {tar}")
+        stat = tar.stat()
+        shards[sid] = Shard(id=sid, path=str(tar), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+    return list(shards.values())
+
+
+def open_shard_tar(shard: Shard) -> tarfile.TarFile:
+    """The shard's tar, opened for streaming its members; ShardReadError when it is gone or not a tar."""
+    try:
+        return tarfile.open(shard.path, "r:*")
+    except FileNotFoundError as exc:
+        raise ShardReadError(f"{shard.path}: the shard vanished since it was listed") from exc
+    except (tarfile.TarError, OSError) as exc:
+        raise ShardReadError(f"{shard.path}: not a readable tar ({exc})") from exc
 
 
 def _find_tars(spec: str) -> list[Path]:
@@ -82,26 +106,11 @@ class VbvrSource(Source):
         tars = _find_tars(self.path)
         if not tars:
             raise SourceError(f"vbvr source {self.path!r}: no tar shards found ({', '.join(TAR_SUFFIXES)})")
-        shards: dict[str, Shard] = {}
-        for tar in tars:
-            sid = shard_id_for(tar)
-            if not is_safe_name(sid):
-                raise SourceError(f"shard file name {tar.name!r} cannot be used as a shard id")
-            if sid in shards:
-                raise SourceError(f"two shards share the id {sid!r}: {shards[sid].path} and {tar}")
-            stat = tar.stat()
-            shards[sid] = Shard(id=sid, path=str(tar), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
-        return list(shards.values())
+        return tar_shards(tars)
 
     def samples(self, shard: Shard) -> Iterator[SampleRef]:
         """Yield the shard's samples in tar order; raise ShardReadError at the end if the tar is damaged."""
-        try:
-            tf = tarfile.open(shard.path, "r:*")
-        except FileNotFoundError as exc:
-            raise ShardReadError(f"{shard.path}: the shard vanished since it was listed") from exc
-        except (tarfile.TarError, OSError) as exc:
-            raise ShardReadError(f"{shard.path}: not a readable tar ({exc})") from exc
-        with tf:
+        with open_shard_tar(shard) as tf:
             groups, error = _list_members(tf)
             if error is not None and groups:
                 groups[-1].cut = True
@@ -176,7 +185,7 @@ def _read(tf: tarfile.TarFile, info: tarfile.TarInfo | None, identity: SourceIde
     when the shard cuts it off, vanished or changed since it was listed, or for a prompt too large to read."""
     if info is None or not info.isfile():
         return None
-    _check_unchanged(shard)
+    check_unchanged(shard)
     if info.name.rpartition("/")[2] == PROMPT_MEMBER and info.size > MAX_PROMPT_BYTES:
         raise InputError("prompt_too_long", f"{info.name}: {info.size} bytes, over {MAX_PROMPT_BYTES}: not read")
     try:
@@ -191,7 +200,7 @@ def _read(tf: tarfile.TarFile, info: tarfile.TarInfo | None, identity: SourceIde
     return data
 
 
-def _check_unchanged(shard: Shard) -> None:
+def check_unchanged(shard: Shard) -> None:
     """InputError when the shard file is gone, or is not the file that was listed (its size or mtime differ)."""
     if not shard.size and not shard.mtime_ns:
         return  # listed without a stat (an older plan): nothing to compare with

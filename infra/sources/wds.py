@@ -25,7 +25,7 @@ from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
 from infra.sources.base import SampleRef, Shard, ShardReadError, Source, is_safe_name, mark_duplicate, register_source
 from infra.sources.identity import MemberIdentity, SourceIdentity
-from infra.sources.vbvr import TAR_SUFFIXES, _check_unchanged, shard_id_for
+from infra.sources.vbvr import TAR_SUFFIXES, check_unchanged, open_shard_tar, tar_shards
 
 logger = logging.getLogger(__name__)
 
@@ -91,26 +91,11 @@ class WdsSource(Source):
         self.path = path
 
     def shards(self) -> list[Shard]:
-        shards: dict[str, Shard] = {}
-        for tar in find_tars(self.path):
-            sid = shard_id_for(tar)
-            if not is_safe_name(sid):
-                raise SourceError(f"shard file name {tar.name!r} cannot be used as a shard id")
-            if sid in shards:
-                raise SourceError(f"two shards share the id {sid!r}: {shards[sid].path} and {tar}")
-            stat = tar.stat()
-            shards[sid] = Shard(id=sid, path=str(tar), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
-        return list(shards.values())
+        return tar_shards(find_tars(self.path))
 
     def samples(self, shard: Shard) -> Iterator[SampleRef]:
         """The shard's samples in tar order; ShardReadError at the end for a damaged tar."""
-        try:
-            tf = tarfile.open(shard.path, "r:*")
-        except FileNotFoundError as exc:
-            raise ShardReadError(f"{shard.path}: the shard vanished since it was listed") from exc
-        except (tarfile.TarError, OSError) as exc:
-            raise ShardReadError(f"{shard.path}: not a readable tar ({exc})") from exc
-        with tf:
+        with open_shard_tar(shard) as tf:
             samples, error = _list(tf)
             for sample in samples:
                 yield mark_duplicate(_to_ref(tf, sample, shard), shard)
@@ -169,7 +154,7 @@ def _read(
     cut short, or a shard changed since it was listed."""
     if info is None:
         return None
-    _check_unchanged(shard)
+    check_unchanged(shard)
     if cap is not None and info.size > cap:
         raise InputError("prompt_too_long", f"{info.name}: {info.size} bytes, over {cap}: not read")
     try:
