@@ -3,7 +3,9 @@
 Standard library only (ThreadingHTTPServer on 127.0.0.1, a free port). It serves the endpoints the real
 `huggingface_hub` 2.4 client calls to create a dataset repo, upload (preupload, LFS batch, PUT, verify,
 ndjson commit, validate-yaml), list (revision info, recursive tree with Link paging, paths-info) and
-download (resolve, HEAD and GET), with the xet transport disabled (xet cannot be faked: see HFHUB.md).
+download (resolve, HEAD and GET), with the xet transport disabled (`HF_HUB_DISABLE_XET=1`: xet uploads go through
+the compiled `hf_xet` client to a separate content-addressed store, which this fake does not speak; with xet
+off the client falls back to the LFS batch + PUT path served here).
 
 Mirrored Hub rules: a new repo starts with an initial commit holding `.gitattributes`; a file is LFS when it is
 binary (a NUL byte or invalid UTF-8 in its first 512 bytes) or ≥ 10 MiB, regular otherwise, and empty files are
