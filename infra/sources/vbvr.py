@@ -82,6 +82,20 @@ def open_shard_tar(shard: Shard) -> tarfile.TarFile:
         raise ShardReadError(f"{shard.path}: not a readable tar ({exc})") from exc
 
 
+def tar_headers(tf: tarfile.TarFile) -> tuple[list[tarfile.TarInfo], str | None]:
+    """Every member header of a tar opened for streaming, in order (no member's bytes are read), and the
+    damage that stopped the listing (``tar damaged: ...``) or None."""
+    headers: list[tarfile.TarInfo] = []
+    while True:
+        try:
+            info = tf.next()
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            return headers, f"tar damaged: {exc}"
+        if info is None:
+            return headers, None
+        headers.append(info)
+
+
 def _find_tars(spec: str) -> list[Path]:
     path = Path(spec).expanduser()
     if any(ch in spec for ch in "*?["):
@@ -123,16 +137,9 @@ class VbvrSource(Source):
 def _list_members(tf: tarfile.TarFile) -> tuple[list[_SampleMembers], str | None]:
     """Group file members by sample directory, in first-seen order."""
     by_dir: dict[str, _SampleMembers] = {}
-    error: str | None = None
+    headers, error = tar_headers(tf)
     ignored = 0
-    while True:
-        try:
-            info = tf.next()
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            error = f"tar damaged: {exc}"
-            break
-        if info is None:
-            break
+    for info in headers:
         directory, _, name = info.name.removeprefix("./").rpartition("/")
         if name in (VIDEO_MEMBER, PROMPT_MEMBER):
             by_dir.setdefault(directory, _SampleMembers(directory)).members[name] = info

@@ -25,7 +25,7 @@ from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
 from infra.sources.base import SampleRef, Shard, ShardReadError, Source, is_safe_name, mark_duplicate, register_source
 from infra.sources.identity import MemberIdentity, SourceIdentity
-from infra.sources.vbvr import TAR_SUFFIXES, check_unchanged, open_shard_tar, tar_shards
+from infra.sources.vbvr import TAR_SUFFIXES, check_unchanged, open_shard_tar, tar_headers, tar_shards
 
 logger = logging.getLogger(__name__)
 
@@ -106,16 +106,12 @@ class WdsSource(Source):
 def _list(tf: tarfile.TarFile) -> tuple[list[_Sample], str | None]:
     """Regular members grouped by key, in first-seen order (headers only: no member's bytes are read)."""
     by_key: dict[str, _Sample] = {}
-    while True:
-        try:
-            info = tf.next()
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            return list(by_key.values()), f"tar damaged: {exc}"
-        if info is None:
-            return list(by_key.values()), None
+    headers, error = tar_headers(tf)
+    for info in headers:
         if info.isfile():
             key, ext = split_key(info.name)
             by_key.setdefault(key, _Sample(key)).members.setdefault(ext, info)
+    return list(by_key.values()), error
 
 
 def _layout_error(sample: _Sample) -> str | None:
