@@ -47,8 +47,10 @@ def stop_group(proc: subprocess.Popen, timeout: float = 20) -> None:
 
 def cli_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment of a `python -m flows.cli` subprocess of this checkout: its own Prefect home (the embedded
-    API, no server URL inherited), a patient ephemeral start-up on a busy machine, and `extra`."""
+    API, no server URL inherited), and `extra`. Prefect's own ephemeral start-up timeout is set to 1 s, shorter than
+    any real start: these builds start only because latentforge waits at least `MIN_STARTUP_TIMEOUT` (the
+    floor a loaded machine needs, which these tests therefore keep)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_KEY")}
     root = Path(__file__).resolve().parents[1]
-    env.update(PYTHONPATH=str(root), PREFECT_HOME=str(home), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
+    env.update(PYTHONPATH=str(root), PREFECT_HOME=str(home), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1")
     return env | extra

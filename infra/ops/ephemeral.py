@@ -29,12 +29,17 @@ from pathlib import Path
 import psutil
 
 from infra.cache.storage import atomic_write
+from infra.errors import ServerError
 
 logger = logging.getLogger(__name__)
 
 RECORD_DIR = "latentforge-ephemeral"
 #: What Prefect's ephemeral server runs (its command line must hold this before it is signalled).
 SERVER_APP = "prefect.server.api.server:create_app"
+#: The least time the embedded server gets to answer its health check (Prefect's own default, 20 s, is not enough
+#: on a loaded machine: there a first start has taken over 40 s). A longer
+#: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS wins.
+MIN_STARTUP_TIMEOUT = 120
 
 #: This process's own tracked server and its record file (set by `start_tracked`).
 _own: tuple[ServerRecord, Path] | None = None
@@ -126,13 +131,25 @@ def start_tracked(home: Path | None = None) -> ServerRecord | None:
     """Start Prefect's ephemeral server now (main thread) and record it; None when an API URL is set (or the
     ephemeral server is switched off)."""
     from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED  # noqa: PLC0415
+    from prefect.settings import (  # noqa: PLC0415
+        PREFECT_API_URL,
+        PREFECT_SERVER_EPHEMERAL_ENABLED,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+    )
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return None  # a real server, or none at all: Prefect's own error then says so
     server = SubprocessASGIServer()  # Prefect keeps one per process: its clients get this one
-    with _own_session():
-        server.start()
+    timeout = max(MIN_STARTUP_TIMEOUT, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+    try:
+        with _own_session():
+            server.start(timeout=timeout)
+    except RuntimeError as exc:
+        raise ServerError(
+            f"the embedded Prefect API did not answer within {timeout} s ({str(exc).splitlines()[0]}): on a loaded "
+            "machine raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or run a server (`latentforge server "
+            "start`) and point PREFECT_API_URL at it"
+        ) from exc
     if server.server_process is None:
         return None
     me = psutil.Process(os.getpid())
