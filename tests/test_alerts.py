@@ -63,6 +63,8 @@ def test_a_failed_run_alerts_with_its_name_step_and_reason(small, prefect_server
 
 
 def test_a_paused_run_alerts_then_is_answered_from_another_process(small, tiny_model, prefect_server, tmp_path):
+    """The approvals' abort path too: answered `abort` from another process, the build exits 1 and the existing
+    cache is byte for byte what it was."""
     src, cache = small
     out = tmp_path / "out"
     shutil.copytree(cache, out)
@@ -90,7 +92,7 @@ def test_a_paused_run_alerts_then_is_answered_from_another_process(small, tiny_m
         finally:
             if build.poll() is None:
                 build.kill()
-        assert build.returncode == 1, output
+        assert build.returncode == 1 and "decision: abort" in output, output
         failed = hook.wait_for(lambda body: isinstance(body, dict) and body.get("kind") == "failed")
     assert failed["run_id"] == paused["run_id"] and failed["step"] == "conflict-gate"
     assert "abort" in failed["reason"]

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
+from typer.testing import CliRunner, Result
 
+from flows.cli import app
 from flows.run import run_build
 from flows.runs import pending_runs
 from infra.audit.run_report import latest_run_report
@@ -66,25 +68,15 @@ def _paused_run(env: dict[str, str], build: subprocess.Popen) -> str:
     raise AssertionError(f"no paused run within {PAUSE_WAIT} s: {build.communicate()}")
 
 
-def _approve(env: dict[str, str], run_id: str, choice: str) -> subprocess.CompletedProcess:
-    return subprocess.run([LF, "approve", run_id, choice, "--note", "test"], env=env, capture_output=True, text=True)
+def _approve(env: dict[str, str], run_id: str, choice: str) -> Result:
+    """`latentforge approve` from this process (the build is another one), through the server."""
+    with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        return CliRunner().invoke(app, ["approve", run_id, choice, "--note", "test"])
 
 
 def _finish(build: subprocess.Popen) -> tuple[int, str]:
     stdout, stderr = build.communicate(timeout=300)
     return build.returncode, stdout + stderr
-
-
-def test_abort_from_another_process_changes_nothing(built, tiny_model, prefect_server, tmp_path):
-    src, cache = built
-    out = _copy(cache, tmp_path)
-    before = tree_hashes(out)
-    build = _build(src, tiny_model, out, prefect_server)  # no --on-conflict: a server is configured, so ask
-    run_id = _paused_run(prefect_server, build)
-    assert _approve(prefect_server, run_id, "abort").returncode == 0
-    code, output = _finish(build)
-    assert code == 1 and "decision: abort" in output
-    assert tree_hashes(out) == before
 
 
 def test_a_bad_choice_is_refused_and_the_run_stays_paused(built, tiny_model, prefect_server, tmp_path):
@@ -94,9 +86,9 @@ def test_a_bad_choice_is_refused_and_the_run_stays_paused(built, tiny_model, pre
     build = _build(src, tiny_model, out, prefect_server, "--on-conflict", "ask")
     run_id = _paused_run(prefect_server, build)
     refused = _approve(prefect_server, run_id, "delete_everything")
-    assert refused.returncode == 2 and "not resumed" in refused.stderr
+    assert refused.exit_code == 2 and "not resumed" in refused.output
     assert _paused_run(prefect_server, build) == run_id  # still paused, still waiting
-    assert _approve(prefect_server, run_id, "new_dir").returncode == 0
+    assert _approve(prefect_server, run_id, "new_dir").exit_code == 0
     code, output = _finish(build)
     assert code == 0, output
     assert tree_hashes(out) == before
@@ -113,7 +105,7 @@ def test_reuse_adopts_the_existing_spec_and_resumes(built, tiny_model, prefect_s
     before = tree_hashes(out)
     build = _build(src, tiny_model, out, prefect_server)
     run_id = _paused_run(prefect_server, build)
-    assert _approve(prefect_server, run_id, "reuse").returncode == 0
+    assert _approve(prefect_server, run_id, "reuse").exit_code == 0
     code, output = _finish(build)
     assert code == 0 and "2 reused" in output, output
     assert tree_hashes(out) == before
@@ -126,7 +118,7 @@ def test_approved_overwrite_replaces_samples_and_keeps_the_old_cache_json(built,
     old = json.loads((out / "cache.json").read_text())
     build = _build(src, tiny_model, out, prefect_server)
     run_id = _paused_run(prefect_server, build)
-    assert _approve(prefect_server, run_id, "overwrite").returncode == 0
+    assert _approve(prefect_server, run_id, "overwrite").exit_code == 0
     code, output = _finish(build)
     assert code == 0, output
     after = tree_hashes(out)
@@ -151,9 +143,9 @@ def test_overwrite_token_is_bound_to_path_and_change(built, tiny_model, tmp_path
     out, elsewhere = _copy(cache, tmp_path), tmp_path / "elsewhere"
     shutil.copytree(cache, elsewhere)
     before = tree_hashes(out)
-    verify = subprocess.run([LF, "verify", str(out), "--frames", str(NEW_FRAMES)], capture_output=True, text=True)
-    assert verify.returncode == 1 and "INCOMPATIBLE" in verify.stdout
-    token = verify.stdout.split("--approve-overwrite ")[1].split()[0]
+    verify = CliRunner().invoke(app, ["verify", str(out), "--frames", str(NEW_FRAMES)])
+    assert verify.exit_code == 1 and "INCOMPATIBLE" in verify.output
+    token = verify.output.split("--approve-overwrite ")[1].split()[0]
     old_fp = json.loads((out / "cache.json").read_text())["fingerprint"]
     assert token != overwrite_token(elsewhere, old_fp, "anything")
 
