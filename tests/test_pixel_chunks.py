@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from infra.media import video
 from infra.media.video import RESIZE_POLICIES, head_frames, pick_frames, resize_pixels, sample_frames
 
 FRAMES, HEIGHT, WIDTH = 9, 48, 80
@@ -50,3 +51,14 @@ def test_frames_are_decoded_into_one_array_in_the_asked_order(clips: dict[str, b
     assert np.array_equal(picked.frames, every[[5, 3, 3, 119]])
     spread = sample_frames(data, FRAMES)
     assert np.array_equal(spread.frames, every[list(spread.indices)])
+
+
+def test_the_chunks_share_one_source_resolution_float_buffer(clips: dict[str, bytes], monkeypatch) -> None:
+    """Each chunk's float frames are written into the same buffer (no fresh ~100 MB tensor per 1080p chunk)."""
+    frames = sample_frames(clips["sample_1080p"], FRAMES).frames
+    seen: list[int] = []
+    real = video._stretch_chunk
+    monkeypatch.setattr(video, "_stretch_chunk", lambda x, h, w: seen.append(x.data_ptr()) or real(x, h, w))
+    pixels = resize_pixels(frames, HEIGHT, WIDTH, "stretch", chunk=2)
+    assert len(seen) == (FRAMES + 1) // 2 and len(set(seen)) == 1
+    assert torch.equal(pixels, _whole_stretch(frames, HEIGHT, WIDTH))

@@ -33,6 +33,7 @@ from infra.formats.shards import SHARDS_DIR
 from infra.gates.plan import BuildPlan
 from infra.models import LoadedFamily, get_family
 from infra.ops.faults import fault_point
+from infra.preprocess import handoff
 from infra.preprocess.encode import encode_sample, load_encoder
 from infra.sources import SampleRef, ShardReadError, open_source
 
@@ -223,18 +224,19 @@ def _trying(
 
 
 def _timed(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, out: Path, repeats: int) -> tuple[Any, float]:
-    """Decode + encode (the build's `encode_sample`) + write, `repeats` times: (sample, written), median s."""
+    """Decode + encode (the build's `encode_sample`) + write, `repeats` times: (sample, written, token info),
+    median s."""
     times: list[float] = []
     for _ in range(repeats):
         start = time.perf_counter()
-        sample, _ = encode_sample(ref, plan, lambda: encoder)
+        sample, tokens = encode_sample(ref, plan, lambda: encoder)
         fmt = get_format(plan.spec.format)
         if fmt.sharded:  # the scratch's shard files are replaced too (a writer continues after the parts it finds)
             shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
         with fmt.open_writer(out, plan.spec, "sanity") as writer:
             written = writer.write(sample, replace=True)
         times.append(time.perf_counter() - start)
-    return (sample, written), statistics.median(times)
+    return (sample, written, tokens), statistics.median(times)
 
 
 def first_usable(
@@ -279,11 +281,13 @@ def dry_run(plan: BuildPlan) -> dict[str, Any]:
     }
 
 
-def run_sanity(plan: BuildPlan, repeats: int = 1) -> SanityReport:
+def run_sanity(plan: BuildPlan, repeats: int = 1, *, hand_off: bool = False) -> SanityReport:
     """Encode, write to ``<OUT>.sanity``, read back and check the plan's first usable sample; project the run.
 
     `repeats` > 1 encodes and writes that same sample again and takes the median time (steadier on a busy
-    machine). The model loads before the clock starts. Raises SanityDirError, or ModelLoadError."""
+    machine). The model loads before the clock starts. With `hand_off` (the build) a sample that passed is kept
+    for the preprocess, which writes it instead of encoding it again when its bytes are the same
+    (`infra.preprocess.handoff`). Raises SanityDirError, or ModelLoadError."""
     scratch = sanity_dir(plan.out)
     prepare_sanity_dir(scratch, create=False)  # refuse before the (slow) model load
     encoder = load_encoder(plan)
@@ -302,7 +306,7 @@ def run_sanity(plan: BuildPlan, repeats: int = 1) -> SanityReport:
         report.sample_key = None
         report.problems.append(f"no usable sample in the plan ({len(report.skipped_before)} skipped)")
         return report
-    ref, (sample, written) = found
+    ref, (sample, written, tokens) = found
     report.sample_id, report.sample_group = ref.id, ref.group
     if (bucket := sample.info.get("geometry")) and plan.spec.buckets:
         report.bucket = "x".join(str(n) for n in (bucket[2], bucket[1], bucket[0]))
@@ -312,6 +316,8 @@ def run_sanity(plan: BuildPlan, repeats: int = 1) -> SanityReport:
     report.projected_seconds = round(report.seconds * report.total_samples, 3)
     report.projected_bytes = report.bytes * report.total_samples
     report.ok = not report.problems
+    if hand_off and report.ok:
+        handoff.keep(plan, ref, sample, tokens)
     logger.info(
         "sanity %s: %.3f s per sample, %d samples",
         "ok" if report.ok else "FAILED",

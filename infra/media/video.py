@@ -312,8 +312,7 @@ def frames_to_pixels(frames: np.ndarray, height: int, width: int, *, chunk: int 
     return _chunked(frames, height, width, chunk, _stretch_chunk)
 
 
-def _stretch_chunk(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
-    x = torch.from_numpy(frames).float()
+def _stretch_chunk(x: torch.Tensor, height: int, width: int) -> torch.Tensor:
     x.div_(127.5).sub_(1.0)  # in place: the same arithmetic as x / 127.5 - 1.0
     x = x.permute(0, 3, 1, 2)  # (T, C, H, W), channels-last in memory as the whole-tensor path has it
     return F.interpolate(x, size=(height, width), mode="bilinear", align_corners=False)
@@ -322,13 +321,21 @@ def _stretch_chunk(frames: np.ndarray, height: int, width: int) -> torch.Tensor:
 def _chunked(
     frames: np.ndarray, height: int, width: int, chunk: int, convert: Callable[..., torch.Tensor]
 ) -> torch.Tensor:
-    """(1,3,F,height,width) float32: `convert` (uint8 frames → (t,3,height,width)) applied `chunk` frames at a
-    time, each result copied into one preallocated output."""
+    """(1,3,F,height,width) float32: `convert` (a chunk's frames as float32 (t,H,W,3), changed in place as it
+    likes → (t,3,height,width)) applied `chunk` frames at a time, each result copied into one preallocated output.
+
+    The chunks' float frames share one buffer: a new source-resolution float tensor per chunk (~100 MB at 1080p)
+    is fresh memory the kernel must fault in again each time, where copying into the same buffer is not. The
+    values are those of ``.float()`` (uint8 → float32 is exact), in the same contiguous layout."""
     if chunk < 1:
         raise ValueError(f"chunk must be ≥ 1, got {chunk}")
     out = torch.empty((1, 3, frames.shape[0], height, width), dtype=torch.float32)
+    scratch = torch.empty((min(chunk, frames.shape[0]), *frames.shape[1:]), dtype=torch.float32)
     for first in range(0, frames.shape[0], chunk):
-        part = convert(frames[first : first + chunk], height, width)
+        source = torch.from_numpy(frames[first : first + chunk])
+        x = scratch[: source.shape[0]]
+        x.copy_(source)
+        part = convert(x, height, width)
         out[0, :, first : first + part.shape[0]] = part.permute(1, 0, 2, 3)
     return out
 
@@ -343,8 +350,7 @@ def cover_crop_pixels(
     return _chunked(frames, height, width, chunk, functools.partial(_cover_chunk, mode=mode))
 
 
-def _cover_chunk(frames: np.ndarray, height: int, width: int, mode: str) -> torch.Tensor:
-    x = torch.from_numpy(frames).float()
+def _cover_chunk(x: torch.Tensor, height: int, width: int, mode: str) -> torch.Tensor:
     x.div_(255.0)
     x = x.permute(0, 3, 1, 2)  # (F, C, H, W)
     src_h, src_w = x.shape[-2:]

@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import json
 import logging
 import os
 import signal
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -127,9 +128,14 @@ def reap_orphans(home: Path | None = None, timeout: float = 10.0) -> list[Server
     return reaped
 
 
-def start_tracked(home: Path | None = None) -> ServerRecord | None:
+def start_tracked(home: Path | None = None, while_starting: Callable[[], None] | None = None) -> ServerRecord | None:
     """Start Prefect's ephemeral server now (main thread) and record it; None when an API URL is set (or the
-    ephemeral server is switched off)."""
+    ephemeral server is switched off).
+
+    `while_starting` runs on a thread of its own from the moment the server's process is spawned until the server
+    answers (its imports and database set-up take seconds of CPU of their own), so the run's own start-up work
+    overlaps them instead of waiting behind them. It must not touch Prefect's API; it is joined before this
+    returns, so nothing runs beside the flow. Nothing runs it when there is no server to wait for."""
     from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415
     from prefect.settings import (  # noqa: PLC0415
         PREFECT_API_URL,
@@ -141,8 +147,9 @@ def start_tracked(home: Path | None = None) -> ServerRecord | None:
         return None  # a real server, or none at all: Prefect's own error then says so
     server = SubprocessASGIServer()  # Prefect keeps one per process: its clients get this one
     timeout = max(MIN_STARTUP_TIMEOUT, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+    beside = _Beside(while_starting)
     try:
-        with _own_session():
+        with _own_session(on_spawn=beside.start):
             server.start(timeout=timeout)
     except RuntimeError as exc:
         raise ServerError(
@@ -150,6 +157,8 @@ def start_tracked(home: Path | None = None) -> ServerRecord | None:
             "machine raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or run a server (`latentforge server "
             "start`) and point PREFECT_API_URL at it"
         ) from exc
+    finally:
+        beside.join()
     if server.server_process is None:
         return None
     me = psutil.Process(os.getpid())
@@ -171,16 +180,41 @@ def start_tracked(home: Path | None = None) -> ServerRecord | None:
     return record
 
 
+class _Beside:
+    """`work` on a thread started once (at the server's spawn), joined when the server answers or fails."""
+
+    def __init__(self, work: Callable[[], None] | None) -> None:
+        self._work, self._thread = work, None
+
+    def start(self) -> None:
+        if self._work is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="lf-start-up", daemon=True)
+            self._thread.start()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+
 @contextlib.contextmanager
-def _own_session() -> Iterator[None]:
+def _own_session(on_spawn: Callable[[], None] = lambda: None) -> Iterator[None]:
     """Start the server in a session of its own: a Ctrl-C at the terminal (SIGINT to the whole foreground process
     group) then reaches only latentforge, which finishes its sample and stops the server itself, instead of the
     server dying under the run's feet. Prefect's Popen is not ours, so its `subprocess.Popen` is wrapped for the
-    moment of the start (main thread, before any other thread runs: see `flows.run.run_flow`)."""
+    moment of the start (see `flows.run.run_flow`): only the main thread's spawns (the server's) get the session,
+    and `on_spawn` is called after each (the start-up thread starts once the server's process exists)."""
     from prefect.server.api import server as prefect_server  # noqa: PLC0415
 
     original = prefect_server.subprocess.Popen
-    prefect_server.subprocess.Popen = functools.partial(original, start_new_session=True)  # type: ignore[misc]
+
+    def popen(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return original(*args, **kwargs)
+        process = original(*args, **{**kwargs, "start_new_session": True})
+        on_spawn()
+        return process
+
+    prefect_server.subprocess.Popen = popen  # type: ignore[misc]
     try:
         yield
     finally:

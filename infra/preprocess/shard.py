@@ -27,7 +27,7 @@ from infra.gates.stale import kept, refreshed, source_state
 from infra.models import LoadedFamily
 from infra.ops import preempt
 from infra.ops.faults import fault_point
-from infra.preprocess import prefetch
+from infra.preprocess import handoff, prefetch
 from infra.preprocess.encode import encode_sample, load_encoder, prefetcher_for
 from infra.preprocess.result import ShardResult
 from infra.preprocess.windows import expand
@@ -113,7 +113,7 @@ def process_sample(
             return row
         row.status, row.detail, replace = "failed", None, True  # approved overwrite, or ours but incomplete
     try:
-        sample, text_info = encode_sample(ref, plan, get_encoder)
+        sample, text_info = handoff.take(ref, plan) or encode_sample(ref, plan, get_encoder)
         written, adopted_files = _write(plan, writer, sample, existing, replace or plan.replace_from is not None)
         if replace_stale is not None:
             row.extra["replaced_stale"] = replace_stale
@@ -206,10 +206,12 @@ def process_shard(
 def _prefetcher(
     plan: BuildPlan, refs: Iterator[SampleRef], previous: dict[str, LedgerRow], keys: frozenset[str] | None
 ) -> prefetch.Prefetcher | None:
-    """The shard's read-ahead over the samples it will encode (not those kept from the ledger)."""
+    """The shard's read-ahead over the samples it will encode (not those kept from the ledger, nor the sanity's
+    sample, which `handoff.take` reads and compares instead of decoding it)."""
 
     def wanted(ref: SampleRef) -> bool:
-        return (keys is None or _selected(ref.key, keys)) and not _reusable(previous.get(ref.key), plan)
+        selected = keys is None or _selected(ref.key, keys)
+        return selected and not _reusable(previous.get(ref.key), plan) and not handoff.holds(plan, ref)
 
     return prefetcher_for(plan, refs, wanted)
 
