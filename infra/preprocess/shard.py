@@ -27,7 +27,7 @@ from infra.gates.stale import kept, refreshed, source_state
 from infra.models import LoadedFamily
 from infra.ops import preempt
 from infra.ops.faults import fault_point
-from infra.preprocess import prefetch
+from infra.preprocess import phases, prefetch
 from infra.preprocess.encode import encode_sample, load_encoder, prefetcher_for
 from infra.preprocess.result import ShardResult
 from infra.preprocess.windows import expand
@@ -176,6 +176,8 @@ def process_shard(
     get_encoder = functools.partial(load_encoder, plan)  # loads on first use only (cached per process)
     samples = open_source(plan.config.source).samples(shard.shard)
     state = (previous, rows, result, ledger.windows_by_clip(previous))
+    if plan.config.text_offload:
+        _text_first(plan, shard, (first, stop), previous, keys, get_encoder)
     ahead = _prefetcher(plan, itertools.islice(samples, first, stop), previous, keys)
     with (
         preempt.cleanup(functools.partial(_seal_from_journal, plan, ledger_id)),
@@ -207,11 +209,39 @@ def _prefetcher(
     plan: BuildPlan, refs: Iterator[SampleRef], previous: dict[str, LedgerRow], keys: frozenset[str] | None
 ) -> prefetch.Prefetcher | None:
     """The shard's read-ahead over the samples it will encode (not those kept from the ledger)."""
+    return prefetcher_for(plan, refs, functools.partial(_wanted, plan=plan, previous=previous, keys=keys))
 
-    def wanted(ref: SampleRef) -> bool:
-        return (keys is None or _selected(ref.key, keys)) and not _reusable(previous.get(ref.key), plan)
 
-    return prefetcher_for(plan, refs, wanted)
+def _text_first(
+    plan: BuildPlan,
+    shard: ShardPlan,
+    span: tuple[int, int | None],
+    previous: dict[str, LedgerRow],
+    keys: frozenset[str] | None,
+    get_encoder: Callable[[], LoadedFamily],
+) -> None:
+    """``--text-offload``: the prompts of the samples this shard (or chunk) will encode, read in a pass of their
+    own and encoded before any video; a source that fails part-way fails again, and is reported, in the main loop."""
+    samples = open_source(plan.config.source).samples(shard.shard)
+    with contextlib.closing(samples):  # type: ignore[type-var] - a generator
+        refs = (r for r in itertools.islice(samples, *span) if _wanted(r, plan, previous, keys))
+        try:
+            phases.text_first(plan, _until_error(refs), get_encoder)
+        except ShardReadError:
+            pass
+
+
+def _until_error(refs: Iterator[SampleRef]) -> Iterator[SampleRef]:
+    """The refs up to a source's read error (the main loop meets it again and records it)."""
+    try:
+        yield from refs
+    except ShardReadError as exc:
+        logger.debug("prompt pass stopped: %s", exc)
+
+
+def _wanted(ref: SampleRef, plan: BuildPlan, previous: dict[str, LedgerRow], keys: frozenset[str] | None) -> bool:
+    """Whether the shard will encode `ref` (selected, and not kept from the ledger)."""
+    return (keys is None or _selected(ref.key, keys)) and not _reusable(previous.get(ref.key), plan)
 
 
 def _visit_clip(

@@ -73,6 +73,11 @@ class TextCache:
                 self._put((text, settings), embedding)
             return embeddings[0]
 
+    def holds(self, prompt: str, settings: TextSettings) -> bool:
+        """Whether the embedding of `prompt` under `settings` is held now."""
+        with self._lock:
+            return (prompt, settings) in self._held
+
     def _get(self, key: tuple[str, TextSettings]) -> TextEmbedding | None:
         embedding = self._held.get(key)
         if embedding is not None:
