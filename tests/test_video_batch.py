@@ -113,3 +113,25 @@ def test_a_failing_batch_is_encoded_one_clip_at_a_time(tiny_model) -> None:
     for clip, result in zip(good, (results[0], results[2]), strict=True):
         (alone,) = encode_group(encoder, [clip], fixed=3)
         assert isinstance(result, torch.Tensor) and torch.equal(result, alone)
+
+
+@pytest.mark.parametrize("family", ["ltx2", "image-kl", "image-dc"])
+def test_ltx2_and_image_batches_are_within_a_bf16_step_of_batch_one(tmp_path, ltx2_model, family) -> None:
+    from infra.models.tiny_image import make_tiny_image  # noqa: PLC0415
+
+    if family == "ltx2":
+        model, name, shape = ltx2_model, "ltx2", (1, 3, 9, 64, 64)
+    else:
+        model, name, shape = (
+            make_tiny_image(tmp_path / family, vae=family[-2:], text="none"),
+            "image",
+            (1, 3, 1, 32, 32),
+        )
+    encoder = load_family(model, name, CPU, torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    clips = [torch.rand(*shape, generator=gen) * 2 - 1 for _ in range(3)]
+    batched = encode_group(encoder, clips, fixed=3)
+    for clip, got in zip(clips, batched, strict=True):
+        (alone,) = encode_group(encoder, [clip], fixed=1)
+        assert isinstance(got, torch.Tensor) and got.shape == alone.shape
+        assert (got.float() - alone.float()).abs().max() <= BF16_STEP * max(1.0, float(alone.abs().max()))

@@ -53,7 +53,8 @@ def quantized(model: torch.nn.Module, loaded: LoadedFamily) -> torch.nn.Module:
             "--text-quantize int8-dynamic is torch's CPU dynamic quantization; on "
             f"{loaded.device.type} there is no 8-bit text encoder here (bitsandbytes is not wired in)"  # type: ignore[attr-defined]
         )
-    return torch.ao.quantization.quantize_dynamic(model.float(), {torch.nn.Linear}, dtype=torch.qint8)
+    # in place, layer by layer: the float weights of a layer are freed as its int8 one replaces it
+    return torch.ao.quantization.quantize_dynamic(model.float(), {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
 
 
 def _text_encoder(loaded: LoadedFamily) -> torch.nn.Module:
