@@ -201,7 +201,10 @@ def encode_text(encoder: LoadedFamily, prompt: str, plan: BuildPlan) -> TextEmbe
     ahead = prefetch.active()
     upcoming = ahead.upcoming() if ahead is not None and cfg.text_cache_mb else []
     settings = plan.spec.text_settings()
-    if cfg.text_offload and not cache.holds(prompt, settings):  # the encoder is parked: brought back for this one
+    if cfg.text_offload:  # encoded in the shard's text phase; a prompt not held brings the parked encoder back
+        held = cache.lookup(prompt, settings)
+        if held is not None:
+            return held
         with memory.text_in_use(encoder):
             return cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.text_batch)
     return cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.text_batch)
