@@ -5,14 +5,16 @@ text cache (`infra.preprocess.texts`), so bound it (``--text-cache-mb``, ``--chu
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from infra.gates.plan import BuildPlan
 from infra.media.prompts import decode_prompt
 from infra.models import LoadedFamily, memory
 from infra.preprocess import texts
-from infra.sources import SampleRef
+from infra.sources import SampleRef, ShardReadError
 
 logger = logging.getLogger(__name__)
 
@@ -52,3 +54,25 @@ def text_first(plan: BuildPlan, refs: Iterable[SampleRef], get_encoder: Callable
             cfg.text_cache_mb,
         )
     return lost
+
+
+def text_first_of(
+    plan: BuildPlan,
+    samples: Iterator[SampleRef],
+    span: tuple[int, int | None],
+    wanted: Callable[[SampleRef], bool],
+    get_encoder: Callable[[], LoadedFamily],
+) -> None:
+    """`text_first` over a pass of its own of a shard's source `samples` (closed at the end): the refs of `span`
+    (the shard's quota or a chunk) that are `wanted`, up to a read error (the main loop meets it again and records
+    it)."""
+    with contextlib.closing(samples):  # type: ignore[type-var] - the source's generator
+        refs = itertools.islice(samples, *span)
+        text_first(plan, _until_error(r for r in refs if wanted(r)), get_encoder)
+
+
+def _until_error(refs: Iterator[SampleRef]) -> Iterator[SampleRef]:
+    try:
+        yield from refs
+    except ShardReadError as exc:
+        logger.debug("prompt pass stopped: %s", exc)

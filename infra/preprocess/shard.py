@@ -176,8 +176,11 @@ def process_shard(
     get_encoder = functools.partial(load_encoder, plan)  # loads on first use only (cached per process)
     samples = open_source(plan.config.source).samples(shard.shard)
     state = (previous, rows, result, ledger.windows_by_clip(previous))
-    if plan.config.text_offload:
-        _text_first(plan, shard, (first, stop), previous, keys, get_encoder)
+    if plan.config.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
+        wanted = functools.partial(_wanted, plan=plan, previous=previous, keys=keys)
+        phases.text_first_of(
+            plan, open_source(plan.config.source).samples(shard.shard), (first, stop), wanted, get_encoder
+        )
     ahead = _prefetcher(plan, itertools.islice(samples, first, stop), previous, keys)
     with (
         preempt.cleanup(functools.partial(_seal_from_journal, plan, ledger_id)),
@@ -210,33 +213,6 @@ def _prefetcher(
 ) -> prefetch.Prefetcher | None:
     """The shard's read-ahead over the samples it will encode (not those kept from the ledger)."""
     return prefetcher_for(plan, refs, functools.partial(_wanted, plan=plan, previous=previous, keys=keys))
-
-
-def _text_first(
-    plan: BuildPlan,
-    shard: ShardPlan,
-    span: tuple[int, int | None],
-    previous: dict[str, LedgerRow],
-    keys: frozenset[str] | None,
-    get_encoder: Callable[[], LoadedFamily],
-) -> None:
-    """``--text-offload``: the prompts of the samples this shard (or chunk) will encode, read in a pass of their
-    own and encoded before any video; a source that fails part-way fails again, and is reported, in the main loop."""
-    samples = open_source(plan.config.source).samples(shard.shard)
-    with contextlib.closing(samples):  # type: ignore[type-var] - a generator
-        refs = (r for r in itertools.islice(samples, *span) if _wanted(r, plan, previous, keys))
-        try:
-            phases.text_first(plan, _until_error(refs), get_encoder)
-        except ShardReadError:
-            pass
-
-
-def _until_error(refs: Iterator[SampleRef]) -> Iterator[SampleRef]:
-    """The refs up to a source's read error (the main loop meets it again and records it)."""
-    try:
-        yield from refs
-    except ShardReadError as exc:
-        logger.debug("prompt pass stopped: %s", exc)
 
 
 def _wanted(ref: SampleRef, plan: BuildPlan, previous: dict[str, LedgerRow], keys: frozenset[str] | None) -> bool:
