@@ -214,6 +214,38 @@ class BuildConfig(StrictModel):
         "(latentforge 0.1's headers and samples: only to resume a cache made with it)",
         **_in("spec"),
     )
+    video_batch: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Clips of one shape (one bucket) encoded in one VAE call, from the samples prepared ahead. "
+        "Equal to batch one within the dtype's tolerance, not bit for bit: the batch size is in the fingerprint",
+        **_in("spec"),
+    )
+    vae_tiling: bool = Field(
+        False,
+        description="Encode each frame in overlapping tiles, blended (diffusers enable_tiling): bounded VAE memory at "
+        "large H×W; changes the numbers, so it is in the fingerprint",
+        **_in("spec"),
+    )
+    vae_slicing: bool = Field(
+        False,
+        description="With --video-batch: the VAE encodes a batch one clip at a time (diffusers enable_slicing): "
+        "batch-one memory and batch-one bytes (the fingerprint's batch is then 1)",
+        **_in("spec"),
+    )
+    text_quantize: Literal["none", "int8-dynamic"] = Field(
+        "none",
+        description="Text encoder weights: none, or int8-dynamic (torch dynamic int8 quantization of its Linear "
+        "layers, CPU only; changes the numbers, so it is in the fingerprint)",
+        **_in("spec"),
+    )
+    text_offload: bool = Field(
+        False,
+        description="Encode a shard's (or chunk's) prompts first, then move the text encoder off the device (on CPU: "
+        "free it) before the VAE runs; a prompt met later brings it back. Same bytes",
+        **_in("run"),
+    )
     device: Device = Field("auto", description="auto → cuda, else neuron (torch-neuronx), else cpu", **_in("device"))
     dtype: ComputeDtype = Field("bf16", description="Compute dtype; stored tensors are bf16 either way", **_in("dtype"))
     store_dtype: StoreDtype = Field(
@@ -390,6 +422,9 @@ ADDED_LATER: dict[str, Any] = {
     "window_step": None,
     "short_clips": None,
     "text_storage": "padded",
+    "video_batch": 1,
+    "vae_tiling": False,
+    "text_quantize": "none",
 }
 
 
@@ -420,6 +455,9 @@ class CacheSpec(StrictModel):
     shard_bytes: int | None = Field(None, description="Shard formats: bytes per shard file")
     parquet_dtype: str | None = Field(None, description="parquet: dtype of the tensor bytes")
     text_storage: Literal["padded", "trimmed"] = "padded"
+    video_batch: int = Field(1, description="Clips per VAE call (short batches padded to it)")
+    vae_tiling: bool = Field(False, description="VAE tiled encoding (diffusers enable_tiling, its default tiles)")
+    text_quantize: Literal["none", "int8-dynamic"] = "none"
     latent_norm: str = Field(description="How latents are normalised before storing")
     text_encoder_output: str = "last_hidden_state"
 
@@ -453,6 +491,9 @@ class CacheSpec(StrictModel):
         }
         if self.text_storage != "padded":
             settings["text_storage"] = self.text_storage
+        for name in ("video_batch", "vae_tiling", "text_quantize"):
+            if getattr(self, name) != ADDED_LATER[name]:
+                settings[name] = getattr(self, name)
         if self.buckets:
             settings["buckets"] = ";".join(f"{w}x{h}x{f}" for w, h, f in self.buckets)
         for name in ("shard_samples", "shard_bytes", "parquet_dtype"):

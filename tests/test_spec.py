@@ -30,6 +30,7 @@ BASE = {
 def test_fingerprint_is_sha256_of_canonical_json():
     added = {"identity_scheme": "content", "audio": True, "buckets": [(96, 64, 9)], "temporal_start": 2}
     added |= {"shard_samples": 10, "shard_bytes": 1 << 20, "parquet_dtype": "fp32"}
+    added |= {"video_batch": 2, "vae_tiling": True, "text_quantize": "int8-dynamic"}
     spec = CacheSpec(**{**BASE, **added, "window_step": 5, "short_clips": "skip", "text_storage": "trimmed"})
     canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     assert spec.fingerprint() == hashlib.sha256(canonical.encode()).hexdigest()
@@ -52,6 +53,9 @@ def test_fields_added_since_0_1_at_their_absent_values_leave_the_fingerprint_as_
         ("shard_samples", 100),
         ("shard_bytes", 1 << 20),
         ("parquet_dtype", "bf16"),
+        ("video_batch", 4),
+        ("vae_tiling", True),
+        ("text_quantize", "int8-dynamic"),
     ):
         assert CacheSpec(**{**BASE, field: value}).fingerprint() != spec.fingerprint(), field
 

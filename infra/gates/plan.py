@@ -124,6 +124,15 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
     return chosen
 
 
+def memory_settings(config: BuildConfig, temporal: str) -> dict[str, Any]:
+    """The spec's video batch (1 with --vae-slicing: the VAE then encodes each clip alone), tiling and text
+    quantization; ConfigError for a batch the shard cannot gather (``windows:K`` has no read-ahead)."""
+    if config.video_batch > 1 and temporal.startswith("windows"):
+        raise ConfigError("--video-batch batches samples prepared ahead; windows:K samples are not: use 1")
+    batch = 1 if config.vae_slicing else config.video_batch
+    return {"video_batch": batch, "vae_tiling": config.vae_tiling, "text_quantize": config.text_quantize}
+
+
 def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tuple[int, ...]]:
     """Resolve the family, check geometry and format, hash the model: (family, spec, latent, text shape). With
     buckets, the latent shape is the first bucket's (each sample's is its own bucket's)."""
@@ -163,6 +172,7 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
         text_storage=config.text_storage,
         text_encoder_output=chosen["text_stage"],
         latent_norm=family.latent_norm,
+        **memory_settings(config, chosen["temporal"]),
         **shard_settings(config),
     )
     if unplaced := [kind for kind in family.kinds(spec) if kind not in get_format(config.format).keys]:

@@ -10,10 +10,12 @@ from pathlib import Path
 import torch
 
 from infra.errors import ConfigError
+from infra.models import memory
 from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, read_json
 from infra.models.identity import Scheme, component_identity
 from infra.models.image import ImageSpec
 from infra.models.ltx2 import Ltx2Spec
+from infra.models.memory import LoadOptions
 from infra.models.plugins import PLUGIN_KEY, as_family, is_builtin, load_module_attr, plugin_identity
 from infra.models.wan22 import Wan22Spec
 from infra.registry import Registry
@@ -100,8 +102,11 @@ LOAD_LOG_ENV = "LATENTFORGE_LOAD_LOG"
 
 
 @functools.lru_cache(maxsize=2)
-def _load(model_dir: str, family: str, device: str, dtype: torch.dtype, files: tuple) -> LoadedFamily:
+def _load(
+    model_dir: str, family: str, device: str, dtype: torch.dtype, files: tuple, options: LoadOptions
+) -> LoadedFamily:
     loaded = get_family(family).load(Path(model_dir), torch.device(device), dtype)
+    memory.apply(loaded, options)
     if log := os.environ.get(LOAD_LOG_ENV):
         with open(Path(log) / f"{os.getpid()}.loads", "a", encoding="utf-8") as fh:
             fh.write(f"{family} {model_dir}\n")
@@ -115,8 +120,11 @@ def _files_signature(model_dir: Path) -> tuple:
     return tuple((str(p.relative_to(model_dir)), st.st_size, st.st_mtime_ns, st.st_ino) for p, st in stats)
 
 
-def load_family(model_dir: Path, family: str, device: torch.device, dtype: torch.dtype) -> LoadedFamily:
-    """Load once per process and reuse: every shard task of a run shares one set of models."""
+def load_family(
+    model_dir: Path, family: str, device: torch.device, dtype: torch.dtype, options: LoadOptions | None = None
+) -> LoadedFamily:
+    """Load once per process and reuse: every shard task of a run shares one set of models (one per set of memory
+    `options`: `infra.models.memory`)."""
     resolved = Path(model_dir).resolve()
     with _load_lock:  # one load at a time: lazy imports are not thread-safe, and memory is not doubled
-        return _load(str(resolved), family, str(device), dtype, _files_signature(resolved))
+        return _load(str(resolved), family, str(device), dtype, _files_signature(resolved), options or LoadOptions())

@@ -90,6 +90,32 @@ class LoadedFamily(ABC):
     def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
         """(1,3,F,H,W) float32 in [-1,1] → normalised latents (C,F',H',W') in the stored dtype, on CPU."""
 
+    def encode_videos(self, pixels: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Several clips of one shape, each (1,3,F,H,W) → their latents, in order. This default loops over
+        `encode_video` (bit for bit what each gives alone); a family whose VAE takes a batch overrides it with one
+        call: then each row equals its batch-one result within the dtype's tolerance, not bit for bit (a kernel's
+        blocking depends on the batch size; `infra.preprocess.videos` keeps the batch size fixed)."""
+        return [self.encode_video(p) for p in pixels]
+
+    def set_vae_memory(self, *, tiling: bool, slicing: bool) -> None:
+        """Turn the VAE's tiling (tiles of each frame encoded apart, blended: changes the numbers) and slicing (a
+        batch encoded one sample at a time inside the VAE) on where asked. ConfigError for a family without them."""
+        vae = getattr(self, "vae", None)
+        for wanted, method in ((tiling, "enable_tiling"), (slicing, "enable_slicing")):
+            if not wanted:
+                continue
+            if vae is None or not callable(getattr(vae, method, None)):
+                raise ConfigError(f"family {self.name}: its VAE has no {method}()")
+            try:
+                getattr(vae, method)()
+            except NotImplementedError as exc:
+                raise ConfigError(f"family {self.name}: {exc}") from exc
+
+    def load_text_encoder(self) -> torch.nn.Module:
+        """The text encoder loaded again from the model's files, on CPU, as the family first loaded it: what
+        ``--text-offload`` on CPU brings back after freeing it (`infra.models.memory`)."""
+        raise ConfigError(f"family {self.name} cannot load its text encoder again: --text-offload is not for it")
+
     @abstractmethod
     def encode_text(self, prompt: str, settings: TextSettings) -> TextEmbedding:
         """One prompt → its embedding padded to ``settings.max_length`` (the encoder's own output at the pad

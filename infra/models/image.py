@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -125,7 +126,7 @@ class ImageEncoder(LoadedFamily):
 
         cfg = _vae_config(model_dir)
         self.kind = cfg["_class_name"]
-        self.device, self.dtype = device, dtype
+        self.model_dir, self.device, self.dtype = model_dir, device, dtype
         vae_cls = getattr(diffusers, self.kind)
         self.vae = vae_cls.from_pretrained(vae_dir(model_dir), torch_dtype=dtype, local_files_only=True)
         self.vae.to(device).eval()
@@ -137,14 +138,23 @@ class ImageEncoder(LoadedFamily):
         self._lock = threading.Lock()
         logger.info("loaded image family (%s) from %s on %s (%s)", self.kind, model_dir, device, dtype)
 
-    @torch.inference_mode()
     def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
         """(1, 3, 1, H, W) in [-1, 1] → (C, H/r, W/r) float32 normalised latents (the caller casts to store)."""
-        image = pixels[:, :, 0].to(self.device, self.dtype)
+        return self.encode_videos([pixels])[0]
+
+    @torch.inference_mode()
+    def encode_videos(self, pixels: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """One VAE call for the batch (images of one size)."""
+        images = torch.cat([p[:, :, 0].to(self.device, self.dtype) for p in pixels])
         with self._lock:
-            encoded = self.vae.encode(image)
+            encoded = self.vae.encode(images)
         z = encoded.latent_dist.mode() if self.kind == "AutoencoderKL" else encoded.latent
-        return normalise(z.float().cpu(), self.scale, self.shift)[0].contiguous()
+        return [row.contiguous() for row in normalise(z.float().cpu(), self.scale, self.shift)]
+
+    def load_text_encoder(self) -> torch.nn.Module:
+        if not has_text(self.model_dir):
+            raise ConfigError("this image model has no text encoder: --text-offload has nothing to offload")
+        return _load_text(self.model_dir, torch.device("cpu"), self.dtype)[0]
 
     @torch.inference_mode()
     def encode_text(self, prompt: str, settings: TextSettings) -> TextEmbedding:

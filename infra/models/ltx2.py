@@ -110,15 +110,12 @@ class Ltx2Encoder(LoadedFamily):
     def __init__(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
         from diffusers import AutoencoderKLLTX2Video  # noqa: PLC0415 - heavy imports, only when loading
         from diffusers.pipelines.ltx2 import LTX2TextConnectors  # noqa: PLC0415
-        from transformers import AutoTokenizer, Gemma3ForConditionalGeneration  # noqa: PLC0415
+        from transformers import AutoTokenizer  # noqa: PLC0415
 
         self.model_dir, self.device, self.dtype = model_dir, device, dtype
         self.vae = AutoencoderKLLTX2Video.from_pretrained(model_dir / "vae", torch_dtype=dtype, local_files_only=True)
         self.vae.to(device).eval()
-        self.text_encoder = Gemma3ForConditionalGeneration.from_pretrained(
-            model_dir / "text_encoder", torch_dtype=dtype, local_files_only=True
-        )
-        self.text_encoder.to(device).eval()
+        self.text_encoder = self.load_text_encoder().to(device)
         self.connectors = LTX2TextConnectors.from_pretrained(
             model_dir / "connectors", torch_dtype=dtype, local_files_only=True
         )
@@ -134,12 +131,16 @@ class Ltx2Encoder(LoadedFamily):
         self._lock = threading.Lock()
         logger.info("loaded ltx2 from %s on %s (%s)", model_dir, device, dtype)
 
-    @torch.inference_mode()
     def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.encode_videos([pixels])[0]
+
+    @torch.inference_mode()
+    def encode_videos(self, pixels: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """One VAE call for the batch (clips of one bucket)."""
         with self._lock:
-            z = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist.mean
-        z = z.float().cpu()
-        return ((z - self.mean) * self.scale / self.std).to(STORE_DTYPE)[0].contiguous()
+            z = self.vae.encode(torch.cat([p.to(self.device, self.dtype) for p in pixels])).latent_dist.mean
+        normed = ((z.float().cpu() - self.mean) * self.scale / self.std).to(STORE_DTYPE)
+        return [row.contiguous() for row in normed]
 
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -147,6 +148,13 @@ class Ltx2Encoder(LoadedFamily):
         with self._lock:
             pixels = self.vae.decode(z.to(self.device, self.dtype)).sample
         return pixels.float().cpu()[0].clamp(-1, 1)
+
+    def load_text_encoder(self) -> torch.nn.Module:
+        from transformers import Gemma3ForConditionalGeneration  # noqa: PLC0415 - heavy import, only when loading
+
+        path = self.model_dir / "text_encoder"
+        model = Gemma3ForConditionalGeneration.from_pretrained(path, torch_dtype=self.dtype, local_files_only=True)
+        return model.eval()
 
     def encode_text(self, prompt: str, settings: TextSettings) -> TextEmbedding:
         return self.encode_texts([prompt], settings)[0]

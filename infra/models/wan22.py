@@ -66,15 +66,12 @@ class Wan22Encoder(LoadedFamily):
 
     def __init__(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
         from diffusers import AutoencoderKLWan  # noqa: PLC0415 - heavy import, only when loading
-        from transformers import AutoTokenizer, UMT5EncoderModel  # noqa: PLC0415
+        from transformers import AutoTokenizer  # noqa: PLC0415
 
-        self.device, self.dtype = device, dtype
+        self.model_dir, self.device, self.dtype = model_dir, device, dtype
         self.vae = AutoencoderKLWan.from_pretrained(model_dir / "vae", torch_dtype=dtype, local_files_only=True)
         self.vae.to(device).eval()
-        self.text_encoder = UMT5EncoderModel.from_pretrained(
-            model_dir / "text_encoder", torch_dtype=dtype, local_files_only=True
-        )
-        self.text_encoder.to(device).eval()
+        self.text_encoder = self.load_text_encoder().to(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer", local_files_only=True)
         channels = self.vae.config.z_dim
         self.mean = torch.tensor(self.vae.config.latents_mean, dtype=torch.float32).view(1, channels, 1, 1, 1)
@@ -82,12 +79,22 @@ class Wan22Encoder(LoadedFamily):
         self._lock = threading.Lock()
         logger.info("loaded wan22 from %s on %s (%s)", model_dir, device, dtype)
 
-    @torch.inference_mode()
     def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.encode_videos([pixels])[0]
+
+    @torch.inference_mode()
+    def encode_videos(self, pixels: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """One VAE call for the batch (clips of one shape): the Wan VAE's causal feature cache is per batch row."""
         with self._lock:
-            z = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist.mode()
-        z = z.float().cpu()
-        return ((z - self.mean) / self.std).to(STORE_DTYPE)[0].contiguous()
+            z = self.vae.encode(torch.cat([p.to(self.device, self.dtype) for p in pixels])).latent_dist.mode()
+        normed = ((z.float().cpu() - self.mean) / self.std).to(STORE_DTYPE)
+        return [row.contiguous() for row in normed]
+
+    def load_text_encoder(self) -> torch.nn.Module:
+        from transformers import UMT5EncoderModel  # noqa: PLC0415 - heavy import, only when loading
+
+        path = self.model_dir / "text_encoder"
+        return UMT5EncoderModel.from_pretrained(path, torch_dtype=self.dtype, local_files_only=True).eval()
 
     def encode_text(self, prompt: str, settings: TextSettings) -> TextEmbedding:
         return self.encode_texts([prompt], settings)[0]

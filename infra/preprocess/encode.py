@@ -36,10 +36,11 @@ from infra.media.video import (
     resize_policy_of,
     sample_frames,
 )
-from infra.models import LoadedFamily, get_family, load_family
+from infra.models import LoadedFamily, get_family, load_family, memory
 from infra.models.base import TextEmbedding
+from infra.models.memory import LoadOptions
 from infra.ops.faults import fault_point
-from infra.preprocess import prefetch, texts
+from infra.preprocess import prefetch, texts, videos
 from infra.sources import SampleRef
 
 
@@ -48,7 +49,8 @@ def load_encoder(plan: BuildPlan) -> LoadedFamily:
     cfg = plan.config
     try:
         device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
-        return load_family(Path(cfg.model).expanduser(), plan.family, device, dtype)
+        options = LoadOptions(cfg.vae_tiling, cfg.vae_slicing, cfg.text_quantize, cfg.text_offload)
+        return load_family(Path(cfg.model).expanduser(), plan.family, device, dtype, options)
     except Exception as exc:
         raise ModelLoadError(f"cannot load {plan.family} from {cfg.model}: {type(exc).__name__}: {exc}") from exc
 
@@ -168,14 +170,15 @@ def prefetcher_for(
     """A shard's read-ahead (`infra.preprocess.prefetch`) over the samples `wanted`; None without one
     (``--prefetch 0 --text-batch 1``, or ``windows:K``, whose samples are made from their clip as it is visited)."""
     cfg = plan.config
-    if (cfg.prefetch == 0 and cfg.text_batch == 1) or plan.spec.temporal_policy().kind == "windows":
+    serial = cfg.prefetch == 0 and cfg.text_batch == 1 and cfg.video_batch == 1
+    if serial or plan.spec.temporal_policy().kind == "windows":
         return None
     return prefetch.Prefetcher(
         refs,
         read=read_sample,
         decode=prepared_video(plan),
         wanted=wanted,
-        depth=cfg.prefetch,
+        depth=max(cfg.prefetch, cfg.video_batch - 1),  # a batch is made of samples already prepared
         lookahead=cfg.text_batch - 1,
         workers=cfg.decode_workers,
     )
@@ -197,7 +200,14 @@ def encode_text(encoder: LoadedFamily, prompt: str, plan: BuildPlan) -> TextEmbe
     cache = texts.cache_for(encoder, cfg.text_cache_mb * 2**20)
     ahead = prefetch.active()
     upcoming = ahead.upcoming() if ahead is not None and cfg.text_cache_mb else []
-    return cache.embedding(encoder, prompt, plan.spec.text_settings(), upcoming=upcoming, batch=cfg.text_batch)
+    settings = plan.spec.text_settings()
+    if cfg.text_offload:  # encoded in the shard's text phase; a prompt not held brings the parked encoder back
+        held = cache.lookup(prompt, settings)
+        if held is not None:
+            return held
+        with memory.text_in_use(encoder):
+            return cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.text_batch)
+    return cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.text_batch)
 
 
 def encode_sample(
@@ -214,7 +224,7 @@ def encode_sample(
     fault_point("decode")
     encoder = get_encoder()
     store = STORE_DTYPES[spec.store_dtype]
-    latents = encoder.encode_video(video.pixels).to(store)
+    latents = videos.latents(encoder, ref, video.pixels, plan).to(store)
     text = encode_text(encoder, prompt, plan) if "text_embeddings" in plan.kinds else None
     fault_point("encode")
     extras: dict[str, Any] = dict(text.extras) if text is not None else {}

@@ -69,6 +69,7 @@ class Prefetcher:
         self._queue: deque[_Entry | _End] = deque()
         self._current: _Entry | None = None
         self._done = False
+        self._held: dict[str, Any] = {}  # ref key → latents (or the error) encoded at an earlier sample's turn
 
     def __iter__(self) -> Iterator[SampleRef]:
         return self
@@ -129,6 +130,32 @@ class Prefetcher:
         video = entry.future.result() if entry.future is not None else None
         return entry.prompt or "", entry.media or b"", video
 
+    def ready(self, count: int, shape: tuple[int, ...]) -> list[tuple[SampleRef, Any]]:
+        """Up to `count` of the samples decoded ahead (waiting for their decodes) whose pixels have `shape`, with
+        their prepared videos: what `infra.preprocess.videos` batches with the current sample. A sample whose
+        reading or decoding failed is left out (its error comes at its turn), as is one already held."""
+        found: list[tuple[SampleRef, Any]] = []
+        for entry in list(self._queue):
+            if len(found) >= count or not isinstance(entry, _Entry):
+                break
+            if entry.future is None or entry.error is not None or entry.ref.key in self._held:
+                continue
+            try:
+                video = entry.future.result()
+            except Exception:  # noqa: BLE001 - raised again by `take` at its turn
+                continue
+            if tuple(video.pixels.shape) == shape:
+                found.append((entry.ref, video))
+        return found
+
+    def hold(self, ref: SampleRef, result: Any) -> None:
+        """Keep a sample's latents (or its encode error) until its turn (`release`)."""
+        self._held[ref.key] = result
+
+    def release(self, ref: SampleRef) -> Any | None:
+        """The latents (or error) held for `ref`, forgotten here; None when none are held."""
+        return self._held.pop(ref.key, None)
+
     def upcoming(self) -> list[str]:
         """The prompts of the samples read ahead, in order (text batching encodes them with the current one)."""
         return [e.prompt for e in self._queue if isinstance(e, _Entry) and e.prompt is not None]
@@ -137,6 +164,7 @@ class Prefetcher:
         """Drop what was prepared ahead: queued decodes are cancelled, running ones finish (one sample each)."""
         self._done = True
         self._queue.clear()
+        self._held.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         close = getattr(self._refs, "close", None)

@@ -27,7 +27,7 @@ from infra.gates.stale import kept, refreshed, source_state
 from infra.models import LoadedFamily
 from infra.ops import preempt
 from infra.ops.faults import fault_point
-from infra.preprocess import handoff, prefetch
+from infra.preprocess import handoff, phases, prefetch
 from infra.preprocess.encode import encode_sample, load_encoder, prefetcher_for
 from infra.preprocess.result import ShardResult
 from infra.preprocess.windows import expand
@@ -176,6 +176,11 @@ def process_shard(
     get_encoder = functools.partial(load_encoder, plan)  # loads on first use only (cached per process)
     samples = open_source(plan.config.source).samples(shard.shard)
     state = (previous, rows, result, ledger.windows_by_clip(previous))
+    if plan.config.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
+        wanted = functools.partial(_wanted, plan=plan, previous=previous, keys=keys)
+        phases.text_first_of(
+            plan, open_source(plan.config.source).samples(shard.shard), (first, stop), wanted, get_encoder
+        )
     ahead = _prefetcher(plan, itertools.islice(samples, first, stop), previous, keys)
     with (
         preempt.cleanup(functools.partial(_seal_from_journal, plan, ledger_id)),
@@ -208,12 +213,13 @@ def _prefetcher(
 ) -> prefetch.Prefetcher | None:
     """The shard's read-ahead over the samples it will encode (not those kept from the ledger, nor the sanity's
     sample, which `handoff.take` reads and compares instead of decoding it)."""
+    return prefetcher_for(plan, refs, functools.partial(_wanted, plan=plan, previous=previous, keys=keys))
 
-    def wanted(ref: SampleRef) -> bool:
-        selected = keys is None or _selected(ref.key, keys)
-        return selected and not _reusable(previous.get(ref.key), plan) and not handoff.holds(plan, ref)
 
-    return prefetcher_for(plan, refs, wanted)
+def _wanted(ref: SampleRef, plan: BuildPlan, previous: dict[str, LedgerRow], keys: frozenset[str] | None) -> bool:
+    """Whether the shard will encode `ref` (selected, not kept from the ledger, not the sanity's held sample)."""
+    selected = keys is None or _selected(ref.key, keys)
+    return selected and not _reusable(previous.get(ref.key), plan) and not handoff.holds(plan, ref)
 
 
 def _visit_clip(

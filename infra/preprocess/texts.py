@@ -73,6 +73,18 @@ class TextCache:
                 self._put((text, settings), embedding)
             return embeddings[0]
 
+    def holds(self, prompt: str, settings: TextSettings) -> bool:
+        """Whether the embedding of `prompt` under `settings` is held now."""
+        with self._lock:
+            return (prompt, settings) in self._held
+
+    def lookup(self, prompt: str, settings: TextSettings) -> TextEmbedding | None:
+        """The embedding of `prompt` if held (counted as served), else None; the encoder is not called."""
+        with self._lock:
+            held = self._get((prompt, settings))
+            self.stats.served += held is not None
+            return held
+
     def _get(self, key: tuple[str, TextSettings]) -> TextEmbedding | None:
         embedding = self._held.get(key)
         if embedding is not None:

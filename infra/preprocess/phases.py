@@ -1,0 +1,78 @@
+"""``--text-offload``: a shard's (or chunk's) prompts encoded first, in batches, then the text encoder parked off
+the device (`infra.models.memory`) while the VAE encodes the shard's videos; the embeddings wait in the process's
+text cache (`infra.preprocess.texts`), so bound it (``--text-cache-mb``, ``--chunk-size``) to what the prompts need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Iterator
+
+from infra.gates.plan import BuildPlan
+from infra.media.prompts import decode_prompt
+from infra.models import LoadedFamily, memory
+from infra.preprocess import texts
+from infra.sources import SampleRef, ShardReadError
+
+logger = logging.getLogger(__name__)
+
+
+def shard_prompts(refs: Iterable[SampleRef]) -> list[str]:
+    """The distinct prompts of `refs`, in order; a prompt that cannot be read is left to the sample's turn (its
+    row gets the error it gets without this phase)."""
+    prompts: dict[str, None] = {}
+    for ref in refs:
+        try:
+            prompts.setdefault(decode_prompt(ref.read_prompt()), None)
+        except Exception as exc:  # noqa: BLE001 - reported at the sample's own turn
+            logger.debug("prompt of %s not read ahead: %s", ref.key, exc)
+    return list(prompts)
+
+
+def text_first(plan: BuildPlan, refs: Iterable[SampleRef], get_encoder: Callable[[], LoadedFamily]) -> int:
+    """Encode the prompts of `refs` not held yet, ``--text-batch`` at a time, then park the text encoder; the
+    number of prompts the cache could not keep (each brings the encoder back at its turn)."""
+    if "text_embeddings" not in plan.kinds:
+        return 0
+    prompts = shard_prompts(refs)
+    if not prompts:
+        return 0
+    encoder, cfg, settings = get_encoder(), plan.config, plan.spec.text_settings()
+    cache = texts.cache_for(encoder, cfg.text_cache_mb * 2**20)
+    with memory.text_in_use(encoder):
+        for i, prompt in enumerate(prompts):
+            upcoming = prompts[i + 1 : i + cfg.text_batch]
+            cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.text_batch)
+    lost = sum(not cache.holds(prompt, settings) for prompt in prompts)
+    if lost:
+        logger.warning(
+            "--text-offload: %d of %d prompts did not fit --text-cache-mb %d; each brings the text encoder back",
+            lost,
+            len(prompts),
+            cfg.text_cache_mb,
+        )
+    return lost
+
+
+def text_first_of(
+    plan: BuildPlan,
+    samples: Iterator[SampleRef],
+    span: tuple[int, int | None],
+    wanted: Callable[[SampleRef], bool],
+    get_encoder: Callable[[], LoadedFamily],
+) -> None:
+    """`text_first` over a pass of its own of a shard's source `samples` (closed at the end): the refs of `span`
+    (the shard's quota or a chunk) that are `wanted`, up to a read error (the main loop meets it again and records
+    it)."""
+    with contextlib.closing(samples):  # type: ignore[type-var] - the source's generator
+        refs = itertools.islice(samples, *span)
+        text_first(plan, _until_error(r for r in refs if wanted(r)), get_encoder)
+
+
+def _until_error(refs: Iterator[SampleRef]) -> Iterator[SampleRef]:
+    try:
+        yield from refs
+    except ShardReadError as exc:
+        logger.debug("prompt pass stopped: %s", exc)

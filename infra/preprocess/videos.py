@@ -1,0 +1,106 @@
+"""Video batching (``--video-batch N``): the current sample's pixels encoded in one VAE call with up to N - 1 of the
+samples the shard's prefetcher has already prepared, those of the same shape only (one bucket, one geometry).
+
+Each sample still goes through the shard loop, its ledger row and its write one at a time, as without batching:
+the latents of the others wait on the prefetcher (`Prefetcher.hold`) until their turn, and a stop or a kill drops
+them with the rest of what was prepared ahead. A batch that fails is encoded again one sample at a time, so a
+failing sample gets its own error and its own failed row, and the others their latents.
+
+Batched and batch-one latents agree within the compute dtype's tolerance, not bit for bit (CPU, tiny Wan2.2, at
+17×128²: stored bf16 differs by at most one unit in the last place in <1% of the values; README "Memory and
+batching"). What does hold bit for bit is one sample's result at one batch size, whatever it is batched with: so
+every VAE call is made at the spec's batch size (`CacheSpec.video_batch`), a short batch filled up with copies of
+its last sample, and the batch size is part of the fingerprint. With ``--vae-slicing`` the VAE encodes a batch
+one sample at a time: the spec's batch is then 1 and nothing is padded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from infra.gates.plan import BuildPlan
+from infra.models import LoadedFamily
+from infra.preprocess import prefetch
+from infra.sources import SampleRef
+
+logger = logging.getLogger(__name__)
+
+Result = torch.Tensor | Exception
+
+
+@dataclass
+class VideoStats:
+    """VAE work of this process: calls, clips encoded (their own), clips padded in (copies filling a batch)."""
+
+    calls: int = 0
+    clips: int = 0
+    padded: int = 0
+
+
+_stats = VideoStats()
+_stats_lock = threading.Lock()
+
+
+def stats() -> VideoStats:
+    """A copy of this process's VAE counts (tests and the benchmark read them)."""
+    with _stats_lock:
+        return VideoStats(_stats.calls, _stats.clips, _stats.padded)
+
+
+def clear() -> None:
+    """Reset the counts."""
+    with _stats_lock:
+        _stats.calls = _stats.clips = _stats.padded = 0
+
+
+def encode_group(encoder: LoadedFamily, pixels: list[torch.Tensor], fixed: int) -> list[Result]:
+    """The latents of each clip (all of one shape), or the error it raised: one VAE call at batch size `fixed`
+    (a short group filled up with copies of its last clip; 1: no filling); if that call fails, each clip again
+    on its own (padded to `fixed` with copies of itself), so an error belongs to the clip that raised it."""
+    try:
+        return list(_call(encoder, pixels, fixed))
+    except Exception as exc:  # noqa: BLE001 - the group is split and each clip's own error kept
+        if len(pixels) == 1:
+            return [exc]
+        logger.warning("a batch of %d clips failed (%s): encoding them one at a time", len(pixels), exc)
+    results: list[Result] = []
+    for one in pixels:
+        try:
+            results.append(_call(encoder, [one], fixed)[0])
+        except Exception as exc:  # noqa: BLE001 - this clip's error, raised at its turn
+            results.append(exc)
+    return results
+
+
+def _call(encoder: LoadedFamily, pixels: list[torch.Tensor], fixed: int) -> list[torch.Tensor]:
+    padded = pixels + [pixels[-1]] * (fixed - len(pixels)) if fixed > 1 else pixels
+    with _stats_lock:
+        _stats.calls += 1
+        _stats.clips += len(pixels)
+        _stats.padded += len(padded) - len(pixels)
+    return encoder.encode_videos(padded)[: len(pixels)]
+
+
+def latents(encoder: LoadedFamily, ref: SampleRef, pixels: torch.Tensor, plan: BuildPlan) -> torch.Tensor:
+    """The sample's latents: held from a batch encoded at an earlier sample's turn, else encoded now together
+    with up to ``--video-batch - 1`` prepared samples of its shape (their latents held for their turns)."""
+    fixed = plan.spec.video_batch
+    gather = plan.config.video_batch
+    ahead = prefetch.active()
+    if ahead is not None:
+        held = ahead.release(ref)
+        if held is not None:
+            if isinstance(held, Exception):
+                raise held
+            return held
+    others = ahead.ready(gather - 1, tuple(pixels.shape)) if ahead is not None and gather > 1 else []
+    results = encode_group(encoder, [pixels, *(video.pixels for _, video in others)], fixed)
+    for (other, _), result in zip(others, results[1:], strict=True):
+        ahead.hold(other, result)  # type: ignore[union-attr] - others is empty without a prefetcher
+    if isinstance(results[0], Exception):
+        raise results[0]
+    return results[0]
