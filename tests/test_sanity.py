@@ -20,8 +20,7 @@ from infra.formats.pt import PtFormat
 from infra.gates.disk import check_disk
 from infra.gates.plan import make_plan
 from infra.gates.sanity import MARKER, SanityDirError, peak_memory, run_sanity, sanity_dir
-from infra.models.wan22 import Wan22Encoder
-from infra.preprocess import handoff
+from infra.preprocess import handoff, videos
 from infra.sources import open_source
 from tests.conftest import FRAMES, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
@@ -204,17 +203,16 @@ def test_peak_memory_sees_a_transient_allocation():
 def test_the_build_encodes_the_sanity_sample_once_with_the_same_bytes(tmp_path, tiny_model, source, monkeypatch):
     """The preprocess writes the sanity's encoded sample instead of encoding it again: one VAE call per sample, and
     the cache is byte for byte the one a build that encodes it twice writes."""
-    calls: list[str] = []
-    real = Wan22Encoder.encode_video
-    monkeypatch.setattr(Wan22Encoder, "encode_video", lambda self, pixels: calls.append("vae") or real(self, pixels))
+    videos.clear()
     ok, result = run_build(config(source, tiny_model, tmp_path / "once"))
     assert ok, result
-    assert result["done"] == 6 and len(calls) == 6, f"{len(calls)} VAE calls for 6 samples (sanity included)"
+    encoded = videos.stats().clips
+    assert result["done"] == 6 and encoded == 6, f"{encoded} clips through the VAE for 6 samples (sanity included)"
     assert handoff._slot is None  # nothing held after the run
 
     monkeypatch.setattr(handoff, "keep", lambda *args, **kwargs: None)  # the old way: the preprocess encodes it too
     ok, _ = run_build(config(source, tiny_model, tmp_path / "twice"))
-    assert ok and len(calls) == 6 + 7
+    assert ok and videos.stats().clips == 6 + 7
     once = {k: v for k, v in tree_hashes(tmp_path / "once").items() if k.endswith(".pt")}
     assert once == {k: v for k, v in tree_hashes(tmp_path / "twice").items() if k.endswith(".pt")} and len(once) == 6
     rows = ledger.read_shard(tmp_path / "once", "part-00000")
