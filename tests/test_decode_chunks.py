@@ -1,5 +1,5 @@
 """Decode-and-verify in chunks: streamed scoring against whole-tensor scoring, the Wan VAE's chunked decode against
-its whole decode, and the streamed comparison's canvas and checks.
+its whole decode, and the streamed comparison's files and checks.
 
 What holds how: scoring in frame chunks is bit-identical to scoring the whole tensor (every frame is reduced on
 its own, in order), and within 1e-12 of the float64 conv2d SSIM this module replaced; the Wan decode with one
@@ -7,16 +7,19 @@ latent frame per call is the VAE's own decode bit for bit, with 2 or 3 per call 
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from infra.audit import metrics
-from infra.audit.compare import compare, to_uint8
+from infra.audit.compare import compare, strip_picks, to_uint8
 from infra.models import load_family
 from infra.models.wan_decode import latent_spans
 from tests.conftest import HEIGHT, WIDTH
@@ -105,17 +108,34 @@ def test_wan_chunked_decode_equals_the_whole_decode(tiny_model: Path):
     assert torch.equal(family.decode(latents), whole)  # the feature cache was cleared: the next decode is the same
 
 
-def test_compare_streams_the_whole_tensor_numbers_into_one_canvas():
-    reference, test = (v.float() for v in _pair(4))
-    chunks = [test[:, :1], test[:, 1:5], test[:, 5:]]
-    compared = compare(reference, iter(chunks))
+def _mp4_frames(data: bytes) -> np.ndarray:
+    with av.open(io.BytesIO(data)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def _smooth(seed: int) -> torch.Tensor:
+    """A smooth video (what H.264 keeps near lossless at crf 15; random pixels it cannot)."""
+    coarse = torch.rand((1, 3, SHAPE[1], 5, 8), generator=torch.Generator().manual_seed(seed))
+    return F.interpolate(coarse, size=SHAPE[1:], mode="trilinear")[0] * 1.6 - 0.8
+
+
+def test_compare_streams_the_whole_tensor_numbers_and_files():
+    reference = _smooth(4)
+    test = (reference + 0.1 * torch.randn(SHAPE, generator=torch.Generator().manual_seed(5))).clamp(-1, 1)
+    compared = compare(reference, iter([test[:, :1], test[:, 1:5], test[:, 5:]]))
     assert compared.score.psnr == metrics.psnr(reference, test) and compared.score.ssim == metrics.ssim(reference, test)
-    canvas = compared.canvas  # height 40 is even: no padding row
-    assert canvas.shape == (SHAPE[1], SHAPE[2], 2 * SHAPE[3], 3) and canvas.dtype == np.uint8
-    assert np.array_equal(canvas[:, :, : SHAPE[3]], to_uint8(reference).numpy())
-    assert np.array_equal(canvas[:, :, SHAPE[3] :], to_uint8(test).numpy())
+    picks = strip_picks(SHAPE[1])
+    assert picks == [0, 4, 8]
+    top, bottom = (np.concatenate(list(to_uint8(v[:, picks]).numpy()), axis=1) for v in (reference, test))
+    assert np.array_equal(compared.strip, np.concatenate([top, bottom]))  # the strip is lossless
+    png = np.asarray(Image.open(io.BytesIO(compared.strip_png())).convert("RGB"))
+    assert np.array_equal(png, compared.strip)
+    frames = _mp4_frames(compared.mp4)
+    assert frames.shape == (SHAPE[1], SHAPE[2], 2 * SHAPE[3], 3)
+    left = torch.from_numpy(frames[:, :, : SHAPE[3]]).permute(3, 0, 1, 2).float() / 127.5 - 1
+    assert metrics.psnr(reference, left) > 30  # H.264 at crf 15: near lossless
     odd = compare(reference[:, :, :39], iter([test[:, :, :39]]))
-    assert odd.canvas.shape[1] == 40 and not odd.canvas[:, 39].any()  # padded to an even height with black
+    assert _mp4_frames(odd.mp4).shape[1] == 40 and odd.strip.shape == (2 * 39, 3 * SHAPE[3], 3)  # even height
 
 
 def test_compare_refuses_frames_that_do_not_fit_and_closes_the_decoder():

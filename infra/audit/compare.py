@@ -1,8 +1,9 @@
-"""Decoded frames against the source, streamed: scored and drawn into one uint8 canvas as each chunk arrives.
+"""Decoded frames against the source, streamed: each chunk of decoded frames is scored and encoded into the
+side-by-side mp4 as it arrives, and the three frames of the PNG strip are kept as they pass.
 
-The canvas ``(F, H', 2W, 3)`` holds the source on the left and the decoded frames on the right (H padded to even
-for yuv420p): it is the side-by-side mp4's frames, and the PNG strip is cut from it. At 33×832² that is 137 MB of
-uint8, where a whole decoded copy alone is 274 MB of float32 (and the old side-by-side made several of 548 MB).
+What is held at once: the source's pixels (the recipe's float32, needed to score), one decoded chunk, one
+side-by-side frame and the strip's frames in uint8. At 33×832² the old path held a whole decoded copy (274 MB of
+float32) and several whole side-by-side float copies (548 MB each) next to the source.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ import torch
 from PIL import Image
 
 from infra.audit import metrics
-from infra.media.mp4 import mp4_bytes
+from infra.media.mp4 import Mp4Writer
 
 FPS = 24
-PIXEL_CHUNK = 4  # source frames turned into uint8 at a time
 #: libx264 at near-lossless quality; "veryfast" is ~3× quicker than the default preset at 1664×832 (bigger file).
 MP4_OPTIONS = {"crf": "15", "preset": "veryfast"}
 
@@ -29,51 +29,55 @@ def to_uint8(video: torch.Tensor) -> torch.Tensor:
     return ((video.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).movedim(0, -1).contiguous()
 
 
-@dataclass
+def strip_picks(frames: int) -> list[int]:
+    """The PNG strip's frames: first, middle and last."""
+    return sorted({0, (frames - 1) // 2, frames - 1})
+
+
+@dataclass(frozen=True)
 class Comparison:
-    """The metrics of a decoded video against its source, and the canvas showing both."""
+    """The metrics of a decoded video against its source and the files showing both."""
 
     score: metrics.VideoScore
-    canvas: np.ndarray  # (F, H + H % 2, 2W, 3) uint8: source | decoded
-    height: int
-    width: int
-
-    def mp4(self, fps: int = FPS) -> bytes:
-        """Source and decoded side by side (2W × H, padded to an even height) as H.264 yuv420p in MP4."""
-        return mp4_bytes(self.canvas, fps, "libx264", "yuv420p", MP4_OPTIONS)
+    mp4: bytes  # source | decoded side by side (2W × H, padded to an even height), H.264 yuv420p
+    strip: np.ndarray  # (2H, k·W, 3) uint8: the strip's source frames above their decoded frames
 
     def strip_png(self) -> bytes:
-        """First, middle and last frame: the source above the decoded frames, as one PNG (k·W × 2H)."""
-        count, h, w = len(self.canvas), self.height, self.width
-        picks = sorted({0, (count - 1) // 2, count - 1})
-        top = np.concatenate([self.canvas[i, :h, :w] for i in picks], axis=1)
-        bottom = np.concatenate([self.canvas[i, :h, w:] for i in picks], axis=1)
         buffer = io.BytesIO()
-        Image.fromarray(np.concatenate([top, bottom], axis=0)).save(buffer, format="PNG", compress_level=1)
+        Image.fromarray(self.strip).save(buffer, format="PNG", compress_level=1)
         return buffer.getvalue()
 
 
-def compare(source: torch.Tensor, decoded: Iterable[torch.Tensor], device: metrics.Device = "cpu") -> Comparison:
+def compare(
+    source: torch.Tensor, decoded: Iterable[torch.Tensor], device: metrics.Device = "cpu", fps: int = FPS
+) -> Comparison:
     """Score `decoded` (chunks (3, f, H, W) in order, together the source's frames) against `source` (3, F, H, W),
-    each chunk as it comes, and draw both into the canvas. ValueError when the decoded frames do not have the
-    source's shape (the chunks are closed either way)."""
+    each chunk as it comes, writing the side-by-side mp4 and keeping the strip's frames. ValueError when the decoded
+    frames do not have the source's shape (the decoder is closed either way)."""
     channels, frames, height, width = source.shape
-    canvas = np.zeros((frames, height + height % 2, 2 * width, 3), dtype=np.uint8)
-    for start in range(0, frames, PIXEL_CHUNK):
-        canvas[start : start + PIXEL_CHUNK, :height, :width] = to_uint8(source[:, start : start + PIXEL_CHUNK])
+    picks, kept = strip_picks(frames), {}
+    side = np.zeros((height + height % 2, 2 * width, 3), dtype=np.uint8)  # one side-by-side frame, reused
     score, done, chunks = metrics.VideoScore(device), 0, iter(decoded)
     try:
-        for chunk in _checked(chunks, source.shape):
-            end = done + chunk.shape[1]
-            score.add(source[:, done:end], chunk)
-            canvas[done:end, :height, width:] = to_uint8(chunk)
-            done = end
+        with Mp4Writer(fps, "libx264", "yuv420p", MP4_OPTIONS, side.shape[0], side.shape[1]) as writer:
+            for chunk in _checked(chunks, source.shape):
+                end = done + chunk.shape[1]
+                score.add(source[:, done:end], chunk)
+                pairs = zip(to_uint8(source[:, done:end]).numpy(), to_uint8(chunk).numpy(), strict=True)
+                for index, (left, right) in enumerate(pairs, start=done):
+                    side[:height, :width], side[:height, width:] = left, right
+                    writer.write(side)
+                    if index in picks:
+                        kept[index] = side[:height].copy()
+                done = end
+            if done != frames:
+                raise ValueError(f"decoded shape {(channels, done, height, width)} is not the source's {source.shape}")
+            mp4 = writer.close()
     finally:  # a decoder stopped early (a bad shape) releases its model and cache now, not at garbage collection
         if isinstance(chunks, Generator):
             chunks.close()
-    if done != frames:
-        raise ValueError(f"decoded shape {(channels, done, height, width)} is not the source's {tuple(source.shape)}")
-    return Comparison(score, canvas, height, width)
+    rows = [np.concatenate([kept[i][:, half] for i in picks], axis=1) for half in (slice(0, width), slice(width, None))]
+    return Comparison(score, mp4, np.concatenate(rows, axis=0))
 
 
 def _checked(chunks: Iterator[torch.Tensor], shape: torch.Size) -> Iterator[torch.Tensor]:

@@ -201,9 +201,8 @@ class _Run:
         del prepared  # the clip's frames at source resolution: the pixels are all that is compared
         compared = compare(source, self.family.decode_chunks(record[key]), self.metrics_device)
         frames = int(source.shape[1])
-        del source  # from here on the canvas (uint8) is all there is of either video
         mp4, png = (self.folder / group / f"{name}{suffix}" for suffix in (".mp4", ".png"))
-        atomic_write(mp4, compared.mp4())
+        atomic_write(mp4, compared.mp4)
         atomic_write(png, compared.strip_png())
         psnr, ssim = compared.score.psnr, compared.score.ssim
         mel_l1 = self._audio_error(row, media, frames / fps) if self.spec.audio else None
