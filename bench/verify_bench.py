@@ -11,6 +11,10 @@ Both decode-verify paths re-derive the source pixels and decode the same stored 
 printed side by side. Ratios: each path's seconds over the encode's, and peak RSS over the encode's.
 
     python bench/decode_bench.py --verify            # ~10 minutes on 2 shared cores
+    python bench/verify_bench.py --builds            # the whole process: 3-sample builds, --decode-samples 0 and 1
+
+``--builds`` runs two ``latentforge build`` processes at once (3 clips, 33×832², tiny wan22, fp32 CPU), one with
+decode-and-verify of one sample and one without, and prints each one's peak RSS (their times overlap: not compared).
 """
 
 from __future__ import annotations
@@ -120,8 +124,31 @@ def main(rev: str = BASELINE_REV) -> None:
     )
 
 
+def builds() -> None:
+    """Peak RSS of whole builds, with and without decode-and-verify of one sample."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from throughput_bench import make_workload  # noqa: PLC0415
+
+    lf = Path(sys.executable).with_name("latentforge")
+    with tempfile.TemporaryDirectory(prefix="lf-verify-builds-") as tmp:
+        src, model, _ = make_workload(Path(tmp), 3)
+        procs = {}
+        for k in ("0", "1"):
+            args = [str(lf), "build", "--source", f"vbvr:{src}", "--model", str(model), "--out", f"{tmp}/out{k}"]
+            args += ["--device", "cpu", "--dtype", "fp32", "--decode-samples", k, "--on-loss", "accept"]
+            env = os.environ | {"PREFECT_HOME": f"{tmp}/prefect{k}"}
+            procs[k] = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for k, proc in procs.items():
+            _, status, usage = os.wait4(proc.pid, 0)
+            peak = usage.ru_maxrss / 2**20  # KiB → GiB
+            where = f"3 samples at {FRAMES}x{SIZE}x{SIZE}"
+            print(f"  build, {where}, --decode-samples {k}: exit {status}, peak RSS {peak:.2f} GiB")
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--child"]:
+    if sys.argv[1:2] == ["--builds"]:
+        builds()
+    elif sys.argv[1:2] == ["--child"]:
         which, work, rev = sys.argv[2], Path(sys.argv[3]), sys.argv[4]
         (work / f"{which}.json").write_text(json.dumps(_child(which, work, rev)))
     else:
