@@ -6,9 +6,9 @@ Both map pixels to ``[0, 1]`` first (``(x + 1) / 2``, no clamping) and use a dat
 * SSIM: Wang et al. (2004) with an 11×11 Gaussian window (σ = 1.5), K1 = 0.01, K2 = 0.03, computed per frame
   per channel over the "valid" window positions (no padding, as in the reference implementation) and averaged
   over every window position, channel and frame. Frames smaller than 11 pixels use the largest odd window that
-  fits. The Gaussian filter is applied separably (rows, then columns) as shifted multiply-adds in float64, in
-  strips of `STRIP_ROWS` rows (they stay in cache; a float64 ``conv2d`` on CPU is ~10× slower); identical inputs
-  give exactly 1.0 (numerator and denominator are then the same products).
+  fits. The Gaussian filter is applied separably (rows, then columns) as shifted multiply-adds in float64, per
+  channel in strips of ~29 rows at 832 wide (they stay in cache; a float64 ``conv2d`` on CPU is ~10× slower);
+  identical inputs give exactly 1.0 (numerator and denominator are then the same products).
 
 Scoring is streamed: `VideoScore.add` takes a chunk of frames at a time (decode-and-verify feeds it each decoder
 call's frames), and every frame is reduced on its own and added in frame order, so the result does not depend on
@@ -28,7 +28,8 @@ SIGMA = 1.5
 K1, K2 = 0.01, 0.03
 DATA_RANGE = 1.0
 Device = torch.device | str
-STRIP_ROWS = 32  # output rows of one SSIM strip on CPU (a strip's float64 temporaries stay in cache)
+STRIP_ROWS: int | None = None  # output rows of one SSIM strip on CPU; None: from PARALLEL_GRAIN (see _strip_rows)
+PARALLEL_GRAIN = 32768  # at::internal::GRAIN_SIZE: element-wise ops on fewer elements run on the calling thread
 
 
 def _check(reference: torch.Tensor, test: torch.Tensor) -> None:
@@ -89,17 +90,27 @@ def _frame_squared(x: torch.Tensor, y: torch.Tensor) -> float:
     return float(torch.sum((x - y) ** 2))
 
 
+def _strip_rows(width: int, size: int, device: torch.device) -> int:
+    """Output rows of one SSIM strip: on CPU as many as keep a strip's inputs under PyTorch's parallel grain (so
+    its many small ops run on the calling thread: with 2 threads on 2 busy cores they took 10× longer), on an
+    accelerator the whole frame (fewer launches)."""
+    if device.type != "cpu":
+        return 1 << 30
+    return STRIP_ROWS or max(1, PARALLEL_GRAIN // width - (size - 1))
+
+
 def _frame_ssim(x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
-    """Sum and count of the SSIM map of one frame (C, H, W) in [0, 1], strip by strip."""
+    """Sum and count of the SSIM map of one frame (C, H, W) in [0, 1], strip by strip (per channel on CPU)."""
     height, width = x.shape[-2:]
     size = window_size(height, width)
     taps = gaussian_window(size).tolist()
-    valid = height - size + 1
-    strip = STRIP_ROWS if x.device.type == "cpu" else valid  # an accelerator takes the frame whole: fewer launches
+    valid, strip = height - size + 1, _strip_rows(width, size, x.device)
+    planes = [(x, y)] if x.device.type != "cpu" else [(x[c : c + 1], y[c : c + 1]) for c in range(x.shape[0])]
     total = 0.0
-    for start in range(0, valid, strip):
-        rows = slice(start, min(start + strip, valid) + size - 1)
-        total += _ssim_strip(x[:, rows], y[:, rows], taps)
+    for a, b in planes:
+        for start in range(0, valid, strip):
+            rows = slice(start, min(start + strip, valid) + size - 1)
+            total += _ssim_strip(a[:, rows], b[:, rows], taps)
     return total, x.shape[0] * valid * (width - size + 1)
 
 
