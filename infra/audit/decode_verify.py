@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import io
 import itertools
 import logging
 from collections.abc import Callable, Iterable
@@ -20,9 +19,9 @@ from statistics import fmean
 from typing import Any
 
 import torch
-from PIL import Image
 
-from infra.audit import metrics, reports
+from infra.audit import reports
+from infra.audit.compare import compare
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
 from infra.cache.ledger import LedgerRow, window_of
@@ -32,7 +31,6 @@ from infra.devices import resolve_device, resolve_dtype
 from infra.errors import ConfigError
 from infra.formats import AUDIO_KIND, Format, get_format
 from infra.media.audio import trainer_audio
-from infra.media.mp4 import mp4_bytes
 from infra.models import LoadedFamily, load_family
 from infra.models.identity import component_identity
 from infra.ops.faults import fault_point
@@ -42,7 +40,6 @@ from infra.sources import Shard, Source, is_safe_name, open_source
 logger = logging.getLogger(__name__)
 
 DECODE_DIR = "decode"
-FPS = 24
 
 
 @dataclass(frozen=True)
@@ -200,18 +197,17 @@ class _Run:
         if (media := read_media()) is None:
             raise ValueError("the source sample has no video")
         prepared = prepare_video(media, self.spec, window_of(row)[1])
-        source = prepared.pixels[0]  # the recipe's pixels, re-derived
-        decoded = self.family.decode(record[key])
-        if decoded.shape != source.shape:
-            raise ValueError(f"decoded shape {tuple(decoded.shape)} is not the source's {tuple(source.shape)}")
+        source, fps = prepared.pixels[0], prepared.clip.fps  # the recipe's pixels, re-derived
+        del prepared  # the clip's frames at source resolution: the pixels are all that is compared
+        compared = compare(source, self.family.decode_chunks(record[key]), self.metrics_device)
+        frames = int(source.shape[1])
         mp4, png = (self.folder / group / f"{name}{suffix}" for suffix in (".mp4", ".png"))
-        atomic_write(mp4, side_by_side_mp4(source, decoded))
-        atomic_write(png, frame_strip_png(source, decoded))
-        psnr = metrics.psnr(source, decoded, self.metrics_device)
-        ssim = metrics.ssim(source, decoded, self.metrics_device)
-        mel_l1 = self._audio_error(row, media, source.shape[1] / prepared.clip.fps) if self.spec.audio else None
+        atomic_write(mp4, compared.mp4)
+        atomic_write(png, compared.strip_png())
+        psnr, ssim = compared.score.psnr, compared.score.ssim
+        mel_l1 = self._audio_error(row, media, frames / fps) if self.spec.audio else None
         logger.info("decode-verify %s/%s: PSNR %.2f dB, SSIM %.4f", row.group, row.id, psnr, ssim)
-        sample = DecodedSample(row.id, row.group, str(file.path), psnr, ssim, int(source.shape[1]), str(mp4), str(png))
+        sample = DecodedSample(row.id, row.group, str(file.path), psnr, ssim, frames, str(mp4), str(png))
         return dataclasses.replace(sample, audio_mel_l1=mel_l1)
 
     def _audio_error(self, row: LedgerRow, media: bytes, seconds: float) -> float | None:
@@ -225,28 +221,6 @@ class _Run:
         decoded = self.family.decode_audio(latents)
         frames = min(decoded.shape[1], reference[0].shape[1])
         return float((decoded[:, :frames] - reference[0][:, :frames]).abs().mean())
-
-
-def _to_uint8(video: torch.Tensor) -> torch.Tensor:
-    """(3, ..., W) in [-1, 1] → (..., W, 3) uint8, the inverse of the recipe's /127.5 - 1."""
-    return ((video.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).movedim(0, -1).contiguous()
-
-
-def side_by_side_mp4(left: torch.Tensor, right: torch.Tensor, fps: int = FPS) -> bytes:
-    """Two (3, F, H, W) videos side by side (2W × H, padded to even sizes) as H.264 yuv420p in MP4."""
-    frames = _to_uint8(torch.cat([left, right], dim=3))
-    frames = torch.nn.functional.pad(frames, (0, 0, 0, frames.shape[2] % 2, 0, frames.shape[1] % 2))
-    return mp4_bytes(frames.numpy(), fps, "libx264", "yuv420p", {"crf": "15"})
-
-
-def frame_strip_png(top: torch.Tensor, bottom: torch.Tensor) -> bytes:
-    """First, middle and last frame: `top` (source) above `bottom` (decoded), as one PNG (k·W × 2H)."""
-    count = top.shape[1]
-    picks = sorted({0, (count - 1) // 2, count - 1})
-    rows = [torch.cat([video[:, i] for i in picks], dim=2) for video in (top, bottom)]
-    buffer = io.BytesIO()
-    Image.fromarray(_to_uint8(torch.cat(rows, dim=1)).numpy()).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def _run_folder(root: Path, chosen: list[LedgerRow]) -> Path:

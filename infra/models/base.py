@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -138,6 +138,12 @@ class LoadedFamily(ABC):
     @abstractmethod
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Stored latents (C,F',H',W') → pixels (3,F,H,W) float32 in [-1,1], on CPU."""
+
+    def decode_chunks(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
+        """Stored latents → the pixels of `decode`, a chunk of frames (3,f,H,W) at a time, in order, each float32 on
+        CPU: decode-and-verify scores and draws each chunk as it comes, so no whole decoded copy is held. This
+        default is one chunk, the whole decode; a family whose VAE decodes causally in time overrides it."""
+        yield self.decode(latents)
 
 
 class FamilySpec(ABC):

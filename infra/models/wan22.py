@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import torch
 
 from infra.errors import ConfigError
 from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, TextSettings, read_json
+from infra.models.wan_decode import DECODE_CHUNK, decode_in_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -133,3 +134,12 @@ class Wan22Encoder(LoadedFamily):
         with self._lock:
             pixels = self.vae.decode(z.to(self.device, self.dtype)).sample
         return pixels.float().cpu()[0].clamp(-1, 1)
+
+    @torch.inference_mode()
+    def decode_chunks(self, latents: torch.Tensor, chunk: int = DECODE_CHUNK) -> Iterator[torch.Tensor]:
+        """`decode`'s pixels, `chunk` latent frames (4 × as many pixel frames) per decoder call after the first
+        (`infra.models.wan_decode`): the whole decode's numbers within float tolerance; chunk=1 bit for bit."""
+        z = latents.float().unsqueeze(0) * self.std + self.mean
+        with self._lock:
+            for pixels in decode_in_chunks(self.vae, z.to(self.device, self.dtype), chunk):
+                yield pixels.float().cpu()[0].clamp(-1, 1)
