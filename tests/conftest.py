@@ -17,7 +17,7 @@ from infra.config import BuildConfig
 from infra.demo.data import DemoSample, write_vbvr_tar
 from infra.demo.testmedia import real_clip, real_t5_tokenizer_dir
 from infra.models.tiny import make_tiny_wan22
-from tests.procs import free_port, stop_group, wait_answers
+from tests.procs import free_port, prefect_home, seed_migrated_database, stop_group, wait_answers
 
 #: A small geometry that keeps every constraint of the real recipe (F ≡ 1 mod 4, H and W multiples of 16,
 #: H ≠ W so a swapped axis shows).
@@ -41,9 +41,11 @@ def hash_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session", autouse=True)
 def prefect_harness() -> Iterator[None]:
     """One temporary Prefect database and ephemeral API for the whole session."""
+    from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL  # noqa: PLC0415
     from prefect.testing.utilities import prefect_test_harness  # noqa: PLC0415 - after the offline defaults
 
     with prefect_test_harness(server_startup_timeout=120):
+        seed_migrated_database(Path(PREFECT_SERVER_DATABASE_CONNECTION_URL.value().split("///", 1)[1]))
         yield
 
 
@@ -145,7 +147,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     """A real `prefect server` on 127.0.0.1 (its own home and database), stopped by the PID recorded here.
 
     Yields the environment a client process needs to reach it."""
-    home = tmp_path_factory.mktemp("prefect-server")
+    home = prefect_home(tmp_path_factory.mktemp("prefect-server"))
     port = free_port()
     env = {
         **os.environ,

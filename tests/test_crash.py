@@ -24,6 +24,7 @@ from infra.cache.lock import LOCK_NAME, out_lock
 from infra.cache.storage import TEMP_SUFFIX, atomic_write, remove_stale_temps
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
+from tests.procs import prefect_home as migrated
 
 ROOT = Path(__file__).resolve().parents[1]
 LATENTFORGE = Path(sys.executable).parent / "latentforge"
@@ -170,7 +171,7 @@ def _cli(src: Path, model: Path, out: Path) -> list[str]:
 
 def _cli_env(prefect_home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_KEY")}
-    env.update(PREFECT_HOME=str(prefect_home), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="180")
+    env.update(PREFECT_HOME=str(migrated(prefect_home)))
     return env
 
 

@@ -25,7 +25,7 @@ from infra.audit.run_report import latest_run_report
 from tests.browser import browser_missing, chromium, open_resume_form, submit_answer
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
-from tests.procs import free_port
+from tests.procs import free_port, prefect_home
 
 LF = str(Path(sys.executable).with_name("latentforge"))
 NEW_FRAMES = FRAMES + 4
@@ -35,7 +35,7 @@ PAUSE_WAIT = 180
 @pytest.fixture(scope="module")
 def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, dict[str, str]]]:
     """`latentforge server start` (server, pool, worker) on a free port, UI on: (UI URL, API URL, client env)."""
-    home, port = tmp_path_factory.mktemp("ui-server"), free_port()
+    home, port = prefect_home(tmp_path_factory.mktemp("ui-server")), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     start = [LF, "server", "start", "--port", str(port), "--home", str(home), "--pool", "lf-ui-pool"]
