@@ -1,4 +1,6 @@
-"""Hard-stop approvals on a real Prefect server: a build pauses, `latentforge approve` answers from another process.
+"""Hard-stop approvals on a real Prefect server: a build pauses, `latentforge approve` answers from another process
+(the build a subprocess, the answer from the test's); the other choices are answered through the session's API from
+a thread while the build runs in the test's process (the same pause, input and resume).
 
 For every conflict path the existing cache's files are hashed before and after: identical, except under
 an approved overwrite (and then only the re-encoded samples changed).
@@ -11,8 +13,10 @@ import logging
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -20,6 +24,7 @@ from typer.testing import CliRunner, Result
 
 from flows.cli import app
 from flows.run import run_build
+from flows.runs import approve as resume
 from flows.runs import pending_runs
 from infra.audit.run_report import latest_run_report
 from infra.gates.conflicts import overwrite_token
@@ -100,28 +105,46 @@ def test_a_bad_choice_is_refused_and_the_run_stays_paused(built, tiny_model, pre
     assert decision.details["state"] == "incompatible" and decision.details["out"] == str(out)
 
 
-def test_reuse_adopts_the_existing_spec_and_resumes(built, tiny_model, prefect_server, tmp_path):
+def _answered_in_process(src: Path, model: Path, out: Path, choice: str) -> tuple[bool, Any]:
+    """The build in this process on the session's API, paused at the conflict gate and answered `choice` from a
+    thread through that API (the cross-process answer has its own test above)."""
+    answered: list[str] = []
+
+    def answer() -> None:
+        deadline = time.monotonic() + PAUSE_WAIT
+        while time.monotonic() < deadline and not answered:
+            for run in pending_runs():
+                if str(out) in run.preview:
+                    resume(run.id, choice, "test", "test")
+                    answered.append(run.id)
+                    return
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=answer, name="approver", daemon=True)
+    thread.start()
+    try:
+        return run_build(config(src, model, out, frames=NEW_FRAMES, on_conflict="ask", approval_timeout=PAUSE_WAIT))
+    finally:
+        thread.join(timeout=5)
+        assert answered, "the paused run was never answered"
+
+
+def test_reuse_adopts_the_existing_spec_and_resumes(built, tiny_model, tmp_path):
     src, cache = built
     out = _copy(cache, tmp_path)
     before = tree_hashes(out)
-    build = _build(src, tiny_model, out, prefect_server)
-    run_id = _paused_run(prefect_server, build)
-    assert _approve(prefect_server, run_id, "reuse").exit_code == 0
-    code, output = _finish(build)
-    assert code == 0 and "2 reused" in output, output
+    ok, result = _answered_in_process(src, tiny_model, out, "reuse")
+    assert ok and result["reused"] == 2 and result["done"] == 2, result
     assert tree_hashes(out) == before
 
 
-def test_approved_overwrite_replaces_samples_and_keeps_the_old_cache_json(built, tiny_model, prefect_server, tmp_path):
+def test_approved_overwrite_replaces_samples_and_keeps_the_old_cache_json(built, tiny_model, tmp_path):
     src, cache = built
     out = _copy(cache, tmp_path)
     before = tree_hashes(out)
     old = json.loads((out / "cache.json").read_text())
-    build = _build(src, tiny_model, out, prefect_server)
-    run_id = _paused_run(prefect_server, build)
-    assert _approve(prefect_server, run_id, "overwrite").exit_code == 0
-    code, output = _finish(build)
-    assert code == 0, output
+    ok, result = _answered_in_process(src, tiny_model, out, "overwrite")
+    assert ok, result
     after = tree_hashes(out)
     samples = [k for k in before if k.endswith(".pt")]
     assert len(samples) == 2 and all(after[k] != before[k] for k in samples)

@@ -17,6 +17,7 @@ from typing import Any
 
 import boto3
 import pytest
+from prefect.settings import PREFECT_API_URL, temporary_settings
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -143,18 +144,16 @@ def test_on_a_server_a_remote_conflict_pauses_and_a_person_approves_the_replace(
             assert paused["flow"] == "upload-cache" and paused["step"] == "upload-replace"
             assert client.get_object(Bucket=bucket, Key=sample_key)["Body"].read() == b"latents of another encoder"
             deadline = time.monotonic() + 60
-            while True:  # the preview is saved just after the pause
-                pending = subprocess.run([lf, "pending"], env=env, capture_output=True, text=True).stdout
-                if sample_key.removeprefix("c/") in pending:
-                    break
-                assert time.monotonic() < deadline, pending
-            answer = subprocess.run(
-                [lf, "approve", paused["run_id"], "replace", "--by", "data-lead", "--note", "ours is right"],
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-            assert answer.returncode == 0, answer.stderr
+            with temporary_settings({PREFECT_API_URL: server_env["PREFECT_API_URL"]}):  # answered from this process
+                while True:  # the preview is saved just after the pause
+                    pending = runner.invoke(app, ["pending"]).output
+                    if sample_key.removeprefix("c/") in pending:
+                        break
+                    assert time.monotonic() < deadline, pending
+                    time.sleep(0.5)
+                args = ["approve", paused["run_id"], "replace", "--by", "data-lead", "--note", "ours is right"]
+                answer = runner.invoke(app, args)
+            assert answer.exit_code == 0, answer.output
             output, _ = upload.communicate(timeout=120)
         finally:
             if upload.poll() is None:

@@ -9,6 +9,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from infra.ops import ephemeral, warmup
 from tests.conftest import config
 from tests.procs import cli_env
@@ -59,6 +61,7 @@ print(json.dumps({**seen, "pid": record.server_pid}))
 """
 
 
+@pytest.mark.soak  # ~20 s: a real ephemeral start; the ordering itself is tested above without one
 def test_the_start_up_work_runs_beside_the_servers_start_and_ends_before_it_returns(tmp_path):
     """In a fresh process and Prefect home (this session's server already runs, so nothing is started here)."""
     env = cli_env(tmp_path / "home")
