@@ -8,13 +8,17 @@ prefect-design's ``p-select`` (next to an empty placeholder ``<select>``), text 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 INSTALL = "apt-get install -y chromium chromium-driver (Debian), and selenium (pip, in the dev extra)"
@@ -25,6 +29,7 @@ CHROME_ARGS = (
     "--window-size=1400,1100",
 )  # fmt: skip
 WAIT_S = 60  # a click takes seconds on a loaded 2-core machine
+WATCHDOG_S = 240  # one browser session's whole life: past it, the browser is killed (BrowserStuck)
 
 
 def browser_missing() -> str | None:
@@ -47,13 +52,37 @@ def chromium() -> Iterator[Any]:
         options.add_argument(arg)
     profile = tempfile.mkdtemp(prefix="lf-chromium-")
     options.add_argument(f"--user-data-dir={profile}")
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)  # no Selenium Manager download
+    service = Service(CHROMEDRIVER)
+    driver = webdriver.Chrome(service=service, options=options)  # no Selenium Manager download
     driver.set_page_load_timeout(WAIT_S)
+    watchdog = threading.Timer(WATCHDOG_S, _kill_tree, args=(service.process.pid,))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         yield driver
+    except Exception as exc:
+        if not watchdog.is_alive():
+            raise BrowserStuck(f"headless Chromium killed after {WATCHDOG_S} s (a renderer spinning)") from exc
+        raise
     finally:
-        driver.quit()
+        watchdog.cancel()
+        with contextlib.suppress(Exception):
+            driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+class BrowserStuck(RuntimeError):
+    """The browser did not finish within `WATCHDOG_S`: killed (seen twice on this machine: a renderer at full CPU
+    for over ten minutes, no webdriver call returning)."""
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL chromedriver and every process below it (the browser and its renderers)."""
+    with contextlib.suppress(psutil.Error):
+        parent = psutil.Process(pid)
+        for proc in [*parent.children(recursive=True), parent]:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
 
 def _by() -> Any:

@@ -36,7 +36,7 @@ from tests.media_utils import cut_clip
 from tests.procs import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = 4  # one shard of four: the stop lands after the first journalled sample, with work left
+SAMPLES = 8  # enough that a SIGTERM after the first journalled sample still finds some undone
 GRACE_S = 20
 WAIT_S = 180  # a fresh Prefect home's first ephemeral start takes 10-15 s, more on a busy machine
 
