@@ -19,14 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from urllib3.exceptions import ReadTimeoutError
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 INSTALL = "apt-get install -y chromium chromium-driver (Debian), and selenium (pip, in the dev extra)"
-#: Without the background-networking flags Chromium's own connections are refused on a closed network.
+#: Without the background-networking flags Chromium's own connections are refused on a closed network. Without
+#: WebGL (--disable-3d-apis) the run page's graph stays blank, and its software-rendered canvas no longer spins a
+#: renderer at full CPU (seen stalling webdriver calls past selenium's 120 s on a 2-core machine).
 CHROME_ARGS = (
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
     "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--window-size=1400,1100",
+    "--window-size=1400,1100", "--disable-3d-apis",
 )  # fmt: skip
 WAIT_S = 60  # a click takes seconds on a loaded 2-core machine
 WATCHDOG_S = 240  # one browser session's whole life: past it, the browser is killed (BrowserStuck)
@@ -60,6 +63,9 @@ def chromium() -> Iterator[Any]:
     watchdog.start()
     try:
         yield driver
+    except ReadTimeoutError as exc:  # a webdriver call unanswered for selenium's 120 s: the renderer is stuck
+        _kill_tree(service.process.pid)
+        raise BrowserStuck(f"headless Chromium did not answer a webdriver call; killed: {exc}") from exc
     except Exception as exc:
         if not watchdog.is_alive():
             raise BrowserStuck(f"headless Chromium killed after {WATCHDOG_S} s (a renderer spinning)") from exc
