@@ -9,6 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.audit.decode_verify import DecodeReport, decode_and_verify
 from infra.gates.plan import BuildPlan
+from infra.preprocess.encode import load_options
 
 
 @task(name="decode-and-verify", cache_policy=NO_CACHE)
@@ -22,4 +23,5 @@ def decode_verify(plan: BuildPlan) -> DecodeReport:
         device=cfg.device,
         dtype=cfg.dtype,
         min_psnr=cfg.min_psnr,
+        options=load_options(cfg),
     )

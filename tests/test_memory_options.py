@@ -4,6 +4,8 @@ again for the next shard); ``--text-quantize int8-dynamic`` changes only the tex
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -11,7 +13,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from infra.cache import ledger
 from infra.gates.plan import make_plan
-from infra.models import memory
+from infra.models import LOAD_LOG_ENV, _load, memory
 from infra.preprocess import texts
 from infra.preprocess.encode import load_encoder
 from infra.preprocess.shard import process_shard
@@ -80,3 +82,20 @@ def test_text_quantize_int8_changes_only_text_and_the_fingerprint(tmp_path, tiny
         a, b = int8[key]["text_embeds"].float(), stored["text_embeds"].float()
         assert not torch.equal(a, b)
         assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.9
+
+
+def test_decode_and_verify_reuses_the_family_the_build_loaded_with_its_options(
+    tmp_path, tiny_model, source, monkeypatch
+) -> None:
+    loads = tmp_path / "loads"
+    loads.mkdir()
+    monkeypatch.setenv(LOAD_LOG_ENV, str(loads))
+    _load.cache_clear()  # count this build's loads from nothing
+    out = tmp_path / "out"
+    args = ["build", "--source", f"vbvr:{source}", "--model", str(tiny_model), "--out", str(out), "--device", "cpu"]
+    args += ["--dtype", "fp32", "--frames", "5", "--height", "48", "--width", "528", "--on-conflict", "abort"]
+    done = CliRunner().invoke(app, [*args, "--vae-tiling", "--text-offload", "--decode-samples", "1"])
+    assert done.exit_code == 0, done.output
+    (saved,) = (json.loads(p.read_text()) for p in out.glob("reports/decode/**/report.json"))
+    assert len(saved["rows"]) == 1 and not saved["problems"], saved  # decoded with the tiled VAE it was built with
+    assert [p.read_text().splitlines() for p in loads.iterdir()] == [[f"wan22 {tiny_model.resolve()}"]]

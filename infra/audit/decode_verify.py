@@ -33,6 +33,7 @@ from infra.formats import AUDIO_KIND, Format, get_format
 from infra.media.audio import trainer_audio
 from infra.models import LoadedFamily, load_family
 from infra.models.identity import component_identity
+from infra.models.memory import LoadOptions
 from infra.ops.faults import fault_point
 from infra.preprocess.encode import prepare_video
 from infra.sources import Shard, Source, is_safe_name, open_source
@@ -283,12 +284,15 @@ def decode_and_verify(
     min_psnr: float | None = None,
     report_dir: Path | None = None,
     source: str | None = None,
+    options: LoadOptions | None = None,
 ) -> DecodeReport:
     """Decode `n` chosen samples of the cache at `out` (None: all) and measure them against their source; the
     VAE runs in `dtype` (None: the cache's own compute dtype).
 
     The model is `model_dir` or the cache's provenance ``model_path``; the source `source` (``KIND:PATH``) or
-    its provenance ``source``. Raises when cache.json or the ledgers cannot be read or the model cannot load."""
+    its provenance ``source``. `options` are the memory options the model is loaded with (a build passes its own,
+    so the family it already holds is reused, not loaded a second time). Raises when cache.json or the ledgers
+    cannot be read or the model cannot load."""
     out = Path(out)
     meta = read_cache_json(out)
     spec, provenance = CacheSpec.model_validate(meta["spec"]), meta.get("provenance", {})
@@ -303,7 +307,7 @@ def decode_and_verify(
         if component_identity(model / "vae", spec.identity_scheme) != spec.model_identity.get("vae"):
             report.problems.append(DecodeProblem("*", "*", "*", f"the VAE in {model} is not the one of this cache"))
         target = resolve_device(device)
-        family = load_family(model, spec.family, target, resolve_dtype(dtype or spec.compute_dtype))
+        family = load_family(model, spec.family, target, resolve_dtype(dtype or spec.compute_dtype), options)
         on = target if target.type == "cuda" else torch.device("cpu")
         _verify_all(_Run(out, spec, get_format(spec.format), folder, family, report, on), source_spec, chosen)
         order = {(r.group, r.id, r.path): i for i, r in enumerate(chosen)}

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from infra.config import CacheSpec
+from infra.config import BuildConfig, CacheSpec
 from infra.devices import resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
 from infra.formats import AUDIO_KIND, EncodedSample, textpad
@@ -49,10 +49,14 @@ def load_encoder(plan: BuildPlan) -> LoadedFamily:
     cfg = plan.config
     try:
         device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
-        options = LoadOptions(cfg.vae_tiling, cfg.vae_slicing, cfg.text_quantize, cfg.text_offload)
-        return load_family(Path(cfg.model).expanduser(), plan.family, device, dtype, options)
+        return load_family(Path(cfg.model).expanduser(), plan.family, device, dtype, load_options(cfg))
     except Exception as exc:
         raise ModelLoadError(f"cannot load {plan.family} from {cfg.model}: {type(exc).__name__}: {exc}") from exc
+
+
+def load_options(cfg: BuildConfig) -> LoadOptions:
+    """The memory options a build loads its family with (the decode step reuses that same loaded family)."""
+    return LoadOptions(cfg.vae_tiling, cfg.vae_slicing, cfg.text_quantize, cfg.text_offload)
 
 
 @dataclass(frozen=True)
