@@ -31,12 +31,13 @@ from infra.cache.lock import LOCK_NAME
 from infra.cache.storage import TEMP_SUFFIX
 from infra.errors import EXIT_PREEMPTED
 from infra.ops import ephemeral, preempt
+from infra.ops.faults import HOLD_ENV
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
 from tests.procs import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = 8  # enough that a SIGTERM after the first journalled sample still finds some undone
+SAMPLES = 4  # held after the first journalled sample, signalled there: some are always left undone
 GRACE_S = 20
 WAIT_S = 180  # a fresh Prefect home's first ephemeral start takes 10-15 s, more on a busy machine
 
@@ -155,13 +156,17 @@ def test_sigterm_seals_what_is_done_exits_75_in_the_grace_and_the_same_command_r
 ):
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
-    env, cmd = cli_env(home), _build(source, tiny_model, out)
+    hold = logs / "hold"  # the build waits after its first journalled sample until the signal is sent
+    hold.touch()
+    env, cmd = cli_env(home) | {HOLD_ENV: f"sample={hold}"}, _build(source, tiny_model, out)
     build = _start(cmd, env, logs)
     try:
         server_pid = _until(lambda: _server_of(home, build), build, "a recorded ephemeral server")
         _until(lambda: _journalled(out), build, "a journalled sample")
         build.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
+        time.sleep(1)  # the handler has run: the shard loop, let go, stops at its next sample
+        hold.unlink()
         returncode = build.wait(timeout=GRACE_S + 30)
         stopped_in = time.monotonic() - signalled
     finally:
@@ -195,7 +200,9 @@ def test_a_second_ctrl_c_ends_the_build_at_once_still_sealed_and_resumable(
 ):
     out, logs = tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
-    env, cmd = cli_env(home), _build(source, tiny_model, out)
+    hold = logs / "hold"  # held after its first journalled sample: the graceful stop cannot finish first
+    hold.touch()
+    env, cmd = cli_env(home) | {HOLD_ENV: f"sample={hold}"}, _build(source, tiny_model, out)
     build = _start(cmd, env, logs)
     try:
         server_pid = _until(lambda: _server_of(home, build), build, "a recorded ephemeral server")
@@ -205,6 +212,7 @@ def test_a_second_ctrl_c_ends_the_build_at_once_still_sealed_and_resumable(
         with contextlib.suppress(ProcessLookupError):  # gone already: the graceful stop won the race
             os.killpg(build.pid, signal.SIGINT)
         signalled = time.monotonic()
+        hold.unlink()
         returncode = build.wait(timeout=GRACE_S + 30)
         stopped_in = time.monotonic() - signalled
     finally:
@@ -253,9 +261,11 @@ def _fill(path: Path) -> int:
 
 
 def test_a_full_disk_stops_the_build_naming_sizes_leaves_no_partial_file_and_resumes(
-    small_fs, tiny_model, source, reference
+    small_fs, tiny_model, source, reference, tmp_path, monkeypatch
 ):
-    out, ballast = small_fs / "out", small_fs / "someone-elses-file"
+    out, ballast, hold = small_fs / "out", small_fs / "someone-elses-file", tmp_path / "hold"
+    hold.touch()  # the build waits after its first journalled sample until the disk is full
+    monkeypatch.setenv(HOLD_ENV, f"sample={hold}")
     filled: list[int] = []
 
     def fill_once_a_sample_is_journalled() -> None:
@@ -263,6 +273,7 @@ def test_a_full_disk_stops_the_build_naming_sizes_leaves_no_partial_file_and_res
         while not _journalled(out) and time.monotonic() < deadline and not stop.is_set():
             time.sleep(0.005)
         filled.append(_fill(ballast))  # another process takes the rest of the disk mid-run
+        hold.unlink()
 
     stop = threading.Event()
     filler = threading.Thread(target=fill_once_a_sample_is_journalled, daemon=True)

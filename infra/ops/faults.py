@@ -5,6 +5,8 @@ is two environment lookups. Points are chosen by progress, not by clock, so a ki
 on any machine.
 
 ``LATENTFORGE_KILL_FILE=FILE`` kills, once, the first process to reach the point FILE names.
+``LATENTFORGE_HOLD_AT=POINT=FILE`` holds a process at POINT while FILE exists (at most `HOLD_MAX_S`): how a test
+signals a build at a chosen point, however fast the machine (the preemption test holds it after its first sample).
 
 Points: ``plan`` (planned, nothing written), ``sanity`` (the sanity sample encoded), ``decode`` (a sample's
 frames decoded, not yet encoded), ``encode`` (encoded, not yet written), ``write`` (a file's bytes on disk
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -28,6 +31,8 @@ POINTS = ("plan", "sanity", "decode", "encode", "write", "sample", "seal", "shar
 #: A file holding a point's name: the first process (of any on the host or shared file system) to reach that point
 #: removes the file and is killed there, once (how a test kills one Ray worker mid-shard, whichever runs it).
 KILL_FILE_ENV = "LATENTFORGE_KILL_FILE"
+HOLD_ENV = "LATENTFORGE_HOLD_AT"
+HOLD_MAX_S = 120.0
 #: Points only a shard format's build reaches (tests/test_shard_resume.py sweeps them).
 SHARD_POINTS = ("part",)
 _hits: Counter[str] = Counter()
@@ -40,6 +45,8 @@ def fault_point(name: str) -> None:
     if log := os.environ.get(LOG_ENV):
         with _lock, open(log, "a", encoding="utf-8") as fh:
             fh.write(name + "\n")
+    if hold := os.environ.get(HOLD_ENV):
+        _hold(hold, name)
     if (kill_file := os.environ.get(KILL_FILE_ENV)) and _claimed(kill_file, name):
         os.kill(os.getpid(), signal.SIGKILL)
     wanted = os.environ.get(ENV)
@@ -52,6 +59,14 @@ def fault_point(name: str) -> None:
         _hits[name] += 1
         if _hits[name] == int(nth or 1):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _hold(spec: str, name: str) -> None:
+    """Wait here while the file of ``POINT=FILE`` exists, if POINT is `name` (released by removing the file)."""
+    point, _, path = spec.partition("=")
+    deadline = time.monotonic() + HOLD_MAX_S
+    while point == name and Path(path).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _claimed(kill_file: str, name: str) -> bool:
