@@ -34,6 +34,7 @@ from infra.media.audio import trainer_audio
 from infra.models import LoadedFamily, load_family
 from infra.models.identity import component_identity
 from infra.models.memory import LoadOptions
+from infra.ops import heap
 from infra.ops.faults import fault_point
 from infra.preprocess.encode import prepare_video
 from infra.sources import Shard, Source, is_safe_name, open_source
@@ -304,6 +305,7 @@ def decode_and_verify(
     folder = _run_folder(Path(report_dir) if report_dir else reports.reports_dir(out) / DECODE_DIR, chosen)
     report = DecodeReport(str(out), str(model), source_spec, str(folder), min_psnr)
     if chosen:
+        heap.release_freed()  # a build's freed encode buffers back to the OS before decoding at full size
         if component_identity(model / "vae", spec.identity_scheme) != spec.model_identity.get("vae"):
             report.problems.append(DecodeProblem("*", "*", "*", f"the VAE in {model} is not the one of this cache"))
         target = resolve_device(device)
