@@ -108,7 +108,7 @@ def _build_locked(plan: BuildPlan, decided: list[Decision]) -> dict[str, Any]:
     try:
         results = run_shards(plan)
     finally:
-        handoff.clear()  # the sanity's sample, if no shard took it (resumed, or on another process)
+        handoff.clear(plan)  # the sanity's sample, if no shard took it (resumed, or on another process)
     summary = summarize(
         results,
         out=str(plan.out),
@@ -127,7 +127,7 @@ def _build_locked(plan: BuildPlan, decided: list[Decision]) -> dict[str, Any]:
 def _gates(plan: BuildPlan) -> SanityReport:
     """One-sample sanity and the disk check: hard stops before the full preprocess."""
     set_step("sanity")
-    handoff.clear()
+    handoff.clear(plan)
     sanity = one_sample_sanity(plan, hand_off=True)
     get_run_logger().info("%s", sanity.text())
     create_markdown_artifact(sanity.markdown(), key="sanity", description=f"one sample of {plan.out}")

@@ -208,7 +208,7 @@ def test_the_build_encodes_the_sanity_sample_once_with_the_same_bytes(tmp_path, 
     assert ok, result
     encoded = videos.stats().clips
     assert result["done"] == 6 and encoded == 6, f"{encoded} clips through the VAE for 6 samples (sanity included)"
-    assert handoff._slot is None  # nothing held after the run
+    assert handoff.held(make_plan(config(source, tiny_model, tmp_path / "once"))) is None  # nothing held after it
 
     monkeypatch.setattr(handoff, "keep", lambda *args, **kwargs: None)  # the old way: the preprocess encodes it too
     ok, _ = run_build(config(source, tiny_model, tmp_path / "twice"))
@@ -227,15 +227,18 @@ def test_a_sample_whose_bytes_differ_from_the_sanitys_is_encoded_again(tmp_path,
     assert handoff.holds(plan, first)
     other = make_plan(config(source, tiny_model, tmp_path / "out", frames=FRAMES + 4))  # another fingerprint
     assert not handoff.holds(other, first)
-    kept = handoff._slot
+    kept = handoff.held(plan)
     changed = kept.identity.model_copy(update={"read_sha256": {k: "0" * 64 for k in kept.identity.read_sha256}})
-    handoff._slot = dataclasses.replace(kept, identity=changed)  # as if the bytes changed, size and mtime kept
-    assert handoff.take(first, plan) is None and handoff._slot is None
-    handoff._slot = kept
+    handoff._slots[str(plan.out)] = dataclasses.replace(kept, identity=changed)  # as if the bytes changed
+    assert handoff.take(first, plan) is None and handoff.held(plan) is None
+    handoff._slots[str(plan.out)] = kept
+    elsewhere = make_plan(config(source, tiny_model, tmp_path / "elsewhere"))  # another build, another OUT
+    assert not handoff.holds(elsewhere, first)
+    handoff.clear(elsewhere)  # its clearing leaves this build's sample
     relisted = open_source(plan.config.source).samples(plan.shards[0].shard)
     again = next(relisted)
     taken = handoff.take(again, plan)
-    assert taken is not None and taken[0] is kept.sample and handoff._slot is None
+    assert taken is not None and taken[0] is kept.sample and handoff.held(plan) is None
     listing.close()
     relisted.close()
-    assert run_sanity(plan).ok and handoff._slot is None  # the sanity command keeps nothing
+    assert run_sanity(plan).ok and handoff.held(plan) is None  # the sanity command keeps nothing

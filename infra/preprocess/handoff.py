@@ -2,7 +2,8 @@
 
 The sanity (`infra.gates.sanity.run_sanity`) encodes the plan's first usable sample with the build's own
 `encode.encode_sample`, writes it beside OUT, reads it back and checks it. A build keeps that result here (one
-slot, this process only). When the shard loop reaches the same sample it takes it instead of decoding and encoding
+slot per OUT, this process only: two builds in one process, which the writer lock keeps on different OUTs, never
+see or clear each other's). When the shard loop reaches the same sample it takes it instead of decoding and encoding
 again, but only when nothing the tensors depend on can differ:
 
 * the same plan fingerprint (spec, model identity, recipe) and the same sample key;
@@ -40,29 +41,34 @@ class _Kept:
 
 
 _lock = threading.Lock()
-_slot: _Kept | None = None
+_slots: dict[str, _Kept] = {}
 
 
 def keep(plan: BuildPlan, ref: SampleRef, sample: EncodedSample, tokens: dict[str, Any]) -> None:
     """Hold the sanity's encoded `sample` of `ref` (read, so its identity has the sha256 of its bytes)."""
-    global _slot
     if not ref.identity.read_sha256:
         return  # nothing to compare the preprocess's bytes with: it encodes the sample itself
     with _lock:
-        _slot = _Kept(plan.fingerprint, ref.key, ref.identity.model_copy(deep=True), sample, dict(tokens))
+        _slots[str(plan.out)] = _Kept(
+            plan.fingerprint, ref.key, ref.identity.model_copy(deep=True), sample, dict(tokens)
+        )
 
 
-def clear() -> None:
-    """Drop the held sample (the preprocess has ended, or another run starts)."""
-    global _slot
+def clear(plan: BuildPlan) -> None:
+    """Drop the sample held for the plan's OUT (its preprocess has ended, or its run starts again)."""
     with _lock:
-        _slot = None
+        _slots.pop(str(plan.out), None)
+
+
+def held(plan: BuildPlan) -> _Kept | None:
+    """What is held for the plan's OUT, if anything."""
+    return _slots.get(str(plan.out))
 
 
 def holds(plan: BuildPlan, ref: SampleRef) -> bool:
-    """Whether a held sample may stand for `ref` (same fingerprint, key and listing; its bytes not yet compared):
-    the shard's read-ahead leaves such a sample to `take` instead of decoding it."""
-    kept = _slot
+    """Whether a held sample may stand for `ref` (same OUT, fingerprint, key and listing; its bytes not yet
+    compared): the shard's read-ahead leaves such a sample to `take` instead of decoding it."""
+    kept = held(plan)
     return (
         kept is not None
         and kept.fingerprint == plan.fingerprint
@@ -74,11 +80,10 @@ def holds(plan: BuildPlan, ref: SampleRef) -> bool:
 def take(ref: SampleRef, plan: BuildPlan) -> tuple[EncodedSample, dict[str, Any]] | None:
     """The held (sample, token info) for `ref` when its bytes, read now, are those the sanity encoded; the slot is
     emptied either way. None when nothing is held for it (the caller encodes it)."""
-    global _slot
     if not holds(plan, ref):
         return None
     with _lock:
-        kept, _slot = _slot, None
+        kept = _slots.pop(str(plan.out), None)
     if kept is None:
         return None
     try:
