@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,11 +14,11 @@ from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.run import run_build
-from flows.runs import pending_runs
 from infra.config import AlertConfig
 from infra.ops.alerts import Alert, destinations, post_webhook
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
+from tests.pauses import wait_pending
 from tests.receiver import receiver
 
 LF = str(Path(sys.executable).with_name("latentforge"))
@@ -79,11 +78,7 @@ def test_a_paused_run_alerts_then_is_answered_from_another_process(small, tiny_m
             paused = hook.wait_for(lambda body: isinstance(body, dict) and body.get("kind") == "paused", timeout=120)
             assert paused["step"] == "conflict" and "incompatible" in paused["reason"]
             assert f"latentforge approve {paused['run_id']}" in paused["reason"]
-            with temporary_settings({PREFECT_API_URL: prefect_server["PREFECT_API_URL"]}):
-                deadline = time.monotonic() + 60
-                while not any(r.id == paused["run_id"] and r.preview for r in pending_runs()):
-                    assert time.monotonic() < deadline, "the paused run never showed up as pending"
-                    time.sleep(0.5)
+            wait_pending(prefect_server["PREFECT_API_URL"], match=lambda run: run.id == paused["run_id"], wait_s=60)
             answer = subprocess.run(
                 [LF, "approve", paused["run_id"], "abort", "--by", "ops"], env=env, text=True, capture_output=True
             )

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from infra.audit.run_report import latest_run_report
 from infra.gates.conflicts import overwrite_token
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
+from tests.pauses import wait_pending
 
 NEW_FRAMES = FRAMES + 4
 LF = str(Path(sys.executable).with_name("latentforge"))
@@ -60,18 +60,11 @@ def _build(src: Path, model: Path, out: Path, env: dict[str, str], *extra: str) 
 
 
 def _paused_run(env: dict[str, str], build: subprocess.Popen) -> str:
-    deadline = time.monotonic() + PAUSE_WAIT
+    run = wait_pending(env["PREFECT_API_URL"], build=build, wait_s=PAUSE_WAIT)
     with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
-        while time.monotonic() < deadline:
-            assert build.poll() is None, build.communicate()
-            runs = pending_runs()
-            if runs and runs[0].preview:  # the preview is saved just after the run pauses
-                assert len(runs) == 1
-                assert "incompatible" in runs[0].preview.lower() and "frames" in runs[0].preview
-                return runs[0].id
-            time.sleep(1)
-    build.kill()
-    raise AssertionError(f"no paused run within {PAUSE_WAIT} s: {build.communicate()}")
+        assert len(pending_runs()) == 1
+    assert "incompatible" in run.preview.lower() and "frames" in run.preview
+    return run.id
 
 
 def _approve(env: dict[str, str], run_id: str, choice: str) -> Result:
@@ -111,14 +104,9 @@ def _answered_in_process(src: Path, model: Path, out: Path, choice: str) -> tupl
     answered: list[str] = []
 
     def answer() -> None:
-        deadline = time.monotonic() + PAUSE_WAIT
-        while time.monotonic() < deadline and not answered:
-            for run in pending_runs():
-                if str(out) in run.preview:
-                    resume(run.id, choice, "test", "test")
-                    answered.append(run.id)
-                    return
-            time.sleep(0.5)
+        run = wait_pending(match=lambda run: str(out) in run.preview, wait_s=PAUSE_WAIT)
+        resume(run.id, choice, "test", "test")
+        answered.append(run.id)
 
     thread = threading.Thread(target=answer, name="approver", daemon=True)
     thread.start()

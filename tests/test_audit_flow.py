@@ -5,19 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from prefect.settings import PREFECT_API_URL, temporary_settings
 from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.run import run_build
-from flows.runs import pending_runs
 from infra.audit.run_report import latest_run_report
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
+from tests.pauses import wait_pending
 
 LF = str(Path(sys.executable).with_name("latentforge"))
 
@@ -74,16 +72,9 @@ def test_the_loss_gate_asks_and_is_answered_from_another_process(tmp_path, tiny_
     args += ["--frames", str(FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH), "--device", "cpu"]
     args += ["--decode-samples", "0"]
     build = subprocess.Popen(args, env=prefect_server, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    run_id = None
-    with temporary_settings({PREFECT_API_URL: prefect_server["PREFECT_API_URL"]}):
-        while run_id is None and time.monotonic() < deadline:
-            assert build.poll() is None, build.communicate()
-            runs = pending_runs()  # the preview is saved just after the run pauses: wait for both
-            run_id = runs[0].id if runs and runs[0].preview else None
-            time.sleep(1)
-    assert run_id is not None, "the run never paused at the loss gate"
-    assert "no_video_stream" in runs[0].preview and "empty_prompt" in runs[0].preview
+    paused = wait_pending(prefect_server["PREFECT_API_URL"], build=build)  # at the loss gate
+    run_id = paused.id
+    assert "no_video_stream" in paused.preview and "empty_prompt" in paused.preview
     answer = [LF, "approve", run_id, "accept_loss", "--by", "qa-lead", "--note", "two broken clips"]
     assert subprocess.run(answer, env=prefect_server, capture_output=True, text=True).returncode == 0
     stdout, stderr = build.communicate(timeout=300)

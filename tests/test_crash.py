@@ -24,7 +24,7 @@ from infra.cache.lock import LOCK_NAME, out_lock
 from infra.cache.storage import TEMP_SUFFIX, atomic_write, remove_stale_temps
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
-from tests.procs import prefect_home as migrated
+from tests.procs import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 LATENTFORGE = Path(sys.executable).parent / "latentforge"
@@ -169,12 +169,6 @@ def _cli(src: Path, model: Path, out: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def _cli_env(prefect_home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_KEY")}
-    env.update(PREFECT_HOME=str(migrated(prefect_home)))
-    return env
-
-
 def _journal_has_a_row(out: Path) -> bool:
     for journal in (out / "ledger").glob("*.journal.jsonl"):
         with contextlib.suppress(FileNotFoundError):  # sealed and removed since the glob
@@ -203,7 +197,7 @@ def _kill_mid_run(cmd: list[str], env: dict[str, str], out: Path, logs: Path) ->
 @pytest.mark.slow
 @pytest.mark.soak  # one kill point of the sweep in test_crash_sweep.py, which runs them all in make soak
 def test_a_killed_build_resumes_to_the_same_bytes_as_an_uninterrupted_one(tmp_path, tiny_model, crash_source):
-    env = _cli_env(tmp_path / "prefect-home")
+    env = cli_env(tmp_path / "prefect-home")
     out = tmp_path / "out"
     for _ in range(3):
         shutil.rmtree(out, ignore_errors=True)

@@ -11,20 +11,18 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.run import run_build
-from flows.runs import pending_runs
 from infra.audit.run_report import latest_run_report
 from tests.browser import BrowserStuck, browser_missing, chromium, open_resume_form, submit_answer
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
+from tests.pauses import wait_pending
 from tests.procs import free_port, prefect_home
 
 LF = str(Path(sys.executable).with_name("latentforge"))
@@ -56,16 +54,7 @@ def test_the_ui_calls_the_api_of_the_server_it_belongs_to(ui_server):
 
 
 def _paused_run(api: str, build: subprocess.Popen) -> str:
-    deadline = time.monotonic() + PAUSE_WAIT
-    with temporary_settings({PREFECT_API_URL: api}):
-        while time.monotonic() < deadline:
-            assert build.poll() is None, build.communicate()
-            runs = pending_runs()
-            if runs and runs[0].preview:  # the preview is saved just after the pause
-                return runs[0].id
-            time.sleep(1)
-    build.kill()
-    raise AssertionError(f"no paused run within {PAUSE_WAIT} s: {build.communicate()}")
+    return wait_pending(api, build=build, wait_s=PAUSE_WAIT).id
 
 
 def test_a_person_answers_the_conflict_gate_in_the_ui(ui_server, tmp_path, tiny_model, clips):
