@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -130,27 +131,40 @@ def reap_orphans(home: Path | None = None, timeout: float = 10.0) -> list[Server
 
 def start_tracked(home: Path | None = None, while_starting: Callable[[], None] | None = None) -> ServerRecord | None:
     """Start Prefect's ephemeral server now (main thread) and record it; None when an API URL is set (or the
-    ephemeral server is switched off).
+    ephemeral server is switched off). A server spawned at the command's start (`infra.ops.early`) is taken over
+    when the settings are the spawn's: then only its answer is waited for.
 
-    `while_starting` runs on a thread of its own from the moment the server's process is spawned until the server
-    answers (its imports and database set-up take seconds of CPU of their own), so the run's own start-up work
-    overlaps them instead of waiting behind them. It must not touch Prefect's API; it is joined before this
-    returns, so nothing runs beside the flow. Nothing runs it when there is no server to wait for."""
+    `while_starting` runs on a thread of its own from the moment the server's process is spawned (or taken over)
+    until the server answers (its imports and database set-up take seconds of CPU of their own), so the run's own
+    start-up work overlaps them instead of waiting behind them. It must not touch Prefect's API; it is joined
+    before this returns, so nothing runs beside the flow. Nothing runs it when there is no server to wait for."""
     from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415
     from prefect.settings import (  # noqa: PLC0415
         PREFECT_API_URL,
+        PREFECT_HOME,
         PREFECT_SERVER_EPHEMERAL_ENABLED,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
     )
 
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+    from infra.ops import early  # noqa: PLC0415
+
+    api_url, enabled = PREFECT_API_URL.value(), PREFECT_SERVER_EPHEMERAL_ENABLED.value()
+    spawned = early.take(Path(home or PREFECT_HOME.value()), api_url, bool(enabled))
+    if api_url or not enabled:
         return None  # a real server, or none at all: Prefect's own error then says so
     server = SubprocessASGIServer()  # Prefect keeps one per process: its clients get this one
+    if spawned is not None and server.running:  # this process has its server already
+        early.discard(spawned)
+        spawned = None
     timeout = max(MIN_STARTUP_TIMEOUT, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
     beside = _Beside(while_starting)
     try:
-        with _own_session(on_spawn=beside.start):
-            server.start(timeout=timeout)
+        if spawned is not None:
+            beside.start()
+            spawned = _adopt(server, spawned, timeout)
+        else:
+            with _own_session(on_spawn=beside.start):
+                server.start(timeout=timeout)
     except RuntimeError as exc:
         raise ServerError(
             f"the embedded Prefect API did not answer within {timeout} s ({str(exc).splitlines()[0]}): on a loaded "
@@ -161,23 +175,62 @@ def start_tracked(home: Path | None = None, while_starting: Callable[[], None] |
         beside.join()
     if server.server_process is None:
         return None
+    if spawned is not None:
+        record, path = spawned.record, spawned.path
+    else:
+        record, path = record_server(server.server_process.pid, server.port, home)
+    atexit.register(path.unlink, missing_ok=True)  # runs before Prefect's own stop (atexit is LIFO)
+    global _own
+    _own = (record, path)
+    return record
+
+
+def record_server(pid: int, port: int | None, home: Path | None = None) -> tuple[ServerRecord, Path]:
+    """Record this process's server `pid` in the home's record directory: (the record, its file)."""
     me = psutil.Process(os.getpid())
-    pid = server.server_process.pid
     record = ServerRecord(
         server_pid=pid,
         server_create_time=psutil.Process(pid).create_time(),
         owner_pid=me.pid,
         owner_create_time=me.create_time(),
         host=socket.gethostname(),
-        port=server.port,
+        port=port,
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
     path = records_dir(home) / f"{pid}.json"
     atomic_write(path, json.dumps(asdict(record)).encode(), replace=True)
-    atexit.register(path.unlink, missing_ok=True)  # runs before Prefect's own stop (atexit is LIFO)
-    global _own
-    _own = (record, path)
-    return record
+    return record, path
+
+
+def _adopt(server: Any, spawned: Any, timeout: float) -> Any:
+    """Make the early-spawned process Prefect's ephemeral server (its clients then use it) and wait until it
+    answers its health check, on another port if uvicorn found its port taken; RuntimeError when it does not."""
+    import httpx  # noqa: PLC0415
+
+    from infra.ops import early  # noqa: PLC0415
+
+    server.port, server.server_process, server.running = spawned.port, spawned.process, True
+    atexit.register(server.stop)
+    deadline = time.monotonic() + timeout
+    try:
+        with httpx.Client() as client:
+            while time.monotonic() < deadline:
+                status = spawned.process.poll()
+                if status == early.PORT_TAKEN:
+                    spawned = early.respawn(spawned)
+                    server.port, server.server_process = spawned.port, spawned.process
+                    continue
+                if status is not None:
+                    raise RuntimeError(f"the ephemeral Prefect API server exited with code {status}")
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get(f"{server.api_url}/health").status_code == 200:
+                        return spawned
+                time.sleep(0.1)
+        raise RuntimeError("Timed out while attempting to connect to ephemeral Prefect API server.")
+    except BaseException:
+        server.running = False
+        spawned.path.unlink(missing_ok=True)  # Prefect's stop at exit ends the process
+        raise
 
 
 class _Beside:
