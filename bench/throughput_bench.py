@@ -8,7 +8,10 @@ Each run is a fresh process, whole process timed and measured (start-up included
 * plain: read each sample from the tar, decode every frame (PyAV), stack, ``linspace(0, T-1, 33).round()``,
   ``/127.5-1``, bilinear (align_corners=False), VAE posterior mode, ``(z-mean)/std``, bf16; UMT5 padded to 512 for
   every sample; ``torch.save`` one file per sample;
-* latentforge: ``latentforge build`` (every gate; decode-and-verify off, as the plain loop has none).
+* latentforge: ``latentforge build`` (every gate; decode-and-verify off, as the plain loop has none), on the
+  embedded Prefect API. ``--home reused`` (the default, as a user's ``~/.prefect``) gives every run one Prefect home
+  whose database is migrated once before the timed runs (``prefect server database upgrade``: a one-time set-up,
+  like the install); ``--home fresh`` gives each run a new one (the first run on a machine: migrations included).
 
 They alternate, ``--repeats`` times each; the medians and their ratios are printed with the issue's targets (PASS /
 MISS). Also: peak memory of preparing one 1080p clip's pixels, whole-tensor (before) and in chunks (after), and bytes
@@ -137,11 +140,21 @@ def child(which: str, src: Path, model: Path, out: Path, report: Path) -> None:
     report.write_text(json.dumps(result))
 
 
-def run_child(which: str, src: Path, model: Path, out: Path) -> dict:
-    """One fresh process: its result, wall seconds (start-up included) and peak RSS (bytes)."""
+def migrated_home(home: Path) -> Path:
+    """`home` with its Prefect database migrated (untimed: a one-time set-up of a Prefect home)."""
+    home.mkdir(parents=True, exist_ok=True)
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    env = {**os.environ, "PREFECT_HOME": str(home)}
+    subprocess.run([prefect, "server", "database", "upgrade", "-y"], env=env, check=True, capture_output=True)
+    return home
+
+
+def run_child(which: str, src: Path, model: Path, out: Path, home: Path | None = None) -> dict:
+    """One fresh process: its result, wall seconds (start-up included) and peak RSS (bytes). `home`: the Prefect
+    home to use (a new one when None)."""
     report = out.with_suffix(".json")
     cmd = [sys.executable, __file__, "--child", which, str(src), str(model), str(out), str(report)]
-    env = {**os.environ, "PREFECT_HOME": str(out.parent / f"prefect-{out.name}")}
+    env = {**os.environ, "PREFECT_HOME": str(home or out.parent / f"prefect-{out.name}")}
     env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # a busy 2-core machine
     start = time.perf_counter()
     log = out.with_suffix(".log")
@@ -221,6 +234,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clips", type=int, default=8, help="samples in the workload (28: the issue's)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each, alternating")
+    parser.add_argument(
+        "--home", choices=("reused", "fresh"), default="reused", help="one migrated Prefect home, or a new one per run"
+    )
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -231,10 +247,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lf-throughput-") as tmp:
         root = Path(tmp)
         src, model, unique = make_workload(root, args.clips)
+        home = migrated_home(root / "prefect-home") if args.home == "reused" else None
         runs: dict[str, list[dict]] = {"plain": [], "latentforge": []}
         for attempt in range(args.repeats):
             for which in ("plain", "latentforge"):
-                result = run_child(which, src, model, root / f"{which}-{attempt}")
+                result = run_child(which, src, model, root / f"{which}-{attempt}", home)
                 runs[which].append(result)
                 print(f"{which:12s} run {attempt}: {result['samples']} samples in {result['seconds']:.1f} s, "
                       f"peak RSS {result['peak_rss'] / 2**20:.0f} MiB, text calls {result['text_calls']}")  # fmt: skip
@@ -249,7 +266,8 @@ def main() -> None:
     text_ratio, sample_ratio = sizes["text_trimmed"] / sizes["text_padded"], sizes["trimmed"] / sizes["padded"]
     print(f"\nworkload: {args.clips} real clips (23-250 frames, up to 1920x1080) at {FRAMES}x{SIZE}x{SIZE}, "
           "tiny wan22, "
-          f"fp32 CPU, {unique} unique prompts; medians of {args.repeats} runs each, whole process")  # fmt: skip
+          f"fp32 CPU, {unique} unique prompts; medians of {args.repeats} runs each, whole process, "
+          f"{args.home} Prefect home")  # fmt: skip
     for which in ("plain", "latentforge"):
         m = med[which]
         print(f"  {which:12s} {m['rate']:.3f} samples/s  peak RSS {m['peak_rss'] / 2**20:.0f} MiB  "
