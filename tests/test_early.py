@@ -4,9 +4,11 @@ over by the run, stopped when nothing takes it, on another port when its own was
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -114,7 +116,7 @@ with open(report, "w") as f:
 """
 
 
-def test_a_build_spawns_its_server_before_its_imports_and_moves_it_when_the_port_is_taken(tmp_path, clips, tiny_model):
+def test_a_build_spawns_its_server_before_its_imports_and_moves_it_off_a_taken_port(tmp_path, clips, tiny_model):
     from infra.demo.data import DemoSample, write_vbvr_tar  # noqa: PLC0415
 
     src = tmp_path / "src"
@@ -123,7 +125,7 @@ def test_a_build_spawns_its_server_before_its_imports_and_moves_it_when_the_port
     sample = DemoSample(generator="G-1_x_data-generator", task="x", index=0, files=files)
     write_vbvr_tar(src / "part-00000.tar", [sample])
     args = ["--source", f"vbvr:{src}", "--model", str(tiny_model), "--out", str(tmp_path / "out"), "--frames", "5"]
-    args += ["--height", "32", "--width", "32", "--device", "cpu", "--decode-samples", "0"]
+    args += ["--height", "32", "--width", "32", "--device", "cpu", "--dry-run"]  # the whole start, a plan-only flow
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -141,7 +143,7 @@ def test_a_build_spawns_its_server_before_its_imports_and_moves_it_when_the_port
     assert seen["flows.build"] == seen["torch"]
     ((pid, moved_to),) = seen["records"]  # the server the run used, recorded until its exit
     assert moved_to != port and pid != seen["torch"][0], "the server was not moved off the taken port"
-    assert len(list((tmp_path / "out").rglob("*.pt"))) == 1
+    assert json.loads(done.stdout[done.stdout.index("{") :])["sample"].endswith("_00000000")  # from the flow
     assert not _server_alive(pid) and not _server_alive(seen["torch"][0])
     assert ephemeral.read_records(tmp_path / "home") == []
 
@@ -174,3 +176,25 @@ def _server_alive(pid: int) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE and ephemeral.SERVER_APP in " ".join(process.cmdline())
     except psutil.Error:
         return False
+
+
+def test_a_sigterm_during_the_imports_still_stops_the_spawned_server(tmp_path, tiny_model):
+    """Before the run's own signal handling exists (`infra.ops.preempt`), SIGTERM ends the command through its exit
+    handlers: the server it spawned is stopped, not orphaned."""
+    env = cli_env(tmp_path / "home")
+    (tmp_path / "src").mkdir()
+    args = ["build", "--source", f"vbvr:{tmp_path / 'src'}", "--model", str(tiny_model), "--out", str(tmp_path / "o")]
+    with subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *args], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    ) as build:
+        deadline = time.monotonic() + 60
+        while not (records := ephemeral.read_records(tmp_path / "home")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert records, "the build recorded no spawned server"
+        ((_, record),) = records
+        assert _server_alive(record.server_pid)
+        build.send_signal(signal.SIGTERM)  # while it imports torch and the flows
+        _, stderr = build.communicate(timeout=60)
+    assert build.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert not _server_alive(record.server_pid), "the spawned server outlived the signalled build"
+    assert ephemeral.read_records(tmp_path / "home") == []
