@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from infra.ops import ephemeral
 from tests.procs import cli_env
@@ -116,6 +117,7 @@ with open(report, "w") as f:
 """
 
 
+@pytest.mark.soak  # ~35 s: two real server starts (uvicorn finds its port taken only after its start-up)
 def test_a_build_spawns_its_server_before_its_imports_and_moves_it_off_a_taken_port(tmp_path, clips, tiny_model):
     from infra.demo.data import DemoSample, write_vbvr_tar  # noqa: PLC0415
 
@@ -178,23 +180,49 @@ def _server_alive(pid: int) -> bool:
         return False
 
 
-def test_a_sigterm_during_the_imports_still_stops_the_spawned_server(tmp_path, tiny_model):
-    """Before the run's own signal handling exists (`infra.ops.preempt`), SIGTERM ends the command through its exit
-    handlers: the server it spawned is stopped, not orphaned."""
+WATCHED = """
+import importlib.abc, json, sys
+import psutil
+from infra.ops import ephemeral
+report = sys.argv.pop(1)
+
+class Watch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not sys.meta_path[0].seen:
+            sys.meta_path[0].seen = True
+            children = [c for c in psutil.Process().children() if ephemeral.SERVER_APP in " ".join(c.cmdline())]
+            with open(report + ".tmp", "w") as f:
+                json.dump([c.pid for c in children], f)
+            import os; os.replace(report + ".tmp", report)
+        return None
+
+Watch.seen = False
+sys.meta_path.insert(0, Watch())
+from flows import cli
+sys.argv = ["latentforge", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def test_the_server_is_spawned_before_the_imports_and_a_sigterm_then_still_stops_it(tmp_path, tiny_model):
+    """The build's server process exists when the build begins importing torch (the first of its ~17 s of imports);
+    a SIGTERM then, before the run's own signal handling exists (`infra.ops.preempt`), ends the command through its
+    exit handlers: the server it spawned is stopped, not orphaned."""
     env = cli_env(tmp_path / "home")
     (tmp_path / "src").mkdir()
+    report = tmp_path / "at-torch.json"
     args = ["build", "--source", f"vbvr:{tmp_path / 'src'}", "--model", str(tiny_model), "--out", str(tmp_path / "o")]
     with subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *args], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    ) as build:
+        [sys.executable, "-c", WATCHED, str(report), *args],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    ) as build:  # fmt: skip
         deadline = time.monotonic() + 60
-        while not (records := ephemeral.read_records(tmp_path / "home")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert records, "the build recorded no spawned server"
-        ((_, record),) = records
-        assert _server_alive(record.server_pid)
+        while not report.exists() and build.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
         build.send_signal(signal.SIGTERM)  # while it imports torch and the flows
         _, stderr = build.communicate(timeout=60)
+    assert report.exists(), stderr[-3000:]
+    (server,) = json.loads(report.read_text())  # spawned before the first heavy import
     assert build.returncode == 128 + signal.SIGTERM, stderr[-3000:]
-    assert not _server_alive(record.server_pid), "the spawned server outlived the signalled build"
+    assert not _server_alive(server), "the spawned server outlived the signalled build"
     assert ephemeral.read_records(tmp_path / "home") == []
