@@ -67,7 +67,7 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     if not config.dry_run:
         from infra.cache.lock import check_not_locked  # noqa: PLC0415
 
-        check_not_locked(Path(config.out))  # refused at once, before Prefect starts
+        check_not_locked(Path(config.out))  # refused at once, before any flow runs
     from flows.build import build_cache  # noqa: PLC0415
     from flows.run import run_or_raise  # noqa: PLC0415
 

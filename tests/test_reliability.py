@@ -21,6 +21,7 @@ import pytest
 
 from infra.cache.lock import LOCK_NAME, LockedError, lock_caveat, out_lock
 from infra.ops import ephemeral
+from infra.ops.faults import HOLD_ENV
 from tests.conftest import FRAMES, HEIGHT, WIDTH, make_shards, sample
 from tests.media_utils import cut_clip
 from tests.procs import cli_env
@@ -89,8 +90,13 @@ def test_a_second_build_is_refused_and_a_killed_builds_server_and_lock_are_reape
     home, out, logs = tmp_path / "prefect-home", tmp_path / "out", tmp_path / "logs"
     logs.mkdir()
     env, cmd = cli_env(home), _build(source, tiny_model, out)
+    hold = logs / "hold"  # the first build waits after its first journalled sample, holding OUT, until it is killed
+    hold.touch()
     with (logs / "first.err").open("wb") as err:
-        first = subprocess.Popen(cmd, env=env, cwd=logs, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        first = subprocess.Popen(
+            cmd, env=env | {HOLD_ENV: f"sample={hold}"}, cwd=logs, stdout=subprocess.DEVNULL, stderr=err,
+            start_new_session=True,
+        )  # fmt: skip
     t0 = time.monotonic()
     try:
         # 1. The first build holds OUT and its ephemeral server is recorded.
