@@ -64,6 +64,9 @@ out["again"] = early.spawn() is None  # one per process
 out["recorded"] = [r.server_pid for _, r in ephemeral.read_records()] == [first.process.pid]
 out["api url"] = early.take(early.env_home(), "http://127.0.0.1:1/api", True) is None
 out["first gone"] = first.process.poll() is not None and not first.path.exists()
+matching = early.spawn()
+out["matching taken"] = early.take(early.env_home(), None, True) is matching and matching.process.poll() is None
+early.discard(matching)
 second = early.spawn()
 os.environ["PREFECT_LOGGING_LEVEL"] = "DEBUG"  # the run's settings are no longer the spawn's
 out["changed env"] = early.take(early.env_home(), None, True) is None
@@ -82,7 +85,8 @@ def test_a_spawned_server_that_does_not_match_the_runs_settings_or_is_never_take
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     third = out.pop("third")
-    assert out == {k: True for k in ("again", "recorded", "api url", "first gone", "changed env", "second gone")}
+    expected = ("again", "recorded", "api url", "first gone", "matching taken", "changed env", "second gone")
+    assert out == dict.fromkeys(expected, True)
     assert not _server_alive(third), "the spawned server nobody took outlived its process"
     assert ephemeral.read_records(tmp_path / "home") == []
 
