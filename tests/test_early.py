@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra.ops import ephemeral
+from infra.ops import early, ephemeral
 from tests.procs import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,34 +91,46 @@ def test_a_spawned_server_that_does_not_match_the_runs_settings_or_is_never_take
     assert ephemeral.read_records(tmp_path / "home") == []
 
 
-BUILD = """
-import importlib.abc, json, sys
+CHILD = """
+import importlib.abc, json, os, sys
 import psutil
 from infra.ops import early, ephemeral
-report, taken_port = sys.argv[1], int(sys.argv[2])
-seen = {}
+report, taken_port = sys.argv.pop(1), int(sys.argv.pop(1))
 
-class Watch(importlib.abc.MetaPathFinder):
+class AtTorch(importlib.abc.MetaPathFinder):  # the server processes when the first heavy import begins
+    done = False
     def find_spec(self, name, path=None, target=None):
-        if name in ("torch", "flows.build") and name not in seen:
-            children = [c for c in psutil.Process().children() if ephemeral.SERVER_APP in " ".join(c.cmdline())]
-            seen[name] = [c.pid for c in children]
+        if name == "torch" and not AtTorch.done:
+            AtTorch.done = True
+            me = psutil.Process()
+            servers = [c.pid for c in me.children() if ephemeral.SERVER_APP in " ".join(c.cmdline())]
+            with open(report + ".tmp", "w") as f:
+                json.dump(servers, f)
+            os.replace(report + ".tmp", report)
         return None
 
-sys.meta_path.insert(0, Watch())
-ports = [taken_port]
-free = early._free_port
-early._free_port = lambda: ports.pop() if ports else free()  # the first port is taken: uvicorn exits 3
+sys.meta_path.insert(0, AtTorch())
+if taken_port:  # the early spawn's port is taken: uvicorn exits 3 after its start-up
+    ports, free = [taken_port], early._free_port
+    early._free_port = lambda: ports.pop() if ports else free()
 from flows import cli
-sys.argv = ["latentforge", "build", *sys.argv[3:]]
+sys.argv = ["latentforge", *sys.argv[1:]]
 try:
     cli.main()
-except SystemExit as exc:
-    seen["exit"] = exc.code
-seen["records"] = [(r.server_pid, r.port) for _, r in ephemeral.read_records()]
-with open(report, "w") as f:
-    json.dump(seen, f)
+finally:  # the servers recorded at the command's end (before its exit handlers)
+    with open(report + ".end", "w") as f:
+        json.dump([(r.server_pid, r.port) for _, r in ephemeral.read_records()], f)
 """
+
+
+def _child(tmp_path: Path, args: list[str], taken_port: int = 0) -> list[str]:
+    """`latentforge ARGS` in a child that reports the server processes at its first torch import (to
+    ``tmp_path/at-torch.json``) and the recorded servers at its end (``.end``)."""
+    return [sys.executable, "-c", CHILD, str(tmp_path / "at-torch.json"), str(taken_port), *args]
+
+
+def _reported(tmp_path: Path, suffix: str = "") -> list:
+    return json.loads((tmp_path / f"at-torch.json{suffix}").read_text())
 
 
 @pytest.mark.soak  # ~35 s: two real server starts (uvicorn finds its port taken only after its start-up)
@@ -130,49 +142,59 @@ def test_a_build_spawns_its_server_before_its_imports_and_moves_it_off_a_taken_p
     files = {"ground_truth.mp4": clips["carphone"], "prompt.txt": b"a car"}
     sample = DemoSample(generator="G-1_x_data-generator", task="x", index=0, files=files)
     write_vbvr_tar(src / "part-00000.tar", [sample])
-    args = ["--source", f"vbvr:{src}", "--model", str(tiny_model), "--out", str(tmp_path / "out"), "--frames", "5"]
-    args += ["--height", "32", "--width", "32", "--device", "cpu", "--dry-run"]  # the whole start, a plan-only flow
+    args = ["build", "--source", f"vbvr:{src}", "--model", str(tiny_model), "--out", str(tmp_path / "out")]
+    args += ["--frames", "5", "--height", "32", "--width", "32", "--device", "cpu", "--dry-run"]  # a plan-only flow
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        report = tmp_path / "seen.json"
-        env = cli_env(tmp_path / "home")
         done = subprocess.run(
-            [sys.executable, "-c", BUILD, str(report), str(port), *args],
-            env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
+            _child(tmp_path, args, port), env=cli_env(tmp_path / "home"), cwd=ROOT, capture_output=True, text=True,
+            timeout=600,
         )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(report.read_text())
-    assert seen.get("exit") in (None, 0), done.stderr[-3000:]
-    assert len(seen["torch"]) == 1, "no server process existed when the build began importing torch"
-    assert seen["flows.build"] == seen["torch"]
-    ((pid, moved_to),) = seen["records"]  # the server the run used, recorded until its exit
-    assert moved_to != port and pid != seen["torch"][0], "the server was not moved off the taken port"
+    (first,) = _reported(tmp_path)  # spawned before the first heavy import
+    ((pid, moved_to),) = _reported(tmp_path, ".end")  # the server the run used, recorded until its exit
+    assert moved_to != port and pid != first, "the server was not moved off the taken port"
     assert json.loads(done.stdout[done.stdout.index("{") :])["sample"].endswith("_00000000")  # from the flow
-    assert not _server_alive(pid) and not _server_alive(seen["torch"][0])
+    assert not _server_alive(pid) and not _server_alive(first)
     assert ephemeral.read_records(tmp_path / "home") == []
 
 
 def test_a_refused_build_stops_the_server_it_spawned(tmp_path, tiny_model):
-    env = cli_env(tmp_path / "home")
     (tmp_path / "src").mkdir()
-    args = ["--source", f"vbvr:{tmp_path / 'src'}", "--model", str(tiny_model), "--out", str(tmp_path / "o")]
+    args = ["build", "--source", f"vbvr:{tmp_path / 'src'}", "--model", str(tiny_model), "--out", str(tmp_path / "o")]
     args += ["--frames", "4"]  # refused by the spec, before any flow: Wan needs 4k+1 frames
-    code = (
-        "import sys, json; from infra.ops import early; from flows import cli\n"
-        "spawn = early.spawn\n"
-        "def watched():\n"
-        "    e = spawn(); print(json.dumps({'pid': e.process.pid}), flush=True); return e\n"
-        "early.spawn = watched\n"
-        "sys.argv = ['latentforge', 'build', *sys.argv[1:]]\ncli.main()\n"
-    )
     done = subprocess.run(
-        [sys.executable, "-c", code, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        _child(tmp_path, args), env=cli_env(tmp_path / "home"), cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert done.returncode != 0 and "frames=4 (needs frames" in done.stderr, done.stderr[-3000:]
-    pid = json.loads(done.stdout.strip().splitlines()[0])["pid"]
-    assert not _server_alive(pid), "the refused build's server outlived it"
+    (server,) = _reported(tmp_path)
+    assert [pid for pid, _ in _reported(tmp_path, ".end")] == [server]  # recorded while it ran
+    assert not _server_alive(server), "the refused build's server outlived it"
+    assert ephemeral.read_records(tmp_path / "home") == []
+
+
+def test_the_server_is_spawned_before_the_imports_and_a_sigterm_then_still_stops_it(tmp_path, tiny_model):
+    """The build's server process exists when the build begins importing torch (the first of its ~17 s of imports);
+    a SIGTERM then, before the run's own signal handling exists (`infra.ops.preempt`), ends the command through its
+    exit handlers: the server it spawned is stopped, not orphaned."""
+    (tmp_path / "src").mkdir()
+    args = ["build", "--source", f"vbvr:{tmp_path / 'src'}", "--model", str(tiny_model), "--out", str(tmp_path / "o")]
+    report = tmp_path / "at-torch.json"
+    with subprocess.Popen(
+        _child(tmp_path, args), env=cli_env(tmp_path / "home"), cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    ) as build:  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not report.exists() and build.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        build.send_signal(signal.SIGTERM)  # while it imports torch and the flows
+        _, stderr = build.communicate(timeout=60)
+    assert report.exists(), stderr[-3000:]
+    (server,) = _reported(tmp_path)  # spawned before the first heavy import
+    assert build.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert not _server_alive(server), "the spawned server outlived the signalled build"
     assert ephemeral.read_records(tmp_path / "home") == []
 
 
@@ -184,49 +206,12 @@ def _server_alive(pid: int) -> bool:
         return False
 
 
-WATCHED = """
-import importlib.abc, json, sys
-import psutil
-from infra.ops import ephemeral
-report = sys.argv.pop(1)
+def test_in_a_process_with_prefect_loaded_its_settings_decide(monkeypatch):
+    """This test session's API URL is set in-process (Prefect's test harness), not in the environment: an in-process
+    CLI command here spawns nothing."""
+    from prefect.settings import PREFECT_API_URL  # noqa: PLC0415
 
-class Watch(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" and not sys.meta_path[0].seen:
-            sys.meta_path[0].seen = True
-            children = [c for c in psutil.Process().children() if ephemeral.SERVER_APP in " ".join(c.cmdline())]
-            with open(report + ".tmp", "w") as f:
-                json.dump([c.pid for c in children], f)
-            import os; os.replace(report + ".tmp", report)
-        return None
-
-Watch.seen = False
-sys.meta_path.insert(0, Watch())
-from flows import cli
-sys.argv = ["latentforge", *sys.argv[1:]]
-cli.main()
-"""
-
-
-def test_the_server_is_spawned_before_the_imports_and_a_sigterm_then_still_stops_it(tmp_path, tiny_model):
-    """The build's server process exists when the build begins importing torch (the first of its ~17 s of imports);
-    a SIGTERM then, before the run's own signal handling exists (`infra.ops.preempt`), ends the command through its
-    exit handlers: the server it spawned is stopped, not orphaned."""
-    env = cli_env(tmp_path / "home")
-    (tmp_path / "src").mkdir()
-    report = tmp_path / "at-torch.json"
-    args = ["build", "--source", f"vbvr:{tmp_path / 'src'}", "--model", str(tiny_model), "--out", str(tmp_path / "o")]
-    with subprocess.Popen(
-        [sys.executable, "-c", WATCHED, str(report), *args],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    ) as build:  # fmt: skip
-        deadline = time.monotonic() + 60
-        while not report.exists() and build.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        build.send_signal(signal.SIGTERM)  # while it imports torch and the flows
-        _, stderr = build.communicate(timeout=60)
-    assert report.exists(), stderr[-3000:]
-    (server,) = json.loads(report.read_text())  # spawned before the first heavy import
-    assert build.returncode == 128 + signal.SIGTERM, stderr[-3000:]
-    assert not _server_alive(server), "the spawned server outlived the signalled build"
-    assert ephemeral.read_records(tmp_path / "home") == []
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    assert PREFECT_API_URL.value()
+    assert early.wanted() is False
+    assert early.spawn() is None

@@ -163,6 +163,7 @@ def test_sigterm_seals_what_is_done_exits_75_in_the_grace_and_the_same_command_r
     try:
         server_pid = _until(lambda: _server_of(home, build), build, "a recorded ephemeral server")
         _until(lambda: _journalled(out), build, "a journalled sample")
+        assert _server_of(home, build) == server_pid  # the run uses the server spawned at its start (infra.ops.early)
         build.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         time.sleep(1)  # the handler has run: the shard loop, let go, stops at its next sample

@@ -6,9 +6,10 @@ answers. Spawned after the imports (Prefect's own way), the second waits behind 
 server's process at once instead, with Prefect's own command line (``python -m uvicorn ...
 prefect.server.api.server:create_app`` on 127.0.0.1, a free port in 8000-8999, the UI off), in a session of its
 own, recorded like every tracked server (`infra.ops.ephemeral`), without importing Prefect: the two starts run
-side by side. `take` hands the process to `infra.ops.ephemeral.start_tracked` when Prefect's settings resolve
-as they did at the spawn (the same home, no API URL, ephemeral mode on, the same ``PREFECT_*`` environment);
-otherwise it stops it and the usual start follows. A process never taken over is stopped at exit.
+side by side. `take` hands the process to `infra.ops.ephemeral.start_tracked` (which lets Prefect's own start wait
+for it) when Prefect's settings resolve as they did at the spawn (the same home, no API URL, ephemeral mode on,
+the same ``PREFECT_*`` environment); otherwise it stops it and the usual start follows. A process never taken over
+is stopped at exit.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ logger = logging.getLogger(__name__)
 
 #: Prefect's ephemeral port range (`SubprocessASGIServer._port_range`).
 PORTS = range(8000, 9000)
-#: uvicorn's exit status when its port was taken meanwhile (Prefect then tries another port).
-PORT_TAKEN = 3
+#: What Prefect sets in its server's environment (`SubprocessASGIServer._run_uvicorn_command`): the UI off.
+SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
 _FALSE = {"0", "false", "no", "off"}
 
 
@@ -43,7 +44,6 @@ class Early:
     """A server process spawned by `spawn`, with what its start assumed."""
 
     process: subprocess.Popen[bytes]
-    port: int
     home: Path
     environment: dict[str, str]  # the PREFECT_* variables at the spawn
     record: ephemeral.ServerRecord
@@ -120,11 +120,6 @@ def command(port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _popen(port: int) -> subprocess.Popen[bytes]:
-    server_env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-    return subprocess.Popen(command(port), env={**os.environ, **server_env}, start_new_session=True)
-
-
 def spawn() -> Early | None:
     """Spawn the ephemeral server's process now (main thread, before the heavy imports); None when this
     environment does not use the ephemeral API or a server was spawned already. Orphans of killed runs in the same
@@ -137,9 +132,9 @@ def spawn() -> Early | None:
         home = env_home()
         ephemeral.reap_orphans(home)
         port = _free_port()
-        process = _popen(port)
+        process = subprocess.Popen(command(port), env={**os.environ, **SERVER_ENV}, start_new_session=True)
         record, path = ephemeral.record_server(process.pid, port, home)
-        _early = Early(process, port, home, _prefect_environment(), record, path)
+        _early = Early(process, home, _prefect_environment(), record, path)
     atexit.register(_stop_untaken)
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -170,25 +165,12 @@ def take(home: Path, api_url: str | None, ephemeral_enabled: bool) -> Early | No
     if same:
         return early
     logger.info("the early-spawned Prefect API does not match this run's settings: stopped")
-    _stop(early, wait_s=1.0)
+    discard(early, wait_s=1.0)
     return None
 
 
-def respawn(early: Early) -> Early:
-    """The same server on another port, after uvicorn found its port taken (exit status `PORT_TAKEN`)."""
-    early.path.unlink(missing_ok=True)
-    port = _free_port()
-    process = _popen(port)
-    record, path = ephemeral.record_server(process.pid, port, early.home)
-    return Early(process, port, early.home, early.environment, record, path)
-
-
-def discard(early: Early) -> None:
-    """Stop a spawned server that is not used and remove its record."""
-    _stop(early)
-
-
-def _stop(early: Early, wait_s: float = 5.0) -> None:
+def discard(early: Early, wait_s: float = 5.0) -> None:
+    """Stop a spawned server that is not used (SIGTERM, SIGKILL after `wait_s`) and remove its record."""
     with contextlib.suppress(OSError):
         early.process.terminate()
         try:
@@ -205,4 +187,4 @@ def _stop_untaken() -> None:
     with _lock:
         early, _early = _early, None
     if early is not None:
-        _stop(early, wait_s=1.0)  # no run used it: a refused command exits at once (each migration is atomic)
+        discard(early, wait_s=1.0)  # no run used it: a refused command exits at once (each migration is atomic)

@@ -21,7 +21,6 @@ import os
 import signal
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -158,14 +157,15 @@ def start_tracked(home: Path | None = None, while_starting: Callable[[], None] |
         spawned = None
     timeout = max(MIN_STARTUP_TIMEOUT, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
     beside = _Beside(while_starting)
+    if spawned is not None:
+        _hand_over(server, spawned)
+        beside.start()  # its process exists already
     try:
-        if spawned is not None:
-            beside.start()
-            spawned = _adopt(server, spawned, timeout)
-        else:
-            with _own_session(on_spawn=beside.start):
-                server.start(timeout=timeout)
+        with _own_session(on_spawn=beside.start):
+            server.start(timeout=timeout)
     except RuntimeError as exc:
+        if spawned is not None:
+            spawned.path.unlink(missing_ok=True)  # Prefect's stop at exit ends the process
         raise ServerError(
             f"the embedded Prefect API did not answer within {timeout} s ({str(exc).splitlines()[0]}): on a loaded "
             "machine raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or run a server (`latentforge server "
@@ -173,6 +173,10 @@ def start_tracked(home: Path | None = None, while_starting: Callable[[], None] |
         ) from exc
     finally:
         beside.join()
+        answered = server.server_process.pid if server.server_process is not None else None
+        if spawned is not None and answered != spawned.record.server_pid:
+            early.discard(spawned)  # not the one that answered (its port was taken meanwhile), or none did
+            spawned = None
     if server.server_process is None:
         return None
     if spawned is not None:
@@ -202,35 +206,14 @@ def record_server(pid: int, port: int | None, home: Path | None = None) -> tuple
     return record, path
 
 
-def _adopt(server: Any, spawned: Any, timeout: float) -> Any:
-    """Make the early-spawned process Prefect's ephemeral server (its clients then use it) and wait until it
-    answers its health check, on another port if uvicorn found its port taken; RuntimeError when it does not."""
-    import httpx  # noqa: PLC0415
-
-    from infra.ops import early  # noqa: PLC0415
-
-    server.port, server.server_process, server.running = spawned.port, spawned.process, True
-    atexit.register(server.stop)
-    deadline = time.monotonic() + timeout
-    try:
-        with httpx.Client() as client:
-            while time.monotonic() < deadline:
-                status = spawned.process.poll()
-                if status == early.PORT_TAKEN:
-                    spawned = early.respawn(spawned)
-                    server.port, server.server_process = spawned.port, spawned.process
-                    continue
-                if status is not None:
-                    raise RuntimeError(f"the ephemeral Prefect API server exited with code {status}")
-                with contextlib.suppress(httpx.TransportError):
-                    if client.get(f"{server.api_url}/health").status_code == 200:
-                        return spawned
-                time.sleep(0.1)
-        raise RuntimeError("Timed out while attempting to connect to ephemeral Prefect API server.")
-    except BaseException:
-        server.running = False
-        spawned.path.unlink(missing_ok=True)  # Prefect's stop at exit ends the process
-        raise
+def _hand_over(server: Any, spawned: Any) -> None:
+    """Let Prefect's own `SubprocessASGIServer.start` wait for the early-spawned process: its first spawn returns
+    that process, on its port; a later one (uvicorn exits 3 when it found its port taken, and Prefect then picks
+    another port) is Prefect's own. Its clients use whichever answers."""
+    first = [spawned.process]
+    own_spawn = server._run_uvicorn_command  # Prefect 3.9's one spawn point
+    server.port = spawned.record.port
+    server._run_uvicorn_command = lambda: first.pop() if first else own_spawn()
 
 
 class _Beside:
