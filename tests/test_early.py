@@ -117,9 +117,11 @@ from flows import cli
 sys.argv = ["latentforge", *sys.argv[1:]]
 try:
     cli.main()
-finally:  # the servers recorded at the command's end (before its exit handlers)
+finally:  # the servers recorded at the command's end (before its exit handlers), and whether Prefect's API app
+    # (its server module) was imported into the command's own process
+    records = [(r.server_pid, r.port) for _, r in ephemeral.read_records()]
     with open(report + ".end", "w") as f:
-        json.dump([(r.server_pid, r.port) for _, r in ephemeral.read_records()], f)
+        json.dump({"records": records, "server app imported": "prefect.server.api.server" in sys.modules}, f)
 """
 
 
@@ -135,13 +137,7 @@ def _reported(tmp_path: Path, suffix: str = "") -> list:
 
 @pytest.mark.soak  # ~35 s: two real server starts (uvicorn finds its port taken only after its start-up)
 def test_a_build_spawns_its_server_before_its_imports_and_moves_it_off_a_taken_port(tmp_path, clips, tiny_model):
-    from infra.demo.data import DemoSample, write_vbvr_tar  # noqa: PLC0415
-
-    src = tmp_path / "src"
-    src.mkdir()
-    files = {"ground_truth.mp4": clips["carphone"], "prompt.txt": b"a car"}
-    sample = DemoSample(generator="G-1_x_data-generator", task="x", index=0, files=files)
-    write_vbvr_tar(src / "part-00000.tar", [sample])
+    src = _one_sample_source(tmp_path, clips)
     args = ["build", "--source", f"vbvr:{src}", "--model", str(tiny_model), "--out", str(tmp_path / "out")]
     args += ["--frames", "5", "--height", "32", "--width", "32", "--device", "cpu", "--dry-run"]  # a plan-only flow
     with socket.socket() as taken:
@@ -154,10 +150,42 @@ def test_a_build_spawns_its_server_before_its_imports_and_moves_it_off_a_taken_p
         )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     (first,) = _reported(tmp_path)  # spawned before the first heavy import
-    ((pid, moved_to),) = _reported(tmp_path, ".end")  # the server the run used, recorded until its exit
+    ((pid, moved_to),) = _reported(tmp_path, ".end")["records"]  # the server the run used, recorded until its exit
     assert moved_to != port and pid != first, "the server was not moved off the taken port"
     assert json.loads(done.stdout[done.stdout.index("{") :])["sample"].endswith("_00000000")  # from the flow
     assert not _server_alive(pid) and not _server_alive(first)
+    assert ephemeral.read_records(tmp_path / "home") == []
+
+
+def _one_sample_source(root: Path, clips: dict[str, bytes]) -> Path:
+    from infra.demo.data import DemoSample, write_vbvr_tar  # noqa: PLC0415
+
+    src = root / "src"
+    src.mkdir()
+    files = {"ground_truth.mp4": clips["carphone"], "prompt.txt": b"a car"}
+    sample = DemoSample(generator="G-1_x_data-generator", task="x", index=0, files=files)
+    write_vbvr_tar(src / "part-00000.tar", [sample])
+    return src
+
+
+def test_a_build_runs_on_the_server_it_spawned_without_importing_prefects_api_app(tmp_path, clips, tiny_model):
+    """The taken-over server is the run's API for every Prefect client of the process, reached as a client reaches
+    a running server: Prefect's server module (the whole API app, ~3 s of the run's CPU) is never imported into
+    the run's process, and no link to a UI is printed (the embedded server has none)."""
+    src = _one_sample_source(tmp_path, clips)
+    args = ["build", "--source", f"vbvr:{src}", "--model", str(tiny_model), "--out", str(tmp_path / "out")]
+    args += ["--frames", "5", "--height", "32", "--width", "32", "--device", "cpu", "--dry-run"]  # a plan-only flow
+    done = subprocess.run(
+        _child(tmp_path, args), env=cli_env(tmp_path / "home"), cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Beginning flow run" in done.stderr, done.stderr[-3000:]  # the flow ran, on an API
+    (spawned,) = _reported(tmp_path)
+    end = _reported(tmp_path, ".end")
+    assert [pid for pid, _ in end["records"]] == [spawned], "the run recorded another server than its spawn"
+    assert end["server app imported"] is False
+    assert "View at" not in done.stderr and "Starting temporary server" not in done.stderr
+    assert not _server_alive(spawned)
     assert ephemeral.read_records(tmp_path / "home") == []
 
 
@@ -170,7 +198,7 @@ def test_a_refused_build_stops_the_server_it_spawned(tmp_path, tiny_model):
     )
     assert done.returncode != 0 and "frames=4 (needs frames" in done.stderr, done.stderr[-3000:]
     (server,) = _reported(tmp_path)
-    assert [pid for pid, _ in _reported(tmp_path, ".end")] == [server]  # recorded while it ran
+    assert [pid for pid, _ in _reported(tmp_path, ".end")["records"]] == [server]  # recorded while it ran
     assert not _server_alive(server), "the refused build's server outlived it"
     assert ephemeral.read_records(tmp_path / "home") == []
 

@@ -6,10 +6,10 @@ answers. Spawned after the imports (Prefect's own way), the second waits behind 
 server's process at once instead, with Prefect's own command line (``python -m uvicorn ...
 prefect.server.api.server:create_app`` on 127.0.0.1, a free port in 8000-8999, the UI off), in a session of its
 own, recorded like every tracked server (`infra.ops.ephemeral`), without importing Prefect: the two starts run
-side by side. `take` hands the process to `infra.ops.ephemeral.start_tracked` (which lets Prefect's own start wait
-for it) when Prefect's settings resolve as they did at the spawn (the same home, no API URL, ephemeral mode on,
-the same ``PREFECT_*`` environment); otherwise it stops it and the usual start follows. A process never taken over
-is stopped at exit.
+side by side. `take` hands the process to `infra.ops.ephemeral.start_tracked` (which waits for its answer and points
+the process's Prefect clients at it) when Prefect's settings resolve as they did at the spawn (the same home, no API
+URL, ephemeral mode on, the same ``PREFECT_*`` environment); otherwise it stops it and the usual start follows. A
+process never taken over is stopped at exit.
 """
 
 from __future__ import annotations

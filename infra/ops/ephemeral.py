@@ -5,9 +5,10 @@ With no ``PREFECT_API_URL``, Prefect 3.9 starts its API as a child process (``Su
 first time a client needs it, and stops it from an ``atexit`` hook. A process killed by SIGKILL or the OOM
 killer runs no hook: the child lives on, holding its port, ~300 MB and the SQLite database of the Prefect
 home. Prefect offers no parent-death signal for it (its ``Popen`` is not ours to change), so latentforge
-starts that server itself, in the main thread, before the flow (Prefect then reuses the same instance), and
-records it in ``PREFECT_HOME/latentforge-ephemeral/<server pid>.json`` with its owner: pid and kernel start
-time of both, so a reused pid is never taken for ours. The next terminal run with the same Prefect home
+starts that server itself before the flow (spawned at the command's start, `infra.ops.early`, and made the
+process's API; else Prefect's own start, in the main thread, whose instance Prefect then reuses), and records
+it in ``PREFECT_HOME/latentforge-ephemeral/<server pid>.json`` with its owner: pid and kernel start time of
+both, so a reused pid is never taken for ours. The next terminal run with the same Prefect home
 reaps every recorded server whose owner is gone (SIGTERM, then SIGKILL) before it starts its own.
 """
 
@@ -20,7 +21,9 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -131,13 +134,12 @@ def reap_orphans(home: Path | None = None, timeout: float = 10.0) -> list[Server
 def start_tracked(home: Path | None = None, while_starting: Callable[[], None] | None = None) -> ServerRecord | None:
     """Start Prefect's ephemeral server now (main thread) and record it; None when an API URL is set (or the
     ephemeral server is switched off). A server spawned at the command's start (`infra.ops.early`) is taken over
-    when the settings are the spawn's: then only its answer is waited for.
+    when the settings are the spawn's (`serve_early`); otherwise Prefect's own `SubprocessASGIServer` starts one.
 
     `while_starting` runs on a thread of its own from the moment the server's process is spawned (or taken over)
     until the server answers (its imports and database set-up take seconds of CPU of their own), so the run's own
     start-up work overlaps them instead of waiting behind them. It must not touch Prefect's API; it is joined
     before this returns, so nothing runs beside the flow. Nothing runs it when there is no server to wait for."""
-    from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415
     from prefect.settings import (  # noqa: PLC0415
         PREFECT_API_URL,
         PREFECT_HOME,
@@ -151,38 +153,108 @@ def start_tracked(home: Path | None = None, while_starting: Callable[[], None] |
     spawned = early.take(Path(home or PREFECT_HOME.value()), api_url, bool(enabled))
     if api_url or not enabled:
         return None  # a real server, or none at all: Prefect's own error then says so
-    server = SubprocessASGIServer()  # Prefect keeps one per process: its clients get this one
-    if spawned is not None and server.running:  # this process has its server already
-        early.discard(spawned)
-        spawned = None
     timeout = max(MIN_STARTUP_TIMEOUT, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
     beside = _Beside(while_starting)
     if spawned is not None:
-        _hand_over(server, spawned)
-        beside.start()  # its process exists already
+        record = serve_early(spawned, timeout, beside)
+        if record is not None:
+            return record
+    return _start_prefects(home, timeout, beside)
+
+
+def serve_early(spawned: Any, timeout: float, beside: _Beside | None = None) -> ServerRecord | None:
+    """Wait for the early-spawned server to answer, then point every Prefect client of this process at it for the
+    rest of the process (``PREFECT_API_URL``, process-wide; the UI URL blank: the embedded server has no UI), and
+    stop it at exit. None when it exited first (uvicorn exits 3 when its port was taken during its start-up): it is
+    discarded, and Prefect's own start follows, with its own retry on another port.
+
+    Prefect's `SubprocessASGIServer` would wait for it too, but importing its module (``prefect.server.api.server``,
+    the whole API app) costs ~3 s of the run's CPU, on the run's critical path; a client of a running server never
+    imports it. Not taken when this thread is inside a settings context of its own (a caller's
+    ``temporary_settings``: it would hide the process-wide URL), or when this process runs Prefect's ephemeral
+    server already (its clients use that one)."""
+    import prefect.context  # noqa: PLC0415
+
+    from infra.ops import early  # noqa: PLC0415
+
+    own_context = prefect.context.SettingsContext.get() is not prefect.context.GLOBAL_SETTINGS_CONTEXT
+    if own_context or _prefect_server_running():
+        early.discard(spawned, wait_s=1.0)
+        return None
+    url = f"http://127.0.0.1:{spawned.record.port}/api"
+    beside = beside or _Beside(None)
+    beside.start()  # its process exists already
     try:
-        with _own_session(on_spawn=beside.start):
-            server.start(timeout=timeout)
-    except RuntimeError as exc:
-        if spawned is not None:
-            spawned.path.unlink(missing_ok=True)  # Prefect's stop at exit ends the process
-        raise ServerError(
-            f"the embedded Prefect API did not answer within {timeout} s ({str(exc).splitlines()[0]}): on a loaded "
-            "machine raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or run a server (`latentforge server "
-            "start`) and point PREFECT_API_URL at it"
-        ) from exc
+        answered = _answers(spawned.process, url, timeout)
+    except ServerError:
+        early.discard(spawned, wait_s=1.0)
+        raise
     finally:
         beside.join()
-        answered = server.server_process.pid if server.server_process is not None else None
-        if spawned is not None and answered != spawned.record.server_pid:
-            early.discard(spawned)  # not the one that answered (its port was taken meanwhile), or none did
-            spawned = None
+    if not answered:
+        early.discard(spawned, wait_s=1.0)
+        return None
+    _point_at(url)
+    atexit.register(early.discard, spawned, wait_s=5.0)  # after Prefect's services drain (atexit is LIFO)
+    global _own
+    _own = (spawned.record, spawned.path)
+    return spawned.record
+
+
+def _prefect_server_running() -> bool:
+    module = sys.modules.get("prefect.server.api.server")  # never imported for it: it is the cost avoided
+    return module is not None and bool(module.SubprocessASGIServer().running)
+
+
+def _answers(process: Any, url: str, timeout: float) -> bool:
+    """Whether the server `process` answers ``url/health`` with 200 before it exits; ServerError after `timeout`."""
+    import httpx  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                return False
+            with contextlib.suppress(httpx.TransportError):
+                if client.get(f"{url}/health").status_code == 200:
+                    return True
+            time.sleep(0.1)
+    raise ServerError(_TIMEOUT.format(timeout=timeout, why="no answer to its health check"))
+
+
+def _point_at(api_url: str) -> None:
+    """Prefect's process-wide settings (those of every thread without a context of its own) with `api_url`."""
+    import prefect.context  # noqa: PLC0415
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL  # noqa: PLC0415
+
+    current = prefect.context.GLOBAL_SETTINGS_CONTEXT
+    settings = current.settings.copy_with_update(updates={PREFECT_API_URL: api_url, PREFECT_UI_URL: ""})
+    pointed = prefect.context.SettingsContext(profile=current.profile, settings=settings)
+    prefect.context.GLOBAL_SETTINGS_CONTEXT = pointed
+
+
+_TIMEOUT = (
+    "the embedded Prefect API did not answer within {timeout} s ({why}): on a loaded machine raise "
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or run a server (`latentforge server start`) and point "
+    "PREFECT_API_URL at it"
+)
+
+
+def _start_prefects(home: Path | None, timeout: float, beside: _Beside) -> ServerRecord | None:
+    """Prefect's own ephemeral start (`SubprocessASGIServer`, the one instance its clients use), recorded."""
+    from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415
+
+    server = SubprocessASGIServer()  # Prefect keeps one per process: its clients get this one
+    try:
+        with _own_session(on_spawn=beside.start):
+            server.start(timeout=int(timeout))
+    except RuntimeError as exc:
+        raise ServerError(_TIMEOUT.format(timeout=timeout, why=str(exc).splitlines()[0])) from exc
+    finally:
+        beside.join()
     if server.server_process is None:
         return None
-    if spawned is not None:
-        record, path = spawned.record, spawned.path
-    else:
-        record, path = record_server(server.server_process.pid, server.port, home)
+    record, path = record_server(server.server_process.pid, server.port, home)
     atexit.register(path.unlink, missing_ok=True)  # runs before Prefect's own stop (atexit is LIFO)
     global _own
     _own = (record, path)
@@ -204,16 +276,6 @@ def record_server(pid: int, port: int | None, home: Path | None = None) -> tuple
     path = records_dir(home) / f"{pid}.json"
     atomic_write(path, json.dumps(asdict(record)).encode(), replace=True)
     return record, path
-
-
-def _hand_over(server: Any, spawned: Any) -> None:
-    """Let Prefect's own `SubprocessASGIServer.start` wait for the early-spawned process: its first spawn returns
-    that process, on its port; a later one (uvicorn exits 3 when it found its port taken, and Prefect then picks
-    another port) is Prefect's own. Its clients use whichever answers."""
-    first = [spawned.process]
-    own_spawn = server._run_uvicorn_command  # Prefect 3.9's one spawn point
-    server.port = spawned.record.port
-    server._run_uvicorn_command = lambda: first.pop() if first else own_spawn()
 
 
 class _Beside:
