@@ -382,6 +382,17 @@ class BuildConfig(StrictModel):
             raise ValueError(f"source must be KIND:PATH (e.g. vbvr:/data/shards), got {value!r}")
         return value
 
+    @model_validator(mode="after")
+    def _quantize_on_cpu(self) -> BuildConfig:
+        """int8-dynamic on an accelerator named up front is refused here, before any import or server start (with
+        ``--device auto`` the model load refuses it, once the device is known: `infra.models.memory.quantized`)."""
+        if self.text_quantize == "int8-dynamic" and self.device not in ("auto", "cpu"):
+            raise ValueError(
+                f"--text-quantize int8-dynamic is torch's CPU dynamic quantization; on {self.device} there is no "
+                "8-bit text encoder here (bitsandbytes is not wired in): use --device cpu or --text-quantize none"
+            )
+        return self
+
 
 #: The groups of BuildConfig fields each single step takes as options (`build` takes every field). OUT is
 #: the positional argument of verify, reconcile and decode.

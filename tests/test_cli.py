@@ -43,6 +43,23 @@ def test_geometry_errors_name_the_value_and_the_nearest_valid_ones(tmp_path, tin
     assert not (tmp_path / "out").exists()
 
 
+def test_int8_text_on_an_accelerator_is_refused_before_anything_runs(tmp_path, tiny_model):
+    """``--text-quantize int8-dynamic`` is CPU-only: with ``--device cuda`` or ``neuron`` named, the build is refused
+    by its config (exit 2, naming both remedies), before a server, a model or OUT exists; on CPU it is accepted."""
+    src = make_shards(tmp_path / "src", {"s": [sample(0, 0, b"x", b"p")]})
+    for device in ("cuda", "neuron"):
+        flags = _flags(src, tiny_model, tmp_path / "out", "--text-quantize", "int8-dynamic")
+        flags[flags.index("--device") + 1] = device
+        result = runner.invoke(app, flags)
+        assert result.exit_code == 2, result.output
+        assert f"CPU dynamic quantization; on {device}" in result.output and "--device cpu" in result.output
+        assert not (tmp_path / "out").exists()
+    for device in ("cpu", "auto"):
+        kept = BuildConfig(source=f"vbvr:{src}", model=str(tiny_model), out=str(tmp_path / "o"), device=device,
+                           text_quantize="int8-dynamic")  # fmt: skip
+        assert kept.text_quantize == "int8-dynamic"
+
+
 def test_config_file_with_flags_winning(tmp_path, tiny_model, clips):
     video = cut_clip(clips["carphone"], 9)
     src = make_shards(tmp_path / "src", {"s": [sample(0, i, video, b"a man talks") for i in range(3)]})

@@ -168,6 +168,7 @@ def _one_sample_source(root: Path, clips: dict[str, bytes]) -> Path:
     return src
 
 
+@pytest.mark.soak  # ~19 s (a whole build process); in make test, tests/test_preempt.py checks the same server
 def test_a_build_runs_on_the_server_it_spawned_without_importing_prefects_api_app(tmp_path, clips, tiny_model):
     """The taken-over server is the run's API for every Prefect client of the process, reached as a client reaches
     a running server: Prefect's server module (the whole API app, ~3 s of the run's CPU) is never imported into
