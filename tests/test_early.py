@@ -22,17 +22,22 @@ ROOT = Path(__file__).resolve().parents[1]
 WANTED = """
 import json, os, sys
 from infra.ops import early
-seen = {}
-def ask(name, **env):
+seen, root = {}, os.getcwd()
+def ask(name, cwd=".", **env):
     for key in ("PREFECT_API_URL", "PREFECT_SERVER_EPHEMERAL_ENABLED", "PREFECT_PROFILE"):
         os.environ.pop(key, None)
     os.environ.update(env)
+    os.chdir(os.path.join(sys.argv[1], cwd))  # Prefect reads .env, prefect.toml and pyproject.toml here
     seen[name] = early.wanted()
+    os.chdir(root)
 ask("plain")
 ask("api url", PREFECT_API_URL="http://127.0.0.1:4200/api")
 ask("ephemeral off", PREFECT_SERVER_EPHEMERAL_ENABLED="false")
 ask("profile with a url", PREFECT_PROFILE="remote")
 ask("profile without", PREFECT_PROFILE="local")
+for name in ("dotenv url", "dotenv other", "prefect.toml url", "prefect.toml ephemeral off", "prefect.toml other",
+             "pyproject url", "pyproject other", "unreadable toml"):
+    ask(name, cwd=name)
 seen["prefect imported"] = any(m == "prefect" or m.startswith("prefect.") for m in sys.modules)
 print(json.dumps(seen))
 """
@@ -42,7 +47,22 @@ def test_the_environment_and_the_active_profile_tell_whether_to_spawn_without_im
     env = cli_env(tmp_path / "home")
     profiles = 'active = "local"\n[profiles.local]\n[profiles.remote]\nPREFECT_API_URL = "http://10.0.0.1:4200/api"\n'
     (tmp_path / "home" / "profiles.toml").write_text(profiles)
-    done = subprocess.run([sys.executable, "-c", WANTED], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    files = {
+        "dotenv url": (".env", "# remote\nexport PREFECT_API_URL='http://10.0.0.1:4200/api'\n"),
+        "dotenv other": (".env", "PREFECT_LOGGING_LEVEL=DEBUG\nPREFECT_API_URL=\n"),
+        "prefect.toml url": ("prefect.toml", '[api]\nurl = "http://10.0.0.1:4200/api"\n'),
+        "prefect.toml ephemeral off": ("prefect.toml", "[server.ephemeral]\nenabled = false\n"),
+        "prefect.toml other": ("prefect.toml", '[logging]\nlevel = "DEBUG"\n'),
+        "pyproject url": ("pyproject.toml", '[tool.prefect.api]\nurl = "http://10.0.0.1:4200/api"\n'),
+        "pyproject other": ("pyproject.toml", '[project]\nname = "x"\n[tool.ruff]\nline-length = 100\n'),
+        "unreadable toml": ("prefect.toml", "[api\nurl = \n"),
+    }
+    for case, (name, text) in files.items():
+        (tmp_path / case).mkdir()
+        (tmp_path / case / name).write_text(text)
+    done = subprocess.run(
+        [sys.executable, "-c", WANTED, str(tmp_path)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {
@@ -51,6 +71,14 @@ def test_the_environment_and_the_active_profile_tell_whether_to_spawn_without_im
         "ephemeral off": False,
         "profile with a url": False,
         "profile without": True,
+        "dotenv url": False,
+        "dotenv other": True,
+        "prefect.toml url": False,
+        "prefect.toml ephemeral off": False,
+        "prefect.toml other": True,
+        "pyproject url": False,
+        "pyproject other": True,
+        "unreadable toml": False,  # left to Prefect, which then says what is wrong with it
         "prefect imported": False,  # the spawn costs no Prefect import
     }
 

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -60,9 +61,9 @@ def env_home() -> Path:
 
 
 def wanted() -> bool:
-    """Whether this process points at the ephemeral API: no ``PREFECT_API_URL`` in the environment or the active
-    profile, ephemeral mode not switched off. Where Prefect is loaded already (a test's or a notebook's process),
-    its settings answer: they may hold an API URL set in-process."""
+    """Whether this process points at the ephemeral API: no ``PREFECT_API_URL`` in the environment, the active
+    profile or the working directory's settings files, ephemeral mode not switched off. Where Prefect is loaded
+    already (a test's or a notebook's process), its settings answer: they may hold an API URL set in-process."""
     if "prefect.settings" in sys.modules:
         from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED  # noqa: PLC0415
 
@@ -72,7 +73,7 @@ def wanted() -> bool:
     for name in ("PREFECT_SERVER_EPHEMERAL_ENABLED", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"):
         if os.environ.get(name, "").strip().lower() in _FALSE:
             return False
-    return not _profile_sets_api_url()
+    return not _profile_sets_api_url() and not _files_set_api_url(Path.cwd())
 
 
 def _profile_sets_api_url() -> bool:
@@ -87,6 +88,41 @@ def _profile_sets_api_url() -> bool:
     active = os.environ.get("PREFECT_PROFILE") or data.get("active") or "ephemeral"
     profile = data.get("profiles", {}).get(active, {})
     return not isinstance(profile, dict) or bool(profile.get("PREFECT_API_URL"))
+
+
+def _files_set_api_url(where: Path) -> bool:
+    """Prefect's settings files of the working directory name an API URL or switch the ephemeral server off:
+    ``.env`` (``PREFECT_API_URL=...``), ``prefect.toml`` (``[api] url``, ``[server.ephemeral] enabled``) or
+    ``pyproject.toml`` (the same under ``[tool.prefect]``). True when one cannot be read: the start is then
+    Prefect's."""
+    dotenv = where / ".env"
+    try:
+        if dotenv.is_file() and _DOTENV_URL.search(dotenv.read_text(errors="replace")):
+            return True
+        for name, table in (("prefect.toml", ()), ("pyproject.toml", ("tool", "prefect"))):
+            path = where / name
+            if path.is_file():
+                data = tomllib.loads(path.read_text())
+                for key in table:
+                    data = data.get(key, {}) if isinstance(data, dict) else {}
+                if _toml_sets_api_url(data):
+                    return True
+    except (OSError, ValueError):
+        return True
+    return False
+
+
+_DOTENV_URL = re.compile(r"^\s*(?:export\s+)?PREFECT_API_URL\s*=\s*[\"']?[^\s\"'#]", re.MULTILINE)
+
+
+def _toml_sets_api_url(table: object) -> bool:
+    if not isinstance(table, dict):
+        return False
+    api, server = table.get("api", {}), table.get("server", {})
+    url = api.get("url") if isinstance(api, dict) else None
+    ephemeral = server.get("ephemeral", {}) if isinstance(server, dict) else {}
+    enabled = ephemeral.get("enabled", True) if isinstance(ephemeral, dict) else True
+    return bool(url) or enabled is False or str(enabled).strip().lower() in _FALSE
 
 
 def _prefect_environment() -> dict[str, str]:
