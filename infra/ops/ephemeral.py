@@ -134,7 +134,7 @@ def reap_orphans(home: Path | None = None, timeout: float = 10.0) -> list[Server
 def start_tracked(home: Path | None = None, while_starting: Callable[[], None] | None = None) -> ServerRecord | None:
     """Start Prefect's ephemeral server now (main thread) and record it; None when an API URL is set (or the
     ephemeral server is switched off). A server spawned at the command's start (`infra.ops.early`) is taken over
-    when the settings are the spawn's (`serve_early`); otherwise Prefect's own `SubprocessASGIServer` starts one.
+    when the settings are the spawn's (`_serve_early`); otherwise Prefect's own `SubprocessASGIServer` starts one.
 
     `while_starting` runs on a thread of its own from the moment the server's process is spawned (or taken over)
     until the server answers (its imports and database set-up take seconds of CPU of their own), so the run's own
@@ -156,13 +156,13 @@ def start_tracked(home: Path | None = None, while_starting: Callable[[], None] |
     timeout = max(MIN_STARTUP_TIMEOUT, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
     beside = _Beside(while_starting)
     if spawned is not None:
-        record = serve_early(spawned, timeout, beside)
+        record = _serve_early(spawned, timeout, beside)
         if record is not None:
             return record
     return _start_prefects(home, timeout, beside)
 
 
-def serve_early(spawned: Any, timeout: float, beside: _Beside | None = None) -> ServerRecord | None:
+def _serve_early(spawned: Any, timeout: float, beside: _Beside) -> ServerRecord | None:
     """Wait for the early-spawned server to answer, then point every Prefect client of this process at it for the
     rest of the process (``PREFECT_API_URL``, process-wide; the UI URL blank: the embedded server has no UI), and
     stop it at exit. None when it exited first (uvicorn exits 3 when its port was taken during its start-up): it is
@@ -182,7 +182,6 @@ def serve_early(spawned: Any, timeout: float, beside: _Beside | None = None) -> 
         early.discard(spawned, wait_s=1.0)
         return None
     url = f"http://127.0.0.1:{spawned.record.port}/api"
-    beside = beside or _Beside(None)
     beside.start()  # its process exists already
     try:
         answered = _answers(spawned.process, url, timeout)
