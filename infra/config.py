@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from infra.errors import ConfigError
+from infra.errors import ConfigError, QuantizeOffCpu
 
 #: Bump when the meaning of a spec field or the stored layout changes: old caches stop matching.
 SPEC_VERSION = 1
@@ -387,10 +387,7 @@ class BuildConfig(StrictModel):
         """int8-dynamic on an accelerator named up front is refused here, before any import or server start (with
         ``--device auto`` the model load refuses it, once the device is known: `infra.models.memory.quantized`)."""
         if self.text_quantize == "int8-dynamic" and self.device not in ("auto", "cpu"):
-            raise ValueError(
-                f"--text-quantize int8-dynamic is torch's CPU dynamic quantization; on {self.device} there is no "
-                "8-bit text encoder here (bitsandbytes is not wired in): use --device cpu or --text-quantize none"
-            )
+            raise QuantizeOffCpu(self.device)
         return self
 
 

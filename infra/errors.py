@@ -37,6 +37,17 @@ class NoServerError(ConfigError):
     """The command needs a Prefect server that other processes can reach."""
 
 
+class QuantizeOffCpu(ConfigError):
+    """``--text-quantize int8-dynamic`` on an accelerator: torch's dynamic int8 quantization is CPU-only. Raised by
+    the config when the device is named, by the model load when ``--device auto`` resolves to one."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__(
+            f"--text-quantize int8-dynamic is torch's CPU dynamic quantization; on {device} there is no 8-bit text "
+            "encoder here (bitsandbytes is not wired in): use --device cpu or --text-quantize none"
+        )
+
+
 class InputError(LatentforgeError):
     """A sample's input cannot be used. `reason` is a short code for the ledger and reports."""
 

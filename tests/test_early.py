@@ -35,9 +35,10 @@ ask("api url", PREFECT_API_URL="http://127.0.0.1:4200/api")
 ask("ephemeral off", PREFECT_SERVER_EPHEMERAL_ENABLED="false")
 ask("profile with a url", PREFECT_PROFILE="remote")
 ask("profile without", PREFECT_PROFILE="local")
-for name in ("dotenv url", "dotenv other", "prefect.toml url", "prefect.toml ephemeral off", "prefect.toml other",
-             "pyproject url", "pyproject other", "unreadable toml"):
-    ask(name, cwd=name)
+ask("profile ephemeral off", PREFECT_PROFILE="offline")
+for name in sorted(os.listdir(sys.argv[1])):  # one directory per settings-file case
+    if name != "home":
+        ask(name, cwd=name)
 seen["prefect imported"] = any(m == "prefect" or m.startswith("prefect.") for m in sys.modules)
 print(json.dumps(seen))
 """
@@ -46,10 +47,12 @@ print(json.dumps(seen))
 def test_the_environment_and_the_active_profile_tell_whether_to_spawn_without_importing_prefect(tmp_path):
     env = cli_env(tmp_path / "home")
     profiles = 'active = "local"\n[profiles.local]\n[profiles.remote]\nPREFECT_API_URL = "http://10.0.0.1:4200/api"\n'
+    profiles += '[profiles.offline]\nPREFECT_SERVER_EPHEMERAL_ENABLED = "false"\n'
     (tmp_path / "home" / "profiles.toml").write_text(profiles)
     files = {
         "dotenv url": (".env", "# remote\nexport PREFECT_API_URL='http://10.0.0.1:4200/api'\n"),
-        "dotenv other": (".env", "PREFECT_LOGGING_LEVEL=DEBUG\nPREFECT_API_URL=\n"),
+        "dotenv ephemeral off": (".env", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE = 'False'  # offline\n"),
+        "dotenv other": (".env", "PREFECT_LOGGING_LEVEL=DEBUG\nPREFECT_API_URL=\n# PREFECT_API_URL=http://x\n"),
         "prefect.toml url": ("prefect.toml", '[api]\nurl = "http://10.0.0.1:4200/api"\n'),
         "prefect.toml ephemeral off": ("prefect.toml", "[server.ephemeral]\nenabled = false\n"),
         "prefect.toml other": ("prefect.toml", '[logging]\nlevel = "DEBUG"\n'),
@@ -71,7 +74,9 @@ def test_the_environment_and_the_active_profile_tell_whether_to_spawn_without_im
         "ephemeral off": False,
         "profile with a url": False,
         "profile without": True,
+        "profile ephemeral off": False,
         "dotenv url": False,
+        "dotenv ephemeral off": False,
         "dotenv other": True,
         "prefect.toml url": False,
         "prefect.toml ephemeral off": False,

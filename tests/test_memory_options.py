@@ -5,6 +5,7 @@ again for the next shard); ``--text-quantize int8-dynamic`` changes only the tex
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from infra.cache import ledger
+from infra.errors import QuantizeOffCpu
 from infra.gates.plan import make_plan
 from infra.models import LOAD_LOG_ENV, _load, memory
 from infra.preprocess import texts
@@ -82,6 +84,17 @@ def test_text_quantize_int8_changes_only_text_and_the_fingerprint(tmp_path, tiny
         a, b = int8[key]["text_embeds"].float(), stored["text_embeds"].float()
         assert not torch.equal(a, b)
         assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0) > 0.9
+
+
+def test_int8_text_on_a_device_auto_resolved_to_an_accelerator_is_refused_at_the_load() -> None:
+    """With ``--device auto`` the config cannot know the device; the load refuses int8 once it is an accelerator
+    (the config's own refusal, for a device named up front: `tests/test_cli.py`), the text encoder untouched."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    for device in ("cuda", "xla"):
+        with pytest.raises(QuantizeOffCpu, match=f"on {device} there is no 8-bit text encoder"):
+            memory.quantized(model, SimpleNamespace(device=torch.device(device)))
+    assert isinstance(model[0], torch.nn.Linear) and model[0].weight.dtype == torch.float32
+    assert type(memory.quantized(model, SimpleNamespace(device=torch.device("cpu")))[0]) is not torch.nn.Linear
 
 
 def test_decode_and_verify_reuses_the_family_the_build_loaded_with_its_options(

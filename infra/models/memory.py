@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from infra.errors import ConfigError
+from infra.errors import ConfigError, QuantizeOffCpu
 from infra.models.base import LoadedFamily
 
 logger = logging.getLogger(__name__)
@@ -49,10 +49,7 @@ def apply(loaded: LoadedFamily, options: LoadOptions) -> None:
 def quantized(model: torch.nn.Module, loaded: LoadedFamily) -> torch.nn.Module:
     """The text encoder with its Linear layers in dynamic int8 (torch.ao; float32 elsewhere). CPU only."""
     if loaded.device.type != "cpu":  # type: ignore[attr-defined]
-        raise ConfigError(
-            "--text-quantize int8-dynamic is torch's CPU dynamic quantization; on "
-            f"{loaded.device.type} there is no 8-bit text encoder here (bitsandbytes is not wired in)"  # type: ignore[attr-defined]
-        )
+        raise QuantizeOffCpu(loaded.device.type)  # type: ignore[attr-defined]
     # in place, layer by layer: the float weights of a layer are freed as its int8 one replaces it
     return torch.ao.quantization.quantize_dynamic(model.float(), {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
 

@@ -19,15 +19,16 @@ import contextlib
 import logging
 import os
 import random
-import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import tomllib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infra.ops import ephemeral
 
@@ -61,68 +62,70 @@ def env_home() -> Path:
 
 
 def wanted() -> bool:
-    """Whether this process points at the ephemeral API: no ``PREFECT_API_URL`` in the environment, the active
-    profile or the working directory's settings files, ephemeral mode not switched off. Where Prefect is loaded
+    """Whether this process points at the ephemeral API: no ``PREFECT_API_URL`` and ephemeral mode not switched off,
+    in the environment, the active profile or the working directory's settings files. Where Prefect is loaded
     already (a test's or a notebook's process), its settings answer: they may hold an API URL set in-process."""
     if "prefect.settings" in sys.modules:
         from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED  # noqa: PLC0415
 
         return not PREFECT_API_URL.value() and bool(PREFECT_SERVER_EPHEMERAL_ENABLED.value())
-    if os.environ.get("PREFECT_API_URL"):
-        return False
-    for name in ("PREFECT_SERVER_EPHEMERAL_ENABLED", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"):
-        if os.environ.get(name, "").strip().lower() in _FALSE:
-            return False
-    return not _profile_sets_api_url() and not _files_set_api_url(Path.cwd())
-
-
-def _profile_sets_api_url() -> bool:
-    """The active profile (``PREFECT_PROFILE`` or the file's ``active``) sets an API URL; True when unreadable."""
-    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or env_home() / "profiles.toml").expanduser()
-    if not path.exists():
-        return False
     try:
-        data = tomllib.loads(path.read_text())
+        return not any(_says_no(values) for values in _settings(Path.cwd()))
     except (OSError, ValueError):
-        return True  # unknown: leave the start to Prefect
-    active = os.environ.get("PREFECT_PROFILE") or data.get("active") or "ephemeral"
-    profile = data.get("profiles", {}).get(active, {})
-    return not isinstance(profile, dict) or bool(profile.get("PREFECT_API_URL"))
+        return False  # a settings file that cannot be read: the start is left to Prefect, which says what is wrong
 
 
-def _files_set_api_url(where: Path) -> bool:
-    """Prefect's settings files of the working directory name an API URL or switch the ephemeral server off:
-    ``.env`` (``PREFECT_API_URL=...``), ``prefect.toml`` (``[api] url``, ``[server.ephemeral] enabled``) or
-    ``pyproject.toml`` (the same under ``[tool.prefect]``). True when one cannot be read: the start is then
-    Prefect's."""
-    dotenv = where / ".env"
-    try:
-        if dotenv.is_file() and _DOTENV_URL.search(dotenv.read_text(errors="replace")):
-            return True
-        for name, table in (("prefect.toml", ()), ("pyproject.toml", ("tool", "prefect"))):
-            path = where / name
-            if path.is_file():
-                data = tomllib.loads(path.read_text())
-                for key in table:
-                    data = data.get(key, {}) if isinstance(data, dict) else {}
-                if _toml_sets_api_url(data):
-                    return True
-    except (OSError, ValueError):
+#: The settings that switch the ephemeral server off when false.
+_EPHEMERAL = ("PREFECT_SERVER_EPHEMERAL_ENABLED", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE")
+
+
+def _says_no(values: Mapping[str, object]) -> bool:
+    """``PREFECT_*`` settings that name an API URL or switch the ephemeral server off."""
+    if str(values.get("PREFECT_API_URL") or "").strip():
         return True
-    return False
+    return any(str(values.get(name, "")).strip().lower() in _FALSE for name in _EPHEMERAL)
 
 
-_DOTENV_URL = re.compile(r"^\s*(?:export\s+)?PREFECT_API_URL\s*=\s*[\"']?[^\s\"'#]", re.MULTILINE)
+def _settings(where: Path) -> Iterator[Mapping[str, object]]:
+    """The ``PREFECT_*`` settings of each source Prefect reads, as names and values: the environment, the working
+    directory's ``.env``, ``prefect.toml`` and ``pyproject.toml`` (``[tool.prefect]``), and the active profile
+    (``PREFECT_PROFILE`` or the file's ``active``). Any of them saying no is enough: the start is then Prefect's."""
+    yield os.environ
+    if (where / ".env").is_file():
+        yield _dotenv((where / ".env").read_text(errors="replace"))
+    for name, table in (("prefect.toml", ()), ("pyproject.toml", ("tool", "prefect"))):
+        if (where / name).is_file():
+            data = _dig(tomllib.loads((where / name).read_text()), *table)
+            yield {
+                "PREFECT_API_URL": _dig(data, "api", "url"),
+                "PREFECT_SERVER_EPHEMERAL_ENABLED": _dig(data, "server", "ephemeral", "enabled"),
+            }
+    profiles = Path(os.environ.get("PREFECT_PROFILES_PATH") or env_home() / "profiles.toml").expanduser()
+    if profiles.exists():
+        data = tomllib.loads(profiles.read_text())
+        profile = _dig(data, "profiles", os.environ.get("PREFECT_PROFILE") or data.get("active") or "ephemeral") or {}
+        if not isinstance(profile, dict):
+            raise ValueError(f"{profiles}: the active profile is not a table")
+        yield profile
 
 
-def _toml_sets_api_url(table: object) -> bool:
-    if not isinstance(table, dict):
-        return False
-    api, server = table.get("api", {}), table.get("server", {})
-    url = api.get("url") if isinstance(api, dict) else None
-    ephemeral = server.get("ephemeral", {}) if isinstance(server, dict) else {}
-    enabled = ephemeral.get("enabled", True) if isinstance(ephemeral, dict) else True
-    return bool(url) or enabled is False or str(enabled).strip().lower() in _FALSE
+def _dig(data: object, *keys: str) -> Any:
+    """``data[k1][k2]...``; None where a level is missing or not a table."""
+    for key in keys:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def _dotenv(text: str) -> dict[str, str]:
+    """``KEY=VALUE`` lines of a ``.env`` file (``export`` and quotes allowed; comments and blank lines skipped)."""
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.strip().removeprefix("export ").partition("=")
+        if sep and not key.lstrip().startswith("#"):
+            value = value.strip()
+            quoted = value[:1] in ("'", '"')  # then up to its closing quote; else up to a comment
+            values[key.strip()] = value[1:].partition(value[0])[0] if quoted else value.partition(" #")[0].strip()
+    return values
 
 
 def _prefect_environment() -> dict[str, str]:

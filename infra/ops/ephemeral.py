@@ -132,8 +132,8 @@ def reap_orphans(home: Path | None = None, timeout: float = 10.0) -> list[Server
 
 
 def start_tracked(home: Path | None = None, while_starting: Callable[[], None] | None = None) -> ServerRecord | None:
-    """Start Prefect's ephemeral server now (main thread) and record it; None when an API URL is set (or the
-    ephemeral server is switched off). A server spawned at the command's start (`infra.ops.early`) is taken over
+    """Make this process's ephemeral server answer before the flow, and record it; None when an API URL is set
+    (or the ephemeral server is switched off). A server spawned at the command's start (`infra.ops.early`) is taken over
     when the settings are the spawn's (`_serve_early`); otherwise Prefect's own `SubprocessASGIServer` starts one.
 
     `while_starting` runs on a thread of its own from the moment the server's process is spawned (or taken over)
@@ -206,18 +206,17 @@ def _prefect_server_running() -> bool:
 
 
 def _answers(process: Any, url: str, timeout: float) -> bool:
-    """Whether the server `process` answers ``url/health`` with 200 before it exits; ServerError after `timeout`."""
-    import httpx  # noqa: PLC0415
+    """Whether the server `process` answers ``url/health`` (`infra.ops.server.healthy`) before it exits;
+    ServerError after `timeout`."""
+    from infra.ops.server import healthy  # noqa: PLC0415
 
     deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=2.0) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                return False
-            with contextlib.suppress(httpx.TransportError):
-                if client.get(f"{url}/health").status_code == 200:
-                    return True
-            time.sleep(0.1)
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        if healthy(url):
+            return True
+        time.sleep(0.1)
     raise ServerError(_TIMEOUT.format(timeout=timeout, why="no answer to its health check"))
 
 
