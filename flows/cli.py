@@ -24,7 +24,7 @@ from flows.cli_publish import rerun, upload
 from flows.cli_server import app as server_app
 from infra.config import BuildConfig, load_config_file, merge_config, step_fields
 from infra.errors import ConfigError, SourceError
-from infra.ops import early
+from infra.ops import early, quick_exit
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A verified, resumable latent cache.")
 app.add_typer(server_app, name="server")
@@ -338,11 +338,15 @@ def inspect(out: OutArg, as_json: JsonOpt = False) -> None:
 
 
 def main() -> None:
-    """Console entry point."""
+    """Console entry point (it ends the process: `infra.ops.quick_exit`)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    app()
+    try:
+        app()
+    except SystemExit as exc:
+        quick_exit.finish(exc.code)  # the exit handlers, then the status, without the interpreter's teardown
+        raise
 
 
 if __name__ == "__main__":

@@ -147,14 +147,19 @@ if taken_port:  # the early spawn's port is taken: uvicorn exits 3 after its sta
     ports, free = [taken_port], early._free_port
     early._free_port = lambda: ports.pop() if ports else free()
 from flows import cli
-sys.argv = ["latentforge", *sys.argv[1:]]
-try:
-    cli.main()
-finally:  # the servers recorded at the command's end (before its exit handlers), and whether Prefect's API app
-    # (its server module) was imported into the command's own process
+from infra.ops import quick_exit
+finish = quick_exit.finish
+
+def at_end(code):  # the servers recorded at the command's end (before its exit handlers: `main` ends the process
+    # there), and whether Prefect's API app (its server module) was imported into the command's own process
     records = [(r.server_pid, r.port) for _, r in ephemeral.read_records()]
     with open(report + ".end", "w") as f:
         json.dump({"records": records, "server app imported": "prefect.server.api.server" in sys.modules}, f)
+    finish(code)
+
+quick_exit.finish = at_end
+sys.argv = ["latentforge", *sys.argv[1:]]
+cli.main()
 """
 
 
