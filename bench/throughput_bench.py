@@ -116,28 +116,32 @@ def plain_loop(src: Path, model: Path, out: Path) -> dict:
     return {"samples": samples, "text_calls": calls, "prompts_encoded": calls}
 
 
-def latentforge_build(src: Path, model: Path, out: Path) -> dict:
-    """`latentforge build`, in this process (so its text-encoder calls can be read after)."""
+def latentforge_build(src: Path, model: Path, out: Path, report: Path) -> None:
+    """`latentforge build`, in this process, as its console entry point runs it (`flows.cli.main`, which ends the
+    process); the report is written by an exit handler, so its text-encoder calls can be read."""
+    import atexit  # noqa: PLC0415
+
     from flows import cli  # noqa: PLC0415
     from infra.preprocess import texts  # noqa: PLC0415
+
+    def write_report() -> None:
+        stats = texts.stats()
+        done = len(list(out.rglob("*.pt")))
+        report.write_text(json.dumps({"samples": done, "text_calls": stats.calls, "prompts_encoded": stats.encoded}))
 
     flags = ["--source", f"vbvr:{src}", "--model", str(model), "--out", str(out), "--frames", str(FRAMES)]
     flags += ["--height", str(SIZE), "--width", str(SIZE), "--device", "cpu", "--dtype", "fp32"]
     flags += ["--decode-samples", "0", "--on-loss", "accept", "--on-conflict", "abort"]
     sys.argv = ["latentforge", "build", *flags]
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    done = len(list(out.rglob("*.pt")))
-    stats = texts.stats()
-    return {"samples": done, "text_calls": stats.calls, "prompts_encoded": stats.encoded, "exit": code}
+    atexit.register(write_report)  # first registered: runs after the build's own exit handlers
+    cli.main()
 
 
 def child(which: str, src: Path, model: Path, out: Path, report: Path) -> None:
-    result = (plain_loop if which == "plain" else latentforge_build)(src, model, out)
-    report.write_text(json.dumps(result))
+    if which == "plain":
+        report.write_text(json.dumps(plain_loop(src, model, out)))
+    else:
+        latentforge_build(src, model, out, report)
 
 
 def migrated_home(home: Path) -> Path:

@@ -14,12 +14,14 @@ file. It missed most tensors of a fine-tune and is kept only to recognise, and r
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
 import struct
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -75,18 +77,23 @@ def _remember(entry: Path, key: str, digest: str) -> None:
 def _hash(path: Path) -> str:
     size = path.stat().st_size
     h = hashlib.sha256()
-    with (
-        path.open("rb") as fh,
-        tqdm(
-            total=size, unit="B", unit_scale=True, desc=f"hashing {path.name}", disable=size < _PROGRESS_FROM or None
-        ) as bar,
-    ):
+    with path.open("rb") as fh, _progress(size, path.name) as bar:
         while chunk := fh.read(_READ):
             h.update(chunk)
-            bar.update(len(chunk))
+            if bar is not None:
+                bar.update(len(chunk))
     stats["bytes_hashed"] += size
     stats["files_hashed"] += 1
     return h.hexdigest()
+
+
+def _progress(size: int, name: str) -> contextlib.AbstractContextManager[tqdm | None]:
+    """A progress bar for a big file hashed with a terminal to show it on, else none. Not a disabled bar: tqdm
+    starts its monitor thread for one and never ends it (a shown bar's ends with it), and a build's process forks
+    its decode-ahead process only while no thread runs (`infra.preprocess.ahead`)."""
+    if size < _PROGRESS_FROM or not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    return tqdm(total=size, unit="B", unit_scale=True, desc=f"hashing {name}")
 
 
 def _safetensors_whole(path: Path) -> bool:
@@ -94,6 +101,8 @@ def _safetensors_whole(path: Path) -> bool:
     try:
         with path.open("rb") as fh:
             (header_len,) = struct.unpack("<Q", fh.read(8))
+            if header_len > path.stat().st_size - 8:
+                return False  # not a safetensors file (damaged, or another format under the name)
             header = json.loads(fh.read(header_len))
         ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
         return path.stat().st_size == 8 + header_len + max(ends, default=0)

@@ -40,7 +40,7 @@ from infra.models import LoadedFamily, get_family, load_family, memory
 from infra.models.base import TextEmbedding
 from infra.models.memory import LoadOptions
 from infra.ops.faults import fault_point
-from infra.preprocess import prefetch, texts, videos
+from infra.preprocess import ahead, prefetch, texts, videos
 from infra.sources import SampleRef
 
 
@@ -159,9 +159,13 @@ def read_sample(ref: SampleRef) -> tuple[str, bytes]:
 
 def prepared_video(plan: BuildPlan) -> Callable[[SampleRef, bytes], PreparedVideo]:
     """`prepare_video` of one sample's bytes under the plan (what the prefetcher runs in its threads), without the
-    source-resolution frames (the encoder needs the pixels; a sample waiting in the prefetch queue holds only them)."""
+    source-resolution frames (the encoder needs the pixels; a sample waiting in the prefetch queue holds only them):
+    the decode-ahead process's result for the same bytes and recipe where it has one (`infra.preprocess.ahead`)."""
 
     def prepare(ref: SampleRef, media: bytes) -> PreparedVideo:
+        held = ahead.take(ref, media, plan.spec, media_limits(plan))  # decoded by the start-up process
+        if held is not None:
+            return held
         video = prepare_video(media, plan.spec, ref.window, media_limits(plan))
         return dataclasses.replace(video, clip=dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy()))
 
@@ -190,8 +194,8 @@ def prefetcher_for(
 
 def _prepared(ref: SampleRef, plan: BuildPlan) -> tuple[str, bytes, PreparedVideo]:
     """The sample's prompt, bytes and pixels: as the shard's prefetcher prepared them, else prepared now."""
-    ahead = prefetch.active()
-    taken = ahead.take(ref) if ahead is not None else None
+    reading = prefetch.active()
+    taken = reading.take(ref) if reading is not None else None
     prompt, media = taken[:2] if taken is not None else read_sample(ref)
     video = taken[2] if taken is not None and taken[2] is not None else prepared_video(plan)(ref, media)
     return prompt, media, video

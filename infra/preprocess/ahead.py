@@ -1,0 +1,323 @@
+"""Decode-ahead: a new build's first shard decoded, sampled and resized by a process of its own from the run's start.
+
+A terminal build spends its first ~15 s importing (torch, diffusers, transformers, Prefect's engines: one core, the
+GIL) while the embedded Prefect server starts on the other core and then idles. `start` forks the build's process
+once the decoders are imported (before any thread exists, and before Prefect's engines are imported) and the child
+decodes the first shard's samples in the order the shard visits them, with the recipe's own `prepare_video`. The
+child is a process, so its decoding never waits for the GIL that the imports, and later the encoder, hold.
+
+Each result waits as a file in a private directory (``/dev/shm`` where there is one), at most ``decode_ahead_mb``
+MiB of them unconsumed (the child waits for room). `take` is the prefetcher's and the sanity's way in
+(`infra.preprocess.encode.prepared_video`): it returns the child's result for a sample only when the result names
+the same sample key, the same recipe (spec, window, limits) and the sha256 of the very bytes the consumer read;
+anything else is decoded by the consumer as before. Decoding is deterministic (`tests/test_fidelity.py`), so the
+bytes written are the same either way (`tests/test_ahead.py`). A sample is claimed by whoever asks first (an
+``O_EXCL`` file): the child never decodes a sample a consumer has begun, and a consumer waits for a sample the child
+has begun instead of decoding it twice. A sample whose decoding fails in the child is decoded by its consumer, which
+then records its own error.
+
+Not used (each decodes as before): off Linux, with threads already running (a test's or a notebook's process),
+``--dry-run``, ``--runner ray``, ``--only``, an OUT that exists and is not empty (a resume: its rows may be done),
+``windows:K`` (made from the clip as it is visited), ``--decode-ahead-mb 0``. The child ignores Ctrl-C (the run's
+own stop handling ends it), dies with the run (``PR_SET_PDEATHSIG``; SIGKILL included), runs at a lower priority
+(``nice`` +10: it takes what is idle, yet never starves) and writes nothing to the terminal. `stop` ends it and
+removes its directory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import dataclasses
+import hashlib
+import itertools
+import logging
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from infra.config import BuildConfig, CacheSpec
+    from infra.media.video import MediaLimits
+    from infra.sources import SampleRef
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "latentforge-ahead-"
+NICE = 10
+_PR_SET_PDEATHSIG = 1
+_POLL_S = 0.005
+
+
+@dataclass
+class _Child:
+    pid: int
+    directory: Path
+    claimed: set[str] = field(default_factory=set)  # samples this process decodes itself (claimed first)
+    answered: set[str] = field(default_factory=set)  # samples already asked for (taken or refused)
+    taken: int = 0
+    exited: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_child: _Child | None = None
+_lock = threading.Lock()
+
+
+def wanted(config: BuildConfig, spec: CacheSpec) -> str | None:
+    """None when this build decodes ahead; otherwise why not."""
+    out = Path(config.out).expanduser()
+    reasons = [
+        (not sys.platform.startswith("linux") or not hasattr(os, "fork"), "not Linux"),
+        (config.decode_ahead_mb <= 0, "--decode-ahead-mb 0"),
+        (config.dry_run, "a dry run"),
+        (config.runner != "local", "the shards run on Ray"),
+        (config.only is not None, "--only"),
+        (spec.temporal_policy().kind == "windows", "windows:K samples"),
+        (out.exists() and (not out.is_dir() or any(out.iterdir())), "OUT is not new"),
+        (threading.active_count() > 1, f"threads are running: {[t.name for t in threading.enumerate()]}"),
+    ]
+    return next((why for cond, why in reasons if cond), None)
+
+
+def start(config: BuildConfig, spec: CacheSpec) -> bool:
+    """Fork the decode-ahead child for this build (`wanted`); True when it runs. Call from the main thread, with
+    the decoders imported and nothing else running."""
+    global _child
+    why = wanted(config, spec)
+    with _lock:
+        if _child is not None:
+            why = why or "one runs already"
+        if why is not None:
+            logger.debug("decode-ahead: off (%s)", why)
+            return False
+        base = base_directory()
+        _sweep(base)
+        directory = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base))
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns, never runs the parent's exit handlers
+            code = 0
+            try:
+                _run_child(config, spec, directory, parent)
+            except BaseException:  # noqa: BLE001 - the parent decodes whatever this did not
+                code = 1
+            if os.getppid() != parent:  # the run is gone without its exit handlers: nobody else removes the files
+                shutil.rmtree(directory, ignore_errors=True)
+            os._exit(code)
+        _child = _Child(pid, directory)
+    atexit.register(stop)
+    logger.debug("decode-ahead: pid %d, %s", pid, directory)
+    return True
+
+
+def base_directory() -> Path:
+    """Where the children's directories go: ``/dev/shm`` (memory) where it can be written, else the temp dir."""
+    return Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+
+
+def take(ref: SampleRef, media: bytes, spec: CacheSpec, limits: MediaLimits) -> Any | None:
+    """The child's prepared video of `ref` (a `PreparedVideo` without source frames), or None: the caller decodes
+    it. Waits while the child is decoding it."""
+    child = _child
+    if child is None:
+        return None
+    key = ref.key
+    with child.lock:
+        if key in child.answered or key in child.claimed:
+            return None
+        child.answered.add(key)
+    path = child.directory / _name(key)
+    try:
+        os.close(os.open(path.with_suffix(".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return _wait_for(child, path, key, media, _recipe(spec, ref.window, limits))
+    except OSError:
+        return None  # the directory is gone (stopped)
+    with child.lock:
+        child.claimed.add(key)  # the child will not decode it now
+    return None
+
+
+def stop() -> dict[str, int] | None:
+    """End the child and remove its directory: {"taken": samples used}, or None when none ran."""
+    global _child
+    with _lock:
+        child, _child = _child, None
+    if child is None:
+        return None
+    if not _reaped(child):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 2.0
+        while not _reaped(child) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not _reaped(child):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(child.pid, 0)
+    shutil.rmtree(child.directory, ignore_errors=True)
+    logger.info("decode-ahead: %d sample(s) decoded by the start-up process and used", child.taken)
+    return {"taken": child.taken}
+
+
+def running() -> bool:
+    """Whether a decode-ahead child was started and not stopped."""
+    return _child is not None
+
+
+# ----------------------------------------------------------------------------- the consumer's side
+
+
+def _wait_for(child: _Child, path: Path, key: str, media: bytes, recipe: str) -> Any | None:
+    done, failed = path.with_suffix(".pkl"), path.with_suffix(".fail")
+    digest = hashlib.sha256(media).hexdigest()
+    while not done.exists():
+        if failed.exists() or _reaped(child):
+            if done.exists():
+                break  # written just before the child ended
+            return None
+        time.sleep(_POLL_S)
+    try:
+        with done.open("rb") as f:
+            payload = pickle.load(f)  # our own child's file, in a directory only this user can read
+        done.unlink()
+    except (OSError, pickle.UnpicklingError, EOFError):
+        return None
+    if (payload.get("key"), payload.get("recipe"), payload.get("sha256")) != (key, recipe, digest):
+        return None  # not what this consumer read or asks for: it decodes the sample itself
+    with child.lock:
+        child.taken += 1
+    return payload["video"]
+
+
+def _reaped(child: _Child) -> bool:
+    """Whether the child has exited (reaped here: it is this process's child)."""
+    with child.lock:
+        if not child.exited:
+            try:
+                pid, _ = os.waitpid(child.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid = child.pid
+            child.exited = pid == child.pid
+        return child.exited
+
+
+def _name(key: str) -> str:
+    return hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest()[:20] + ".x"
+
+
+def _recipe(spec: CacheSpec, window: int | None, limits: MediaLimits) -> str:
+    """Everything a sample's pixels depend on besides its bytes."""
+    text = f"{spec.model_dump_json()}|{window}|{limits.max_pixels}|{limits.max_frames}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _sweep(base: Path) -> None:
+    """Remove the directories of decode-ahead children whose run is gone (a run killed before its exit handlers)."""
+    for stale in base.glob(f"{PREFIX}*-*"):
+        pid = stale.name.removeprefix(PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ----------------------------------------------------------------------------- the child
+
+
+def _run_child(config: BuildConfig, spec: CacheSpec, directory: Path, parent: int) -> None:
+    """Decode the first shard's samples into `directory` until done, or until the run ends."""
+    _become_child(directory, parent)
+    from infra.gates.plan import plan_shards  # noqa: PLC0415 - imported already by the parent's plan
+    from infra.media.video import MediaLimits  # noqa: PLC0415
+    from infra.preprocess.encode import prepare_video, read_sample  # noqa: PLC0415
+    from infra.sources import open_source  # noqa: PLC0415
+
+    shards = plan_shards(config, open_source(config.source))
+    if not shards:
+        return
+    first, limits = shards[0], MediaLimits(max_pixels=config.max_pixels, max_frames=config.max_frames)
+    budget = config.decode_ahead_mb * 2**20
+    samples = open_source(config.source).samples(first.shard)
+    for ref in itertools.islice(samples, 0, first.quota):
+        while _pending(directory) >= budget:
+            if os.getppid() != parent:
+                return
+            time.sleep(0.02)
+        if os.getppid() != parent:
+            return
+        path = directory / _name(ref.key)
+        try:
+            os.close(os.open(path.with_suffix(".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            continue  # its consumer asked first and decodes it
+        try:
+            _, media = read_sample(ref)
+            video = prepare_video(media, spec, ref.window, limits)
+        except Exception:  # noqa: BLE001 - its consumer decodes it and records its own error
+            path.with_suffix(".fail").touch()
+            continue
+        clip = dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy())  # only the pixels wait
+        payload = {
+            "key": ref.key,
+            "recipe": _recipe(spec, ref.window, limits),
+            "sha256": hashlib.sha256(media).hexdigest(),
+            "video": dataclasses.replace(video, clip=clip),
+        }
+        partial = path.with_suffix(".part")
+        with partial.open("wb") as f:
+            pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+        partial.rename(path.with_suffix(".pkl"))
+
+
+def _become_child(directory: Path, parent: int) -> None:
+    """Signals, priority, terminal and parent-death set up for the child."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # the run's own stop handling ends this process
+
+    def on_term(signum: int, frame: object) -> None:
+        del signum, frame
+        if os.getppid() != parent:  # the run is gone without its exit handlers: nobody else removes the files
+            shutil.rmtree(directory, ignore_errors=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != parent:
+        on_term(signal.SIGTERM, None)
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    logging.disable(logging.CRITICAL)
+
+
+def _pending(directory: Path) -> int:
+    """Bytes of results waiting for their consumers."""
+    total = 0
+    for entry in os.scandir(directory):
+        if entry.name.endswith((".pkl", ".part")):
+            with contextlib.suppress(FileNotFoundError):
+                total += entry.stat().st_size
+    return total

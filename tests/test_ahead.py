@@ -1,0 +1,207 @@
+"""Decode-ahead (`infra.preprocess.ahead`): a new build's first shard decoded by a forked process from the run's
+start, used only for the same sample, recipe and bytes; the same rows and bytes as without it; the process and its
+files gone with the run, a SIGKILL of the run included. And the console entry point's quick exit
+(`infra.ops.quick_exit`): threads joined and exit handlers run, the status kept."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from infra.cache import ledger
+from infra.gates.plan import make_plan, make_spec
+from infra.media.video import MediaLimits
+from infra.preprocess import ahead, texts
+from infra.preprocess.shard import process_shard
+from infra.sources import SampleRef
+from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
+from tests.media_utils import cut_clip, faststart
+from tests.procs import cli_env
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="decode-ahead forks: Linux only")
+
+USED = re.compile(r"decode-ahead: (\d+) sample\(s\) decoded by the start-up process and used")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory, clips):
+    """One shard: four good clips, a damaged clip (its packets cut at half), a missing video, a good clip again."""
+    good = [cut_clip(clips[name], 12, width=160) for name in ("bikes", "carphone", "bigbuckbunny", "sample_1080p")]
+    whole = faststart(clips["carphone"])
+    samples = [sample(0, i, video, b"a ball rolls to the left") for i, video in enumerate(good)]
+    samples += [sample(0, 4, whole[: len(whole) // 2], b"x"), sample(0, 5, None, b"y"), sample(0, 6, good[0], b"z")]
+    return make_shards(tmp_path_factory.mktemp("ahead") / "src", {"mixed": samples})
+
+
+def _command(src: Path, model: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "flows.cli", "build", "--source", f"vbvr:{src}", "--model", str(model),
+        "--out", str(out), "--frames", str(FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH),
+        "--device", "cpu", "--dtype", "fp32", "--decode-samples", "0", "--on-loss", "accept", *extra,
+    ]  # fmt: skip
+
+
+def _facts(rows):
+    return {k: (r.status, r.reason, r.sha256, r.seq_len) for k, r in rows.items()}
+
+
+def _directories(pid: int) -> list[Path]:
+    return sorted(ahead.base_directory().glob(f"{ahead.PREFIX}{pid}-*"))
+
+
+def test_a_terminal_build_decodes_ahead_and_writes_the_rows_and_bytes_of_one_without(
+    tmp_path, tiny_model, source
+) -> None:
+    out = tmp_path / "out"
+    build = subprocess.Popen(
+        _command(source, tiny_model, out), env=cli_env(tmp_path / "home"), stderr=subprocess.PIPE, text=True
+    )
+    _, stderr = build.communicate(timeout=300)
+    assert build.returncode == 0, stderr[-3000:]
+    used = USED.search(stderr)
+    assert used is not None and int(used.group(1)) >= 1, stderr[-3000:]  # the child's pixels were encoded
+    assert not _directories(build.pid)  # its files removed with it
+    texts.clear()
+    plan = make_plan(config(source, tiny_model, tmp_path / "alone", decode_ahead_mb=0))
+    process_shard(plan, plan.shards[0])  # in this process: no decode-ahead (threads run here, and it is off)
+    assert _facts(ledger.read_shard(out, "mixed")) == _facts(ledger.read_shard(tmp_path / "alone", "mixed"))
+    pt = {k: v for k, v in tree_hashes(out).items() if k.endswith(".pt")}
+    assert len(pt) == 5 and pt == {k: v for k, v in tree_hashes(tmp_path / "alone").items() if k.endswith(".pt")}
+    reasons = {r.id.rsplit("_", 1)[1]: r.reason for r in ledger.read_shard(out, "mixed").values() if r.reason}
+    assert reasons["00000005"] == "missing_video"  # a sample the child could not decode: its consumer's own row
+
+
+def test_a_result_is_used_only_for_its_sample_recipe_and_bytes(tmp_path, tiny_model) -> None:
+    spec, limits = make_spec(config(tmp_path, tiny_model, tmp_path / "out"))[1], MediaLimits()
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the child, alive
+    ahead._child = ahead._Child(stand_in.pid, tmp_path / "dir")
+    (tmp_path / "dir").mkdir()
+    try:
+
+        def ref(key: str) -> SampleRef:
+            return SampleRef(id=key, group="g", key=key, read_media=lambda: None, read_prompt=lambda: None)
+
+        def decoded(key: str, media: bytes, *, recipe: str | None = None, fail: bool = False) -> Path:
+            path = tmp_path / "dir" / ahead._name(key)
+            path.with_suffix(".claim").touch()
+            if fail:
+                path.with_suffix(".fail").touch()
+            elif media is not None:
+                payload = {"key": key, "recipe": recipe or ahead._recipe(spec, None, limits), "video": ("pixels", key)}
+                payload["sha256"] = hashlib.sha256(media).hexdigest()
+                path.with_suffix(".pkl").write_bytes(pickle.dumps(payload))
+            return path
+
+        assert ahead.take(ref("new"), b"n", spec, limits) is None  # nobody decodes it: the consumer claims it
+        assert (tmp_path / "dir" / ahead._name("new")).with_suffix(".claim").exists()
+        done = decoded("done", b"bytes")
+        assert ahead.take(ref("done"), b"bytes", spec, limits) == ("pixels", "done")
+        assert not done.with_suffix(".pkl").exists()  # taken: its file freed
+        assert ahead.take(ref("done"), b"bytes", spec, limits) is None  # asked twice: decoded by the consumer
+        decoded("changed", b"old bytes")
+        assert ahead.take(ref("changed"), b"new bytes", spec, limits) is None
+        decoded("other recipe", b"b", recipe="0" * 64)
+        assert ahead.take(ref("other recipe"), b"b", spec, limits) is None
+        decoded("failed", b"b", fail=True)
+        assert ahead.take(ref("failed"), b"b", spec, limits) is None
+        decoded("in flight", None)  # claimed, being decoded: the consumer waits, and the child dies meanwhile
+        os.kill(stand_in.pid, signal.SIGKILL)
+        started = time.monotonic()
+        assert ahead.take(ref("in flight"), b"b", spec, limits) is None
+        assert time.monotonic() - started < 5
+    finally:
+        stand_in.kill()
+        stopped = ahead.stop()
+    assert stopped == {"taken": 1} and not (tmp_path / "dir").exists()
+
+
+def test_a_killed_build_takes_its_decode_ahead_process_and_files_with_it(tmp_path, tiny_model, clips) -> None:
+    long = [sample(0, i, clips[name], b"p") for i, name in enumerate(["sample_1080p", "bigbuckbunny"] * 4)]
+    src = make_shards(tmp_path / "src", {"long": long})
+    build = subprocess.Popen(
+        _command(src, tiny_model, tmp_path / "out"),
+        env=cli_env(tmp_path / "home"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _directories(build.pid) and time.monotonic() < deadline and build.poll() is None:
+            time.sleep(0.02)
+        assert _directories(build.pid), "no decode-ahead directory appeared"
+        me, children = psutil.Process(build.pid), []
+        while not children and time.monotonic() < deadline:  # the directory is made just before the fork
+            children = [c for c in me.children() if c.cmdline() == me.cmdline()]  # the fork (the server: uvicorn)
+        assert len(children) == 1
+        servers = [c for c in me.children() if c not in children]
+        build.send_signal(signal.SIGKILL)
+        build.wait()
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive and not _directories(build.pid)
+    finally:
+        if build.poll() is None:
+            build.kill()
+        for server in locals().get("servers", []):
+            with contextlib.suppress(psutil.Error):
+                server.kill()  # the build's embedded Prefect server, orphaned by the SIGKILL
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "diffusion_pytorch_model.safetensors"])
+def test_hashing_a_new_models_files_leaves_no_thread_behind(tmp_path, monkeypatch, name) -> None:
+    """A first build of a snapshot hashes its weights before the fork; tqdm starts a monitor thread even for a
+    disabled bar and never ends it, which would turn decode-ahead off for exactly that build. (Random bytes under a
+    safetensors name: hashed, not taken for a header of 2**64 bytes.)"""
+    from tqdm import tqdm  # noqa: PLC0415
+
+    from infra.models import identity  # noqa: PLC0415
+
+    if tqdm.monitor is not None:  # another test's bar: ended, so that a new one would show
+        tqdm.monitor.exit()
+        tqdm.monitor = None
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # nothing remembered: hashed now
+    weights = tmp_path / name
+    weights.write_bytes(os.urandom(1 << 20))
+    before = {t.ident for t in threading.enumerate()}
+    assert identity.file_sha256(weights) == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert {t.name for t in threading.enumerate() if t.ident not in before} == set()
+
+
+QUICK = """
+import atexit, sys, threading, time
+from pathlib import Path
+where = Path(sys.argv[1])
+def handler():
+    (where / "handler").write_text(str((where / "thread").exists()))
+atexit.register(handler)
+def late():
+    time.sleep(0.5)
+    (where / "thread").write_text("done")
+threading.Thread(target=late).start()  # not a daemon: the interpreter would wait for it
+from flows.cli import main
+sys.argv = ["latentforge", *sys.argv[2:]]
+main()
+"""
+
+
+@pytest.mark.parametrize(("argv", "status"), [(["--help"], 0), (["build", "--no-such-flag"], 2)])
+def test_the_entry_points_quick_exit_joins_threads_runs_exit_handlers_and_keeps_the_status(
+    tmp_path, argv, status
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", QUICK, str(tmp_path), *argv], env=cli_env(tmp_path / "home"), capture_output=True
+    )
+    assert proc.returncode == status, proc.stderr[-2000:]
+    assert (tmp_path / "thread").read_text() == "done"
+    assert (tmp_path / "handler").read_text() == "True"  # handlers after the threads, as the interpreter orders them
