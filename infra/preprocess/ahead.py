@@ -111,8 +111,9 @@ def start(config: BuildConfig, spec: CacheSpec) -> bool:
                 _run_child(config, spec, directory, parent)
             except BaseException:  # noqa: BLE001 - the parent decodes whatever this did not
                 code = 1
-            if os.getppid() != parent:  # the run is gone without its exit handlers: nobody else removes the files
-                shutil.rmtree(directory, ignore_errors=True)
+            while os.getppid() == parent:  # done: its results wait for the run, which ends this process (`stop`)
+                time.sleep(0.2)
+            shutil.rmtree(directory, ignore_errors=True)  # the run is gone without its exit handlers
             os._exit(code)
         _child = _Child(pid, directory)
     atexit.register(stop)
