@@ -26,6 +26,7 @@ from infra.media.video import MediaLimits
 from infra.preprocess import ahead, texts
 from infra.preprocess.shard import process_shard
 from infra.sources import SampleRef
+from infra.sources.identity import SourceIdentity
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip, faststart
 from tests.procs import cli_env
@@ -90,36 +91,40 @@ def test_a_result_is_used_only_for_its_sample_recipe_and_bytes(tmp_path, tiny_mo
     (tmp_path / "dir").mkdir()
     try:
 
-        def ref(key: str) -> SampleRef:
-            return SampleRef(id=key, group="g", key=key, read_media=lambda: None, read_prompt=lambda: None)
+        def ref(key: str, media: bytes | None) -> SampleRef:  # as a source's reader leaves it once it has read
+            read = {} if media is None else {"ground_truth.mp4": hashlib.sha256(media).hexdigest()}
+            identity = SourceIdentity(read_sha256=read)
+            return SampleRef(key, "g", key, read_media=lambda: media, read_prompt=lambda: None, identity=identity)
 
-        def decoded(key: str, media: bytes, *, recipe: str | None = None, fail: bool = False) -> Path:
+        def decoded(key: str, media: bytes | None, *, recipe: str | None = None, fail: bool = False) -> Path:
             path = tmp_path / "dir" / ahead._name(key)
             path.with_suffix(".claim").touch()
             if fail:
                 path.with_suffix(".fail").touch()
             elif media is not None:
-                payload = {"key": key, "recipe": recipe or ahead._recipe(spec, None, limits), "video": ("pixels", key)}
-                payload["sha256"] = hashlib.sha256(media).hexdigest()
-                path.with_suffix(".pkl").write_bytes(pickle.dumps(payload))
+                read = ref(key, media).identity.read_sha256
+                payload = {"key": key, "recipe": recipe or ahead._recipe(spec, None, limits), "read_sha256": read}
+                path.with_suffix(".pkl").write_bytes(pickle.dumps(payload | {"video": ("pixels", key)}))
             return path
 
-        assert ahead.take(ref("new"), b"n", spec, limits) is None  # nobody decodes it: the consumer claims it
+        assert ahead.take(ref("new", b"n"), spec, limits) is None  # nobody decodes it: the consumer claims it
         assert (tmp_path / "dir" / ahead._name("new")).with_suffix(".claim").exists()
+        assert ahead.take(ref("unread", None), spec, limits) is None  # no digest to compare: never claimed
+        assert not (tmp_path / "dir" / ahead._name("unread")).with_suffix(".claim").exists()
         done = decoded("done", b"bytes")
-        assert ahead.take(ref("done"), b"bytes", spec, limits) == ("pixels", "done")
+        assert ahead.take(ref("done", b"bytes"), spec, limits) == ("pixels", "done")
         assert not done.with_suffix(".pkl").exists()  # taken: its file freed
-        assert ahead.take(ref("done"), b"bytes", spec, limits) is None  # asked twice: decoded by the consumer
+        assert ahead.take(ref("done", b"bytes"), spec, limits) is None  # asked twice: decoded by the consumer
         decoded("changed", b"old bytes")
-        assert ahead.take(ref("changed"), b"new bytes", spec, limits) is None
+        assert ahead.take(ref("changed", b"new bytes"), spec, limits) is None
         decoded("other recipe", b"b", recipe="0" * 64)
-        assert ahead.take(ref("other recipe"), b"b", spec, limits) is None
+        assert ahead.take(ref("other recipe", b"b"), spec, limits) is None
         decoded("failed", b"b", fail=True)
-        assert ahead.take(ref("failed"), b"b", spec, limits) is None
+        assert ahead.take(ref("failed", b"b"), spec, limits) is None
         decoded("in flight", None)  # claimed, being decoded: the consumer waits, and the child dies meanwhile
         os.kill(stand_in.pid, signal.SIGKILL)
         started = time.monotonic()
-        assert ahead.take(ref("in flight"), b"b", spec, limits) is None
+        assert ahead.take(ref("in flight", b"b"), spec, limits) is None
         assert time.monotonic() - started < 5
     finally:
         stand_in.kill()

@@ -9,8 +9,9 @@ child is a process, so its decoding never waits for the GIL that the imports, an
 Each result waits as a file in a private directory (``/dev/shm`` where there is one), at most ``decode_ahead_mb``
 MiB of them unconsumed (the child waits for room). `take` is the prefetcher's and the sanity's way in
 (`infra.preprocess.encode.prepared_video`): it returns the child's result for a sample only when the result names
-the same sample key, the same recipe (spec, window, limits) and the sha256 of the very bytes the consumer read;
-anything else is decoded by the consumer as before. Decoding is deterministic (`tests/test_fidelity.py`), so the
+the same sample key, the same recipe (spec, window, limits) and the sha256 of every byte the consumer read (the
+source's ``identity.read_sha256``, as `infra.preprocess.handoff` compares them); anything else is decoded by the
+consumer as before. Decoding is deterministic (`tests/test_fidelity.py`), so the
 bytes written are the same either way (`tests/test_ahead.py`). A sample is claimed by whoever asks first (an
 ``O_EXCL`` file): the child never decodes a sample a consumer has begun, and a consumer waits for a sample the child
 has begun instead of decoding it twice. A sample whose decoding fails in the child is decoded by its consumer, which
@@ -29,7 +30,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import dataclasses
 import hashlib
 import itertools
 import logging
@@ -62,8 +62,7 @@ _POLL_S = 0.005
 class _Child:
     pid: int
     directory: Path
-    claimed: set[str] = field(default_factory=set)  # samples this process decodes itself (claimed first)
-    answered: set[str] = field(default_factory=set)  # samples already asked for (taken or refused)
+    answered: set[str] = field(default_factory=set)  # samples already asked for (taken, refused or claimed)
     taken: int = 0
     exited: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -126,27 +125,24 @@ def base_directory() -> Path:
     return Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
 
 
-def take(ref: SampleRef, media: bytes, spec: CacheSpec, limits: MediaLimits) -> Any | None:
+def take(ref: SampleRef, spec: CacheSpec, limits: MediaLimits) -> Any | None:
     """The child's prepared video of `ref` (a `PreparedVideo` without source frames), or None: the caller decodes
-    it. Waits while the child is decoding it."""
+    it. `ref` has been read (its ``identity.read_sha256`` is that of the caller's bytes). Waits while the child is
+    decoding it."""
     child = _child
-    if child is None:
+    if child is None or not ref.identity.read_sha256:
         return None
-    key = ref.key
     with child.lock:
-        if key in child.answered or key in child.claimed:
+        if ref.key in child.answered:
             return None
-        child.answered.add(key)
-    path = child.directory / _name(key)
+        child.answered.add(ref.key)
+    path = child.directory / _name(ref.key)
     try:
-        os.close(os.open(path.with_suffix(".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-    except FileExistsError:
-        return _wait_for(child, path, key, media, _recipe(spec, ref.window, limits))
+        if _claim(path):
+            return None  # nobody decodes it: the caller does, and the child now leaves it
     except OSError:
         return None  # the directory is gone (stopped)
-    with child.lock:
-        child.claimed.add(key)  # the child will not decode it now
-    return None
+    return _wait_for(child, path, ref, _recipe(spec, ref.window, limits))
 
 
 def stop() -> dict[str, int] | None:
@@ -172,17 +168,11 @@ def stop() -> dict[str, int] | None:
     return {"taken": child.taken}
 
 
-def running() -> bool:
-    """Whether a decode-ahead child was started and not stopped."""
-    return _child is not None
-
-
 # ----------------------------------------------------------------------------- the consumer's side
 
 
-def _wait_for(child: _Child, path: Path, key: str, media: bytes, recipe: str) -> Any | None:
+def _wait_for(child: _Child, path: Path, ref: SampleRef, recipe: str) -> Any | None:
     done, failed = path.with_suffix(".pkl"), path.with_suffix(".fail")
-    digest = hashlib.sha256(media).hexdigest()
     while not done.exists():
         if failed.exists() or _reaped(child):
             if done.exists():
@@ -195,7 +185,11 @@ def _wait_for(child: _Child, path: Path, key: str, media: bytes, recipe: str) ->
         done.unlink()
     except (OSError, pickle.UnpicklingError, EOFError):
         return None
-    if (payload.get("key"), payload.get("recipe"), payload.get("sha256")) != (key, recipe, digest):
+    if (payload.get("key"), payload.get("recipe"), payload.get("read_sha256")) != (
+        ref.key,
+        recipe,
+        ref.identity.read_sha256,
+    ):
         return None  # not what this consumer read or asks for: it decodes the sample itself
     with child.lock:
         child.taken += 1
@@ -212,6 +206,15 @@ def _reaped(child: _Child) -> bool:
                 pid = child.pid
             child.exited = pid == child.pid
         return child.exited
+
+
+def _claim(path: Path) -> bool:
+    """Claim the sample of `path` for this process: True when no one had (an ``O_EXCL`` file)."""
+    try:
+        os.close(os.open(path.with_suffix(".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _name(key: str) -> str:
@@ -250,15 +253,16 @@ def _run_child(config: BuildConfig, spec: CacheSpec, directory: Path, parent: in
     _become_child(directory, parent)
     from infra.gates.plan import plan_shards  # noqa: PLC0415 - imported already by the parent's plan
     from infra.media.video import MediaLimits  # noqa: PLC0415
-    from infra.preprocess.encode import prepare_video, read_sample  # noqa: PLC0415
+    from infra.preprocess.encode import prepare_pixels, read_sample  # noqa: PLC0415
     from infra.sources import open_source  # noqa: PLC0415
 
-    shards = plan_shards(config, open_source(config.source))
+    source = open_source(config.source)
+    shards = plan_shards(config, source)
     if not shards:
         return
     first, limits = shards[0], MediaLimits(max_pixels=config.max_pixels, max_frames=config.max_frames)
     budget = config.decode_ahead_mb * 2**20
-    samples = open_source(config.source).samples(first.shard)
+    samples = source.samples(first.shard)
     for ref in itertools.islice(samples, 0, first.quota):
         while _pending(directory) >= budget:
             if os.getppid() != parent:
@@ -267,23 +271,16 @@ def _run_child(config: BuildConfig, spec: CacheSpec, directory: Path, parent: in
         if os.getppid() != parent:
             return
         path = directory / _name(ref.key)
-        try:
-            os.close(os.open(path.with_suffix(".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        except FileExistsError:
+        if not _claim(path):
             continue  # its consumer asked first and decodes it
         try:
-            _, media = read_sample(ref)
-            video = prepare_video(media, spec, ref.window, limits)
+            _, media = read_sample(ref)  # fills ref.identity.read_sha256
+            video = prepare_pixels(media, spec, ref.window, limits)
         except Exception:  # noqa: BLE001 - its consumer decodes it and records its own error
             path.with_suffix(".fail").touch()
             continue
-        clip = dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy())  # only the pixels wait
-        payload = {
-            "key": ref.key,
-            "recipe": _recipe(spec, ref.window, limits),
-            "sha256": hashlib.sha256(media).hexdigest(),
-            "video": dataclasses.replace(video, clip=clip),
-        }
+        recipe = _recipe(spec, ref.window, limits)
+        payload = {"key": ref.key, "recipe": recipe, "read_sha256": dict(ref.identity.read_sha256), "video": video}
         partial = path.with_suffix(".part")
         with partial.open("wb") as f:
             pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)

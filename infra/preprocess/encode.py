@@ -157,17 +157,21 @@ def read_sample(ref: SampleRef) -> tuple[str, bytes]:
     return prompt, media
 
 
+def prepare_pixels(media: bytes, spec: CacheSpec, window: int | None, limits: MediaLimits) -> PreparedVideo:
+    """`prepare_video` without the source-resolution frames: what waits for the encoder holds only the pixels."""
+    video = prepare_video(media, spec, window, limits)
+    return dataclasses.replace(video, clip=dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy()))
+
+
 def prepared_video(plan: BuildPlan) -> Callable[[SampleRef, bytes], PreparedVideo]:
     """`prepare_video` of one sample's bytes under the plan (what the prefetcher runs in its threads), without the
     source-resolution frames (the encoder needs the pixels; a sample waiting in the prefetch queue holds only them):
     the decode-ahead process's result for the same bytes and recipe where it has one (`infra.preprocess.ahead`)."""
 
     def prepare(ref: SampleRef, media: bytes) -> PreparedVideo:
-        held = ahead.take(ref, media, plan.spec, media_limits(plan))  # decoded by the start-up process
-        if held is not None:
-            return held
-        video = prepare_video(media, plan.spec, ref.window, media_limits(plan))
-        return dataclasses.replace(video, clip=dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy()))
+        limits = media_limits(plan)
+        held = ahead.take(ref, plan.spec, limits)  # decoded by the start-up process
+        return held if held is not None else prepare_pixels(media, plan.spec, ref.window, limits)
 
     return prepare
 
