@@ -163,6 +163,54 @@ def test_a_killed_build_takes_its_decode_ahead_process_and_files_with_it(tmp_pat
                 server.kill()  # the build's embedded Prefect server, orphaned by the SIGKILL
 
 
+ORPHAN = """
+import ctypes, sys, threading, time
+from pathlib import Path
+from infra.gates.plan import make_spec
+from infra.preprocess import ahead
+from tests.conftest import config
+build = config(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
+assert ahead.start(build, make_spec(build)[1])
+threading.Thread(target=time.sleep, args=(60,)).start()  # the run's other threads, alive a while longer
+while not any(ahead._child.directory.glob("*.claim")):  # the child has set up its parent-death signal
+    time.sleep(0.01)
+print(ahead._child.pid, flush=True)
+ctypes.CDLL(None).pthread_exit(None)  # the main thread, which forked the child, ends first (as under a SIGKILL)
+"""
+
+
+def _running(process: psutil.Process) -> bool:
+    """Alive and not a zombie (an ended child that nobody reaps while the run's last threads live on)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_the_child_removes_its_files_when_the_runs_main_thread_dies_before_the_others(
+    tmp_path, tiny_model, source
+) -> None:
+    """The kernel sends the parent-death signal as the forking thread exits; `getppid` then still names the run,
+    whose other threads are exiting. The child must not take that for the run's own `stop` (which removes the
+    files itself): under a SIGKILL nobody else would."""
+    run = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN, str(source), str(tiny_model), str(tmp_path / "out")],
+        env=cli_env(tmp_path / "home"),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child = psutil.Process(int(run.stdout.readline()))
+        deadline = time.monotonic() + 60
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(child) and run.poll() is None  # the child ended while the run's process lives on
+        assert not _directories(run.pid)
+    finally:
+        run.kill()
+        run.wait()
+
+
 @pytest.mark.parametrize("name", ["pytorch_model.bin", "diffusion_pytorch_model.safetensors"])
 def test_hashing_a_new_models_files_leaves_no_thread_behind(tmp_path, monkeypatch, name) -> None:
     """A first build of a snapshot hashes its weights before the fork; tqdm starts a monitor thread even for a

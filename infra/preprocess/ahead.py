@@ -293,9 +293,10 @@ def _become_child(directory: Path, parent: int) -> None:
         signal.signal(sig, signal.SIG_IGN)  # the run's own stop handling ends this process
 
     def on_term(signum: int, frame: object) -> None:
+        # From `stop` (the run removes the directory too) or from the kernel as the run's main thread dies: then
+        # `getppid` may still name the run, whose other threads are still exiting, and nobody else removes the files.
         del signum, frame
-        if os.getppid() != parent:  # the run is gone without its exit handlers: nobody else removes the files
-            shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
