@@ -62,3 +62,32 @@ def test_the_chunks_share_one_source_resolution_float_buffer(clips: dict[str, by
     pixels = resize_pixels(frames, HEIGHT, WIDTH, "stretch", chunk=2)
     assert len(seen) == (FRAMES + 1) // 2 and len(set(seen)) == 1
     assert torch.equal(pixels, _whole_stretch(frames, HEIGHT, WIDTH))
+
+
+@pytest.mark.parametrize("policy", sorted(RESIZE_POLICIES))
+def test_pixels_made_while_decoding_equal_the_chunked_pixels_of_the_kept_frames(clips, policy) -> None:
+    """`PixelTarget`: each picked frame made into its rows as it is decoded, with no (F, H, W, 3) source-resolution
+    array. Repeated rows (a clip shorter than F), a picked order with repeats and a short head clip, bit for bit."""
+    target = video.PixelTarget(HEIGHT, WIDTH, policy)
+    short = sample_frames(clips["sample_1080p"], 30, target=target)  # 23 frames → repeats
+    frames = sample_frames(clips["sample_1080p"], 30).frames
+    assert short.frames.size == 0 and short.count == 30 and short.source_height == 1080
+    assert torch.equal(short.pixels, resize_pixels(frames, HEIGHT, WIDTH, policy))
+
+    def choose(total: int, fps: float) -> tuple[int, ...]:
+        return (5, 3, 3, total - 1)
+
+    picked = pick_frames(clips["carphone"], choose, target=target)
+    assert picked.indices == (5, 3, 3, 119) and picked.pixels.is_contiguous()
+    every = head_frames(clips["carphone"], 120).frames
+    assert torch.equal(picked.pixels, resize_pixels(every[[5, 3, 3, 119]], HEIGHT, WIDTH, policy))
+
+
+def test_pixels_made_while_decoding_refuse_a_clip_whose_frames_change_size(clips) -> None:
+    """The variable-resolution check holds on the pixel path too (it sees every decoded frame's shape)."""
+    picked = video._PickedPixels(2, video.PixelTarget(HEIGHT, WIDTH))
+    frame = sample_frames(clips["carphone"], 1).frames[0]
+    picked.put(0, [0], frame)
+    picked.put(1, [1], frame[:100])
+    with pytest.raises(video.MediaError, match="differ in size"):
+        picked.check_sizes()

@@ -58,6 +58,16 @@ class MediaLimits:
 DEFAULT_LIMITS = MediaLimits()
 
 
+@dataclass(frozen=True)
+class PixelTarget:
+    """Pixels to make of the picked frames as they are decoded: height × width by a resize policy name
+    (`RESIZE_POLICIES`). Each frame's numbers are `resize_pixels`' (per-frame arithmetic), bit for bit."""
+
+    height: int
+    width: int
+    policy: str = "stretch"
+
+
 #: Resize policies: the name a user gives → the value the CacheSpec records (stretch keeps latentforge 0.1's).
 RESIZE_POLICIES: dict[str, str] = {
     "stretch": "bilinear-align_corners_false",
@@ -83,6 +93,14 @@ class SampledClip:
     fps: float = 24.0  # the stream's average rate, else its base rate, else 24 (as the LTX-2 trainer reads it)
     #: The display matrix's counter-clockwise rotation in degrees (0: none): recorded, the frames are as stored.
     rotation: int = 0
+    #: The picked frames as the recipe's pixels (1, 3, F, h, w), made as they were decoded (`PixelTarget`); then
+    #: `frames` holds none: no source-resolution frame outlives its decoding.
+    pixels: torch.Tensor | None = None
+
+    @property
+    def count(self) -> int:
+        """Frames picked (rows of `frames`, or of `pixels`)."""
+        return self.pixels.shape[2] if self.pixels is not None else self.frames.shape[0]
 
     @property
     def source_shape(self) -> list[int]:
@@ -95,17 +113,21 @@ def linspace_indices(total: int, count: int) -> np.ndarray:
     return np.linspace(0, total - 1, count).round().astype(np.int64)
 
 
-def sample_frames(data: bytes, num_frames: int, *, limits: MediaLimits = DEFAULT_LIMITS) -> SampledClip:
-    """Decode `data` (a whole video file) and return `num_frames` frames picked by linspace."""
+def sample_frames(
+    data: bytes, num_frames: int, *, limits: MediaLimits = DEFAULT_LIMITS, target: PixelTarget | None = None
+) -> SampledClip:
+    """Decode `data` (a whole video file) and return `num_frames` frames picked by linspace (with `target`, as
+    pixels made while decoding)."""
     if not data:
         raise MediaError("empty_video", "the video file has 0 bytes")
     packets, _ = _count_packets(data, limits)
-    clip, decoded = _decode_picking(data, linspace_indices(max(packets, 1), num_frames), limits=limits)
+    indices = linspace_indices(max(packets, 1), num_frames)
+    clip, decoded = _decode_picking(data, indices, limits=limits, target=target)
     if decoded == 0:
         raise MediaError("no_frames", "the video stream decoded to 0 frames")
     if decoded != packets:
         logger.debug("container had %d packets but %d frames decoded: second pass", packets, decoded)
-        clip, again = _decode_picking(data, linspace_indices(decoded, num_frames), limits=limits)
+        clip, again = _decode_picking(data, linspace_indices(decoded, num_frames), limits=limits, target=target)
         if again != decoded:
             raise MediaError("video_decode_error", f"frame count unstable ({decoded} then {again})")
     return clip
@@ -132,27 +154,37 @@ def probe_frames(data: bytes, *, limits: MediaLimits = DEFAULT_LIMITS) -> tuple[
 
 
 def pick_frames(
-    data: bytes, choose: Callable[[int, float], tuple[int, ...]], *, limits: MediaLimits = DEFAULT_LIMITS
+    data: bytes,
+    choose: Callable[[int, float], tuple[int, ...]],
+    *,
+    limits: MediaLimits = DEFAULT_LIMITS,
+    target: PixelTarget | None = None,
 ) -> SampledClip:
     """The frames ``choose(frames in the clip, fps)`` names, in its order (repeats allowed), decoding only up to
-    the last of them. If the clip turns out shorter than its packets said, the choice is made again with the
-    frames it really has. `source_frames` is the clip's frame count as far as it is known."""
+    the last of them (with `target`, as pixels made while decoding). If the clip turns out shorter than its packets
+    said, the choice is made again with the frames it really has. `source_frames` is the clip's frame count as far
+    as it is known."""
     packets, fps = probe_frames(data, limits=limits)
     indices = np.asarray(choose(packets, fps), dtype=np.int64)
-    clip, decoded = _decode_picking(data, np.unique(indices), allow_short=True, limits=limits)
-    if decoded == 0 or clip.frames.shape[0] == 0:
+    clip, decoded = _decode_picking(data, np.unique(indices), allow_short=True, limits=limits, target=target)
+    if decoded == 0 or clip.count == 0:
         raise MediaError("no_frames", "the video stream decoded to 0 frames")
     if len(clip.indices) < len(np.unique(indices)):  # fewer frames than packets: choose again from what is there
         logger.debug("container had %d packets but decoding ended after %d frames: second pass", packets, decoded)
         packets = decoded
         indices = np.asarray(choose(decoded, fps), dtype=np.int64)
-        clip, _ = _decode_picking(data, np.unique(indices), allow_short=True, limits=limits)
+        clip, _ = _decode_picking(data, np.unique(indices), allow_short=True, limits=limits, target=target)
         if len(clip.indices) < len(np.unique(indices)):
             raise MediaError("video_decode_error", f"frame count unstable (decoding ended after {decoded} frames)")
     row = {index: k for k, index in enumerate(clip.indices)}
     rows = [row[int(i)] for i in indices]
-    frames = clip.frames if rows == list(range(len(clip.indices))) else clip.frames[rows]  # no copy when in order
-    return dataclasses.replace(clip, frames=frames, source_frames=packets, indices=tuple(int(i) for i in indices))
+    indices_kept = tuple(int(i) for i in indices)
+    if rows != list(range(len(clip.indices))):  # no copy when in order
+        if clip.pixels is not None:
+            clip = dataclasses.replace(clip, pixels=clip.pixels[:, :, rows].contiguous())
+        else:
+            clip = dataclasses.replace(clip, frames=clip.frames[rows])
+    return dataclasses.replace(clip, source_frames=packets, indices=indices_kept)
 
 
 def _fps(stream: av.video.stream.VideoStream) -> float:
@@ -229,16 +261,22 @@ def _count_packets(data: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> tuple[i
 
 
 def _decode_picking(
-    data: bytes, indices: np.ndarray, *, allow_short: bool = False, limits: MediaLimits = DEFAULT_LIMITS
+    data: bytes,
+    indices: np.ndarray,
+    *,
+    allow_short: bool = False,
+    limits: MediaLimits = DEFAULT_LIMITS,
+    target: PixelTarget | None = None,
 ) -> tuple[SampledClip, int]:
     """One decode pass keeping only frames whose index is in `indices` (with `allow_short`, stopping after the
     last of them and keeping what the clip has); returns (clip, frames decoded). Each kept frame is copied once,
-    into its rows of one preallocated (F, H, W, 3) array: no second stacked copy of the clip."""
+    into its rows of one preallocated (F, H, W, 3) array: no second stacked copy of the clip. With `target`, each
+    kept frame is made into its pixel rows as it is decoded instead (`_PickedPixels`)."""
     slots: dict[int, list[int]] = {}
     for row, index in enumerate(indices.tolist()):
         slots.setdefault(int(index), []).append(row)
     last = max(slots, default=-1)
-    picked = _Picked(len(indices))
+    picked = _Picked(len(indices)) if target is None else _PickedPixels(len(indices), target)
     container, stream = _open(data, limits)
     fps = _fps(stream)
     n, rotation = 0, 0
@@ -259,11 +297,13 @@ def _decode_picking(
         frames = picked.rows([slots[i][0] for i in kept]) if kept else None
     else:
         frames = picked.array if picked.kept and len(picked.kept) == len(slots) else None
+    empty = np.zeros((0, 0, 0, 3), dtype=np.uint8)
     if frames is None:
-        empty = np.zeros((0, 0, 0, 3), dtype=np.uint8)
         return SampledClip(empty, n, 0, 0, tuple(indices.tolist()), fps), n
     picked.check_sizes()
-    height, width = frames.shape[1:3]
+    height, width = next(iter(picked.shapes))[:2]
+    if target is not None:
+        return SampledClip(empty, n, height, width, tuple(indices.tolist()), fps, rotation, pixels=frames), n
     return SampledClip(frames, n, height, width, tuple(indices.tolist()), fps, rotation), n
 
 
@@ -290,6 +330,33 @@ class _Picked:
     def rows(self, rows: list[int]) -> np.ndarray:
         """The array cut to `rows` (all of them: the array itself, no copy)."""
         return self.array if rows == list(range(self.count)) else self.array[rows]
+
+
+class _PickedPixels(_Picked):
+    """The frames kept by one decode pass, each made into its pixel rows as it comes: what exists at source
+    resolution is the decoder's frame and one float copy of it, whatever the clip's length or the count picked.
+    ``array`` is the pixels (1, 3, F, h, w); `rows` cuts them on the frame axis."""
+
+    def __init__(self, rows: int, target: PixelTarget) -> None:
+        super().__init__(rows)
+        self.target, self.convert = target, _CONVERTERS[target.policy]
+        self.scratch: torch.Tensor | None = None
+
+    def put(self, index: int, rows: list[int], frame: np.ndarray) -> None:
+        self.kept.add(index)
+        self.shapes.add(frame.shape)
+        if self.scratch is None:
+            self.scratch = torch.empty((1, *frame.shape), dtype=torch.float32)
+            self.array = torch.empty((1, 3, self.count, self.target.height, self.target.width), dtype=torch.float32)
+        if frame.shape != self.scratch.shape[1:]:
+            return  # `check_sizes` refuses the clip
+        self.scratch.copy_(torch.from_numpy(frame)[None])  # as `_chunked` does, one frame a chunk
+        part = self.convert(self.scratch, self.target.height, self.target.width)[0]
+        for row in rows:
+            self.array[0, :, row] = part
+
+    def rows(self, rows: list[int]) -> torch.Tensor:
+        return self.array if rows == list(range(self.count)) else self.array[:, :, rows].contiguous()
 
 
 def _rotation(frame: av.VideoFrame) -> int:
@@ -364,14 +431,18 @@ def _cover_chunk(x: torch.Tensor, height: int, width: int, mode: str) -> torch.T
     return (x - 0.5) / 0.5
 
 
+#: A resize policy's conversion of a chunk of float frames (t, H, W, 3), changed in place → (t, 3, h, w).
+_CONVERTERS: dict[str, Callable[[torch.Tensor, int, int], torch.Tensor]] = {
+    "stretch": lambda x, h, w: _stretch_chunk(x, h, w),  # looked up when called (tests wrap it)
+    "cover-crop": lambda x, h, w: _cover_chunk(x, h, w, "bicubic"),
+    "cover-crop-aa": lambda x, h, w: _cover_chunk(x, h, w, "bilinear"),
+}
+
+
 def resize_pixels(
     frames: np.ndarray, height: int, width: int, policy: str, *, chunk: int = PIXEL_CHUNK
 ) -> torch.Tensor:
     """Frames to pixels by a resize policy name (`RESIZE_POLICIES`), `chunk` frames at a time."""
-    if policy == "stretch":
-        return frames_to_pixels(frames, height, width, chunk=chunk)
-    if policy == "cover-crop":
-        return cover_crop_pixels(frames, height, width, chunk=chunk)
-    if policy == "cover-crop-aa":
-        return cover_crop_pixels(frames, height, width, mode="bilinear", chunk=chunk)
-    raise ValueError(f"unknown resize policy {policy!r}")
+    if policy not in _CONVERTERS:
+        raise ValueError(f"unknown resize policy {policy!r}")
+    return _chunked(frames, height, width, chunk, _CONVERTERS[policy])

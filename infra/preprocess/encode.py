@@ -29,6 +29,7 @@ from infra.media.temporal import TemporalPolicy, choose_windows, effective_fps
 from infra.media.video import (
     DEFAULT_LIMITS,
     MediaLimits,
+    PixelTarget,
     SampledClip,
     head_frames,
     pick_frames,
@@ -88,6 +89,7 @@ def prepare_video(
     policy = spec.temporal_policy()
     buckets = [Bucket(*b) for b in spec.buckets] if spec.buckets else None
     frames, height, width, bucket = spec.frames, spec.height, spec.width, None
+    resize = resize_policy_of(spec.resize)
     if policy.kind == "head":
         clip = head_frames(media, max(b.frames for b in buckets) if buckets else spec.frames, limits=limits)
         if buckets:
@@ -96,14 +98,15 @@ def prepare_video(
         if len(clip.frames) < frames and (buckets or policy.short == "skip"):
             raise InputError("clip_too_short", f"the clip decodes to {len(clip.frames)} frame(s); {frames} needed")
         clip = _held(clip, frames)
-    elif policy.kind == "span":
-        clip = sample_frames(media, spec.frames, limits=limits)
+        return PreparedVideo(resize_pixels(clip.frames[:frames], height, width, resize), clip, bucket)
+    if policy.kind == "span":  # the pixels are made as the frames are decoded: no clip of source frames is held
+        clip = sample_frames(media, spec.frames, limits=limits, target=PixelTarget(height, width, resize))
         if clip.source_frames < frames and policy.short == "skip":
             raise InputError("clip_too_short", f"the clip has {clip.source_frames} frame(s); span needs {frames}")
     else:
-        clip = pick_frames(media, functools.partial(_indices, policy, frames, window), limits=limits)
-    resize = resize_policy_of(spec.resize)
-    return PreparedVideo(resize_pixels(clip.frames[:frames], height, width, resize), clip, bucket)
+        choose = functools.partial(_indices, policy, frames, window)
+        clip = pick_frames(media, choose, limits=limits, target=PixelTarget(height, width, resize))
+    return PreparedVideo(clip.pixels[:, :, :frames], clip, bucket)
 
 
 def _indices(policy: TemporalPolicy, frames: int, window: int | None, total: int, fps: float) -> tuple[int, ...]:
@@ -185,6 +188,7 @@ def prefetcher_for(
     serial = cfg.prefetch == 0 and cfg.text_batch == 1 and cfg.video_batch == 1
     if serial or plan.spec.temporal_policy().kind == "windows":
         return None
+    ahead.hand_over()  # the shard's own decoders take over from the start-up process
     return prefetch.Prefetcher(
         refs,
         read=read_sample,
