@@ -211,6 +211,90 @@ def test_the_child_removes_its_files_when_the_runs_main_thread_dies_before_the_o
         run.wait()
 
 
+DONE = """
+import sys, time
+from pathlib import Path
+from infra.gates.plan import make_spec
+from infra.preprocess import ahead
+from tests.conftest import config
+build = config(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
+assert ahead.start(build, make_spec(build)[1])
+if sys.argv[4:] == ["hand-over"]:
+    ahead.hand_over()  # as the shard's read-ahead does when it starts
+print(ahead._child.pid, ahead._child.directory, flush=True)
+time.sleep(120)  # the run, still importing or encoding, holds the results it has not taken
+"""
+
+
+def test_a_child_that_has_decoded_its_shard_holds_no_decoder_memory_and_still_goes_with_the_run(
+    tmp_path, tiny_model, source
+) -> None:
+    """Done, the child marks its directory ended and becomes a small shell (~1 MB where the decoding process held
+    ~150 MB of its own): the results stay for the run, and a SIGKILL of the run still removes them."""
+    run = subprocess.Popen(
+        [sys.executable, "-c", DONE, str(source), str(tiny_model), str(tmp_path / "out")],
+        env=cli_env(tmp_path / "home"),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pid, directory = run.stdout.readline().split()
+        child, directory = psutil.Process(int(pid)), Path(directory)
+        deadline = time.monotonic() + 120
+        while not (directory / ahead.ENDED).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while child.cmdline()[:1] != ["sh"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.cmdline()[:1] == ["sh"] and child.memory_info().rss < 16 * 2**20
+        assert len(list(directory.glob("*.pkl"))) == 5  # the decodable samples wait for the run
+        run.kill()
+        run.wait()
+        deadline = time.monotonic() + 30
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(child) and not directory.exists()
+    finally:
+        run.kill()
+        run.wait()
+
+
+def test_the_child_ends_once_the_run_hands_over_to_its_own_decoders(tmp_path, tiny_model, source) -> None:
+    """From the shard's read-ahead on, the run decodes itself: the child claims no further sample and ends."""
+    run = subprocess.Popen(
+        [sys.executable, "-c", DONE, str(source), str(tiny_model), str(tmp_path / "out"), "hand-over"],
+        env=cli_env(tmp_path / "home"),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        directory = Path(run.stdout.readline().split()[1])
+        deadline = time.monotonic() + 120
+        while not (directory / ahead.ENDED).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (directory / ahead.ENDED).exists() and (directory / ahead.HANDOVER).exists()
+        assert len(list(directory.glob("*.claim"))) <= 1  # at most the sample in hand (7 in the shard)
+    finally:
+        run.kill()
+        run.wait()
+
+
+def test_a_consumer_stops_waiting_for_a_claimed_sample_once_the_child_has_ended(tmp_path) -> None:
+    """A sample the child claimed but never finished (its writing failed, say, /dev/shm full) is the consumer's
+    to decode as soon as the child marks itself ended, though its process (the shell) lives on."""
+    stand_in = subprocess.Popen(["sleep", "30"])
+    try:
+        child = ahead._Child(stand_in.pid, tmp_path)
+        path = tmp_path / ahead._name("g/1")
+        assert ahead._claim(path)
+        (tmp_path / ahead.ENDED).touch()
+        started = time.monotonic()
+        assert ahead._wait_for(child, path, SampleRef("1", "g", "g/1", lambda: None, lambda: None), "r") is None
+        assert time.monotonic() - started < 1
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+
+
 @pytest.mark.parametrize("name", ["pytorch_model.bin", "diffusion_pytorch_model.safetensors"])
 def test_hashing_a_new_models_files_leaves_no_thread_behind(tmp_path, monkeypatch, name) -> None:
     """A first build of a snapshot hashes its weights before the fork; tqdm starts a monitor thread even for a

@@ -30,9 +30,17 @@ def _libc() -> ctypes.CDLL | None:
 def release_freed() -> bool:
     """Collect garbage, then return glibc's free pages to the OS; False where there is no ``malloc_trim``."""
     gc.collect()
+    if not trim():
+        return False
+    logger.debug("malloc_trim(0): freed pages returned to the OS")
+    return True
+
+
+def trim() -> bool:
+    """Return glibc's free pages to the OS without collecting garbage (a collection writes to every tracked
+    object, unsharing the pages a forked process shares with its parent); False where there is no ``malloc_trim``."""
     libc = _libc()
     if libc is None:
         return False
     libc.malloc_trim(0)
-    logger.debug("malloc_trim(0): freed pages returned to the OS")
     return True

@@ -21,8 +21,11 @@ Not used (each decodes as before): off Linux, with threads already running (a te
 ``--dry-run``, ``--runner ray``, ``--only``, an OUT that exists and is not empty (a resume: its rows may be done),
 ``windows:K`` (made from the clip as it is visited), ``--decode-ahead-mb 0``. The child ignores Ctrl-C (the run's
 own stop handling ends it), dies with the run (``PR_SET_PDEATHSIG``; SIGKILL included), runs at a lower priority
-(``nice`` +10: it takes what is idle, yet never starves) and writes nothing to the terminal. `stop` ends it and
-removes its directory.
+(``nice`` +10: it takes what is idle, yet never starves) and writes nothing to the terminal. Once it has decoded
+the shard it marks its directory ended (no consumer waits for it any more) and becomes a small shell (`WATCH`)
+that holds none of the decoders' memory and removes the directory if the run dies. `stop` ends it and removes its
+directory. The child decodes until the shard's own read-ahead starts (`hand_over`): from then on both cores are
+the run's, and the child's memory would only add to the run's peak.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PREFIX = "latentforge-ahead-"
+ENDED = "ended"  # written by the child when it decodes no more
+HANDOVER = "handover"  # written by the run when its own decoding starts (`hand_over`)
 NICE = 10
 _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.005
@@ -110,10 +115,7 @@ def start(config: BuildConfig, spec: CacheSpec) -> bool:
                 _run_child(config, spec, directory, parent)
             except BaseException:  # noqa: BLE001 - the parent decodes whatever this did not
                 code = 1
-            while os.getppid() == parent:  # done: its results wait for the run, which ends this process (`stop`)
-                time.sleep(0.2)
-            shutil.rmtree(directory, ignore_errors=True)  # the run is gone without its exit handlers
-            os._exit(code)
+            _end_child(directory, parent, code)
         _child = _Child(pid, directory)
     atexit.register(stop)
     logger.debug("decode-ahead: pid %d, %s", pid, directory)
@@ -145,6 +147,16 @@ def take(ref: SampleRef, spec: CacheSpec, limits: MediaLimits) -> Any | None:
     return _wait_for(child, path, ref, _recipe(spec, ref.window, limits))
 
 
+def hand_over() -> None:
+    """The run's own decoding has started (the shard's read-ahead, on the core the start-up left idle): the child
+    finishes the sample in hand and ends, so that its memory is not held beside the run's at the run's peak; what
+    it has decoded still waits for the run."""
+    child = _child
+    if child is not None:
+        with contextlib.suppress(OSError):
+            (child.directory / HANDOVER).touch()
+
+
 def stop() -> dict[str, int] | None:
     """End the child and remove its directory: {"taken": samples used}, or None when none ran."""
     global _child
@@ -172,9 +184,9 @@ def stop() -> dict[str, int] | None:
 
 
 def _wait_for(child: _Child, path: Path, ref: SampleRef, recipe: str) -> Any | None:
-    done, failed = path.with_suffix(".pkl"), path.with_suffix(".fail")
+    done, failed, ended = path.with_suffix(".pkl"), path.with_suffix(".fail"), child.directory / ENDED
     while not done.exists():
-        if failed.exists() or _reaped(child):
+        if failed.exists() or ended.exists() or _reaped(child):
             if done.exists():
                 break  # written just before the child ended
             return None
@@ -253,6 +265,7 @@ def _run_child(config: BuildConfig, spec: CacheSpec, directory: Path, parent: in
     _become_child(directory, parent)
     from infra.gates.plan import plan_shards  # noqa: PLC0415 - imported already by the parent's plan
     from infra.media.video import MediaLimits  # noqa: PLC0415
+    from infra.ops.heap import trim  # noqa: PLC0415
     from infra.preprocess.encode import prepare_pixels, read_sample  # noqa: PLC0415
     from infra.sources import open_source  # noqa: PLC0415
 
@@ -263,12 +276,13 @@ def _run_child(config: BuildConfig, spec: CacheSpec, directory: Path, parent: in
     first, limits = shards[0], MediaLimits(max_pixels=config.max_pixels, max_frames=config.max_frames)
     budget = config.decode_ahead_mb * 2**20
     samples = source.samples(first.shard)
+    handover = directory / HANDOVER
     for ref in itertools.islice(samples, 0, first.quota):
-        while _pending(directory) >= budget:
+        while _pending(directory) >= budget and not handover.exists():
             if os.getppid() != parent:
                 return
             time.sleep(0.02)
-        if os.getppid() != parent:
+        if os.getppid() != parent or handover.exists():
             return
         path = directory / _name(ref.key)
         if not _claim(path):
@@ -285,6 +299,30 @@ def _run_child(config: BuildConfig, spec: CacheSpec, directory: Path, parent: in
         with partial.open("wb") as f:
             pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
         partial.rename(path.with_suffix(".pkl"))
+        del video, payload
+        trim()  # the clip's decoder buffers, freed, back to the OS: the run's peak comes while this one decodes
+
+
+#: What a child that has decoded its shard becomes (``sh -c WATCH sh DIRECTORY RUN_PID``): its results wait for the
+#: run, and its directory must go with the run, a SIGKILLed run included (the parent-death signal, kept across
+#: exec, or the run's pid gone). A shell holds ~1 MB where the decoding process held its decoders' memory.
+WATCH = """trap 'rm -rf "$1"; kill $! 2>/dev/null; exit 0' TERM
+while kill -0 "$2" 2>/dev/null; do sleep 1 & wait $!; done
+rm -rf "$1"
+"""
+
+
+def _end_child(directory: Path, parent: int, code: int) -> None:
+    """Mark the child's work ended (consumers stop waiting for samples it claimed and did not finish) and become
+    a shell that removes the directory once the run is gone; where no shell runs, wait for that here."""
+    with contextlib.suppress(OSError):
+        (directory / ENDED).touch()
+    with contextlib.suppress(OSError):
+        os.execv("/bin/sh", ["sh", "-c", WATCH, "sh", str(directory), str(parent)])
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    shutil.rmtree(directory, ignore_errors=True)  # the run is gone without its exit handlers
+    os._exit(code)
 
 
 def _become_child(directory: Path, parent: int) -> None:
