@@ -342,3 +342,14 @@ def test_the_entry_points_quick_exit_joins_threads_runs_exit_handlers_and_keeps_
     assert proc.returncode == status, proc.stderr[-2000:]
     assert (tmp_path / "thread").read_text() == "done"
     assert (tmp_path / "handler").read_text() == "True"  # handlers after the threads, as the interpreter orders them
+
+
+def test_a_waiting_result_holds_its_pixels_once(tmp_path, tiny_model, clips) -> None:
+    """What the child pickles into /dev/shm (and a prefetched sample holds) is the pixels once: the clip's record
+    keeps no second reference, whose pickle would write the same pixels again."""
+    from infra.preprocess.encode import prepare_pixels  # noqa: PLC0415
+
+    spec = make_spec(config(tmp_path, tiny_model, tmp_path / "out"))[1]
+    video = prepare_pixels(clips["bikes"], spec, None, MediaLimits())
+    size = len(pickle.dumps(video, protocol=pickle.HIGHEST_PROTOCOL))
+    assert video.pixels.nbytes < size < video.pixels.nbytes + 64 * 1024

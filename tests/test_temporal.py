@@ -63,7 +63,7 @@ def test_each_policy_chooses_its_indices_and_decodes_exactly_those_frames(clips,
     frames_expected = _all_frames(clips["bikes"])[expected]
     assert torch.equal(prepared.pixels, resize_pixels(frames_expected, 48, 80, "stretch"))
     if temporal != "head":  # made into pixels as they were decoded: no source-resolution frame is kept
-        assert prepared.clip.frames.size == 0 and prepared.clip.pixels is not None
+        assert prepared.clip.frames.size == 0 and prepared.clip.pixels is None  # the pixels are held once
 
 
 def test_stride_start_fps_rounding_and_effective_fps(clips):

@@ -106,7 +106,7 @@ def prepare_video(
     else:
         choose = functools.partial(_indices, policy, frames, window)
         clip = pick_frames(media, choose, limits=limits, target=PixelTarget(height, width, resize))
-    return PreparedVideo(clip.pixels[:, :, :frames], clip, bucket)
+    return PreparedVideo(clip.pixels[:, :, :frames], dataclasses.replace(clip, pixels=None), bucket)  # held once
 
 
 def _indices(policy: TemporalPolicy, frames: int, window: int | None, total: int, fps: float) -> tuple[int, ...]:
