@@ -163,6 +163,20 @@ def test_a_killed_build_takes_its_decode_ahead_process_and_files_with_it(tmp_pat
                 server.kill()  # the build's embedded Prefect server, orphaned by the SIGKILL
 
 
+def _script(script: str, tmp_path: Path, tiny_model: Path, source: Path, *extra: str) -> subprocess.Popen:
+    """A stand-in for the run: `script` in a process of its own, over the shard `source`; its stdout a pipe."""
+    command = [sys.executable, "-c", script, str(source), str(tiny_model), str(tmp_path / "out"), *extra]
+    return subprocess.Popen(command, env=cli_env(tmp_path / "home"), stdout=subprocess.PIPE, text=True)
+
+
+def _until(condition, seconds: float) -> bool:
+    """Wait until `condition()` holds, at most `seconds`; whether it does."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
 ORPHAN = """
 import ctypes, sys, threading, time
 from pathlib import Path
@@ -193,18 +207,10 @@ def test_the_child_removes_its_files_when_the_runs_main_thread_dies_before_the_o
     """The kernel sends the parent-death signal as the forking thread exits; `getppid` then still names the run,
     whose other threads are exiting. The child must not take that for the run's own `stop` (which removes the
     files itself): under a SIGKILL nobody else would."""
-    run = subprocess.Popen(
-        [sys.executable, "-c", ORPHAN, str(source), str(tiny_model), str(tmp_path / "out")],
-        env=cli_env(tmp_path / "home"),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    run = _script(ORPHAN, tmp_path, tiny_model, source)
     try:
         child = psutil.Process(int(run.stdout.readline()))
-        deadline = time.monotonic() + 60
-        while _running(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _running(child) and run.poll() is None  # the child ended while the run's process lives on
+        assert _until(lambda: not _running(child), 60) and run.poll() is None  # the run's process lives on
         assert not _directories(run.pid)
     finally:
         run.kill()
@@ -231,28 +237,16 @@ def test_a_child_that_has_decoded_its_shard_holds_no_decoder_memory_and_still_go
 ) -> None:
     """Done, the child marks its directory ended and becomes a small shell (~1 MB where the decoding process held
     ~150 MB of its own): the results stay for the run, and a SIGKILL of the run still removes them."""
-    run = subprocess.Popen(
-        [sys.executable, "-c", DONE, str(source), str(tiny_model), str(tmp_path / "out")],
-        env=cli_env(tmp_path / "home"),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    run = _script(DONE, tmp_path, tiny_model, source)
     try:
         pid, directory = run.stdout.readline().split()
         child, directory = psutil.Process(int(pid)), Path(directory)
-        deadline = time.monotonic() + 120
-        while not (directory / ahead.ENDED).exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        while child.cmdline()[:1] != ["sh"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert child.cmdline()[:1] == ["sh"] and child.memory_info().rss < 16 * 2**20
+        assert _until(lambda: (directory / ahead.ENDED).exists() and child.cmdline()[:1] == ["sh"], 120)
+        assert child.memory_info().rss < 16 * 2**20
         assert len(list(directory.glob("*.pkl"))) == 5  # the decodable samples wait for the run
         run.kill()
         run.wait()
-        deadline = time.monotonic() + 30
-        while _running(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _running(child) and not directory.exists()
+        assert _until(lambda: not _running(child), 30) and not directory.exists()
     finally:
         run.kill()
         run.wait()
@@ -260,18 +254,10 @@ def test_a_child_that_has_decoded_its_shard_holds_no_decoder_memory_and_still_go
 
 def test_the_child_ends_once_the_run_hands_over_to_its_own_decoders(tmp_path, tiny_model, source) -> None:
     """From the shard's read-ahead on, the run decodes itself: the child claims no further sample and ends."""
-    run = subprocess.Popen(
-        [sys.executable, "-c", DONE, str(source), str(tiny_model), str(tmp_path / "out"), "hand-over"],
-        env=cli_env(tmp_path / "home"),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    run = _script(DONE, tmp_path, tiny_model, source, "hand-over")
     try:
         directory = Path(run.stdout.readline().split()[1])
-        deadline = time.monotonic() + 120
-        while not (directory / ahead.ENDED).exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert (directory / ahead.ENDED).exists() and (directory / ahead.HANDOVER).exists()
+        assert _until((directory / ahead.ENDED).exists, 120) and (directory / ahead.HANDOVER).exists()
         assert len(list(directory.glob("*.claim"))) <= 1  # at most the sample in hand (7 in the shard)
     finally:
         run.kill()
