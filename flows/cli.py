@@ -48,7 +48,7 @@ def config_from(config_file: Path | None, flags: dict[str, Any]) -> BuildConfig:
 
 def _out_config(out: Path, config_file: Path | None, flags: dict[str, Any]) -> BuildConfig:
     """A config for a step on an existing OUT: its cache.json's settings, then the file's, then the flags."""
-    from infra.gates.plan import config_for_out  # noqa: PLC0415  (no Prefect for a read-only step)
+    from infra.plan import config_for_out  # noqa: PLC0415  (no Prefect for a read-only step)
 
     file_values = load_config_file(config_file) if config_file else {}
     file_values.pop("out", None)
@@ -61,7 +61,7 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     """Build or resume a latent cache (runs the build-cache flow)."""
     config = config_from(config_file, flags)
     early.spawn()  # the embedded API starts beside the imports below (~10 s of CPU), not after them
-    from infra.gates.plan import make_spec  # noqa: PLC0415  (fast checks before the flow starts)
+    from infra.plan import make_spec  # noqa: PLC0415  (fast checks before the flow starts)
 
     spec = make_spec(config)[1]
     if not config.dry_run:
@@ -119,8 +119,8 @@ def verify(out: OutArg, as_json: JsonOpt = False, *, config_file: Path | None, f
 
     Exit 0 when a build may write there (absent, compatible), 1 otherwise; prints the overwrite token."""
     from infra.gates.conflicts import overwrite_token  # noqa: PLC0415
-    from infra.gates.plan import make_plan, make_spec  # noqa: PLC0415
     from infra.gates.verify import verify_out, verify_plan  # noqa: PLC0415
+    from infra.plan import make_plan, make_spec  # noqa: PLC0415
 
     config = _out_config(out, config_file, flags)
     try:
@@ -148,7 +148,7 @@ def reconcile(out: OutArg, *, config_file: Path | None, flags: dict[str, Any]) -
     shortfall. Settings not given are OUT's own (cache.json); pass the build's --limit etc. if it had them."""
     from infra.audit.reconcile import reconcile as count  # noqa: PLC0415
     from infra.audit.reconcile import write_reconcile_report  # noqa: PLC0415
-    from infra.gates.plan import make_plan  # noqa: PLC0415
+    from infra.plan import make_plan  # noqa: PLC0415
 
     report = count(make_plan(_out_config(out, config_file, flags)))
     json_path, _ = write_reconcile_report(out, report)
@@ -247,9 +247,9 @@ def make_tiny_model(
 ) -> None:
     """A tiny model with the real architecture and snapshot layout (tests, demos): random weights, or with
     --train-on a VAE fitted to a few clips (CPU, about a minute) so that decode-and-verify shows them."""
-    from infra.models.tiny import make_tiny_wan22  # noqa: PLC0415
-    from infra.models.tiny_image import make_tiny_image  # noqa: PLC0415
-    from infra.models.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415
+    from infra.demo.tiny import make_tiny_wan22  # noqa: PLC0415
+    from infra.demo.tiny_image import make_tiny_image  # noqa: PLC0415
+    from infra.demo.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415
 
     image = functools.partial(make_tiny_image, vae=vae, text=text)
     makers = {"wan22": make_tiny_wan22, "ltx2": make_tiny_ltx2, "image": image}
@@ -259,8 +259,8 @@ def make_tiny_model(
         raise ConfigError("--train-on fits the Wan2.2 VAE; the ltx2 tiny model has no fit yet")
     fit: dict = {}
     if train_on is not None:
-        from infra.models.vae_fit.clips import training_clips  # noqa: PLC0415
-        from infra.models.vae_fit.train import FitSettings  # noqa: PLC0415
+        from infra.demo.vae_fit.clips import training_clips  # noqa: PLC0415
+        from infra.demo.vae_fit.train import FitSettings  # noqa: PLC0415
 
         clips = training_clips(train_on, frames, height, width)
         typer.echo(f"fitting the VAE to {len(clips)} clip(s) of {train_on} at {frames}x{height}x{width}, {steps} steps")
@@ -318,7 +318,7 @@ def overfit(
     source: Annotated[str | None, Opt(help="read reference clips and prompts here (default: OUT's source)")] = None,
 ) -> None:
     """A tiny cache for an overfit run: chosen samples copied C times, their reference clips, their prompts."""
-    from infra.cache.overfit import export_overfit  # noqa: PLC0415
+    from infra.audit.overfit import export_overfit  # noqa: PLC0415
 
     try:
         result = export_overfit(out, to, ids=ids, n=n, copies=copies, source=source)
@@ -334,7 +334,7 @@ def overfit(
 @cli_errors
 def inspect(out: OutArg, as_json: JsonOpt = False) -> None:
     """Counts per group, shapes, dtypes, bytes and fingerprint of a cache."""
-    from infra.cache.inspect import format_report, inspect_cache  # noqa: PLC0415
+    from infra.audit.inspect import format_report, inspect_cache  # noqa: PLC0415
 
     try:
         report = inspect_cache(out)

@@ -24,7 +24,6 @@ import torch
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json, write_cache_json
 from infra.cache.ledger import FileRecord, LedgerRow, window_of
-from infra.cache.storage import staged_dir
 from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
@@ -32,6 +31,7 @@ from infra.media.mp4 import mp4_bytes
 from infra.media.prompts import decode_prompt
 from infra.preprocess.encode import prepare_video
 from infra.sources import SampleRef, open_source
+from infra.storage import staged_dir
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import torch
 from diffusers import AutoencoderDC, AutoencoderKL
 from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-from infra.cache.storage import staged_dir
+from infra.storage import staged_dir
 
 logger = logging.getLogger(__name__)
 

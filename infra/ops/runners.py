@@ -26,7 +26,7 @@ from prefect.tasks import Task
 
 from infra.config import BuildConfig
 from infra.errors import ConfigError
-from infra.preprocess import progress
+from infra.ops import progress
 
 logger = logging.getLogger(__name__)
 

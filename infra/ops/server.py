@@ -27,8 +27,8 @@ from pathlib import Path
 
 import psutil
 
-from infra.cache.storage import atomic_write
 from infra.errors import ServerError
+from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 
