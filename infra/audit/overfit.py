@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from infra.audit.decode_verify import choose_samples
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json, write_cache_json
 from infra.cache.ledger import FileRecord, LedgerRow, window_of
@@ -102,8 +103,6 @@ def export_overfit(
 
 
 def _choose(out: Path, ids: list[str] | None, n: int | None) -> list[LedgerRow]:
-    from infra.audit.decode_verify import choose_samples  # noqa: PLC0415 - the decode step's deterministic spread
-
     done = [r for rows in ledger.read_all(out).values() for r in rows.values() if r.status == "done"]
     if n is not None:
         chosen = choose_samples(done, n)
