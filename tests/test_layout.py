@@ -9,6 +9,7 @@ reasons) and every offender."""
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ LAYERS = ("flows", "tasks", "infra")
 #: its own; two folders on one floor never import each other. ARCHITECTURE.md shows the same table.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("infra", "errors", "faults", "heap", "runtime"),  # ground: imports nothing of the project
-    ("storage", "registry", "recipes", "devices", "media", "procs"),
+    ("storage", "registry", "recipes", "devices", "media", "procs"),  # procs: the process helpers (issue 28, item 5)
     ("reports", "sources", "models"),
     ("config",),
     ("cache",),
@@ -292,6 +293,20 @@ def test_the_architecture_map_names_every_infra_folder():
     text = (ROOT / "ARCHITECTURE.md").read_text()
     folders = sorted(p.name for p in (ROOT / "infra").iterdir() if p.is_dir() and not p.name.startswith("__"))
     assert folders and [f for f in folders if f"infra/{f}/" not in text] == []
+
+
+def test_the_architecture_map_shows_the_tested_floors():
+    """ARCHITECTURE.md's floor table (``NN    folder/ module.py ...   what they hold``) is FLOORS, for what exists."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    shown = {}
+    for line in text[text.index("floor  folders") :].splitlines()[1:]:
+        if line.startswith("```"):
+            break
+        number, *words = line.split()
+        names = itertools.takewhile(lambda w: w.endswith(("/", ".py")), words)
+        shown[int(number)] = {w.removesuffix("/").removesuffix(".py") for w in names}
+    units = {_unit(name) for name in MODULES}
+    assert shown == {i: {u for u in floor if u in units and u != "infra"} for i, floor in enumerate(FLOORS)}
 
 
 def test_every_build_setting_names_the_steps_that_take_it():
