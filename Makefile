@@ -37,7 +37,7 @@ test: $(STAMP)
 	$(BIN)/ruff check flows tasks infra tests bench
 	$(BIN)/python -m pytest -q
 
-# Soak: the crash-resume sweep (a real build SIGKILLed at every kill point of infra/ops/faults.py, rerun,
+# Soak: the crash-resume sweep (a real build SIGKILLed at every kill point of infra/faults.py, rerun,
 # compared), a killed build's server reaped, a second Ctrl-C. Minutes each: not in make test.
 soak: $(STAMP)
 	@mkdir -p $(PREFECT_HOME)

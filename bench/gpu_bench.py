@@ -62,7 +62,7 @@ def build_encoder(size: str, device: torch.device, dtype: torch.dtype, tiny_dir:
     from diffusers import AutoencoderKLWan  # noqa: PLC0415
     from transformers import AutoTokenizer, UMT5Config, UMT5EncoderModel  # noqa: PLC0415
 
-    from infra.models.tiny import build_tokenizer, make_tiny_wan22  # noqa: PLC0415
+    from infra.demo.tiny import build_tokenizer, make_tiny_wan22  # noqa: PLC0415
 
     torch.manual_seed(0)
     encoder = Wan22Encoder.__new__(Wan22Encoder)

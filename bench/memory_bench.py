@@ -54,7 +54,7 @@ def make_workload(root: Path, clips: int) -> tuple[Path, Path]:
 
     from infra.demo.data import DemoSample, write_vbvr_tar  # noqa: PLC0415
     from infra.demo.testmedia import real_clip  # noqa: PLC0415
-    from infra.models.tiny import make_tiny_wan22  # noqa: PLC0415
+    from infra.demo.tiny import make_tiny_wan22  # noqa: PLC0415
 
     model = make_tiny_wan22(root / "model", seed=0)
     small = UMT5Config.from_pretrained(model / "text_encoder")
@@ -80,7 +80,7 @@ def make_workload(root: Path, clips: int) -> tuple[Path, Path]:
 def child(spec: dict) -> None:
     """One variant's shard, in this process: prints {"seconds": ...} (the shard only)."""
     from infra.config import BuildConfig  # noqa: PLC0415
-    from infra.gates.plan import make_plan  # noqa: PLC0415
+    from infra.plan import make_plan  # noqa: PLC0415
     from infra.preprocess.shard import process_shard  # noqa: PLC0415
 
     plan = make_plan(BuildConfig.model_validate(spec))

@@ -24,7 +24,7 @@ from flows.run import run_build
 from infra.cache import ledger
 from infra.config import BuildConfig
 from infra.demo.data import make_demo_data
-from infra.models.tiny import make_tiny_wan22
+from infra.demo.tiny import make_tiny_wan22
 from infra.ops import runners
 
 SAMPLES = 1_000_000

@@ -13,9 +13,9 @@ from pathlib import Path
 from flows.run import run_build
 from infra.config import BuildConfig
 from infra.demo.data import make_demo_data
-from infra.gates.plan import make_plan
-from infra.gates.sanity import run_sanity
-from infra.models.tiny import make_tiny_wan22
+from infra.demo.tiny import make_tiny_wan22
+from infra.plan import make_plan
+from infra.preprocess.sanity import run_sanity
 
 GEOMETRY = {"frames": 33, "height": 96, "width": 160}
 

@@ -59,7 +59,7 @@ def make_workload(root: Path, clips: int) -> tuple[Path, Path, int]:
     """(source dir, tiny model dir, unique prompts): `clips` samples over two task families."""
     from infra.demo.data import DemoSample, write_vbvr_tar  # noqa: PLC0415
     from infra.demo.testmedia import real_clip  # noqa: PLC0415
-    from infra.models.tiny import make_tiny_wan22  # noqa: PLC0415
+    from infra.demo.tiny import make_tiny_wan22  # noqa: PLC0415
 
     data = [real_clip(name).read_bytes() for name in CLIP_NAMES]
     samples, prompts = [], set()

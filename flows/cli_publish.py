@@ -39,7 +39,7 @@ def upload(
         raise ConfigError(f"{config_file}: `upload` is a section of keys, not {section!r}")
     config = UploadConfig.model_validate({**section, **flags})
     early.spawn()  # the embedded API starts beside the flow's imports
-    from flows.run import run_or_raise  # noqa: PLC0415
+    from flows.run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
     from flows.upload import upload_cache  # noqa: PLC0415
 
     result = run_or_raise(
@@ -71,9 +71,9 @@ def rerun(
         raise ConfigError(
             "only `rerun RUN_ID --failed-only` exists: to run everything again, `latentforge build` resumes"
         )
-    from prefect.exceptions import ObjectNotFound  # noqa: PLC0415
+    from prefect.exceptions import ObjectNotFound  # noqa: PLC0415 - heavy: Prefect
 
-    from flows.rerun import plan_rerun, start_deployment_rerun  # noqa: PLC0415
+    from flows.rerun import plan_rerun, start_deployment_rerun  # noqa: PLC0415 - heavy: torch, Prefect
 
     try:
         rerun = plan_rerun(run_id)
@@ -90,7 +90,7 @@ def rerun(
     if rerun.deployment_id:
         typer.echo(f"started {start_deployment_rerun(rerun)} on deployment {rerun.deployment_id}")
         return
-    from flows.run import run_build  # noqa: PLC0415
+    from flows.run import run_build  # noqa: PLC0415 - heavy: torch, Prefect
 
     ok, result = run_build(rerun.config)
     if not ok:

@@ -98,7 +98,7 @@ def automations(
     home: HomeOpt = None,
 ) -> None:
     """Create the server-side automations (failure/crash alerts, heartbeat crash detection), block id filled in."""
-    from prefect.exceptions import ObjectNotFound  # noqa: PLC0415
+    from prefect.exceptions import ObjectNotFound  # noqa: PLC0415 - heavy: Prefect, this command only
 
     recorded = server.read_state(server.state_dir(server.resolve_home(home)))
     url = api_url or (recorded.api_url if recorded else None) or os.environ.get("PREFECT_API_URL")

@@ -10,8 +10,8 @@ from flows.approval import ConflictAnswer, decide
 from infra.errors import ConflictError
 from infra.gates.conflicts import ConflictChoice, adopt_existing_spec, next_free_dir, overwrite_token
 from infra.gates.decision import Decision
-from infra.gates.plan import BuildPlan
 from infra.gates.verify import VerifyReport
+from infra.plan import BuildPlan
 from tasks.plan import plan_build
 
 WRITABLE = ("absent", "compatible")

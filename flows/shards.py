@@ -17,13 +17,12 @@ from prefect.runtime import flow_run
 from tqdm import tqdm
 
 from infra.cache.ledger import LEDGER_DIR
-from infra.cache.storage import remove_stale_temps
 from infra.errors import DiskFull
-from infra.gates.plan import BuildPlan, ShardPlan, parse_only
-from infra.ops import preempt, runners
-from infra.preprocess import progress
+from infra.ops import preempt, progress, runners
+from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess.chunks import PARTS_DIR, Chunk, plan_chunks
 from infra.preprocess.shard import ShardResult
+from infra.storage import remove_stale_temps
 from tasks.preprocess import merge_chunks, preprocess_shard
 
 POLL_SECONDS = 2.0

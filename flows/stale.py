@@ -11,8 +11,8 @@ from flows.approval import StaleAnswer, StaleChoice, decide
 from flows.conflict import default_policy
 from infra.errors import GateFailed
 from infra.gates.decision import Decision
-from infra.gates.plan import BuildPlan
 from infra.gates.verify import VerifyReport
+from infra.plan import BuildPlan
 
 POLICY_CHOICE = {"replace": StaleChoice.replace_stale, "keep": StaleChoice.keep, "abort": StaleChoice.abort}
 LISTED = 50

@@ -6,7 +6,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra.audit.audio_gate import AudioReport, audio_check
-from infra.gates.plan import BuildPlan
+from infra.plan import BuildPlan
 
 
 @task(name="audio-gate", cache_policy=NO_CACHE)

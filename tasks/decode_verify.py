@@ -8,7 +8,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra.audit.decode_verify import DecodeReport, decode_and_verify
-from infra.gates.plan import BuildPlan
+from infra.plan import BuildPlan
 from infra.preprocess.encode import load_options
 
 

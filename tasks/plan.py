@@ -6,7 +6,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra.config import BuildConfig
-from infra.gates.plan import BuildPlan, make_plan
+from infra.plan import BuildPlan, make_plan
 
 
 @task(name="plan", cache_policy=NO_CACHE)

@@ -9,11 +9,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from infra.errors import DiskFull
-from infra.gates.plan import BuildPlan, ShardPlan
-from infra.gates.sanity import dry_run
 from infra.ops import runners
+from infra.plan import BuildPlan, ShardPlan
 from infra.preprocess.chunks import Chunk
 from infra.preprocess.chunks import merge as chunks_merge
+from infra.preprocess.sanity import dry_run
 from infra.preprocess.shard import ShardResult, process_shard
 
 

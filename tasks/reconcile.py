@@ -6,7 +6,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra.audit.reconcile import ReconcileReport, reconcile, write_reconcile_report
-from infra.gates.plan import BuildPlan
+from infra.plan import BuildPlan
 
 
 @task(name="reconcile-counts", cache_policy=NO_CACHE)

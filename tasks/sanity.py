@@ -8,8 +8,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra.gates.disk import DiskCheck, check_disk
-from infra.gates.plan import BuildPlan
-from infra.gates.sanity import SanityReport, run_sanity
+from infra.plan import BuildPlan
+from infra.preprocess.sanity import SanityReport, run_sanity
 
 
 @task(name="one-sample-sanity", cache_policy=NO_CACHE)

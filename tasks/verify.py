@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.gates.plan import BuildPlan
 from infra.gates.verify import VerifyReport, verify_plan
+from infra.plan import BuildPlan
 
 
 @task(name="verify-existing", cache_policy=NO_CACHE)

@@ -16,7 +16,7 @@ import flows  # noqa: F401  (offline defaults before Prefect loads)
 from infra.config import BuildConfig
 from infra.demo.data import DemoSample, write_vbvr_tar
 from infra.demo.testmedia import real_clip, real_t5_tokenizer_dir
-from infra.models.tiny import make_tiny_wan22
+from infra.demo.tiny import make_tiny_wan22
 from tests.procs import free_port, prefect_home, seed_migrated_database, stop_group, wait_answers
 
 #: A small geometry that keeps every constraint of the real recipe (F ≡ 1 mod 4, H and W multiples of 16,
@@ -75,7 +75,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def ltx2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """make-tiny-model --family ltx2: the real LTX-2 classes (video and audio VAE, Gemma 3, connectors), tiny."""
-    from infra.models.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415
+    from infra.demo.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415
 
     return make_tiny_ltx2(tmp_path_factory.mktemp("models") / "tiny-ltx2", seed=0)
 

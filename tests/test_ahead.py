@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from infra.cache import ledger
-from infra.gates.plan import make_plan, make_spec
 from infra.media.video import MediaLimits
+from infra.plan import make_plan, make_spec
 from infra.preprocess import ahead, texts
 from infra.preprocess.shard import process_shard
 from infra.sources import SampleRef
@@ -180,7 +180,7 @@ def _until(condition, seconds: float) -> bool:
 ORPHAN = """
 import ctypes, sys, threading, time
 from pathlib import Path
-from infra.gates.plan import make_spec
+from infra.plan import make_spec
 from infra.preprocess import ahead
 from tests.conftest import config
 build = config(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
@@ -220,7 +220,7 @@ def test_the_child_removes_its_files_when_the_runs_main_thread_dies_before_the_o
 DONE = """
 import sys, time
 from pathlib import Path
-from infra.gates.plan import make_spec
+from infra.plan import make_spec
 from infra.preprocess import ahead
 from tests.conftest import config
 build = config(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))

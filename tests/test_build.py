@@ -15,7 +15,7 @@ import infra.preprocess.encode
 from flows.run import run_build
 from infra.cache import ledger
 from infra.demo.testmedia import real_t5_tokenizer_dir
-from infra.gates.plan import make_plan
+from infra.plan import make_plan
 from infra.preprocess.shard import process_shard
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from infra.config import BuildConfig, merge_config, step_fields
+from infra.demo.tiny import make_tiny_wan22
 from infra.models import load_family, model_identity, resolve_family
 from infra.models.base import TextSettings
-from infra.models.tiny import make_tiny_wan22
 from infra.models.wan_constants import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD
 from tests.conftest import FRAMES, HEIGHT, WIDTH, make_shards, sample
 from tests.media_utils import cut_clip

@@ -21,7 +21,7 @@ import torch
 from flows.run import run_build
 from infra.cache import ledger
 from infra.cache.lock import LOCK_NAME, out_lock
-from infra.cache.storage import TEMP_SUFFIX, atomic_write, remove_stale_temps
+from infra.storage import TEMP_SUFFIX, atomic_write, remove_stale_temps
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
 from tests.procs import cli_env
@@ -32,7 +32,7 @@ LATENTFORGE = Path(sys.executable).parent / "latentforge"
 WRITER = """
 import sys
 from pathlib import Path
-from infra.cache.storage import atomic_write
+from infra.storage import atomic_write
 atomic_write(Path(sys.argv[1]), b"\\xa5" * int(sys.argv[2]))
 """
 

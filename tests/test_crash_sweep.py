@@ -1,5 +1,5 @@
 """The crash-resume sweep (`make soak`): a real `latentforge build` SIGKILLed at every kill point of
-`infra.ops.faults`, each chosen by progress (the N-th time the build reaches it, N read from an uninterrupted
+`infra.faults`, each chosen by progress (the N-th time the build reaches it, N read from an uninterrupted
 reference run's log of points), then rerun: the final cache is byte-identical to the reference (every sample
 file and every ledger fact), no temporary file is visible, the ledger agrees with the files, and no process of
 the killed run is left (its ephemeral Prefect server is reaped by the rerun). About 6 minutes here, so it runs
@@ -18,9 +18,9 @@ import psutil
 import pytest
 
 from infra.cache import ledger
-from infra.cache.storage import TEMP_SUFFIX
+from infra.faults import ENV, LOG_ENV, POINTS
 from infra.ops import ephemeral
-from infra.ops.faults import ENV, LOG_ENV, POINTS
+from infra.storage import TEMP_SUFFIX
 from tests.conftest import FRAMES, HEIGHT, WIDTH, make_shards, sample
 from tests.media_utils import cut_clip
 from tests.procs import cli_env

@@ -1,4 +1,4 @@
-"""`infra.ops.heap.release_freed`: pages freed inside glibc's heap (below a live block) go back to the OS."""
+"""`infra.heap.release_freed`: pages freed inside glibc's heap (below a live block) go back to the OS."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import psutil
 import pytest
 
-from infra.ops import heap
+from infra import heap
 
 CHUNK, COUNT = 100 * 1024, 2000  # ~200 MiB in blocks below glibc's mmap threshold: allocated inside the heap
 

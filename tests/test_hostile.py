@@ -28,8 +28,8 @@ from flows.run import run_build
 from infra.cache import ledger
 from infra.cache.ledger import LedgerRow
 from infra.config import BuildConfig
-from infra.gates.plan import make_spec
 from infra.media.video import DEFAULT_MAX_FRAMES, DEFAULT_MAX_PIXELS, MediaError, MediaLimits, sample_frames
+from infra.plan import make_spec
 from tests.conftest import GENERATORS, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip, remux
 

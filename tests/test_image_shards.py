@@ -17,7 +17,7 @@ from flows.run import run_build
 from infra.audit.reconcile import reconcile
 from infra.config import BuildConfig
 from infra.formats.stream import stream_samples
-from infra.gates.plan import make_plan
+from infra.plan import make_plan
 from tests.conftest import config
 from tests.image_media import sample_images, write_wds
 

@@ -20,12 +20,12 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.run import run_build
 from infra.cache import ledger
+from infra.demo.tiny_image import FLUX_SHIFT, make_tiny_image
 from infra.errors import ConfigError, InputError
-from infra.gates.plan import make_plan
 from infra.media.image import load_rgb, prepare_image
 from infra.models import load_family
 from infra.models.base import TextSettings
-from infra.models.tiny_image import FLUX_SHIFT, make_tiny_image
+from infra.plan import make_plan
 from infra.preprocess.shard import process_shard
 from infra.sources import open_source
 from infra.sources.wds import expand_braces

@@ -22,10 +22,10 @@ from infra.cache import ledger
 from infra.cache.cachedir import write_cache_json
 from infra.config import ADDED_LATER, fingerprint_of
 from infra.demo.data import write_vbvr_tar
-from infra.gates.plan import make_plan, make_spec
 from infra.gates.verify import verify_out, verify_plan
 from infra.models import get_family, model_identity
 from infra.models import identity as ident
+from infra.plan import make_plan, make_spec
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
 

@@ -1,9 +1,18 @@
-"""The layout holds its promises: arrows point flows → tasks → infra, no import cycle, every infra folder in
-ARCHITECTURE.md's map, and every contract fails loudly when a piece of it is missing."""
+"""The layout holds its promises: every import points down a floor of the house (FLOORS), no module imports
+itself round a circle, a function-level import says why it is not at the top, production code never imports the
+demo material, every infra folder is in ARCHITECTURE.md's map, and every contract fails loudly when a piece of it
+is missing. Function-level imports count as arrows like the others.
+
+``python tests/test_layout.py`` prints the counts (upward arrows, circles, function-level imports and their
+reasons) and every offender."""
 
 from __future__ import annotations
 
 import ast
+import itertools
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,6 +27,50 @@ from infra.sources.base import Source
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("flows", "tasks", "infra")
 
+#: The house, bottom up. A folder of infra/ (or a top-level module of infra/) may import only from a floor below
+#: its own; two folders on one floor never import each other. ARCHITECTURE.md shows the same table.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("infra", "errors", "faults", "heap", "runtime"),  # ground: imports nothing of the project
+    ("storage", "registry", "recipes", "devices", "media", "procs"),  # procs: the process helpers (issue 28, item 5)
+    ("reports", "sources", "models"),
+    ("config",),
+    ("cache",),
+    ("ops", "formats"),
+    ("plan",),
+    ("gates",),
+    ("preprocess",),
+    ("audit",),
+    ("publish",),
+    ("demo", "tasks"),
+    ("flows",),
+)
+FLOOR = {unit: i for i, units in enumerate(FLOORS) for unit in units}
+
+#: The accepted reason of a function-level import: ``noqa: PLC0415 - <why>`` in the comment on its line (other codes
+#: may come first: ``noqa: F401, PLC0415 - <why>``), or ``PLC0415 - <why>`` in a comment line just above it where
+#: the line would be too long. Imports that follow one another share the first one's reason. <why> names what
+#: forbids the top of the module: a circle, a heavy import (``heavy: torch``), an optional one (``optional: the `s3`
+#: extra``), demo material (``demo material: this command only``).
+REASON = re.compile(r"#.*\bPLC0415\b\s*-\s*\S")
+
+#: The only production code that imports the demo material: the two commands that make it.
+DEMO_IMPORTERS = {("flows.cli", "make_tiny_model"), ("flows.cli", "make_demo_data")}
+
+
+@dataclass(frozen=True)
+class Import:
+    """One project module imported by one statement."""
+
+    module: str  # the importer
+    target: str  # the imported project module
+    line: int
+    function: str | None  # the enclosing function; None at module level
+    explained: bool  # a function-level import's reason is given
+
+    @property
+    def where(self) -> str:
+        return f"{MODULES[self.module].relative_to(ROOT)}:{self.line}"
+
 
 def _modules() -> dict[str, Path]:
     found = {}
@@ -28,59 +81,232 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """Modules of the project that `path` imports, at the top level or inside functions."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            found |= {
-                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names
-            }
-        elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-    return {m for m in found if m in modules}
+MODULES = _modules()
 
 
-def test_arrows_point_one_way_and_no_module_imports_itself_round_a_cycle():
-    modules = _modules()
-    graph = {name: _imports(path, modules) - {name} for name, path in modules.items()}
-    rank = {layer: i for i, layer in enumerate(LAYERS)}
-    backwards = [(a, b) for a, deps in graph.items() for b in deps if rank[b.split(".")[0]] < rank[a.split(".")[0]]]
-    assert backwards == []
-    top_level = {name: {m for m in deps if _at_top(modules[name], m)} for name, deps in graph.items()}
-    seen: dict[str, int] = {}  # 1: on the current path, 2: done
-
-    def visit(name: str, path: list[str]) -> None:
-        seen[name] = 1
-        for dep in sorted(top_level[name]):
-            assert seen.get(dep) != 1, f"import cycle: {' → '.join([*path, name, dep])}"
-            if dep not in seen:
-                visit(dep, [*path, name])
-        seen[name] = 2
-
-    for name in sorted(top_level):
-        if name not in seen:
-            visit(name, [])
+def _project_module(name: str) -> str | None:
+    """The project module `name` names, or the nearest package above it; None outside the project."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
 
 
-def _at_top(path: Path, module: str) -> bool:
-    tree = ast.parse(path.read_text())
-    for node in tree.body:
-        if (
-            isinstance(node, ast.ImportFrom)
-            and node.module
-            and (node.module == module or module.startswith(node.module + "."))
-        ):
-            return True
-        if isinstance(node, ast.Import) and any(a.name == module for a in node.names):
-            return True
-    return False
+Statement = tuple[ast.Import | ast.ImportFrom, str | None, bool]
+
+
+def _bodies(node: ast.stmt) -> Iterator[list[ast.stmt]]:
+    """The statement lists inside `node` (a function's, a branch's, a handler's, a case's)."""
+    for field in ("body", "orelse", "finalbody"):
+        value = getattr(node, field, None)
+        if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+            yield value
+    yield from (handler.body for handler in getattr(node, "handlers", []))
+    yield from (case.body for case in getattr(node, "cases", []))
+
+
+def statements(text: str) -> Iterator[Statement]:
+    """Every import statement of a module's `text` (inside functions too), the function it is in (None at module
+    level), and whether it is explained: at module level always; inside a function when its reason is given."""
+    lines = text.splitlines()
+
+    def reason_at(node: ast.stmt) -> bool:
+        own = lines[node.lineno - 1 : node.end_lineno]
+        above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+        return any(REASON.search(line) for line in own) or (above.startswith("#") and bool(REASON.search(above)))
+
+    def walk(body: list[ast.stmt], function: str | None) -> Iterator[Statement]:
+        shared = False  # a run of imports shares its first one's reason
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                shared = reason_at(node) or shared
+                yield node, function, function is None or shared
+                continue
+            shared = False
+            inner = node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            for inside in _bodies(node):
+                yield from walk(inside, inner)
+
+    yield from walk(ast.parse(text).body, None)
+
+
+def _statements(module: str) -> Iterator[Statement]:
+    return statements(MODULES[module].read_text())
+
+
+def _imports(module: str) -> list[Import]:
+    """The project modules `module` imports, at the top or inside functions."""
+    found = []
+    for node, function, explained in _statements(module):
+        if isinstance(node, ast.ImportFrom):
+            if node.level or not node.module:
+                continue
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names
+            ]
+        else:
+            names = [a.name for a in node.names]
+        for name in dict.fromkeys(names):
+            target = _project_module(name)
+            if target is not None and target != module:
+                found.append(Import(module, target, node.lineno, function, explained))
+    return found
+
+
+def _unit(module: str) -> str:
+    """flows, tasks, or the folder (or top-level module) of infra/ that holds `module`."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "infra" and len(parts) > 1 else parts[0]
+
+
+IMPORTS = {name: _imports(name) for name in sorted(MODULES)}
+
+
+def _upward() -> list[tuple[Import, str]]:
+    """Every import that does not point to a lower floor, with what is wrong with it."""
+    found = []
+    for imports in IMPORTS.values():
+        for imp in imports:
+            a, b = _unit(imp.module), _unit(imp.target)
+            if a == b:
+                continue
+            if a not in FLOOR or b not in FLOOR:
+                found.append((imp, f"{a if a not in FLOOR else b} has no floor"))
+            elif FLOOR[b] >= FLOOR[a]:
+                side = "the same floor as" if FLOOR[a] == FLOOR[b] else f"floor {FLOOR[b]}, over floor {FLOOR[a]} of"
+                found.append((imp, f"{b} on {side} {a}"))
+    return found
+
+
+def upward_arrows() -> list[str]:
+    """Every import that does not point to a lower floor, as `file:line importer → imported (why)`."""
+    return [f"{imp.where} {imp.module} → {imp.target} ({why})" for imp, why in _upward()]
+
+
+def circles() -> list[str]:
+    """Every import circle between modules (function-level imports count), with the import lines that make it."""
+    graph = {name: {imp.target for imp in imports} for name, imports in IMPORTS.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def strongconnect(name: str) -> None:  # Tarjan's strongly connected components
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for dep in graph[name]:
+            if dep not in index:
+                strongconnect(dep)
+                low[name] = min(low[name], low[dep])
+            elif dep in stack:
+                low[name] = min(low[name], index[dep])
+        if low[name] == index[name]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == name:
+                    break
+            if len(component) > 1:
+                lines = [f"{i.where} {i.module} → {i.target}" for m in sorted(component) for i in IMPORTS[m]]
+                found.append(
+                    "circle of "
+                    + ", ".join(sorted(component))
+                    + ": "
+                    + "; ".join(line for line in lines if line.rsplit(" → ", 1)[1] in component)
+                )
+
+    for name in sorted(graph):
+        if name not in index:
+            strongconnect(name)
+    return found
+
+
+def unexplained_function_imports() -> list[str]:
+    """Every function-level import in flows/, tasks/ and infra/ (of anything) without its reason."""
+    return [
+        f"{MODULES[name].relative_to(ROOT)}:{node.lineno} in {function}()"
+        for name in sorted(MODULES)
+        for node, function, explained in _statements(name)
+        if not explained
+    ]
+
+
+def function_imports() -> tuple[int, int]:
+    """How many function-level imports flows/, tasks/ and infra/ hold, and how many of them say why."""
+    counts = [explained for name in MODULES for _, function, explained in _statements(name) if function]
+    return len(counts), sum(counts)
+
+
+def test_every_arrow_points_down_a_floor():
+    found = upward_arrows()
+    assert not found, f"{len(found)} imports do not point down a floor (FLOORS in tests/test_layout.py):\n" + "\n".join(
+        found
+    )
+
+
+def test_no_module_imports_itself_round_a_circle_not_even_inside_a_function():
+    found = circles()
+    assert not found, f"{len(found)} import circles:\n" + "\n".join(found)
+
+
+def test_every_function_level_import_says_why():
+    found = unexplained_function_imports()
+    assert not found, (
+        f"{len(found)} function-level imports without `# noqa: PLC0415 - <why>` (move them to the top of the "
+        "module unless a circle or a heavy or optional import forbids it):\n" + "\n".join(found)
+    )
+
+
+def test_production_code_never_imports_the_demo_material():
+    found = [
+        f"{imp.where} {imp.module} → {imp.target} in {imp.function}()"
+        for imports in IMPORTS.values()
+        for imp in imports
+        if _unit(imp.target) == "demo" and _unit(imp.module) != "demo"
+        if (imp.module, imp.function) not in DEMO_IMPORTERS
+    ]
+    assert not found, "production code imports infra/demo/:\n" + "\n".join(found)
+
+
+def test_the_layout_test_sees_function_level_imports_and_their_reasons():
+    """The checks above can fail: an import inside a function is seen, and a bare `noqa` is not a reason."""
+    text = (
+        "import os\n"
+        "def f():\n"
+        "    import torch  # noqa: PLC0415\n"
+        "    if os.sep:\n"
+        "        # noqa: PLC0415 - heavy: torch\n"
+        "        import torch\n"
+        "        import numpy  # noqa: PLC0415\n"
+        "    try:\n"
+        "        import boto3  # noqa: F401, PLC0415 - optional: the `s3` extra\n"
+        "    except ImportError:\n"
+        "        import yaml\n"
+    )
+    seen = [(node.lineno, function, explained) for node, function, explained in statements(text)]
+    assert seen == [(1, None, True), (3, "f", False), (6, "f", True), (7, "f", True), (9, "f", True), (11, "f", False)]
+    cli = {(imp.target, imp.function) for imp in IMPORTS["flows.cli"]}
+    assert any(function == "make_demo_data" and target.startswith("infra.demo") for target, function in cli)
 
 
 def test_the_architecture_map_names_every_infra_folder():
     text = (ROOT / "ARCHITECTURE.md").read_text()
     folders = sorted(p.name for p in (ROOT / "infra").iterdir() if p.is_dir() and not p.name.startswith("__"))
     assert folders and [f for f in folders if f"infra/{f}/" not in text] == []
+
+
+def test_the_architecture_map_shows_the_tested_floors():
+    """ARCHITECTURE.md's floor table (``NN    folder/ module.py ...   what they hold``) is FLOORS, for what exists."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    shown = {}
+    for line in text[text.index("floor  folders") :].splitlines()[1:]:
+        if line.startswith("```"):
+            break
+        number, *words = line.split()
+        names = itertools.takewhile(lambda w: w.endswith(("/", ".py")), words)
+        shown[int(number)] = {w.removesuffix("/").removesuffix(".py") for w in names}
+    units = {_unit(name) for name in MODULES}
+    assert shown == {i: {u for u in floor if u in units and u != "infra"} for i, floor in enumerate(FLOORS)}
 
 
 def test_every_build_setting_names_the_steps_that_take_it():
@@ -118,3 +344,19 @@ def test_one_registry_error_for_every_kind():
     ):
         with pytest.raises(ValueError, match=rf"unknown {kind} 'nope'; known "):
             lookup("nope")
+
+
+def main() -> None:
+    """The counts for a note, and every offender."""
+    arrows, found = upward_arrows(), circles()
+    pairs = {(_unit(imp.module), _unit(imp.target)) for imp, _ in _upward()}
+    total, explained = function_imports()
+    print(f"upward arrows: {len(arrows)} imports, {len(pairs)} between folders: {sorted(pairs)}")
+    print(f"circles: {len(found)}")
+    print(f"function-level imports: {total}, {explained} with a reason, {total - explained} without")
+    for line in [*arrows, *found, *unexplained_function_imports()]:
+        print(" ", line)
+
+
+if __name__ == "__main__":
+    main()

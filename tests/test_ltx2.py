@@ -28,10 +28,10 @@ from infra.cache import ledger
 from infra.demo.testmedia import real_clip
 from infra.errors import InputError
 from infra.gates.conflicts import overwrite_token
-from infra.gates.plan import make_plan
 from infra.gates.verify import verify_plan
 from infra.media.audio import trainer_audio
 from infra.models import load_family
+from infra.plan import make_plan
 from infra.preprocess.encode import prepare_video
 from infra.publish.manifest import gate_problems
 from tests import s3_server

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from flows.cli import app
 from infra.cache import ledger
 from infra.errors import QuantizeOffCpu
-from infra.gates.plan import make_plan
 from infra.models import LOAD_LOG_ENV, _load, memory
+from infra.plan import make_plan
 from infra.preprocess import texts
 from infra.preprocess.encode import load_encoder
 from infra.preprocess.shard import process_shard

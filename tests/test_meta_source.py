@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from infra.errors import ConfigError, InputError, SourceError
-from infra.gates.plan import make_plan
 from infra.media.buckets import Bucket, choose_bucket, parse_buckets
+from infra.plan import make_plan
 from infra.sources import open_source
 from tests.conftest import config
 

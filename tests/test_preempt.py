@@ -28,10 +28,10 @@ from flows.cli import app
 from flows.run import run_build
 from infra.cache import ledger
 from infra.cache.lock import LOCK_NAME
-from infra.cache.storage import TEMP_SUFFIX
 from infra.errors import EXIT_PREEMPTED
+from infra.faults import HOLD_ENV
 from infra.ops import ephemeral, preempt
-from infra.ops.faults import HOLD_ENV
+from infra.storage import TEMP_SUFFIX
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
 from tests.procs import cli_env

@@ -7,7 +7,7 @@ import pytest
 
 import infra.preprocess.shard
 from infra.cache import ledger
-from infra.gates.plan import make_plan
+from infra.plan import make_plan
 from infra.preprocess import texts
 from infra.preprocess.shard import process_shard
 from tests.conftest import config, make_shards, sample, tree_hashes

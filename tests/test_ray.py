@@ -18,10 +18,10 @@ import pytest
 from flows.run import run_build
 from infra.cache import ledger
 from infra.config import BuildConfig
-from infra.gates.plan import ShardPlan, make_plan
+from infra.faults import KILL_FILE_ENV
 from infra.models import LOAD_LOG_ENV
 from infra.ops import runners
-from infra.ops.faults import KILL_FILE_ENV
+from infra.plan import ShardPlan, make_plan
 from infra.preprocess.chunks import PARTS_DIR, Chunk, merge, plan_chunks
 from infra.preprocess.shard import process_shard
 from tests.conftest import config, make_shards, sample, tree_hashes
@@ -262,7 +262,7 @@ def test_chunks_of_a_shard_merge_into_the_unchunked_ledger_and_resume_from_their
 
 
 def test_runner_settings_stay_out_of_the_fingerprint(tmp_path, source, tiny_model):
-    from infra.gates.plan import make_spec  # noqa: PLC0415
+    from infra.plan import make_spec  # noqa: PLC0415
 
     local = make_spec(_config(source, tiny_model, tmp_path))[1]
     ray_run = _config(source, tiny_model, tmp_path, runner="ray", ray_address="auto", chunk_size=7, workers=5)

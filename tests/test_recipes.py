@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.run import run_build
-from infra.cache.inspect import inspect_cache
+from infra.audit.inspect import inspect_cache
 from infra.config import BuildConfig, CacheSpec
 from infra.formats import get_format
-from infra.gates.plan import make_spec
 from infra.gates.verify import verify_out
 from infra.media.video import RESIZE_POLICIES
+from infra.plan import make_spec
 from infra.preprocess.encode import prepare_video
 from infra.recipes import RECIPES
 from tests.conftest import config, make_shards, sample, tree_hashes

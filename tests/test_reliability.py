@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from infra.cache.lock import LOCK_NAME, LockedError, lock_caveat, out_lock
+from infra.faults import HOLD_ENV
 from infra.ops import ephemeral
-from infra.ops.faults import HOLD_ENV
 from tests.conftest import FRAMES, HEIGHT, WIDTH, make_shards, sample
 from tests.media_utils import cut_clip
 from tests.procs import cli_env

@@ -11,7 +11,7 @@ from flows.cli import app
 from flows.run import run_build
 from infra.cache import ledger
 from infra.formats import get_format
-from infra.gates.plan import parse_only
+from infra.plan import parse_only
 from infra.sources import open_source
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip

@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from flows.run import run_build
-from infra.audit.reports import human_bytes
 from infra.cache import ledger
 from infra.demo.testmedia import real_t5_tokenizer_dir
 from infra.errors import ModelLoadError
 from infra.formats.pt import PtFormat
 from infra.gates.disk import check_disk
-from infra.gates.plan import make_plan
-from infra.gates.sanity import MARKER, SanityDirError, peak_memory, run_sanity, sanity_dir
+from infra.plan import make_plan
 from infra.preprocess import handoff, videos
+from infra.preprocess.sanity import MARKER, SanityDirError, peak_memory, run_sanity, sanity_dir
+from infra.reports import human_bytes
 from infra.sources import open_source
 from tests.conftest import FRAMES, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip

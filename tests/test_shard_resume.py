@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from flows.run import run_build
-from infra.cache.storage import TEMP_SUFFIX
-from infra.ops.faults import ENV, LOG_ENV
+from infra.faults import ENV, LOG_ENV
+from infra.storage import TEMP_SUFFIX
 from tests import shard_child
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip

@@ -22,18 +22,18 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.run import run_build
 from infra.audit.decode_verify import decode_and_verify
+from infra.audit.inspect import format_report, inspect_cache
 from infra.audit.reconcile import reconcile
 from infra.cache import ledger
-from infra.cache.inspect import format_report, inspect_cache
-from infra.cache.storage import TEMP_SUFFIX
 from infra.errors import ConfigError
+from infra.faults import LOG_ENV
 from infra.formats import get_format
 from infra.formats.parquet import SCHEMA_T2V
 from infra.formats.shards import META_JSON, MixedFingerprints
 from infra.formats.stream import stream_samples
-from infra.gates.plan import make_plan, make_spec
 from infra.gates.verify import verify_plan
-from infra.ops.faults import LOG_ENV
+from infra.plan import make_plan, make_spec
+from infra.storage import TEMP_SUFFIX
 from tests import s3_server
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip

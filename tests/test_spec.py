@@ -9,8 +9,8 @@ import pytest
 
 from infra.config import ADDED_LATER, BuildConfig, CacheSpec
 from infra.errors import ConfigError
-from infra.gates.plan import make_spec
 from infra.models.base import GeometryRules
+from infra.plan import make_spec
 
 BASE = {
     "family": "wan22",

@@ -11,8 +11,8 @@ from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.formats.textpad import restore_padded, trim
-from infra.gates.plan import make_plan, make_spec
 from infra.gates.verify import verify_plan
+from infra.plan import make_plan, make_spec
 from tests.conftest import config, make_shards, sample
 from tests.media_utils import cut_clip
 

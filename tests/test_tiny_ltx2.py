@@ -16,7 +16,7 @@ from diffusers.pipelines.ltx2 import LTX2TextConnectors
 from diffusers.pipelines.ltx2.connectors import per_layer_masked_mean_norm
 from transformers import AutoTokenizer, Gemma3ForConditionalGeneration, GemmaTokenizerFast
 
-from infra.models.tiny_ltx2 import MAX_SEQUENCE_LENGTH, MODEL_INDEX, latent_statistics, make_tiny_ltx2
+from infra.demo.tiny_ltx2 import MAX_SEQUENCE_LENGTH, MODEL_INDEX, latent_statistics, make_tiny_ltx2
 
 PROMPT = "A red ball rolls through a narrow maze, slowly."
 COMPONENTS = ("vae", "audio_vae", "text_encoder", "tokenizer", "connectors", "scheduler")

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from infra.audit.metrics import psnr
+from infra.demo.vae_fit.train import FitSettings, fit_vae
 from infra.media.video import frames_to_pixels, sample_frames
-from infra.models.vae_fit.train import FitSettings, fit_vae
 from tests.conftest import make_shards, sample
 
 logger = logging.getLogger(__name__)

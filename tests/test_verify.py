@@ -16,9 +16,9 @@ from flows.run import run_build
 from infra.cache import ledger
 from infra.cache.lock import LOCK_NAME
 from infra.config import CacheSpec
-from infra.gates.plan import make_spec
+from infra.demo.tiny import make_tiny_wan22
 from infra.gates.verify import VerifyReport, verify_out
-from infra.models.tiny import make_tiny_wan22
+from infra.plan import make_spec
 from tests.conftest import FRAMES, HEIGHT, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
 

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from flows.cli import app
 from infra.cache import ledger
 from infra.config import ADDED_LATER, CacheSpec, fingerprint_of
-from infra.gates.plan import make_plan
 from infra.models import load_family
+from infra.plan import make_plan
 from infra.preprocess import texts, videos
 from infra.preprocess.shard import process_shard
 from infra.preprocess.videos import encode_group
@@ -117,7 +117,7 @@ def test_a_failing_batch_is_encoded_one_clip_at_a_time(tiny_model) -> None:
 
 @pytest.mark.parametrize("family", ["ltx2", "image-kl", "image-dc"])
 def test_ltx2_and_image_batches_are_within_a_bf16_step_of_batch_one(tmp_path, ltx2_model, family) -> None:
-    from infra.models.tiny_image import make_tiny_image  # noqa: PLC0415
+    from infra.demo.tiny_image import make_tiny_image  # noqa: PLC0415
 
     if family == "ltx2":
         model, name, shape = ltx2_model, "ltx2", (1, 3, 9, 64, 64)

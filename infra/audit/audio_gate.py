@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from infra.audit import reports
+from infra import reports
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
 from infra.config import CacheSpec

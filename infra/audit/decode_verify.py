@@ -20,24 +20,23 @@ from typing import Any
 
 import torch
 
-from infra.audit import reports
+from infra import heap, reports
 from infra.audit.compare import compare
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
 from infra.cache.ledger import LedgerRow, window_of
-from infra.cache.storage import atomic_write
 from infra.config import CacheSpec
 from infra.devices import resolve_device, resolve_dtype
 from infra.errors import ConfigError
+from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, Format, get_format
 from infra.media.audio import trainer_audio
 from infra.models import LoadedFamily, load_family
 from infra.models.identity import component_identity
 from infra.models.memory import LoadOptions
-from infra.ops import heap
-from infra.ops.faults import fault_point
 from infra.preprocess.encode import prepare_video
 from infra.sources import Shard, Source, is_safe_name, open_source
+from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.audit import reports
+from infra import reports
 from infra.cache import ledger
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow, windows_by_clip
 from infra.formats import ShardFormat, get_format
 from infra.formats.shards import part_record, write_meta
-from infra.gates.plan import BuildPlan, ShardPlan
 from infra.models import get_family
+from infra.plan import BuildPlan, ShardPlan
 from infra.sources import Source, open_source
 
 logger = logging.getLogger(__name__)

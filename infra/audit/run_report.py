@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from infra.audit.reports import report_order, reports_dir, to_json_bytes, write_new
 from infra.errors import LatentforgeError
 from infra.gates.decision import Decision
-from infra.gates.plan import BuildPlan
+from infra.plan import BuildPlan
+from infra.reports import report_order, reports_dir, to_json_bytes, write_new
 
 logger = logging.getLogger(__name__)
 

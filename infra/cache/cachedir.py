@@ -18,8 +18,8 @@ import torch
 from pydantic import ValidationError
 
 from infra.cache.lock import LOCK_NAME
-from infra.cache.storage import atomic_write
 from infra.config import CacheSpec
+from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 

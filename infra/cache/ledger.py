@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from infra.cache.storage import atomic_write, disk_full, is_disk_full
 from infra.errors import LedgerError
-from infra.ops.faults import fault_point
+from infra.faults import fault_point
 from infra.sources.identity import SourceIdentity
+from infra.storage import atomic_write, disk_full, is_disk_full
 
 logger = logging.getLogger(__name__)
 

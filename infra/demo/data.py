@@ -21,9 +21,9 @@ from typing import NamedTuple
 
 import av
 
-from infra.cache.storage import atomic_file
 from infra.demo.testmedia import CLIPS, real_clip
 from infra.errors import ConfigError
+from infra.storage import atomic_file
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from filelock import FileLock
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import Version
 
-from infra.cache.storage import atomic_write
 from infra.errors import LatentforgeError
+from infra.storage import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from infra.cache.ledger import FileRecord
-from infra.cache.storage import Written, atomic_write
+from infra.storage import Written, atomic_write
 
 #: The output kind a family with audio adds (LTX-2): its tensor travels in ``EncodedSample.extras``.
 AUDIO_KIND = "audio_latents"

@@ -26,10 +26,10 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from infra.cache.ledger import FileRecord, LedgerRow, ledger_dir
-from infra.cache.storage import TEMP_SUFFIX, AtomicFile, Written, atomic_file, atomic_write, sha256_file
 from infra.errors import LatentforgeError
+from infra.faults import fault_point
 from infra.formats.base import EncodedSample, Format, Writer, WrittenSample
-from infra.ops.faults import fault_point
+from infra.storage import TEMP_SUFFIX, AtomicFile, Written, atomic_file, atomic_write, sha256_file
 
 logger = logging.getLogger(__name__)
 

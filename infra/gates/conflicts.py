@@ -12,10 +12,10 @@ from enum import StrEnum
 from pathlib import Path
 
 from infra.cache.cachedir import CACHE_JSON, read_cache_json
-from infra.cache.storage import atomic_write
 from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConflictError
 from infra.models import get_family, model_identity
+from infra.storage import atomic_write
 
 
 class ConflictChoice(StrEnum):

@@ -6,7 +6,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.audit.reports import human_bytes
+from infra.reports import human_bytes
 
 DISK_MARGIN_PERCENT = 5  # on top of the bytes still to write
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from infra.cache import ledger
 from infra.cache.ledger import LedgerRow
 from infra.errors import InputError
-from infra.gates.plan import BuildPlan
+from infra.plan import BuildPlan
 from infra.sources import SampleRef, ShardReadError, open_source
 from infra.sources.identity import SourceIdentity
 

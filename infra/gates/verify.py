@@ -24,9 +24,9 @@ from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import Format, get_format
 from infra.formats.base import kind_dtype
-from infra.gates.plan import BuildPlan
 from infra.gates.stale import StaleReport, find_stale
 from infra.models import get_family
+from infra.plan import BuildPlan
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Literal
 
 from tqdm import tqdm
 
-from infra.cache.storage import atomic_write
+from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 

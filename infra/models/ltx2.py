@@ -162,7 +162,7 @@ class Ltx2Encoder(LoadedFamily):
     @torch.inference_mode()
     def encode_texts(self, prompts: Sequence[str], settings: TextSettings) -> list[TextEmbedding]:
         """One Gemma (and connectors) call for every prompt, each left-padded to max_length on its own."""
-        from diffusers.pipelines.ltx2.connectors import per_layer_masked_mean_norm  # noqa: PLC0415
+        from diffusers.pipelines.ltx2.connectors import per_layer_masked_mean_norm  # noqa: PLC0415 - heavy: diffusers
 
         prompts = [prompt.strip() for prompt in prompts]
         tokens = self.tokenizer(
@@ -208,7 +208,7 @@ class Ltx2Encoder(LoadedFamily):
             )
             projected = self.connectors.text_proj_in(normed)
             return projected, projected
-        from diffusers.pipelines.ltx2.connectors import per_token_rms_norm  # noqa: PLC0415
+        from diffusers.pipelines.ltx2.connectors import per_token_rms_norm  # noqa: PLC0415 - heavy: diffusers
 
         flat = per_token_rms_norm(stacked).flatten(2, 3)
         flat = torch.where(mask.bool().unsqueeze(-1), flat, torch.zeros_like(flat))
@@ -218,7 +218,7 @@ class Ltx2Encoder(LoadedFamily):
 
     def _audio(self) -> Any:
         if self._audio_vae is None:
-            from diffusers import AutoencoderKLLTX2Audio  # noqa: PLC0415
+            from diffusers import AutoencoderKLLTX2Audio  # noqa: PLC0415 - heavy: diffusers, only when loading
 
             path = self.model_dir / "audio_vae"
             if not path.is_dir():

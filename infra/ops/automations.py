@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from infra.errors import ConfigError
 
 AUTOMATION_BLOCK_PLACEHOLDER = "${LATENTFORGE_NOTIFY_BLOCK_ID}"
@@ -21,8 +23,7 @@ def render_automations(text: str, block_document_id: str) -> str:
 def install_automations(api_url: str, block: str, path: Path) -> list[tuple[str, str]]:
     """Create the automations of `path` on the server, notifying through the block `TYPE-SLUG/NAME`
     (e.g. ``custom-webhook/latentforge-alerts``); an automation of the same name is replaced. [(name, id)]"""
-    import yaml  # noqa: PLC0415
-    from prefect.client.orchestration import get_client  # noqa: PLC0415
+    from prefect.client.orchestration import get_client  # noqa: PLC0415 - heavy: Prefect; `server status` stays light
     from prefect.events.schemas.automations import AutomationCore  # noqa: PLC0415
     from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: PLC0415
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import psutil
 
-from infra.cache.storage import atomic_write
 from infra.errors import ServerError
+from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 

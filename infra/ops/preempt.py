@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from infra.cache import lock, storage
+from infra import storage
+from infra.cache import lock
 from infra.errors import EXIT_PREEMPTED, Preempted
 from infra.ops import ephemeral
 

@@ -21,12 +21,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from prefect.client.orchestration import get_client
 from prefect.futures import PrefectFuture
+from prefect.settings import PREFECT_API_URL
+from prefect.states import Crashed
 from prefect.tasks import Task
 
 from infra.config import BuildConfig
 from infra.errors import ConfigError
-from infra.preprocess import progress
+from infra.ops import progress
 
 logger = logging.getLogger(__name__)
 
@@ -90,11 +93,9 @@ def worker_env(api_url: str | None) -> dict[str, str]:
 
 def _api_url() -> str | None:
     """The Prefect API the workers must report to: the configured one, else this process's ephemeral server."""
-    from prefect.settings import PREFECT_API_URL  # noqa: PLC0415
-
     if PREFECT_API_URL.value():
         return str(PREFECT_API_URL.value())
-    from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415
+    from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415 - heavy: Prefect's server app, Ray only
 
     server = SubprocessASGIServer()  # one per process: the flow's own, already started
     return server.api_url if server.running else None
@@ -160,7 +161,7 @@ def snapshot(run_key: str) -> dict[str, int]:
     """Counts so far of every task of the run, wherever it ran."""
     counts = progress.snapshot(run_key)
     if "ray" in sys.modules:
-        from infra.ops import ray_progress  # noqa: PLC0415
+        from infra.ops import ray_progress  # noqa: PLC0415 - optional: imports ray
 
         for name, value in ray_progress.counts(run_key, NAMESPACE).items():
             counts[name] = counts.get(name, 0) + value
@@ -179,9 +180,6 @@ def worker_lost(exc: BaseException) -> bool:
 def mark_lost(task_run_id: Any, error: BaseException) -> None:
     """Record a task run whose worker was lost as Crashed (else it would stay Running in the UI forever);
     best effort: the run goes on either way."""
-    from prefect.client.orchestration import get_client  # noqa: PLC0415
-    from prefect.states import Crashed  # noqa: PLC0415
-
     message = f"its Ray worker was lost ({type(error).__name__}); the flow submitted the task again"
     for attempt in range(MARK_LOST_ATTEMPTS):
         try:

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import psutil
 
-from infra.cache.storage import atomic_write
 from infra.errors import ServerError
+from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ def ensure_pool(api_url: str, pool: str) -> bool:
 
 def worker_online(api_url: str, pool: str, name: str) -> bool:
     """The worker has registered with the pool (its first heartbeat reached the server)."""
-    from prefect.client.orchestration import get_client  # noqa: PLC0415
+    from prefect.client.orchestration import get_client  # noqa: PLC0415 - keeps `status`/`stop` light
     from prefect.settings import PREFECT_API_URL, temporary_settings  # noqa: PLC0415
 
     with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:

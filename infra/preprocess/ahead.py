@@ -263,9 +263,9 @@ def _pid_alive(pid: int) -> bool:
 def _run_child(config: BuildConfig, spec: CacheSpec, directory: Path, parent: int) -> None:
     """Decode the first shard's samples into `directory` until done, or until the run ends."""
     _become_child(directory, parent)
-    from infra.gates.plan import plan_shards  # noqa: PLC0415 - imported already by the parent's plan
+    from infra.heap import trim  # noqa: PLC0415
     from infra.media.video import MediaLimits  # noqa: PLC0415
-    from infra.ops.heap import trim  # noqa: PLC0415
+    from infra.plan import plan_shards  # noqa: PLC0415 - imported already by the parent's plan
     from infra.preprocess.encode import prepare_pixels, read_sample  # noqa: PLC0415
     from infra.sources import open_source  # noqa: PLC0415
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from infra.cache import ledger
-from infra.gates.plan import ShardPlan
+from infra.plan import ShardPlan
 from infra.preprocess.result import ShardResult
 
 logger = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ import torch
 from infra.config import BuildConfig, CacheSpec
 from infra.devices import resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
+from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, EncodedSample, textpad
 from infra.formats.base import STORE_DTYPES
-from infra.gates.plan import BuildPlan
 from infra.media.buckets import Bucket, choose_bucket
 from infra.media.image import prepare_image
 from infra.media.prompts import decode_prompt
@@ -40,7 +40,7 @@ from infra.media.video import (
 from infra.models import LoadedFamily, get_family, load_family, memory
 from infra.models.base import TextEmbedding
 from infra.models.memory import LoadOptions
-from infra.ops.faults import fault_point
+from infra.plan import BuildPlan
 from infra.preprocess import ahead, prefetch, texts, videos
 from infra.sources import SampleRef
 

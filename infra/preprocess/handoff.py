@@ -1,6 +1,6 @@
 """The one-sample sanity's encoded sample, handed to the preprocess so the same sample is not encoded twice.
 
-The sanity (`infra.gates.sanity.run_sanity`) encodes the plan's first usable sample with the build's own
+The sanity (`infra.preprocess.sanity.run_sanity`) encodes the plan's first usable sample with the build's own
 `encode.encode_sample`, writes it beside OUT, reads it back and checks it. A build keeps that result here (one
 slot per OUT, this process only: two builds in one process, which the writer lock keeps on different OUTs, never
 see or clear each other's). When the shard loop reaches the same sample it takes it instead of decoding and encoding
@@ -23,7 +23,7 @@ from typing import Any
 
 from infra.errors import InputError
 from infra.formats import EncodedSample
-from infra.gates.plan import BuildPlan
+from infra.plan import BuildPlan
 from infra.preprocess.encode import read_sample
 from infra.sources import SampleRef
 from infra.sources.identity import SourceIdentity

@@ -10,9 +10,9 @@ import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 
-from infra.gates.plan import BuildPlan
 from infra.media.prompts import decode_prompt
 from infra.models import LoadedFamily, memory
+from infra.plan import BuildPlan
 from infra.preprocess import texts
 from infra.sources import SampleRef, ShardReadError
 

@@ -18,20 +18,20 @@ from typing import TYPE_CHECKING
 
 from infra.cache import ledger
 from infra.cache.ledger import WINDOWS_KEY, FileRecord, LedgerRow
-from infra.cache.storage import sha256_file
 from infra.errors import DiskFull, InputError, LatentforgeError, ModelLoadError
+from infra.faults import fault_point
 from infra.formats import EncodedSample, Format, PerSampleWriter, Writer, WrittenSample, get_format
 from infra.gates.disk import disk_full_message
-from infra.gates.plan import BuildPlan, ShardPlan, parse_only
 from infra.gates.stale import kept, refreshed, source_state
 from infra.models import LoadedFamily
 from infra.ops import preempt
-from infra.ops.faults import fault_point
+from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess import handoff, phases, prefetch
 from infra.preprocess.encode import encode_sample, load_encoder, prefetcher_for
 from infra.preprocess.result import ShardResult
 from infra.preprocess.windows import expand
 from infra.sources import SampleRef, ShardReadError, open_source
+from infra.storage import sha256_file
 
 if TYPE_CHECKING:
     from infra.preprocess.chunks import Chunk

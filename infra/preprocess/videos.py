@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from infra.gates.plan import BuildPlan
 from infra.models import LoadedFamily
+from infra.plan import BuildPlan
 from infra.preprocess import prefetch
 from infra.sources import SampleRef
 

@@ -12,9 +12,9 @@ import functools
 
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow
 from infra.errors import InputError
-from infra.gates.plan import BuildPlan
 from infra.media.temporal import choose_windows
 from infra.media.video import MediaLimits, probe_frames
+from infra.plan import BuildPlan
 from infra.sources import SampleRef
 
 

@@ -19,7 +19,6 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from infra.audit.reports import REPORTS_DIR, UNPUBLISHED_REPORTS, human_bytes
 from infra.audit.run_report import ReportError, RunReport, latest_run_report
 from infra.cache import ledger
 from infra.cache.cachedir import CACHE_JSON, read_cache_json
@@ -28,6 +27,7 @@ from infra.config import BuildConfig
 from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.publish.base import LocalFile, Target
+from infra.reports import REPORTS_DIR, UNPUBLISHED_REPORTS, human_bytes
 from infra.sources import SourceError
 
 logger = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ def _estimate(rows: list[LedgerRow], report: RunReport | None) -> str | None:
 
 def _source_samples(config: dict[str, Any]) -> tuple[int | None, str]:
     """Samples in the run's source and shard selection, without its caps (tar headers only); or None and why."""
-    from infra.gates.plan import plan_shards  # noqa: PLC0415 - plan pulls in the model registry
+    from infra.plan import plan_shards  # noqa: PLC0415 - plan pulls in the model registry
     from infra.sources import open_source  # noqa: PLC0415
 
     try:

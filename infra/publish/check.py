@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infra.audit.reports import Section, render_markdown, render_text
 from infra.publish.base import RemoteFile, same_content
 from infra.publish.diff import foreign
 from infra.publish.manifest import Manifest
+from infra.reports import Section, render_markdown, render_text
 
 
 @dataclass

@@ -120,7 +120,7 @@ class HubRemote(Remote):
         return dict(files)
 
     def read(self, path: str) -> bytes | None:
-        from huggingface_hub.errors import (  # noqa: PLC0415
+        from huggingface_hub.errors import (  # noqa: PLC0415 - optional: the `hub` extra
             RemoteEntryNotFoundError,
             RepositoryNotFoundError,
             RevisionNotFoundError,
@@ -153,7 +153,10 @@ class HubRemote(Remote):
 
     # -- internals -------------------------------------------------------------------------------------------
     def _head_commit(self) -> str | None:
-        from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError  # noqa: PLC0415
+        from huggingface_hub.errors import (  # noqa: PLC0415 - optional: the `hub` extra
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
 
         with self._errors("reading the branch head"):
             try:
@@ -163,7 +166,7 @@ class HubRemote(Remote):
         return info.sha
 
     def _tree(self, head: str) -> dict[str, RemoteFile]:
-        from huggingface_hub import RepoFile  # noqa: PLC0415
+        from huggingface_hub import RepoFile  # noqa: PLC0415 - optional: the `hub` extra
         from huggingface_hub.errors import RemoteEntryNotFoundError  # noqa: PLC0415
 
         found: dict[str, RemoteFile] = {}
@@ -212,7 +215,7 @@ class HubRemote(Remote):
                 raise RemoteConflict(f"{self._where(file.path)} changed on the remote after it was listed")
 
     def _commit(self, batch: Sequence[LocalFile], label: str) -> None:
-        from huggingface_hub import CommitOperationAdd  # noqa: PLC0415
+        from huggingface_hub import CommitOperationAdd  # noqa: PLC0415 - optional: the `hub` extra
 
         operations = [
             CommitOperationAdd(
@@ -251,7 +254,7 @@ class HubRemote(Remote):
     @contextmanager
     def _errors(self, doing: str, *, conflict: bool = False) -> Iterator[None]:
         """huggingface_hub and transport errors as PublishError (412/409 on a commit: RemoteConflict)."""
-        from huggingface_hub.errors import HfHubHTTPError, HTTPError  # noqa: PLC0415
+        from huggingface_hub.errors import HfHubHTTPError, HTTPError  # noqa: PLC0415 - optional: the `hub` extra
 
         try:
             yield

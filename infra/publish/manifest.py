@@ -16,16 +16,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.audit.reports import REPORTS_DIR, UNPUBLISHED_REPORTS
 from infra.audit.run_report import ReportError, latest_run_report
 from infra.cache import ledger
 from infra.cache.cachedir import CACHE_JSON, read_cache_json
-from infra.cache.storage import TEMP_SUFFIX, sha256_file
 from infra.config import UploadConfig
 from infra.formats import ShardFormat, get_format
 from infra.formats.shards import META_JSON, part_record
 from infra.publish.base import ROLE_ORDER, LocalFile, PublishError, Role, Target
 from infra.publish.card import card_file
+from infra.reports import REPORTS_DIR, UNPUBLISHED_REPORTS
+from infra.storage import TEMP_SUFFIX, sha256_file
 
 logger = logging.getLogger(__name__)
 

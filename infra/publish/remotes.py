@@ -1,5 +1,5 @@
-"""Open the store a Target names, by its kind (``s3``, ``hf``): a registry of factories, each importing its
-store's client library only when it is used (boto3, huggingface_hub are optional extras)."""
+"""Open the store a Target names, by its kind (``s3``, ``hf``): a registry of factories. Each store's module
+imports its client library only when it is used (boto3, huggingface_hub are optional extras)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from collections.abc import Callable
 
 from infra.config import UploadConfig
 from infra.publish.base import LocalFile, Remote, Target
+from infra.publish.hub import layout_warnings as hub_warnings
+from infra.publish.hub import make_hub_remote
+from infra.publish.s3 import make_s3_remote
 from infra.registry import Registry
 
 RemoteFactory = Callable[[Target, UploadConfig], Remote]
@@ -15,15 +18,11 @@ REMOTES: Registry[RemoteFactory] = Registry("remote kind")
 
 @REMOTES.register("s3")
 def _s3(target: Target, config: UploadConfig) -> Remote:
-    from infra.publish.s3 import make_s3_remote  # noqa: PLC0415 - boto3 is an optional extra
-
     return make_s3_remote(target, config)
 
 
 @REMOTES.register("hf")
 def _hub(target: Target, config: UploadConfig) -> Remote:
-    from infra.publish.hub import make_hub_remote  # noqa: PLC0415
-
     return make_hub_remote(target, config)
 
 
@@ -36,6 +35,4 @@ def layout_warnings(target: Target, files: list[LocalFile]) -> list[str]:
     """Where the store has layout guidance (the Hub: files per folder and per repo), what this layout breaks."""
     if target.kind != "hf":
         return []
-    from infra.publish.hub import layout_warnings as hub_warnings  # noqa: PLC0415
-
     return hub_warnings(files)

@@ -342,7 +342,11 @@ def _bare(etag: str) -> str:
 @contextmanager
 def _s3_errors(what: str) -> Iterator[None]:
     """botocore errors as PublishError naming what was being done (never the credentials)."""
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError  # noqa: PLC0415
+    from botocore.exceptions import (  # noqa: PLC0415 - optional: the `s3` extra
+        BotoCoreError,
+        ClientError,
+        NoCredentialsError,
+    )
 
     try:
         yield

@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.audit.reports import reports_dir, to_json_bytes, write_new
 from infra.config import UploadConfig
 from infra.errors import PublishError
 from infra.gates.decision import Decision, utc_now
@@ -18,6 +17,7 @@ from infra.publish.check import RemoteCheck
 from infra.publish.core import SendStats
 from infra.publish.diff import UploadPlan
 from infra.publish.manifest import Manifest, gate_problems
+from infra.reports import reports_dir, to_json_bytes, write_new
 
 UPLOAD_PREFIX = "upload"
 

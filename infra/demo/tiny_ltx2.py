@@ -30,7 +30,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from infra.cache.storage import staged_dir
+from infra.storage import staged_dir
 
 logger = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
 from tokenizers.models import Unigram
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, T5TokenizerFast, UMT5Config, UMT5EncoderModel
 
-from infra.cache.storage import staged_dir
-from infra.models.vae_fit.train import FitSettings, fit_vae
+from infra.demo.vae_fit.train import FitSettings, fit_vae
 from infra.models.wan_constants import WAN22_VAE_CONFIG
+from infra.storage import staged_dir
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def make_tiny_wan22(
 ) -> Path:
     """Write a tiny Wan2.2-TI2V-5B-Diffusers-layout pipeline (without transformer) into ``out_dir``.
 
-    ``fit_to`` (clips as pixels in [-1, 1], one geometry) fits the VAE to them (`infra.models.vae_fit`) so that
+    ``fit_to`` (clips as pixels in [-1, 1], one geometry) fits the VAE to them (`infra.demo.vae_fit`) so that
     it reconstructs them recognisably; otherwise its weights are the seed's random ones.
 
     ``tokenizer_dir`` (a local tokenizer folder, e.g. a real UMT5 one) replaces the built-in tokenizer; the

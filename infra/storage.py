@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from infra.errors import DiskFull
-from infra.ops.faults import fault_point
+from infra.faults import fault_point
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ import torch
 from diffusers import AutoencoderDC, AutoencoderKL
 from transformers import AutoTokenizer, CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-from infra.cache.storage import staged_dir
+from infra.demo.testmedia import real_clip_tokenizer_dir, real_t5_tokenizer_dir
+from infra.storage import staged_dir
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +88,6 @@ def _text_encoder(kind: TextKind, seed: int, vocab_size: int) -> CLIPTextModel |
 def _tokenizer_dir(kind: TextKind, tokenizer_dir: Path | None) -> Path:
     if tokenizer_dir is not None:
         return Path(tokenizer_dir)
-    from infra.demo.testmedia import real_clip_tokenizer_dir, real_t5_tokenizer_dir  # noqa: PLC0415 - fetches
-
     return real_clip_tokenizer_dir() if kind == "clip" else real_t5_tokenizer_dir()
 
 

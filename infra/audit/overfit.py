@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
+from infra.audit.decode_verify import choose_samples
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json, write_cache_json
 from infra.cache.ledger import FileRecord, LedgerRow, window_of
-from infra.cache.storage import staged_dir
 from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
@@ -32,6 +32,7 @@ from infra.media.mp4 import mp4_bytes
 from infra.media.prompts import decode_prompt
 from infra.preprocess.encode import prepare_video
 from infra.sources import SampleRef, open_source
+from infra.storage import staged_dir
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +103,6 @@ def export_overfit(
 
 
 def _choose(out: Path, ids: list[str] | None, n: int | None) -> list[LedgerRow]:
-    from infra.audit.decode_verify import choose_samples  # noqa: PLC0415 - the decode step's deterministic spread
-
     done = [r for rows in ledger.read_all(out).values() for r in rows.values() if r.status == "done"]
     if n is not None:
         chosen = choose_samples(done, n)

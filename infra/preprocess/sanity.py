@@ -22,20 +22,20 @@ from typing import Any, TypeVar
 import psutil
 import torch
 
-from infra.audit.reports import human_bytes
 from infra.cache.ledger import FileRecord
-from infra.cache.storage import Written, atomic_write
 from infra.devices import resolve_device
 from infra.errors import ConfigError, ConflictError, InputError
+from infra.faults import fault_point
 from infra.formats import EncodedSample, WrittenSample, get_format
 from infra.formats.base import kind_dtype
 from infra.formats.shards import SHARDS_DIR
-from infra.gates.plan import BuildPlan
 from infra.models import LoadedFamily, get_family
-from infra.ops.faults import fault_point
+from infra.plan import BuildPlan
 from infra.preprocess import handoff
 from infra.preprocess.encode import encode_sample, load_encoder
+from infra.reports import human_bytes
 from infra.sources import SampleRef, ShardReadError, open_source
+from infra.storage import Written, atomic_write
 
 logger = logging.getLogger(__name__)
 

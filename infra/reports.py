@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from infra.cache.storage import atomic_write
+from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 

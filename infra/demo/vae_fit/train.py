@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from diffusers import AutoencoderKLWan
 
-from infra.models.vae_fit.chunks import skip_branches
-from infra.models.vae_fit.linalg import Fitter
-from infra.models.vae_fit.linear_init import init_linear_path
+from infra.demo.vae_fit.chunks import skip_branches
+from infra.demo.vae_fit.linalg import Fitter
+from infra.demo.vae_fit.linear_init import init_linear_path
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from diffusers import AutoencoderKLWan
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualBlock
 
-from infra.models.vae_fit.chunks import (
+from infra.demo.vae_fit.chunks import (
     Capture,
     block2x2,
     cat,
@@ -32,7 +32,7 @@ from infra.models.vae_fit.chunks import (
     time_windows,
     zero_branches,
 )
-from infra.models.vae_fit.linalg import Fitter, rows
+from infra.demo.vae_fit.linalg import Fitter, rows
 
 
 @dataclass(frozen=True)
