@@ -70,7 +70,8 @@ def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:
     policy = config.on_conflict or default_policy()
     if policy == "ask":
         preview = report.markdown() + _choices_markdown(plan, token)
-        return decide("conflict", ConflictAnswer, ConflictChoice, preview, config.approval_timeout, **details)
+        timeout, unattended = config.approval_timeout, f"--on-conflict reuse|new_dir, or --approve-overwrite {token}"
+        return decide("conflict", ConflictAnswer, ConflictChoice, preview, timeout, unattended=unattended, **details)
     return Decision(gate="conflict", choice=policy, how="policy", by=f"on_conflict={policy}", details=details)
 
 
