@@ -22,7 +22,8 @@ class ConflictAborted(ConflictError):
 
 
 def default_policy() -> str:
-    """ask on a Prefect server (someone can answer from the UI or another process), else abort."""
+    """ask whenever there is an API (a terminal run always has one: the user's server, whose UI or another process
+    answers, or its embedded one, where `flows.approval.decide` asks the terminal or aborts), else abort."""
     return "ask" if get_current_settings().api.url else "abort"
 
 
