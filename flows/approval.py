@@ -1,22 +1,30 @@
-"""Hard-stop approvals: the flow run pauses until a person answers (Prefect UI, `latentforge approve`, API).
+"""Hard-stop approvals: a person decides, or nothing is overwritten or deleted.
 
-The decision field is required: a bare "Resume" without a choice is refused by the server, and a
-timeout is abort. Nothing is overwritten or deleted on a default, a timeout or a schedule.
+On a Prefect server of the user's (``PREFECT_API_URL``) the flow run pauses until a person answers (Prefect UI,
+`latentforge approve`, API); the decision field is required (a bare "Resume" without a choice is refused by the
+server), and a timeout is abort. On a terminal run's embedded server nobody else can reach the run, so it never
+pauses there: the person at the terminal is asked (stdin a TTY), else the run aborts at once, naming the flag
+that decides unattended. A stop signal while waiting ends the run at once (`infra.ops.preempt.waiting`).
 """
 
 from __future__ import annotations
 
+import getpass
+import sys
 from enum import StrEnum
 from typing import Any, TypeVar
 
+import click
 from prefect import get_run_logger
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
+from prefect.settings import get_current_settings
 
 from flows.alerting import alert_paused
 from infra.gates.conflicts import ConflictChoice
 from infra.gates.decision import Decision
+from infra.ops import ephemeral, preempt
 
 #: How often a paused run checks for an answer (seconds).
 POLL_SECONDS = 2
@@ -81,21 +89,36 @@ C = TypeVar("C", bound=StrEnum)
 
 
 def decide(
-    gate: str, answer_model: type[RunInput], choices: type[C], preview: str, timeout: int, **details: Any
+    gate: str,
+    answer_model: type[RunInput],
+    choices: type[C],
+    preview: str,
+    timeout: int,
+    *,
+    unattended: str,
+    **details: Any,
 ) -> Decision:
-    """Pause this flow run at `gate` until a person answers `answer_model` (its `choice` one of `choices`, each
-    of which has ``abort``): the recorded Decision (with `details`). An approval-needed alert goes out first;
-    a timeout is abort."""
+    """A person's answer at `gate` (its `choice` one of `choices`, each of which has ``abort``): the recorded
+    Decision (with `details`). On the user's Prefect server the run pauses for `answer_model` (an
+    approval-needed alert goes out first; a timeout is abort); on the embedded server the terminal is asked, or,
+    with no terminal, the answer is abort. `unattended` names the flags that answer the gate without a person."""
+    if ephemeral.is_embedded(get_current_settings().api.url):
+        return _at_terminal(gate, choices, preview, unattended, details)
     logger = get_run_logger()
-    logger.warning("waiting for a person (up to %d s): answer in the Prefect UI or `latentforge approve`", timeout)
+    logger.warning(
+        "waiting for a person (up to %d s): answer in the Prefect UI or `latentforge approve` (unattended: %s)",
+        timeout,
+        unattended,
+    )
     headline = next((line.lstrip("# ").strip() for line in preview.splitlines() if line.strip()), "")
     alert_paused(gate, headline)
     try:
-        answer = pause_flow_run(
-            wait_for_input=answer_model.with_initial_data(description=preview),
-            timeout=timeout,
-            poll_interval=POLL_SECONDS,
-        )
+        with preempt.waiting():
+            answer = pause_flow_run(
+                wait_for_input=answer_model.with_initial_data(description=preview),
+                timeout=timeout,
+                poll_interval=POLL_SECONDS,
+            )
     except FlowPauseTimeout:
         logger.error("no answer within %d s: treated as abort", timeout)
         return Decision(gate=gate, choice="abort", how="timeout", by=f"no answer within {timeout} s", details=details)
@@ -104,3 +127,18 @@ def decide(
     return Decision(
         gate=gate, choice=choice, how="person", by=by or "someone (no name given)", note=note, details=details
     )
+
+
+def _at_terminal(gate: str, choices: type[C], preview: str, unattended: str, details: dict[str, Any]) -> Decision:
+    """Ask the person at the terminal (the preview, then the choices); abort at once when stdin is no terminal."""
+    if not sys.stdin.isatty():
+        by = f"nobody to ask (no Prefect server, stdin not a terminal); unattended: {unattended}"
+        get_run_logger().error("%s: %s", gate, by)
+        return Decision(gate=gate, choice="abort", how="default", by=by, details=details)
+    names = [choice.value for choice in choices]
+    with preempt.waiting():
+        click.echo(f"\n{preview.rstrip()}\n", err=True)
+        choice = click.prompt(f"{gate}: your choice", type=click.Choice(names), err=True)
+        note = click.prompt("note (recorded; Enter for none)", default="", show_default=False, err=True)
+    by = f"{getpass.getuser()} (at the terminal)"
+    return Decision(gate=gate, choice=choice, how="person", by=by, note=note, details=details)

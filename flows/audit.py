@@ -101,7 +101,8 @@ def _loss_decision(plan: BuildPlan, recon: ReconcileReport) -> Decision:
     details = {"shortfall": recon.shortfall, "reasons": recon.reasons()}
     policy = plan.config.on_loss or default_policy()
     if policy == "ask":
-        return decide("loss", LossAnswer, LossChoice, recon.markdown(), plan.config.approval_timeout, **details)
+        timeout, unattended = plan.config.approval_timeout, "--on-loss accept"
+        return decide("loss", LossAnswer, LossChoice, recon.markdown(), timeout, unattended=unattended, **details)
     choice = LossChoice.accept_loss if policy == "accept" else LossChoice.abort
     return Decision(gate="loss", choice=choice.value, how="policy", by=f"on_loss={policy}", details=details)
 

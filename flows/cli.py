@@ -25,7 +25,6 @@ from flows.cli_server import app as server_app
 from infra.cache.lock import check_not_locked
 from infra.config import BuildConfig, load_config_file, merge_config, step_fields
 from infra.errors import ConfigError, SourceError
-from infra.ops import early, quick_exit
 from infra.recipes import RECIPES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="A verified, resumable latent cache.")
@@ -62,7 +61,6 @@ def _out_config(out: Path, config_file: Path | None, flags: dict[str, Any]) -> B
 def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     """Build or resume a latent cache (runs the build-cache flow)."""
     config = config_from(config_file, flags)
-    early.spawn()  # the embedded API starts beside the imports below (~10 s of CPU), not after them
     from infra.plan import make_spec  # noqa: PLC0415 - heavy: torch
 
     spec = make_spec(config)[1]
@@ -102,7 +100,6 @@ def sanity(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     """One real sample at the planned geometry (written beside OUT, never in it), checked and timed, and the
     disk check (runs the sanity-check flow). Exit 1 when either fails."""
     config = config_from(config_file, flags)
-    early.spawn()
     from flows.run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
     from flows.sanity import sanity_check  # noqa: PLC0415
 
@@ -342,15 +339,11 @@ def inspect(out: OutArg, as_json: JsonOpt = False) -> None:
 
 
 def main() -> None:
-    """Console entry point (it ends the process: `infra.ops.quick_exit`)."""
+    """Console entry point."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    try:
-        app()
-    except SystemExit as exc:
-        quick_exit.finish(exc.code)  # the exit handlers, then the status, without the interpreter's teardown
-        raise
+    app()
 
 
 if __name__ == "__main__":

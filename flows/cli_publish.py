@@ -14,7 +14,6 @@ import typer
 from flows.cli_options import cli_errors, config_command
 from infra.config import UploadConfig, load_config_file
 from infra.errors import ConfigError, RunFailed
-from infra.ops import early
 
 Opt = typer.Option
 
@@ -38,7 +37,6 @@ def upload(
     if not isinstance(section, dict):
         raise ConfigError(f"{config_file}: `upload` is a section of keys, not {section!r}")
     config = UploadConfig.model_validate({**section, **flags})
-    early.spawn()  # the embedded API starts beside the flow's imports
     from flows.run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
     from flows.upload import upload_cache  # noqa: PLC0415
 

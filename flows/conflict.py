@@ -22,7 +22,8 @@ class ConflictAborted(ConflictError):
 
 
 def default_policy() -> str:
-    """ask on a Prefect server (someone can answer from the UI or another process), else abort."""
+    """ask whenever there is an API (a terminal run always has one: the user's server, whose UI or another process
+    answers, or its embedded one, where `flows.approval.decide` asks the terminal or aborts), else abort."""
     return "ask" if get_current_settings().api.url else "abort"
 
 
@@ -70,7 +71,8 @@ def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:
     policy = config.on_conflict or default_policy()
     if policy == "ask":
         preview = report.markdown() + _choices_markdown(plan, token)
-        return decide("conflict", ConflictAnswer, ConflictChoice, preview, config.approval_timeout, **details)
+        timeout, unattended = config.approval_timeout, f"--on-conflict reuse|new_dir, or --approve-overwrite {token}"
+        return decide("conflict", ConflictAnswer, ConflictChoice, preview, timeout, unattended=unattended, **details)
     return Decision(gate="conflict", choice=policy, how="policy", by=f"on_conflict={policy}", details=details)
 
 

@@ -14,7 +14,7 @@ from prefect.settings import PREFECT_RUNNER_HEARTBEAT_FREQUENCY, temporary_setti
 from flows.build import build_cache
 from infra.config import BuildConfig
 from infra.errors import RunFailed
-from infra.ops import ephemeral, preempt, warmup
+from infra.ops import ephemeral, preempt
 from infra.ops.alerts import WEBHOOK_ENV
 
 logger = logging.getLogger(__name__)
@@ -24,22 +24,18 @@ def run_flow(flow: Flow, **parameters: Any) -> tuple[bool, Any]:
     """Run `flow` to its end: (True, result) or (False, the reason it failed).
 
     The runner heartbeat costs ~1 s per flow run and no environment variable turns it off, so it is
-    switched off here for terminal runs (a server-side automation covers crashed runs instead). Orphaned
-    ephemeral servers of killed runs are reaped first, and this run's own is started and recorded
-    (`infra.ops.ephemeral`), the run's first imports made meanwhile (`infra.ops.warmup`). A webhook URL in the
-    config moves to this process's environment: flow parameters are stored in Prefect's database in plain text,
-    and the URL may hold a token.
+    switched off here for terminal runs (a server-side automation covers crashed runs instead). The API is
+    ``PREFECT_API_URL`` when set, else the run's own embedded server, started before the flow and stopped after it
+    (`infra.ops.ephemeral.embedded_api`). A webhook URL in the config moves to this process's environment: flow
+    parameters are stored in Prefect's database in plain text, and the URL may hold a token.
 
     SIGTERM, Ctrl-C and SIGHUP stop the run cleanly within the config's ``grace_seconds`` (`infra.ops.preempt`):
     a preempted run raises Preempted here, whatever state the flow ended in.
     """
     config = next((v for v in parameters.values() if isinstance(v, BuildConfig)), None)
     grace = config.grace_seconds if config is not None else None
-    with preempt.handling(grace or BuildConfig.model_fields["grace_seconds"].default):
-        ephemeral.reap_orphans()
-        imports = warmup.modules_for(config) if config is not None else list(warmup.ENGINE_MODULES)
-        ephemeral.start_tracked(while_starting=warmup.importer(imports))  # the run's imports overlap the server's
-        preempt.finish()
+    with preempt.handling(grace or BuildConfig.model_fields["grace_seconds"].default), ephemeral.embedded_api():
+        preempt.finish()  # a stop asked for while the server started
         return _run(flow, parameters)
 
 

@@ -30,7 +30,8 @@ def resolve_stale(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, Dec
     details = {"count": len(selectors), "samples": selectors}
     policy = plan.config.on_stale or default_policy()
     if policy == "ask":
-        decision = decide("stale", StaleAnswer, StaleChoice, preview(report), plan.config.approval_timeout, **details)
+        timeout, unattended = plan.config.approval_timeout, "--on-stale replace|keep"
+        decision = decide("stale", StaleAnswer, StaleChoice, preview(report), timeout, unattended=unattended, **details)
     else:
         choice = POLICY_CHOICE[policy].value
         decision = Decision(gate="stale", choice=choice, how="policy", by=f"on_stale={policy}", details=details)

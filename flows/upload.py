@@ -97,7 +97,9 @@ def _replace_decision(plan: UploadPlan, config: UploadConfig, timeout: int) -> D
         return decision
     create_markdown_artifact(plan.conflicts_markdown(), key="remote-conflict", description=plan.target.url)
     details = {"target": plan.target.url, "conflicts": [ours.path for ours, _ in plan.conflicts]}
-    return decide("upload-replace", ReplaceAnswer, ReplaceChoice, plan.conflicts_markdown(), timeout, **details)
+    unattended = f"--approve-replace {plan.token}"
+    preview = plan.conflicts_markdown()
+    return decide("upload-replace", ReplaceAnswer, ReplaceChoice, preview, timeout, unattended=unattended, **details)
 
 
 def _progress(plan: UploadPlan) -> OnSent:

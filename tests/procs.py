@@ -96,9 +96,9 @@ def prefect_home(home: Path) -> Path:
 
 def cli_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment of a `python -m flows.cli` subprocess of this checkout: its own Prefect home (the embedded
-    API on a migrated database, no server URL inherited), and `extra`. Prefect's own ephemeral start-up timeout
-    is set to 1 s, shorter than any real start: these builds start only because latentforge waits at least
-    `MIN_STARTUP_TIMEOUT` (the floor a loaded machine needs, which these tests therefore keep)."""
+    server on a migrated database, no server URL inherited), and `extra`. The start-up timeout is set to 1 s,
+    shorter than any real start: these builds start only because latentforge waits at least `MIN_STARTUP_TIMEOUT`
+    (the floor a loaded machine needs, which these tests therefore keep)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_API_KEY")}
     root = Path(__file__).resolve().parents[1]
     env.update(PYTHONPATH=str(root), PREFECT_HOME=str(prefect_home(home)))

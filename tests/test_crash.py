@@ -187,7 +187,7 @@ def _kill_mid_run(cmd: list[str], env: dict[str, str], out: Path, logs: Path) ->
                 time.sleep(0.02)
         finally:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # the CLI and the Prefect server it started
+                os.killpg(proc.pid, signal.SIGKILL)  # the CLI (its embedded server ends by its parent-death signal)
             proc.wait(timeout=60)
     survivors = _wait_group_gone(proc.pid)
     assert not survivors, f"processes of the killed run survive: {survivors}"

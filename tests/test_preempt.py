@@ -163,7 +163,7 @@ def test_sigterm_seals_what_is_done_exits_75_in_the_grace_and_the_same_command_r
     try:
         server_pid = _until(lambda: _server_of(home, build), build, "a recorded ephemeral server")
         _until(lambda: _journalled(out), build, "a journalled sample")
-        assert _server_of(home, build) == server_pid  # the run uses the server spawned at its start (infra.ops.early)
+        assert _server_of(home, build) == server_pid  # one embedded server for the whole run
         build.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         time.sleep(1)  # the handler has run: the shard loop, let go, stops at its next sample
@@ -178,7 +178,7 @@ def test_sigterm_seals_what_is_done_exits_75_in_the_grace_and_the_same_command_r
     assert returncode == EXIT_PREEMPTED, stderr[-3000:]
     assert stopped_in < GRACE_S, f"took {stopped_in:.1f} s, grace {GRACE_S} s"
     assert "grace period" not in stderr  # the graceful path, not the watchdog
-    # its API was the spawn, as a running server's client: not Prefect's own start, and no link to a UI it lacks
+    # its API was its own embedded server, not Prefect's own start, and no link to a UI it lacks
     assert "Starting temporary server" not in stderr and "View at" not in stderr
     done = _assert_stopped_cleanly(out, stderr, server_pid, build.pid)
     assert len(done) < SAMPLES, "the build finished before the signal: nothing was interrupted"

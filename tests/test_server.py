@@ -17,6 +17,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from typer.testing import CliRunner
 
 from flows.cli import app
+from infra import procs
 from infra.ops import server
 
 LF = [sys.executable, "-m", "flows.cli"]  # this checkout's code (the console script may be another's)
@@ -116,7 +117,7 @@ def test_a_reused_pid_is_neither_running_nor_signalled():
         recorded = server.Proc(pid=other.pid, create_time=1.0, log="")
         assert not server.is_running(recorded)
         assert not server.stop_group(recorded, timeout=1) and other.poll() is None
-        ours = server.Proc(pid=other.pid, create_time=server.create_time(other.pid), log="")
+        ours = server.Proc(pid=other.pid, create_time=procs.create_time(other.pid), log="")
         assert server.is_running(ours)
         assert not server.stop_group(ours, timeout=5)  # True only when SIGKILL was needed
         assert other.wait(timeout=5) == -signal.SIGTERM

@@ -28,6 +28,7 @@ from typing import Any
 
 import psutil
 
+from infra import procs
 from infra.errors import ConflictError
 
 logger = logging.getLogger(__name__)
@@ -58,22 +59,14 @@ class LockOwner:
     @classmethod
     def me(cls) -> LockOwner:
         pid = os.getpid()
-        return cls(pid, socket.gethostname(), psutil.Process(pid).create_time(), _now())
+        return cls(pid, socket.gethostname(), procs.create_time(pid), _now())
 
     def text(self) -> str:
         return f"pid {self.pid} on {self.host} (since {self.since})"
 
     def alive_here(self) -> bool:
         """This owner is a running process of this host (same pid, same start time, not a zombie)."""
-        if self.host != socket.gethostname():
-            return False
-        try:
-            process = psutil.Process(self.pid)
-            if process.status() == psutil.STATUS_ZOMBIE:
-                return False
-            return self.create_time is None or abs(process.create_time() - self.create_time) < 0.01
-        except psutil.Error:
-            return False
+        return self.host == socket.gethostname() and procs.same_process(self.pid, self.create_time) is not None
 
 
 def _now() -> str:

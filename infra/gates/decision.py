@@ -2,8 +2,9 @@
 
 Every gate that stops a run for a person records one (conflict, loss, upload replace): in the run report, the
 upload report, the artifacts and the card. ``how`` says where the answer came from: a person (the Prefect form,
-`latentforge approve`), a token bound to the change (``--approve-overwrite``/``--approve-replace``), a standing
-policy (``--on-conflict new_dir``, ``--on-loss accept``), or a timeout (always abort).
+`latentforge approve`, the terminal's prompt), a token bound to the change (``--approve-overwrite``/
+``--approve-replace``), a standing policy (``--on-conflict new_dir``, ``--on-loss accept``), a timeout, or nobody to
+ask (a terminal run without a terminal: the default); the last two are always abort.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-How = Literal["person", "token", "policy", "timeout"]
+How = Literal["person", "token", "policy", "timeout", "default"]
 
 
 def utc_now() -> str:

@@ -190,10 +190,6 @@ class FamilySpec(ABC):
         whose parts are optional (the image family's text encoder) looks at the directory."""
         return self.components_for(audio)
 
-    #: ``module`` or ``module:attribute`` names `load` imports (the heavy libraries): imported while the Prefect
-    #: server starts (`infra.ops.warmup`), so the first load does not wait for them after it.
-    load_imports: tuple[str, ...] = ()
-
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         declared = ("name", "components", "latent_norm")

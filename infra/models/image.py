@@ -61,7 +61,6 @@ class ImageSpec(FamilySpec):
     media = "image"
     components = ("vae", "text_encoder", "tokenizer")
     latent_norm = "AutoencoderKL: (posterior.mode - shift_factor) * scaling_factor; AutoencoderDC: z * scaling_factor"
-    load_imports = ("diffusers:AutoencoderKL", "transformers:AutoTokenizer")
     store_dtypes: ClassVar[tuple[str, ...]] = ("bf16", "fp16")
     resize_policies: ClassVar[tuple[str, ...]] = ("cover-crop",)
     defaults: ClassVar[dict[str, Any]] = {

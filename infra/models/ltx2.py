@@ -48,12 +48,6 @@ class Ltx2Spec(FamilySpec):
     name = "ltx2"
     components = ("vae", "text_encoder", "tokenizer", "connectors")
     latent_norm = "(posterior.mean - latents_mean) * scaling_factor / latents_std, fp32"
-    load_imports = (
-        "diffusers:AutoencoderKLLTX2Video",
-        "diffusers.pipelines.ltx2:LTX2TextConnectors",
-        "transformers:AutoTokenizer",
-        "transformers:Gemma3ForConditionalGeneration",
-    )
     defaults: ClassVar[dict[str, Any]] = {
         "temporal": "head",
         "resize": "cover-crop",

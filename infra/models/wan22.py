@@ -25,7 +25,6 @@ class Wan22Spec(FamilySpec):
     name = "wan22"
     components = ("vae", "text_encoder", "tokenizer")
     latent_norm = "(posterior.mode - latents_mean) / latents_std, fp32"
-    load_imports = ("diffusers:AutoencoderKLWan", "transformers:UMT5EncoderModel", "transformers:AutoTokenizer")
 
     def matches(self, model_dir: Path, index: dict[str, Any]) -> bool:
         vae = index.get("vae") or [None, None]

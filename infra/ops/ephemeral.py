@@ -1,57 +1,69 @@
-"""The ephemeral Prefect server of a terminal run: recorded by PID, reaped when the run that started it is gone.
+"""The embedded Prefect server of a terminal run: latentforge's own child, recorded, reaped, ended with the run.
 
-With no ``PREFECT_API_URL``, Prefect 3.9 starts its API as a child process (``SubprocessASGIServer``:
-``python -m uvicorn ... prefect.server.api.server:create_app`` on 127.0.0.1, a random port in 8000-8999) the
-first time a client needs it, and stops it from an ``atexit`` hook. A process killed by SIGKILL or the OOM
-killer runs no hook: the child lives on, holding its port, ~300 MB and the SQLite database of the Prefect
-home. Prefect offers no parent-death signal for it (its ``Popen`` is not ours to change), so latentforge
-starts that server itself before the flow (spawned at the command's start, `infra.ops.early`, and made the
-process's API; else Prefect's own start, in the main thread, whose instance Prefect then reuses), and records
-it in ``PREFECT_HOME/latentforge-ephemeral/<server pid>.json`` with its owner: pid and kernel start time of
-both, so a reused pid is never taken for ours. The next terminal run with the same Prefect home
-reaps every recorded server whose owner is gone (SIGTERM, then SIGKILL) before it starts its own.
+With ``PREFECT_API_URL`` set, a terminal run uses that API and starts nothing. Otherwise `embedded_api` starts the
+server `latentforge server start` runs (``prefect server start``, `infra.ops.server`; here without its UI and
+worker) on a free loopback port as the run's child: in a session of its own (a Ctrl-C at the terminal reaches only
+the run, which then stops the server itself), sent SIGTERM by the kernel when the run ends however it ends (Linux:
+a parent-death signal), and recorded in ``PREFECT_HOME/latentforge-ephemeral/<server pid>.json`` with its owner
+(pid and kernel start time of both, so a reused pid is never taken for ours). The run's flows reach it through
+Prefect's public ``temporary_settings``; the server is stopped when the run ends (SIGTERM, wait, SIGKILL). Where
+no parent-death signal exists (macOS), a run killed by SIGKILL leaves its server running: the next terminal run
+with the same Prefect home reaps every recorded server whose owner is gone.
+
+Why not Prefect's own ephemeral mode (``SubprocessASGIServer``): it starts its server from whichever thread first
+needs the API, with a ``Popen`` latentforge cannot give a session or a parent-death signal without patching
+Prefect, so its server outlives a killed run until a reaper comes. Measured here (2 cores), ``prefect server start``
+answers after ~8 s on a used Prefect home (~17 s on a new one: the migrations), as Prefect's own start does
+(5-8 s, 10-15 s): nothing is lost by owning the server.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
 import os
-import signal
 import socket
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import psutil
+from prefect.events.worker import EventsWorker
+from prefect.logging.handlers import APILogWorker
+from prefect.settings import (
+    PREFECT_API_URL,
+    PREFECT_HOME,
+    PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+    PREFECT_UI_URL,
+    temporary_settings,
+)
 
+from infra import procs
 from infra.errors import ServerError
+from infra.ops import server
 from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 
 RECORD_DIR = "latentforge-ephemeral"
-#: What Prefect's ephemeral server runs (its command line must hold this before it is signalled).
-SERVER_APP = "prefect.server.api.server:create_app"
-#: The least time the embedded server gets to answer its health check (Prefect's own default, 20 s, is not enough
-#: on a loaded machine: there a first start has taken over 40 s). A longer
-#: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS wins.
+HOST = "127.0.0.1"
+#: What a recorded server's command line holds: ours (``prefect server start``), or the uvicorn app of the
+#: servers recorded by latentforge before 0.3 (Prefect's own ephemeral start); a process without it is not signalled.
+SERVER_MARKS = (" server start ", "prefect.server.api.server:create_app")
+#: The least time the embedded server gets to answer its health check (a first start on a loaded machine has taken
+#: over 40 s). A longer PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS wins.
 MIN_STARTUP_TIMEOUT = 120
-
-#: This process's own tracked server and its record file (set by `start_tracked`).
-_own: tuple[ServerRecord, Path] | None = None
+#: Seconds the server gets to stop after SIGTERM at the run's end before SIGKILL.
+STOP_TIMEOUT = 10.0
+#: Seconds Prefect's log and event workers get to send what they hold before the server stops.
+DRAIN_TIMEOUT = 10.0
 
 
 @dataclass
 class ServerRecord:
-    """One ephemeral server and the run that started it."""
+    """One embedded server and the run that started it."""
 
     server_pid: int
     server_create_time: float
@@ -64,22 +76,7 @@ class ServerRecord:
 
 def records_dir(home: Path | None = None) -> Path:
     """``PREFECT_HOME/latentforge-ephemeral`` (Prefect's resolved home unless given)."""
-    if home is None:
-        from prefect.settings import PREFECT_HOME  # noqa: PLC0415 - keep this module light for tests
-
-        home = Path(PREFECT_HOME.value())
-    return Path(home).expanduser() / RECORD_DIR
-
-
-def _matches(pid: int, create_time: float) -> psutil.Process | None:
-    """The process `pid` when it still is the one recorded: alive, not a zombie, the same start time."""
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE or abs(process.create_time() - create_time) > 0.01:
-            return None
-        return process
-    except psutil.Error:
-        return None
+    return Path(home or PREFECT_HOME.value()).expanduser() / RECORD_DIR
 
 
 def read_records(home: Path | None = None) -> list[tuple[Path, ServerRecord | None]]:
@@ -94,169 +91,46 @@ def read_records(home: Path | None = None) -> list[tuple[Path, ServerRecord | No
     return found
 
 
-def _stop(process: psutil.Process, timeout: float) -> None:
-    process.send_signal(signal.SIGTERM)
+def _server_of(record: ServerRecord) -> psutil.Process | None:
+    """The recorded server when it still runs: the same process, running a Prefect server."""
+    process = procs.same_process(record.server_pid, record.server_create_time)
     try:
-        process.wait(timeout=timeout)
-    except psutil.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
+        command = f" {' '.join(process.cmdline())} " if process is not None else ""
+    except psutil.Error:
+        return None
+    return process if any(mark in command for mark in SERVER_MARKS) else None
 
 
-def reap_orphans(home: Path | None = None, timeout: float = 10.0) -> list[ServerRecord]:
-    """Stop every recorded ephemeral server of this host whose owner is gone; returns those stopped.
+def _forget(path: Path, record: ServerRecord) -> None:
+    path.unlink(missing_ok=True)
+    path.with_name(f"server-{record.port}.log").unlink(missing_ok=True)
+
+
+def reap_orphans(home: Path | None = None, timeout: float = STOP_TIMEOUT) -> list[ServerRecord]:
+    """Stop every recorded embedded server of this host whose owner is gone; returns those stopped.
 
     A record whose server is gone already is removed; one of a live owner, or of another host, is left alone;
     an unreadable one is reported and left."""
     reaped = []
     for path, record in read_records(home):
         if record is None:
-            logger.warning("unreadable ephemeral-server record %s: left as it is", path)
+            logger.warning("unreadable embedded-server record %s: left as it is", path)
             continue
-        if record.host != socket.gethostname() or _matches(record.owner_pid, record.owner_create_time):
+        if record.host != socket.gethostname() or procs.same_process(record.owner_pid, record.owner_create_time):
             continue
-        server = _matches(record.server_pid, record.server_create_time)
-        with contextlib.suppress(psutil.Error):
-            if server is not None and SERVER_APP in " ".join(server.cmdline()):
-                logger.warning(
-                    "stopping an orphaned ephemeral Prefect server (pid %d, port %s) left by run pid %d, which is "
-                    "gone (killed?)",
-                    record.server_pid,
-                    record.port,
-                    record.owner_pid,
-                )
-                _stop(server, timeout)
-                reaped.append(record)
-        path.unlink(missing_ok=True)
+        process = _server_of(record)
+        if process is not None:
+            logger.warning(
+                "stopping an orphaned ephemeral Prefect server (pid %d, port %s) left by run pid %d, which is "
+                "gone (killed?)",
+                record.server_pid,
+                record.port,
+                record.owner_pid,
+            )
+            procs.stop(process, timeout)
+            reaped.append(record)
+        _forget(path, record)
     return reaped
-
-
-def start_tracked(home: Path | None = None, while_starting: Callable[[], None] | None = None) -> ServerRecord | None:
-    """Make this process's ephemeral server answer before the flow, and record it; None when an API URL is set
-    (or the ephemeral server is switched off). A server spawned at the command's start (`infra.ops.early`) is taken over
-    when the settings are the spawn's (`_serve_early`); otherwise Prefect's own `SubprocessASGIServer` starts one.
-
-    `while_starting` runs on a thread of its own from the moment the server's process is spawned (or taken over)
-    until the server answers (its imports and database set-up take seconds of CPU of their own), so the run's own
-    start-up work overlaps them instead of waiting behind them. It must not touch Prefect's API; it is joined
-    before this returns, so nothing runs beside the flow. Nothing runs it when there is no server to wait for."""
-    from prefect.settings import (  # noqa: PLC0415
-        PREFECT_API_URL,
-        PREFECT_HOME,
-        PREFECT_SERVER_EPHEMERAL_ENABLED,
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-    )
-
-    from infra.ops import early  # noqa: PLC0415
-
-    api_url, enabled = PREFECT_API_URL.value(), PREFECT_SERVER_EPHEMERAL_ENABLED.value()
-    spawned = early.take(Path(home or PREFECT_HOME.value()), api_url, bool(enabled))
-    if api_url or not enabled:
-        return None  # a real server, or none at all: Prefect's own error then says so
-    timeout = max(MIN_STARTUP_TIMEOUT, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
-    beside = _Beside(while_starting)
-    if spawned is not None:
-        record = _serve_early(spawned, timeout, beside)
-        if record is not None:
-            return record
-    return _start_prefects(home, timeout, beside)
-
-
-def _serve_early(spawned: Any, timeout: float, beside: _Beside) -> ServerRecord | None:
-    """Wait for the early-spawned server to answer, then point every Prefect client of this process at it for the
-    rest of the process (``PREFECT_API_URL``, process-wide; the UI URL blank: the embedded server has no UI), and
-    stop it at exit. None when it exited first (uvicorn exits 3 when its port was taken during its start-up): it is
-    discarded, and Prefect's own start follows, with its own retry on another port.
-
-    Prefect's `SubprocessASGIServer` would wait for it too, but importing its module (``prefect.server.api.server``,
-    the whole API app) costs ~3 s of the run's CPU, on the run's critical path; a client of a running server never
-    imports it. Not taken when this thread is inside a settings context of its own (a caller's
-    ``temporary_settings``: it would hide the process-wide URL), or when this process runs Prefect's ephemeral
-    server already (its clients use that one)."""
-    import prefect.context  # noqa: PLC0415
-
-    from infra.ops import early  # noqa: PLC0415
-
-    own_context = prefect.context.SettingsContext.get() is not prefect.context.GLOBAL_SETTINGS_CONTEXT
-    if own_context or _prefect_server_running():
-        early.discard(spawned, wait_s=1.0)
-        return None
-    url = f"http://127.0.0.1:{spawned.record.port}/api"
-    beside.start()  # its process exists already
-    try:
-        answered = _answers(spawned.process, url, timeout)
-    except ServerError:
-        early.discard(spawned, wait_s=1.0)
-        raise
-    finally:
-        beside.join()
-    if not answered:
-        early.discard(spawned, wait_s=1.0)
-        return None
-    _point_at(url)
-    atexit.register(early.discard, spawned, wait_s=5.0)  # after Prefect's services drain (atexit is LIFO)
-    global _own
-    _own = (spawned.record, spawned.path)
-    return spawned.record
-
-
-def _prefect_server_running() -> bool:
-    module = sys.modules.get("prefect.server.api.server")  # never imported for it: it is the cost avoided
-    return module is not None and bool(module.SubprocessASGIServer().running)
-
-
-def _answers(process: Any, url: str, timeout: float) -> bool:
-    """Whether the server `process` answers ``url/health`` (`infra.ops.server.healthy`) before it exits;
-    ServerError after `timeout`."""
-    from infra.ops.server import healthy  # noqa: PLC0415
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            return False
-        if healthy(url):
-            return True
-        time.sleep(0.1)
-    raise ServerError(_TIMEOUT.format(timeout=timeout, why="no answer to its health check"))
-
-
-def _point_at(api_url: str) -> None:
-    """Prefect's process-wide settings (those of every thread without a context of its own) with `api_url`."""
-    import prefect.context  # noqa: PLC0415
-    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL  # noqa: PLC0415
-
-    current = prefect.context.GLOBAL_SETTINGS_CONTEXT
-    settings = current.settings.copy_with_update(updates={PREFECT_API_URL: api_url, PREFECT_UI_URL: ""})
-    pointed = prefect.context.SettingsContext(profile=current.profile, settings=settings)
-    prefect.context.GLOBAL_SETTINGS_CONTEXT = pointed
-
-
-_TIMEOUT = (
-    "the embedded Prefect API did not answer within {timeout} s ({why}): on a loaded machine raise "
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or run a server (`latentforge server start`) and point "
-    "PREFECT_API_URL at it"
-)
-
-
-def _start_prefects(home: Path | None, timeout: float, beside: _Beside) -> ServerRecord | None:
-    """Prefect's own ephemeral start (`SubprocessASGIServer`, the one instance its clients use), recorded."""
-    from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415
-
-    server = SubprocessASGIServer()  # Prefect keeps one per process: its clients get this one
-    try:
-        with _own_session(on_spawn=beside.start):
-            server.start(timeout=int(timeout))
-    except RuntimeError as exc:
-        raise ServerError(_TIMEOUT.format(timeout=timeout, why=str(exc).splitlines()[0])) from exc
-    finally:
-        beside.join()
-    if server.server_process is None:
-        return None
-    record, path = record_server(server.server_process.pid, server.port, home)
-    atexit.register(path.unlink, missing_ok=True)  # runs before Prefect's own stop (atexit is LIFO)
-    global _own
-    _own = (record, path)
-    return record
 
 
 def record_server(pid: int, port: int | None, home: Path | None = None) -> tuple[ServerRecord, Path]:
@@ -276,58 +150,88 @@ def record_server(pid: int, port: int | None, home: Path | None = None) -> tuple
     return record, path
 
 
-class _Beside:
-    """`work` on a thread started once (at the server's spawn), joined when the server answers or fails."""
+def api_url(port: int) -> str:
+    """The API URL of the embedded server on `port`."""
+    return f"http://{HOST}:{port}/api"
 
-    def __init__(self, work: Callable[[], None] | None) -> None:
-        self._work, self._thread = work, None
 
-    def start(self) -> None:
-        if self._work is not None and self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="lf-start-up", daemon=True)
-            self._thread.start()
-
-    def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
+def _free_port() -> int:
+    """A loopback port nothing listens on now (the kernel's pick)."""
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
 
 
 @contextlib.contextmanager
-def _own_session(on_spawn: Callable[[], None] = lambda: None) -> Iterator[None]:
-    """Start the server in a session of its own: a Ctrl-C at the terminal (SIGINT to the whole foreground process
-    group) then reaches only latentforge, which finishes its sample and stops the server itself, instead of the
-    server dying under the run's feet. Prefect's Popen is not ours, so its `subprocess.Popen` is wrapped for the
-    moment of the start (see `flows.run.run_flow`): only the main thread's spawns (the server's) get the session,
-    and `on_spawn` is called after each (the start-up thread starts once the server's process exists)."""
-    from prefect.server.api import server as prefect_server  # noqa: PLC0415
-
-    original = prefect_server.subprocess.Popen
-
-    def popen(*args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            return original(*args, **kwargs)
-        process = original(*args, **{**kwargs, "start_new_session": True})
-        on_spawn()
-        return process
-
-    prefect_server.subprocess.Popen = popen  # type: ignore[misc]
+def embedded_api(home: Path | None = None) -> Iterator[str | None]:
+    """The block's Prefect API: ``PREFECT_API_URL`` when set (yields None, starts nothing); otherwise the embedded
+    server, started (orphans of killed runs in the same home reaped first), waited for, recorded, made the API of
+    the block's Prefect clients (yields its URL), and stopped with its record when the block ends. The UI URL is
+    blank for the block: the embedded server has no UI to link to."""
+    if PREFECT_API_URL.value():
+        yield None
+        return
+    home = Path(home or PREFECT_HOME.value()).expanduser()
+    reap_orphans(home)
+    records_dir(home).mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    url, log = api_url(port), records_dir(home) / f"server-{port}.log"
+    args = server.server_command(HOST, port, ui=False)
+    proc = server.spawn(args, server.server_env(home, url), log, Path.cwd(), tied=True)
+    record, path = record_server(proc.pid, port, home)
     try:
-        yield
+        _wait(proc, url)
+        logger.info("embedded Prefect API at %s (pid %d), ended with this run", url, proc.pid)
+        with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_UI_URL: ""}):
+            try:
+                yield url
+            finally:
+                _drain()
     finally:
-        prefect_server.subprocess.Popen = original  # type: ignore[misc]
+        process = _server_of(record)
+        if process is not None:
+            procs.stop(process, STOP_TIMEOUT)
+        _forget(path, record)
 
 
-def stop_own(timeout: float = 1.0) -> ServerRecord | None:
-    """Stop this process's tracked server now (SIGTERM, SIGKILL after `timeout`) and drop its record: for an
-    immediate exit, where Prefect's atexit stop will not run. None when there is none (or it is gone)."""
-    global _own
-    if _own is None:
-        return None
-    record, path = _own
-    _own = None
-    server = _matches(record.server_pid, record.server_create_time)
-    if server is not None:
-        with contextlib.suppress(psutil.Error):
-            _stop(server, timeout)
-    path.unlink(missing_ok=True)
-    return record
+def _wait(proc: server.Proc, url: str) -> None:
+    """Until the server answers; ServerError (with its log's tail) when it exits first or takes too long."""
+    timeout = max(MIN_STARTUP_TIMEOUT, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+    try:
+        server.wait_until(lambda: server.healthy(url), proc, f"the embedded Prefect API at {url}", timeout)
+    except ServerError as exc:
+        raise ServerError(
+            f"{exc}\n(on a loaded machine raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or run a server "
+            "with `latentforge server start` and point PREFECT_API_URL at it)"
+        ) from exc
+
+
+def _drain() -> None:
+    """Let Prefect's log and event workers send what they hold while the server still answers (as Prefect's own
+    test harness does before it stops its server): otherwise they fail against a stopped server at exit."""
+    APILogWorker.drain_all(timeout=DRAIN_TIMEOUT)
+    EventsWorker.drain_all(timeout=DRAIN_TIMEOUT)
+
+
+def is_embedded(url: str | None, home: Path | None = None) -> bool:
+    """Whether `url` is the API of the embedded server this process started: only this process can answer a
+    question asked there (no UI, and no other process knows the server)."""
+    if not url:
+        return False
+    me = os.getpid()
+    return any(r is not None and r.owner_pid == me and api_url(r.port or 0) == url for _, r in read_records(home))
+
+
+def stop_own(timeout: float = 1.0, home: Path | None = None) -> list[ServerRecord]:
+    """Stop this process's embedded servers now (SIGTERM, SIGKILL after `timeout`) and drop their records: for an
+    immediate exit, where `embedded_api`'s own stop will not run. Returns those stopped."""
+    me, stopped = os.getpid(), []
+    for path, record in read_records(home):
+        if record is None or record.owner_pid != me:
+            continue
+        process = _server_of(record)
+        if process is not None:
+            procs.stop(process, timeout)
+            stopped.append(record)
+        _forget(path, record)
+    return stopped

@@ -35,7 +35,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 HARD_EXIT_RESERVE = 2.0
 RESUME = "to resume, run the same command again"
 
-_state: dict[str, Any] = {"signal": None, "at": None, "grace": None, "announced": False, "installed": False}
+_state: dict[str, Any] = {
+    "signal": None, "at": None, "grace": None, "announced": False, "installed": False, "waiting": 0,
+}  # fmt: skip
 _stop = threading.Event()
 _cleanups: dict[int, Callable[[], None]] = {}
 _cleanups_lock = threading.Lock()
@@ -84,12 +86,25 @@ def cleanup(action: Callable[[], None]) -> Iterator[None]:
             _cleanups.pop(key, None)
 
 
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """While the block runs the run waits for a person (a pause, a prompt) with nothing in flight: a stop signal
+    then ends it at once (`hard_exit`), not after the grace period."""
+    _state["waiting"] += 1
+    try:
+        yield
+    finally:
+        _state["waiting"] -= 1
+
+
 def _handler(signum: int, frame: FrameType | None) -> None:
     del frame
     if _stop.is_set():
         hard_exit(f"second signal ({signal.Signals(signum).name})")
     _state["signal"], _state["at"] = signal.Signals(signum).name, time.monotonic()
     _stop.set()
+    if _state["waiting"]:
+        hard_exit(f"{_state['signal']} while waiting for a person (nothing in flight)")
     grace = float(_state["grace"] or 0)
     delay = max(grace - HARD_EXIT_RESERVE, grace / 2)
     timer = threading.Timer(delay, hard_exit, args=(f"grace period of {grace:g} s over",))
@@ -109,7 +124,7 @@ def _say(text: str) -> None:
 
 def hard_exit(why: str) -> None:
     """End the process now, leaving a resumable cache: seal the running shards from their journals, remove temp
-    files in flight, clear the writer lock's record, stop the ephemeral server, print the resume line once."""
+    files in flight, clear the writer lock's record, stop the embedded server, print the resume line once."""
     with _cleanups_lock:
         actions = list(_cleanups.values())
     for action in actions:
@@ -161,4 +176,4 @@ def reclaim() -> None:
 def reset() -> None:
     """Forget a stop request (tests, and a process that runs several commands)."""
     _stop.clear()
-    _state.update(signal=None, at=None, announced=False)
+    _state.update(signal=None, at=None, announced=False, waiting=0)

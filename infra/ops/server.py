@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 
+from infra import procs
 from infra.errors import ServerError
 from infra.storage import atomic_write
 
@@ -114,30 +115,9 @@ def write_state(directory: Path, state: ServerState) -> Path:
     return atomic_write(directory / STATE_FILE, json.dumps(asdict(state), indent=2).encode(), replace=True).path
 
 
-def create_time(pid: int) -> float | None:
-    """The process's create time, None when there is no such process."""
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
-def _ours(proc: Proc) -> psutil.Process | None:
-    """The recorded process when it still runs as ours: not gone, not a zombie, the PID not reused."""
-    try:
-        process = psutil.Process(proc.pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return None
-        if proc.create_time is not None and abs(process.create_time() - proc.create_time) > 0.01:
-            return None
-        return process
-    except psutil.Error:
-        return None
-
-
 def is_running(proc: Proc) -> bool:
     """The recorded process is alive: not gone, not a zombie, and the PID not reused by another process."""
-    return _ours(proc) is not None
+    return procs.same_process(proc.pid, proc.create_time) is not None
 
 
 def _group_alive(pgid: int) -> bool:
@@ -178,8 +158,8 @@ def stop_group(proc: Proc, timeout: float) -> bool:
 
     A PID now held by another process (other start time) means our group is long gone: Linux does not reuse a
     number while a process group still has it, so nothing is signalled then."""
-    now = create_time(proc.pid)
-    reused = now is not None and proc.create_time is not None and abs(now - proc.create_time) > 0.01
+    now = procs.create_time(proc.pid)
+    reused = now is not None and proc.create_time is not None and abs(now - proc.create_time) > procs.SAME_START_S
     if reused or not _group_alive(proc.pid):
         return False
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
@@ -213,14 +193,33 @@ def _prefect() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "prefect"]
 
 
-def _spawn(args: list[str], env: dict[str, str], log: Path, cwd: Path) -> Proc:
-    """Detached: its own session (PID = process group), stdin closed, output appended to `log`."""
+def server_command(host: str, port: int, *, ui: bool = True) -> list[str]:
+    """``prefect server start`` on `host`:`port`: the server of `start`, and the embedded one of a terminal run
+    (`infra.ops.ephemeral`, without the UI)."""
+    return [*_prefect(), "server", "start", "--host", host, "--port", str(port), *([] if ui else ["--no-ui"])]
+
+
+def server_env(home: Path | None, ui_api_url: str) -> dict[str, str]:
+    """The server's environment: this one without an API URL (the server is the API), analytics off unless asked,
+    the UI told its API's URL (unset, the UI calls 127.0.0.1:4200 on any port), `home` as its Prefect home."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    env["PREFECT_SERVER_UI_API_URL"] = ui_api_url
+    if home is not None:
+        env["PREFECT_HOME"] = str(home)
+    return env
+
+
+def spawn(args: list[str], env: dict[str, str], log: Path, cwd: Path, *, tied: bool = False) -> Proc:
+    """Detached: its own session (PID = process group: a Ctrl-C at the terminal reaches only the run, which ends its
+    children itself), stdin closed, output appended to `log`. `tied`: also sent SIGTERM when this process ends,
+    even by SIGKILL (Linux; `infra.procs.die_with_parent`): for a child that must not outlive its run."""
     with log.open("ab") as out:
         process = subprocess.Popen(
             args, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=procs.die_with_parent() if tied else None,
         )  # fmt: skip
-    return Proc(pid=process.pid, create_time=create_time(process.pid), log=str(log))
+    return Proc(pid=process.pid, create_time=procs.create_time(process.pid), log=str(log))
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -239,7 +238,9 @@ def _log_tail(path: str, lines: int = 20) -> str:
         return ""
 
 
-def _wait_until(ready: Callable[[], bool], proc: Proc, what: str, timeout: float) -> None:
+def wait_until(ready: Callable[[], bool], proc: Proc, what: str, timeout: float) -> None:
+    """Poll `ready` until it is true; ServerError with the tail of its log when `proc` exits first or after
+    `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if ready():
@@ -304,22 +305,17 @@ def start(
     local = "127.0.0.1" if host in WILDCARD_HOSTS else host
     base = f"http://[{local}]:{port}" if ":" in local else f"http://{local}:{port}"
     api_url, cwd = f"{base}/api", Path(cwd or Path.cwd())
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    env["PREFECT_SERVER_UI_API_URL"] = ui_api_url or api_url  # unset, the UI calls 127.0.0.1:4200 on any port
-    if home is not None:
-        env["PREFECT_HOME"] = str(home)
-    server_args = [*_prefect(), "server", "start", "--host", host, "--port", str(port)]
-    server = _spawn(server_args, env, directory / "server.log", cwd)
+    env = server_env(home, ui_api_url or api_url)
+    server = spawn(server_command(host, port), env, directory / "server.log", cwd)
     worker: Proc | None = None
     try:
-        _wait_until(lambda: healthy(api_url), server, f"prefect server at {api_url}", timeout)
+        wait_until(lambda: healthy(api_url), server, f"prefect server at {api_url}", timeout)
         ensure_pool(api_url, pool)
         name = f"latentforge-{socket.gethostname()}-{port}"
         worker_env = {**JOB_ENV, **env, "PREFECT_API_URL": api_url}
         worker_args = [*_prefect(), "--no-prompt", "worker", "start", "--pool", pool, "--name", name]
-        worker = _spawn(worker_args, worker_env, directory / "worker.log", cwd)
-        _wait_until(lambda: worker_online(api_url, pool, name), worker, f"worker {name}", timeout)
+        worker = spawn(worker_args, worker_env, directory / "worker.log", cwd)
+        wait_until(lambda: worker_online(api_url, pool, name), worker, f"worker {name}", timeout)
     except BaseException:
         for proc in (worker, server):
             if proc is not None:
