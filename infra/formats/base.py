@@ -165,6 +165,7 @@ class Format(ABC):
 
     #: True for formats that keep many samples per file (webdataset, parquet: `infra.formats.shards`).
     sharded: ClassVar[bool] = False
+
     def trims_text_for(self, family: str) -> bool:
         """True when this format stores `family`'s text embedding trimmed to the prompt's tokens ([seq_len, D]: what
         FastVideo's Wan preprocessing stores), as its consumer reads it (`infra.formats.consumers`)."""

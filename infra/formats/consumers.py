@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from infra.errors import ConfigError
+from infra.formats.shards import cc12m_names
 
 #: What the spec's ``latent_norm`` says for latents stored as the raw posterior mean (FastVideo's Wan2.2 parquet).
 RAW_MEAN = "posterior.mean, raw: the consumer applies (x - latents_mean) / latents_std at training time"
@@ -150,9 +151,15 @@ def latent_norm_for(fmt: str, family: str, family_norm: str) -> str:
     return RAW_MEAN if found is not None and found.latents == "raw_mean" else family_norm
 
 
-def check_consumer(spec: Any) -> None:
+def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
     """ConfigError when no consumer of the spec's format reads its family's tensors correctly, naming the consumer
-    and what it would misread."""
+    and what it would misread (`kinds`: the output kinds each sample holds)."""
+    if spec.layout == "cc12m" and set(kinds) - {"latents"}:
+        raise ConfigError(
+            f"--layout cc12m stores <key>.npy (the latents) and <key>.txt (the caption) only, as the CC12M latent set "
+            f"does: this model also makes {', '.join(k for k in kinds if k != 'latents')}; use a model without a "
+            "text encoder (make-tiny-model --text none) or the default layout"
+        )
     found = expects(spec.format, spec.family)
     if found is None:
         return
@@ -225,3 +232,10 @@ def layout_for(config: Any) -> str | None:
     if config.format == "parquet":
         return "fastvideo"
     return "cc12m" if asked == "cc12m" else None
+
+
+def layout_notes(spec: Any, shards: list[Any]) -> list[str]:
+    """What the plan says of the spec's layout's part names (ConfigError where the layout cannot name them)."""
+    if spec.layout != "cc12m":
+        return []
+    return cc12m_names(shards, spec.shard_samples)

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
@@ -217,6 +218,18 @@ class ParquetFormat(ShardFormat):
         if member not in found:
             raise KeyError(f"{path}: no sample {member!r}")
         return found[member]
+
+    def copy_without(self, path: Path, sink: Sink, drop: set[str]) -> list[str]:
+        source = pq.ParquetFile(path)
+        kept: list[str] = []
+        with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), source.schema_arrow, compression="zstd") as writer:
+            for group in range(source.num_row_groups):  # a row group at a time, as the writer made them
+                table = source.read_row_group(group)
+                table = table.filter(pc.invert(pc.is_in(table["id"], pa.array(sorted(drop), pa.string()))))
+                if table.num_rows:
+                    writer.write_table(table)
+                    kept.extend(table["id"].to_pylist())
+        return kept
 
     def fingerprints(self, path: Path) -> set[str]:
         metadata = pq.read_schema(path).metadata or {}
