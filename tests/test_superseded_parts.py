@@ -42,6 +42,7 @@ def test_an_approved_replacement_rewrites_the_old_part_without_the_old_copy(clip
     assert ok and result["done"] == 3, result
     before = _keys(out, fmt)
     assert len(before) == 3 and set(before.values()) == {1}
+    (src / "a.tar").unlink()
     _source(src, videos, (b"a cyclist in the rain", *PROMPTS[1:]))  # an upstream revision of one prompt
     ok, result = run_build(config(src, tiny_model, out, format=fmt, shard_samples=2, on_stale="replace"))
     assert ok and result["encoded"] == 1 and result["reused"] == 2, result

@@ -160,6 +160,11 @@ def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
             f"does: this model also makes {', '.join(k for k in kinds if k != 'latents')}; use a model without a "
             "text encoder (make-tiny-model --text none) or the default layout"
         )
+    if spec.layout == "cc12m" and spec.store_dtype != "fp16":
+        raise ConfigError(
+            "--layout cc12m stores float16 .npy latents, as the CC12M latent set does: use --store-dtype fp16 (a "
+            "family that stores float16: image)"
+        )
     found = expects(spec.format, spec.family)
     if found is None:
         return

@@ -89,7 +89,7 @@ def part_path(shard_id: str, part: int, ext: str, layout: str | None = None) -> 
     """OUT-relative name of part `part` of source shard `shard_id`. The ``cc12m`` layout names a source shard's
     part after its number, as the CC12M latent set does (``00000.tar``); a shard that does not fit one part goes on
     in ``00000-00001.tar``, ... (`cc12m_names`)."""
-    if layout == "cc12m":
+    if layout == "cc12m" and shard_id.isdigit():  # the plan refuses other source shards (sanity's scratch: not)
         number = f"{int(shard_id):05d}"
         return f"{SHARDS_DIR}/{number}.{ext}" if part == 0 else f"{SHARDS_DIR}/{number}-{part:05d}.{ext}"
     return f"{SHARDS_DIR}/{shard_id}-{part:05d}.{ext}"
@@ -97,7 +97,7 @@ def part_path(shard_id: str, part: int, ext: str, layout: str | None = None) -> 
 
 def next_part(out: Path, shard_id: str, ext: str, layout: str | None = None) -> int:
     """The part after the last finished one of `shard_id` (0 when none is)."""
-    if layout == "cc12m":
+    if layout == "cc12m" and shard_id.isdigit():
         part = 0
         while (Path(out) / part_path(shard_id, part, ext, layout)).is_file():
             part += 1

@@ -16,8 +16,8 @@ give the same bytes.
 ``--layout cc12m`` (the ``cc12m-wds`` recipe) writes the CC12M latent set's layout exactly: parts named after their
 source shard's number (``shards/00000.tar``, `infra.formats.shards.part_path`), each sample only ``K.npy`` (float16
 where the family stores float16) and ``K.txt``. Its parts carry no metadata: latentforge's reader takes their
-fingerprint from the part's record (``ledger/parts/<part>.json``; else ``_meta.json``) and the stored dtype from
-``cache.json`` beside them.
+fingerprint from the part's record (``ledger/parts/<part>.json``; else ``_meta.json``, else ``cache.json``); the
+layout is float16 only (``--store-dtype fp16``), so the .npy holds the stored dtype.
 """
 
 from __future__ import annotations
@@ -208,19 +208,15 @@ class WebDatasetFormat(ShardFormat):
 
 
 def _sidecar(path: Path) -> dict[str, Any]:
-    """What a part without json members (the cc12m layout) has beside it: its fingerprint (the part's record under
-    OUT/ledger/parts, else OUT/_meta.json, else cache.json) and the stored dtype of the latents (cache.json)."""
+    """What a part without json members (the cc12m layout, float16 .npy as stored) has beside it: its fingerprint
+    (the part's record under OUT/ledger/parts, else OUT/_meta.json, else cache.json)."""
     out = path.parent.parent
     facts: dict[str, Any] = {}
-    spec: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        cache = json.loads((out / CACHE_JSON).read_text(encoding="utf-8"))
-        spec, facts["fingerprint"] = cache.get("spec", {}), cache.get("fingerprint", "")
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        facts["fingerprint"] = json.loads((out / CACHE_JSON).read_text(encoding="utf-8"))["fingerprint"]
+    with contextlib.suppress(OSError, ValueError, KeyError):
         facts["fingerprint"] = json.loads((out / META_JSON).read_text(encoding="utf-8"))["fingerprint"]
     record = part_record_path(out, f"{SHARDS_DIR}/{path.name}")
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, KeyError):
         facts["fingerprint"] = json.loads(record.read_text(encoding="utf-8"))["fingerprint"]
-    if spec.get("store_dtype") == "bf16":  # numpy has no bfloat16: widened to float32 on disk
-        facts["dtypes"] = {"latents": "bfloat16"}
     return facts
