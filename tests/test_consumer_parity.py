@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from flows.run import run_build
+from infra.cache.inspect import format_report, inspect_cache
 from infra.errors import ConfigError
 from infra.formats.consumers import RAW_MEAN
 from infra.formats.stream import stream_samples
@@ -144,8 +145,11 @@ def test_fastvideo_trains_wan22_on_the_raw_posterior_mean_and_the_prompts_rows(c
         effective = native * (WAN["frames"] - 1) / 19  # 17 frames spread over frames 0..19
         assert info["fps"] == pytest.approx(effective, abs=1e-5)
         assert info["duration_sec"] == pytest.approx(WAN["frames"] / effective, abs=1e-5)
-    streamed = list(stream_samples(out))  # latentforge's own reader says what the consumer sees
+    streamed = list(stream_samples(out))  # latentforge's own reader and inspect say what the consumer sees
     assert {s["consumer"]["latents"] for s in streamed} == {"raw_mean"}
+    report = inspect_cache(out)
+    assert report["consumer"]["latents"] == "raw_mean" and report["consumer"]["text_rows"] == "prompt"
+    assert "written for  FastVideo 0.2.1" in format_report(report) and "latents raw_mean" in format_report(report)
 
 
 def test_a_fastvideo_wan22_cache_has_its_own_fingerprint(source, tiny_model, tmp_path):
@@ -189,6 +193,8 @@ def test_fastvideo_trains_ltx2_on_every_connector_row_at_the_resampled_rate(coll
         assert bool(batch["text_attention_mask"][i].eq(1).all())  # no pad rows for the collate to add
         info = batch["info_list"][i]
         assert (info["fps"], info["duration_sec"]) == (TRAIN_FPS, LTX2["frames"] / TRAIN_FPS)
+    seen = inspect_cache(out)["consumer"]
+    assert (seen["latents"], seen["text_rows"], seen["text_stage"]) == ("normalised", "all", "post_connector")
 
 
 def test_pre_connector_text_into_parquet_is_refused_naming_fastvideo(source, ltx2_model, tmp_path):

@@ -244,3 +244,23 @@ def layout_notes(spec: Any, shards: list[Any]) -> list[str]:
     if spec.layout != "cc12m":
         return []
     return cc12m_names(shards, spec.shard_samples)
+
+
+def written_for(spec: dict[str, Any]) -> dict[str, Any]:
+    """Which consumer a cache (its cache.json ``spec``) was written for, and what that consumer sees: latents
+    normalised or the raw mean, which text rows and stage, the dtype on disk, what fps means; ``layout`` where the
+    cache follows a consumer's layout (fastvideo, cc12m)."""
+    found = expects(str(spec.get("format")), str(spec.get("family")))
+    stage = spec.get("text_encoder_output", "last_hidden_state")
+    if found is None:
+        return {"consumer": _LATENTFORGE, "latents": "normalised", "text_stage": stage}
+    return {
+        "consumer": found.consumer,
+        "latents": "raw_mean" if spec.get("latent_norm") == RAW_MEAN else "normalised",
+        "text_rows": found.text_rows,
+        "padding_side": found.padding_side,
+        "text_stage": stage,
+        "dtype_on_disk": found.dtype_on_disk,
+        "fps": found.fps,
+        **({"layout": spec["layout"]} if spec.get("layout") else {}),
+    }
