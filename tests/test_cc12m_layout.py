@@ -97,7 +97,7 @@ def test_the_layout_refuses_what_it_cannot_hold(source, models, tmp_path):
     write_wds(named / "cats.tar", sample_images()[:1])
     with pytest.raises(ConfigError, match="shard 'cats' is not a number"):
         make_plan(_config(named, models["none"], tmp_path / "b"))
-    with pytest.raises(ConfigError, match="stores float16 .npy latents"):
+    with pytest.raises(ConfigError, match=r"stores float16 \.npy latents"):
         make_plan(_config(src, models["none"], tmp_path / "d", store_dtype="bf16"))
     with pytest.raises(ConfigError, match="not for --format parquet"):
         make_plan(_config(src, models["none"], tmp_path / "c", format="parquet"))
