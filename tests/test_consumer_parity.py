@@ -26,8 +26,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from flows.run import run_build
+from infra.audit.decode_verify import decode_and_verify
 from infra.cache.inspect import format_report, inspect_cache
 from infra.errors import ConfigError
 from infra.formats.consumers import RAW_MEAN
@@ -150,6 +152,20 @@ def test_fastvideo_trains_wan22_on_the_raw_posterior_mean_and_the_prompts_rows(c
     report = inspect_cache(out)
     assert report["consumer"]["latents"] == "raw_mean" and report["consumer"]["text_rows"] == "prompt"
     assert "written for  FastVideo 0.2.1" in format_report(report) and "latents raw_mean" in format_report(report)
+
+
+def test_decode_and_verify_normalises_a_raw_mean_cache_before_decoding(source, tiny_model, tmp_path):
+    src, _ = source
+    scores = {}
+    for fmt in ("parquet", "pt"):  # the same samples, stored raw (FastVideo's) and normalised (the seed's)
+        out = _build(config(src, tiny_model, tmp_path / fmt, format=fmt, **WAN))
+        report = decode_and_verify(out, n=2, device="cpu", report_dir=tmp_path / f"decode-{fmt}")
+        assert not report.problems
+        scores[fmt] = {row.id: (row.psnr, np.asarray(Image.open(row.png), dtype=np.float32)) for row in report.rows}
+    assert scores["parquet"].keys() == scores["pt"].keys()
+    for key, (psnr, strip) in scores["parquet"].items():  # bf16 of the raw mean vs of the normalised latent
+        assert psnr == pytest.approx(scores["pt"][key][0], abs=0.5)
+        assert np.abs(strip - scores["pt"][key][1]).mean() < 1.0  # the decoded frames, in 8-bit levels
 
 
 def test_a_fastvideo_wan22_cache_has_its_own_fingerprint(source, tiny_model, tmp_path):

@@ -180,9 +180,11 @@ class ParquetFormat(ShardFormat):
         return found is None or found.text_rows == "prompt"
 
     def open_writer(self, out: Path, spec: Any, shard_id: str) -> ParquetWriter:
-        options = shard_options(spec)
-        if spec is not None:
-            options.update(family=spec.family, temporal=spec.temporal)
+        options = {
+            **shard_options(spec),
+            "family": getattr(spec, "family", None),
+            "temporal": getattr(spec, "temporal", None),
+        }
         return ParquetWriter(out, self, shard_id, options)
 
     def _records(self, table: pa.Table, metadata: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
