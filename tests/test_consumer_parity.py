@@ -60,6 +60,13 @@ def source(clips, tmp_path_factory) -> tuple[Path, dict[str, bytes]]:
     return root, dict(zip(PROMPTS, videos, strict=True))
 
 
+@pytest.fixture(scope="module")
+def wan_caches(source, tiny_model, tmp_path_factory) -> dict[str, Path]:
+    """The same two clips as a Wan2.2 parquet cache (FastVideo's raw mean) and a pt cache (normalised)."""
+    root = tmp_path_factory.mktemp("parity-wan")
+    return {fmt: _build(config(source[0], tiny_model, root / fmt, format=fmt, **WAN)) for fmt in ("parquet", "pt")}
+
+
 def _build(cfg) -> Path:
     ok, result = run_build(cfg)
     assert ok and result["done"] == 2, result
@@ -119,12 +126,12 @@ def _fastvideo_ltx2_pixels(video: bytes) -> tuple[torch.Tensor, float]:
 
 
 @torch.inference_mode()
-def test_fastvideo_trains_wan22_on_the_raw_posterior_mean_and_the_prompts_rows(collate, source, tiny_model, tmp_path):
+def test_fastvideo_trains_wan22_on_the_raw_posterior_mean_and_the_prompts_rows(collate, source, tiny_model, wan_caches):
     from diffusers import AutoencoderKLWan  # noqa: PLC0415 - the reference's own model load
     from transformers import AutoTokenizer, UMT5EncoderModel  # noqa: PLC0415
 
-    src, videos = source
-    out = _build(config(src, tiny_model, tmp_path / "out", format="parquet", **WAN))
+    _, videos = source
+    out = wan_caches["parquet"]
     batch = _collated(collate, out, WAN_TEXT_LEN)
     vae = AutoencoderKLWan.from_pretrained(tiny_model / "vae", torch_dtype=torch.float32).eval()
     encoder = UMT5EncoderModel.from_pretrained(tiny_model / "text_encoder", torch_dtype=torch.float32).eval()
@@ -154,11 +161,9 @@ def test_fastvideo_trains_wan22_on_the_raw_posterior_mean_and_the_prompts_rows(c
     assert "written for  FastVideo 0.2.1" in format_report(report) and "latents raw_mean" in format_report(report)
 
 
-def test_decode_and_verify_normalises_a_raw_mean_cache_before_decoding(source, tiny_model, tmp_path):
-    src, _ = source
+def test_decode_and_verify_normalises_a_raw_mean_cache_before_decoding(wan_caches, tmp_path):
     scores = {}
-    for fmt in ("parquet", "pt"):  # the same samples, stored raw (FastVideo's) and normalised (the seed's)
-        out = _build(config(src, tiny_model, tmp_path / fmt, format=fmt, **WAN))
+    for fmt, out in wan_caches.items():  # the same samples, stored raw (FastVideo's) and normalised (the seed's)
         report = decode_and_verify(out, n=2, device="cpu", report_dir=tmp_path / f"decode-{fmt}")
         assert not report.problems
         scores[fmt] = {row.id: (row.psnr, np.asarray(Image.open(row.png), dtype=np.float32)) for row in report.rows}
