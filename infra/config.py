@@ -135,6 +135,12 @@ class BuildConfig(StrictModel):
         "sample that reaches it)",
         **_in("spec"),
     )
+    layout: Literal["latentforge", "cc12m"] | None = Field(
+        None,
+        description="webdataset: cc12m writes the CC12M latent set's layout (parts 00000.tar..., members <key>.npy + "
+        "<key>.txt only); default latentforge's (per source shard parts, a .json per sample)",
+        **_in("spec"),
+    )
     parquet_dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
         None,
         description="parquet: dtype of the tensor bytes (default fp32: FastVideo's reader ignores the *_dtype "
@@ -440,6 +446,7 @@ ADDED_LATER: dict[str, Any] = {
     "video_batch": 1,
     "vae_tiling": False,
     "text_quantize": "none",
+    "layout": None,
 }
 
 
@@ -475,6 +482,9 @@ class CacheSpec(StrictModel):
     text_quantize: Literal["none", "int8-dynamic"] = "none"
     latent_norm: str = Field(description="How latents are normalised before storing")
     text_encoder_output: str = "last_hidden_state"
+    layout: str | None = Field(
+        None, description="The consumer's layout the bytes follow (infra.formats.consumers): fastvideo, cc12m"
+    )
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of the spec (sorted keys, no whitespace). A spec of the sampled identity
@@ -519,6 +529,8 @@ class CacheSpec(StrictModel):
                 settings[name] = getattr(self, key)
         if self.text_encoder_output in ("pre_connector", "post_connector"):
             settings["text_stage"] = self.text_encoder_output
+        if self.layout == "cc12m":  # the one layout a user picks (fastvideo follows from the format)
+            settings["layout"] = self.layout
         return settings
 
     def temporal_policy(self) -> Any:

@@ -17,6 +17,7 @@ from infra.cache.cachedir import read_cache_json
 from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
+from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
 from infra.media.buckets import parse_buckets
 from infra.media.temporal import DEFAULT_SHORT, make_policy
@@ -171,12 +172,14 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
         text_padding=config.text_padding,
         text_storage=config.text_storage,
         text_encoder_output=chosen["text_stage"],
-        latent_norm=family.latent_norm,
+        latent_norm=latent_norm_for(config.format, family.name, family.latent_norm),
+        layout=layout_for(config),
         **memory_settings(config, chosen["temporal"]),
         **shard_settings(config),
     )
     if unplaced := [kind for kind in family.kinds(spec) if kind not in get_format(config.format).keys]:
         raise ConfigError(f"format {config.format} has no place for {', '.join(unplaced)} (family {family.name})")
+    check_consumer(spec, family.kinds(spec))
     latent_shape = family.latent_shape(model_dir, frames, height, width)
     return family.name, spec, latent_shape, family.text_shape(model_dir, spec.text_settings())
 
@@ -249,6 +252,8 @@ def make_plan(config: BuildConfig) -> BuildPlan:
     """The whole plan for a build."""
     family, spec, latent_shape, text_shape = make_spec(config)
     shards = plan_shards(config, open_source(config.source))
+    for note in layout_notes(spec, shards):
+        logger.info(note)
     return BuildPlan(
         config=config,
         family=family,

@@ -92,6 +92,23 @@ RECIPES: dict[str, Recipe] = {
                 "store_dtype": "bf16",
             },
         ),
+        Recipe(
+            "cc12m-wds",
+            "The CC12M latent set's webdataset layout: one image per sample at 512x512 (short side to 512, bicubic, "
+            "centre crop), float16 latents as shards/00000.tar ... (one part per numbered source shard), members "
+            "<key>.npy + <key>.txt only, _meta.json with the exact sample count (a model without a text encoder)",
+            {
+                "family": "image",
+                "format": "webdataset",
+                "layout": "cc12m",
+                "frames": 1,
+                "height": 512,
+                "width": 512,
+                "temporal": "head",
+                "resize": "cover-crop",
+                "store_dtype": "fp16",
+            },
+        ),
     )
 }
 

@@ -30,7 +30,7 @@ BASE = {
 def test_fingerprint_is_sha256_of_canonical_json():
     added = {"identity_scheme": "content", "audio": True, "buckets": [(96, 64, 9)], "temporal_start": 2}
     added |= {"shard_samples": 10, "shard_bytes": 1 << 20, "parquet_dtype": "fp32"}
-    added |= {"video_batch": 2, "vae_tiling": True, "text_quantize": "int8-dynamic"}
+    added |= {"video_batch": 2, "vae_tiling": True, "text_quantize": "int8-dynamic", "layout": "cc12m"}
     spec = CacheSpec(**{**BASE, **added, "window_step": 5, "short_clips": "skip", "text_storage": "trimmed"})
     canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     assert spec.fingerprint() == hashlib.sha256(canonical.encode()).hexdigest()

@@ -30,6 +30,7 @@ from infra.devices import resolve_device, resolve_dtype
 from infra.errors import ConfigError
 from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, Format, get_format
+from infra.formats.consumers import normalised
 from infra.media.audio import trainer_audio
 from infra.models import LoadedFamily, load_family
 from infra.models.identity import component_identity
@@ -200,7 +201,8 @@ class _Run:
         prepared = prepare_video(media, self.spec, window_of(row)[1])
         source, fps = prepared.pixels[0], prepared.clip.fps  # the recipe's pixels, re-derived
         del prepared  # the clip's frames at source resolution: the pixels are all that is compared
-        compared = compare(source, self.family.decode_chunks(record[key]), self.metrics_device)
+        latents = normalised(record[key], self.spec, self.family)  # a raw-mean cache (FastVideo's Wan2.2)
+        compared = compare(source, self.family.decode_chunks(latents), self.metrics_device)
         frames = int(source.shape[1])
         mp4, png = (self.folder / group / f"{name}{suffix}" for suffix in (".mp4", ".png"))
         atomic_write(mp4, compared.mp4)

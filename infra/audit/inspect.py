@@ -14,6 +14,7 @@ from infra.cache.ledger import FileRecord
 from infra.errors import DamagedCacheError
 from infra.formats import get_format
 from infra.formats.base import Format
+from infra.formats.consumers import written_for
 from infra.formats.shards import ShardFormat, shard_summary
 
 
@@ -75,6 +76,7 @@ def inspect_cache(out: Path) -> dict[str, Any]:
         "format": meta["spec"]["format"],
         "geometry": [meta["spec"]["frames"], meta["spec"]["height"], meta["spec"]["width"]],
         "recipe": meta.get("provenance", {}).get("recipe"),
+        "consumer": written_for(meta["spec"]),
         "temporal": meta["spec"].get("temporal"),
         "resize": meta["spec"].get("resize"),
         "groups": {g: dict(c) for g, c in sorted(groups.items())},
@@ -94,6 +96,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"family       {report['family']}   format {report['format']}   F,H,W {report['geometry']}",
         f"recipe       {report['recipe'] or '(none: settings given one by one)'}   temporal {report['temporal']}"
         f"   resize {report['resize']}",
+        f"written for  {report['consumer']['consumer']}",
+        "  it sees    " + ", ".join(f"{k} {v}" for k, v in report["consumer"].items() if k != "consumer"),
         f"done         {report['done']} samples, {report['bytes']:,} bytes",
         "",
         f"{'group':<50} {'done':>6} {'skipped':>8} {'failed':>7}",

@@ -165,8 +165,11 @@ class Format(ABC):
 
     #: True for formats that keep many samples per file (webdataset, parquet: `infra.formats.shards`).
     sharded: ClassVar[bool] = False
-    #: True when the text embedding is stored trimmed to the prompt's tokens ([seq_len, D]: FastVideo's parquet).
-    trims_text: ClassVar[bool] = False
+
+    def trims_text_for(self, family: str) -> bool:
+        """True when this format stores `family`'s text embedding trimmed to the prompt's tokens ([seq_len, D]: what
+        FastVideo's Wan preprocessing stores), as its consumer reads it (`infra.formats.consumers`)."""
+        return False
 
     def open_writer(self, out: Path, spec: Any, shard_id: str) -> Writer:
         """The writer the shard loop uses for source shard `shard_id` under the cache spec `spec` (a CacheSpec, or

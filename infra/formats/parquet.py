@@ -6,11 +6,15 @@ Columns (FastVideo's ``pyarrow_schema_t2v``): ``id``, ``vae_latent_bytes/shape/d
 
 * FastVideo's reader ignores the ``*_dtype`` columns and always decodes float32, so tensor bytes are float32 by
   default (``--parquet-dtype bf16|fp16`` for readers that honour the column);
-* the text embedding is stored trimmed to the prompt's tokens, ``[seq_len, D]`` (FastVideo pads it to its
-  max length with a mask);
+* the rows are what FastVideo's own preprocessing stores (`infra.formats.consumers`): Wan2.2 latents as the raw
+  posterior mean (its WanModel normalises at training time) and the text trimmed to the prompt's tokens,
+  ``[seq_len, D]`` (its collate pads it back with zeros and a mask); LTX-2 post-connector text with all its rows
+  (the connector's registers fill the padding; LTX2Model passes no mask); ``fps`` and ``duration_sec`` the rate and
+  length of the frames stored;
 * zstd, row groups of at most `ROW_GROUP_ROWS` rows or `ROW_GROUP_BYTES` bytes (streamed one at a time);
-* the file's key-value metadata holds ``latentforge.fingerprint`` and the dtypes the tensors were made in
-  (latentforge's reader gives them back in those: bf16 widened to float32 and back is exact).
+* the file's key-value metadata holds ``latentforge.fingerprint``, the dtypes the tensors were made in
+  (latentforge's reader gives them back in those: bf16 widened to float32 and back is exact), and
+  ``latentforge.consumer``: whom the rows are for and what it sees (each record read back says it too).
 
 Audio latents have no column in this schema: a family's audio kind needs another format.
 """
@@ -24,10 +28,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
 from infra.formats.base import EncodedSample
+from infra.formats.consumers import expects, stored_fps
 from infra.formats.shards import ShardFormat, ShardWriter, Sink, shard_options
 
 SCHEMA_T2V = pa.schema(
@@ -51,6 +57,7 @@ SCHEMA_T2V = pa.schema(
 )
 FINGERPRINT_KEY = "latentforge.fingerprint"
 DTYPES_KEY = "latentforge.dtypes"
+CONSUMER_KEY = "latentforge.consumer"
 ROW_GROUP_ROWS = 256
 ROW_GROUP_BYTES = 64 << 20
 #: --parquet-dtype → (torch dtype, the name in the *_dtype column).
@@ -76,13 +83,17 @@ def from_bytes(data: bytes, shape: list[int], dtype: str) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(data, dtype=np.dtype(dtype)).copy()).reshape(shape)
 
 
-def to_row(sample: EncodedSample, dtype: str) -> dict[str, Any]:
-    """One sample as a row of the t2v schema."""
+def to_row(sample: EncodedSample, dtype: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One sample as a row of the t2v schema, as FastVideo's preprocessing of the spec's family writes it
+    (`options`: the spec's ``family`` and ``temporal``; none: a Wan-like row)."""
+    options = options or {}
     torch_dtype, name = DTYPES[dtype]
     geometry = list(sample.info.get("geometry") or [])
     frames, height, width = ([1, *geometry] if len(geometry) == 2 else geometry) or [0, 0, 0]
-    fps = float(sample.info.get("fps") or 0.0)
-    text = sample.text_embeds[: int(sample.seq_len)]
+    fps = stored_fps(options.get("temporal"), sample.info)
+    found = expects("parquet", str(options.get("family")))
+    all_rows = found is not None and found.text_rows == "all"
+    text = sample.text_embeds if all_rows else sample.text_embeds[: int(sample.seq_len)]
     return {
         "id": sample.stem,
         "vae_latent_bytes": tensor_bytes(sample.latents, torch_dtype),
@@ -109,7 +120,11 @@ class ParquetWriter(ShardWriter):
 
     def begin(self, sink: Sink, sample: EncodedSample) -> None:
         made_in = {"latents": str(sample.latents.dtype), "text_embeddings": str(sample.text_embeds.dtype)}
-        metadata = {FINGERPRINT_KEY: sample.fingerprint, DTYPES_KEY: json.dumps(made_in, sort_keys=True)}
+        metadata = {
+            FINGERPRINT_KEY: sample.fingerprint,
+            DTYPES_KEY: json.dumps(made_in, sort_keys=True),
+            CONSUMER_KEY: json.dumps(consumer_facts(self.options), sort_keys=True),
+        }
         self._pq = pq.ParquetWriter(
             pa.PythonFile(sink, mode="w"), SCHEMA_T2V.with_metadata(metadata), compression="zstd"
         )
@@ -117,7 +132,7 @@ class ParquetWriter(ShardWriter):
         self._buffered = 0
 
     def add(self, sample: EncodedSample) -> tuple[str, int, str]:
-        row = to_row(sample, self.options.get("parquet_dtype") or "fp32")
+        row = to_row(sample, self.options.get("parquet_dtype") or "fp32", self.options)
         self._rows.append(row)
         size = len(row["vae_latent_bytes"]) + len(row["text_embedding_bytes"])
         self._buffered += size
@@ -139,20 +154,43 @@ class ParquetWriter(ShardWriter):
         self._pq.close()
 
 
+def consumer_facts(options: dict[str, Any]) -> dict[str, Any]:
+    """Whom a part's rows are for and what it sees of them (the part's ``latentforge.consumer`` metadata)."""
+    found = expects("parquet", str(options.get("family")))
+    if found is None:
+        return {"consumer": "latentforge's readers"}
+    return {
+        "consumer": found.consumer,
+        "latents": found.latents,
+        "text_rows": found.text_rows,
+        "text_stage": found.text_stage,
+        "fps": found.fps,
+    }
+
+
 class ParquetFormat(ShardFormat):
     """FastVideo's parquet (t2v schema)."""
 
     name = "parquet"
     ext = "parquet"
-    trims_text = True
     keys: ClassVar[dict[str, str]] = {"latents": "latents", "text_embeddings": "text_embeddings"}
 
+    def trims_text_for(self, family: str) -> bool:
+        found = expects(self.name, family)
+        return found is None or found.text_rows == "prompt"
+
     def open_writer(self, out: Path, spec: Any, shard_id: str) -> ParquetWriter:
-        return ParquetWriter(out, self, shard_id, shard_options(spec))
+        options = {
+            **shard_options(spec),
+            "family": getattr(spec, "family", None),
+            "temporal": getattr(spec, "temporal", None),
+        }
+        return ParquetWriter(out, self, shard_id, options)
 
     def _records(self, table: pa.Table, metadata: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
         made_in = json.loads(metadata.get(DTYPES_KEY.encode(), b"{}"))
         fingerprint = metadata.get(FINGERPRINT_KEY.encode(), b"").decode()
+        consumer = json.loads(metadata.get(CONSUMER_KEY.encode(), b"{}"))
         records = {}
         for row in table.to_pylist():
             latents = from_bytes(row["vae_latent_bytes"], row["vae_latent_shape"], row["vae_latent_dtype"])
@@ -164,7 +202,11 @@ class ParquetFormat(ShardFormat):
                 "prompt": row["caption"],
                 "fingerprint": fingerprint,
                 "seq_len": int(row["text_embedding_shape"][0]),
-                **{k: row[k] for k in ("id", "file_name", "media_type", "width", "height", "num_frames", "fps")},
+                "consumer": consumer,
+                **{
+                    k: row[k]
+                    for k in ("id", "file_name", "media_type", "width", "height", "num_frames", "fps", "duration_sec")
+                },
             }
         return records
 
@@ -178,6 +220,18 @@ class ParquetFormat(ShardFormat):
         if member not in found:
             raise KeyError(f"{path}: no sample {member!r}")
         return found[member]
+
+    def copy_without(self, path: Path, sink: Sink, drop: set[str]) -> list[str]:
+        source = pq.ParquetFile(path)
+        kept: list[str] = []
+        with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), source.schema_arrow, compression="zstd") as writer:
+            for group in range(source.num_row_groups):  # a row group at a time, as the writer made them
+                table = source.read_row_group(group)
+                table = table.filter(pc.invert(pc.is_in(table["id"], pa.array(sorted(drop), pa.string()))))
+                if table.num_rows:
+                    writer.write_table(table)
+                    kept.extend(table["id"].to_pylist())
+        return kept
 
     def fingerprints(self, path: Path) -> set[str]:
         metadata = pq.read_schema(path).metadata or {}

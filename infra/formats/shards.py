@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from infra.cache.ledger import FileRecord, LedgerRow, ledger_dir
-from infra.errors import LatentforgeError
+from infra.errors import ConfigError, LatentforgeError
 from infra.faults import fault_point
 from infra.formats.base import EncodedSample, Format, Writer, WrittenSample
 from infra.storage import TEMP_SUFFIX, AtomicFile, Written, atomic_file, atomic_write, sha256_file
@@ -80,23 +80,52 @@ class Sink:
 
 
 def shard_options(spec: Any) -> dict[str, Any]:
-    """The rotation and dtype settings of a CacheSpec (None: the defaults)."""
-    names = ("shard_samples", "shard_bytes", "parquet_dtype")
+    """The rotation, dtype and layout settings of a CacheSpec (None: the defaults)."""
+    names = ("shard_samples", "shard_bytes", "parquet_dtype", "layout")
     return {n: getattr(spec, n, None) for n in names} if spec is not None else {}
 
 
-def part_path(shard_id: str, part: int, ext: str) -> str:
-    """OUT-relative name of part `part` of source shard `shard_id`."""
+def part_path(shard_id: str, part: int, ext: str, layout: str | None = None) -> str:
+    """OUT-relative name of part `part` of source shard `shard_id`. The ``cc12m`` layout names a source shard's
+    part after its number, as the CC12M latent set does (``00000.tar``); a shard that does not fit one part goes on
+    in ``00000-00001.tar``, ... (`cc12m_names`)."""
+    if layout == "cc12m" and shard_id.isdigit():  # the plan refuses other source shards (sanity's scratch: not)
+        number = f"{int(shard_id):05d}"
+        return f"{SHARDS_DIR}/{number}.{ext}" if part == 0 else f"{SHARDS_DIR}/{number}-{part:05d}.{ext}"
     return f"{SHARDS_DIR}/{shard_id}-{part:05d}.{ext}"
 
 
-def next_part(out: Path, shard_id: str, ext: str) -> int:
+def next_part(out: Path, shard_id: str, ext: str, layout: str | None = None) -> int:
     """The part after the last finished one of `shard_id` (0 when none is)."""
+    if layout == "cc12m" and shard_id.isdigit():
+        part = 0
+        while (Path(out) / part_path(shard_id, part, ext, layout)).is_file():
+            part += 1
+        return part
     pattern = re.compile(rf"^{re.escape(shard_id)}-(\d{{5}})\.{re.escape(ext)}$")
     found = [
         int(m.group(1)) for p in (Path(out) / SHARDS_DIR).glob(f"{shard_id}-*.{ext}") if (m := pattern.match(p.name))
     ]
     return max(found, default=-1) + 1
+
+
+def cc12m_names(shards: list[Any], per_part: int | None) -> list[str]:  # ShardPlan-like: .id, .samples
+    """What the plan says of the ``cc12m`` layout's part names (one line per source shard that needs more than one
+    part); ConfigError for a source shard whose id is not a number (the layout names parts by it)."""
+    notes = []
+    for shard in shards:
+        if not shard.id.isdigit():
+            raise ConfigError(
+                f"--layout cc12m names each part after its source shard's number (00000.tar): shard {shard.id!r} "
+                "is not a number; use the default layout"
+            )
+        if per_part and shard.samples > per_part:
+            first = part_path(shard.id, 0, "tar", "cc12m")
+            notes.append(
+                f"shard {shard.id}: {shard.samples} samples > --shard-samples {per_part}: parts {first}, then "
+                f"{part_path(shard.id, 1, 'tar', 'cc12m')}, ..."
+            )
+    return notes
 
 
 def part_record_path(out: Path, relpath: str) -> Path:
@@ -114,7 +143,8 @@ class ShardWriter(Writer):
         self.max_samples = int(options.get("shard_samples") or DEFAULT_SHARD_SAMPLES)
         self.max_bytes = int(options.get("shard_bytes") or DEFAULT_SHARD_BYTES)
         self.options = options
-        self.part = next_part(self.out, shard_id, self.ext)
+        self.layout = options.get("layout")
+        self.part = next_part(self.out, shard_id, self.ext, self.layout)
         self._stack: contextlib.ExitStack | None = None
         self._handle: AtomicFile | None = None
         self._members: list[str] = []
@@ -122,7 +152,7 @@ class ShardWriter(Writer):
 
     @property
     def relpath(self) -> str:
-        return part_path(self.shard_id, self.part, self.ext)
+        return part_path(self.shard_id, self.part, self.ext, self.layout)
 
     @abstractmethod
     def begin(self, sink: Sink, sample: EncodedSample) -> None:
@@ -228,6 +258,11 @@ class ShardFormat(Format):
     def fingerprints(self, path: Path) -> set[str]:
         """The fingerprints a part's samples carry (read from its metadata, not its tensors where it can)."""
 
+    @abstractmethod
+    def copy_without(self, path: Path, sink: Sink, drop: set[str]) -> list[str]:
+        """Write the part at `path` into `sink` without the samples `drop` (members otherwise as they are, metadata
+        kept): the members kept, in order."""
+
 
 def part_record(out: Path, relpath: str, fmt: ShardFormat) -> PartRecord:
     """A finished part's record; made again from the file when a crash came between its link and its record."""
@@ -259,12 +294,43 @@ def finished_parts(out: Path, ext: str) -> list[str]:
     )
 
 
+def drop_superseded(out: Path, fmt: ShardFormat, rows: dict[str, dict[str, LedgerRow]]) -> list[str]:
+    """Rewrite each finished part that still holds the old copy of a sample re-encoded by an approved stale
+    replacement (its ledger row has ``replaced_stale`` and names another part): the approval covers that copy.
+    Without it a plain reader (webdataset, FastVideo's parquet loader) would train on both copies. The part is
+    written again under a temp name, fsynced and renamed over the old one (readers see the old part or the new,
+    never half of one), then its record is made again. The OUT-relative parts rewritten."""
+    replaced = {
+        row.member: row.path
+        for shard_rows in rows.values()
+        for row in shard_rows.values()
+        if row.status == "done" and row.member and row.extra.get("replaced_stale") is not None
+    }
+    rewritten = []
+    for relpath in finished_parts(out, fmt.ext) if replaced else []:
+        record = part_record(out, relpath, fmt)
+        drop = {m for m in record.members if m in replaced and replaced[m] != relpath}
+        if not drop:
+            continue
+        with atomic_file(Path(out) / relpath, replace=True) as handle:
+            kept = fmt.copy_without(Path(out) / relpath, Sink(handle), drop)
+        written = handle.written
+        assert written is not None
+        update = {"bytes": written.bytes, "sha256": written.sha256, "samples": len(kept), "members": kept}
+        body = record.model_copy(update=update).model_dump_json().encode()
+        atomic_write(part_record_path(out, relpath), body, replace=True)
+        logger.info("%s: rewritten without %d superseded sample(s) (approved stale replacement)", relpath, len(drop))
+        rewritten.append(relpath)
+    return rewritten
+
+
 def write_meta(out: Path, fmt: Format, fingerprint: str, rows: dict[str, dict[str, LedgerRow]]) -> Path | None:
     """``OUT/_meta.json``, written last: the exact count of samples in the parts (what a trainer streams), per part
     its count, size and sha256, the fingerprint, and the ledger's done count beside it. None for a per-sample
-    format."""
+    format. Parts holding superseded copies are rewritten first (`drop_superseded`)."""
     if not isinstance(fmt, ShardFormat):
         return None
+    drop_superseded(out, fmt, rows)
     done = sum(row.status == "done" for shard_rows in rows.values() for row in shard_rows.values())
     shards = []
     for relpath in finished_parts(out, fmt.ext):

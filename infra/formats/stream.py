@@ -8,8 +8,10 @@ files, and refuses to stream two encoders' (two specs') samples together.
 Every part's fingerprint is read (tar json members, parquet key-value metadata) before the first sample is
 yielded: parts of more than one fingerprint raise `MixedFingerprints` naming them, unless ``allow_mixed=True``
 (each sample then carries its own ``fingerprint``). Tensors come back in the dtypes they were made in (bf16).
-Given OUT itself, only the samples its ledgers name are streamed: a stale sample re-encoded with an approved
-replace lives in a later part, and its superseded copy (parts are never rewritten) is left out.
+Given OUT itself, only the samples its ledgers name are streamed (an approved stale replacement also rewrites the
+old part without its superseded copy: `infra.formats.shards.drop_superseded`), and each sample says under
+``consumer`` which trainer the cache was written for and what it sees (`infra.formats.consumers.written_for`:
+normalised latents or the raw posterior mean, text rows and stage, fps); tensors are as stored.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from infra.cache import ledger
+from infra.cache.cachedir import read_cache_json
+from infra.formats.consumers import written_for
 from infra.formats.parquet import ParquetFormat
 from infra.formats.shards import SHARDS_DIR, MixedFingerprints, ShardFormat
 from infra.formats.webdataset import WebDatasetFormat
@@ -62,13 +66,16 @@ def stream_samples(where: Path | str | Iterable[Path | str], *, allow_mixed: boo
             "together (allow_mixed=True streams them, each sample with its fingerprint)"
         )
     live = _live_members(where)
+    consumer = _consumer(where)
+    if consumer:
+        logger.info("a cache written for %s: %s", consumer["consumer"], consumer)
     skipped = 0
     for path in files:
         for key, record in _reader(path).read_part(path).items():
             if live is not None and (f"{SHARDS_DIR}/{path.name}", key) not in live:
                 skipped += 1  # superseded (a stale sample re-encoded into a later part): the ledger names the new copy
                 continue
-            yield {**record, "__key__": key, "__url__": str(path)}
+            yield {"consumer": consumer, **record, "__key__": key, "__url__": str(path)}
     if skipped:
         logger.info("%d superseded sample(s) not streamed (the ledger names a newer copy)", skipped)
 
@@ -80,6 +87,17 @@ def _live_members(where: Path | str | Iterable[Path | str]) -> set[tuple[str, st
         return None
     rows = (row for shard in ledger.read_all(Path(where)).values() for row in shard.values())
     return {(row.path, row.member) for row in rows if row.status == "done" and row.path and row.member}
+
+
+def _consumer(where: Path | str | Iterable[Path | str]) -> dict[str, Any]:
+    """What the cache at `where` (OUT) was written for, from its cache.json; {} for files given one by one (a
+    parquet part says it in its own metadata)."""
+    if not isinstance(where, (str, Path)):
+        return {}
+    try:
+        return written_for(read_cache_json(Path(where))["spec"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def _reader(path: Path) -> ShardFormat:

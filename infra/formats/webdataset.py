@@ -12,10 +12,17 @@ Members of a sample with key K (the sample's stem, ``.`` written ``%2E`` and ``%
 
 Members are written in that order, each with mtime 0, mode 0644, uid/gid 0 and no owner names: the same inputs
 give the same bytes.
+
+``--layout cc12m`` (the ``cc12m-wds`` recipe) writes the CC12M latent set's layout exactly: parts named after their
+source shard's number (``shards/00000.tar``, `infra.formats.shards.part_path`), each sample only ``K.npy`` (float16
+where the family stores float16) and ``K.txt``. Its parts carry no metadata: latentforge's reader takes their
+fingerprint from the part's record (``ledger/parts/<part>.json``; else ``_meta.json``, else ``cache.json``); the
+layout is float16 only (``--store-dtype fp16``), so the .npy holds the stored dtype.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -26,8 +33,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from infra.cache.cachedir import CACHE_JSON
 from infra.formats.base import AUDIO_KIND, EncodedSample
-from infra.formats.shards import ShardFormat, ShardWriter, Sink, shard_options
+from infra.formats.shards import META_JSON, SHARDS_DIR, ShardFormat, ShardWriter, Sink, part_record_path, shard_options
 
 #: Output kind → its member's extension (``latents`` is the bare ``npy`` trainers ask for).
 EXTS: dict[str, str] = {"latents": "npy", "text_embeddings": "text_embeddings.npy", AUDIO_KIND: "audio_latents.npy"}
@@ -57,8 +65,10 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def sample_members(sample: EncodedSample) -> list[tuple[str, bytes]]:
-    """(extension, bytes) of each member of a sample, in tar order."""
+def sample_members(sample: EncodedSample, layout: str | None = None) -> list[tuple[str, bytes]]:
+    """(extension, bytes) of each member of a sample, in tar order (``cc12m``: the latents and the caption only)."""
+    if layout == "cc12m":
+        return [("npy", _npy(sample.latents)), ("txt", sample.prompt.encode("utf-8"))]
     tensors = dict(sample.outputs())
     tensors.update({k: v for k, v in sample.extras.items() if isinstance(v, torch.Tensor) and k not in tensors})
     members = [(EXTS.get(name, f"{name}.npy"), _npy(t)) for name, t in tensors.items()]
@@ -99,7 +109,7 @@ class WdsWriter(ShardWriter):
     def add(self, sample: EncodedSample) -> tuple[str, int, str]:
         key = member_key(sample.stem)
         digest, size = hashlib.sha256(), 0
-        for ext, data in sample_members(sample):
+        for ext, data in sample_members(sample, self.layout):
             self._tar.addfile(_tarinfo(f"{key}.{ext}", len(data)), io.BytesIO(data))
             digest.update(data)
             size += len(data)
@@ -119,9 +129,10 @@ def _decode(ext: str, data: bytes) -> tuple[str, Any]:
     return name, torch.from_numpy(np.load(io.BytesIO(data), allow_pickle=False))
 
 
-def _record(parts: dict[str, Any]) -> dict[str, Any]:
-    """A sample's record from its decoded members: tensors in the dtypes they were made in, metadata flattened."""
-    meta = parts.pop("json", {})
+def _record(parts: dict[str, Any], sidecar: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A sample's record from its decoded members: tensors in the dtypes they were made in, metadata flattened (a
+    sample without a json member, the cc12m layout: its part's `sidecar` facts)."""
+    meta = parts.pop("json", None) or dict(sidecar or {})
     dtypes = meta.get("dtypes", {})
     for name, value in parts.items():
         if isinstance(value, torch.Tensor) and name in dtypes:
@@ -164,14 +175,48 @@ class WebDatasetFormat(ShardFormat):
         return samples
 
     def read_part(self, path: Path) -> dict[str, dict[str, Any]]:
-        return {key: _record(parts) for key, parts in self._members(path, None).items()}
+        found = self._members(path, None)
+        sidecar = _sidecar(path) if any("json" not in parts for parts in found.values()) else None
+        return {key: _record(parts, sidecar) for key, parts in found.items()}
 
     def read_member(self, path: Path, member: str) -> dict[str, Any]:
         found = self._members(path, member)
         if member not in found:
             raise KeyError(f"{path}: no sample {member!r}")
-        return _record(found[member])
+        return _record(found[member], _sidecar(path) if "json" not in found[member] else None)
+
+    def copy_without(self, path: Path, sink: Sink, drop: set[str]) -> list[str]:
+        kept: list[str] = []
+        with (
+            tarfile.open(path, mode="r:") as src,
+            tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as dst,
+        ):
+            for info in src:
+                key, _ = _split(info.name)
+                if key in drop:
+                    continue
+                dst.addfile(info, src.extractfile(info))
+                if key not in kept[-1:]:
+                    kept.append(key)
+        return kept
 
     def fingerprints(self, path: Path) -> set[str]:
         metas = self._members(path, None, ("json",))
+        if not metas:  # the cc12m layout: no json members
+            return {str(_sidecar(path).get("fingerprint", ""))}
         return {str(m["json"].get("fingerprint")) for m in metas.values()}
+
+
+def _sidecar(path: Path) -> dict[str, Any]:
+    """What a part without json members (the cc12m layout, float16 .npy as stored) has beside it: its fingerprint
+    (the part's record under OUT/ledger/parts, else OUT/_meta.json, else cache.json)."""
+    out = path.parent.parent
+    facts: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        facts["fingerprint"] = json.loads((out / CACHE_JSON).read_text(encoding="utf-8"))["fingerprint"]
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        facts["fingerprint"] = json.loads((out / META_JSON).read_text(encoding="utf-8"))["fingerprint"]
+    record = part_record_path(out, f"{SHARDS_DIR}/{path.name}")
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        facts["fingerprint"] = json.loads(record.read_text(encoding="utf-8"))["fingerprint"]
+    return facts

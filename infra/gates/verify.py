@@ -239,7 +239,7 @@ def _expected(spec: CacheSpec, fmt: Format, shapes: Mapping[str, tuple[int, ...]
     unknown = [kind for kind in kinds if kind not in fmt.keys]
     if unknown:
         raise ConfigError(f"format {fmt.name} has no place for {', '.join(unknown)} (family {spec.family})")
-    trimmed = {"text_embeddings"} if fmt.trims_text else set()  # stored [seq_len, D]: no planned shape
+    trimmed = {"text_embeddings"} if fmt.trims_text_for(spec.family) else set()  # stored [seq_len, D]: no planned shape
     return {
         kind: {
             "key": fmt.keys[kind],

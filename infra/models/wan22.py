@@ -24,7 +24,7 @@ class Wan22Spec(FamilySpec):
 
     name = "wan22"
     components = ("vae", "text_encoder", "tokenizer")
-    latent_norm = "(posterior.mode - latents_mean) / latents_std, fp32"
+    latent_norm = "(posterior.mode - latents_mean) / latents_std, fp32"  # parquet: consumers.RAW_MEAN
 
     def matches(self, model_dir: Path, index: dict[str, Any]) -> bool:
         vae = index.get("vae") or [None, None]
@@ -85,10 +85,23 @@ class Wan22Encoder(LoadedFamily):
     @torch.inference_mode()
     def encode_videos(self, pixels: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """One VAE call for the batch (clips of one shape): the Wan VAE's causal feature cache is per batch row."""
-        with self._lock:
-            z = self.vae.encode(torch.cat([p.to(self.device, self.dtype) for p in pixels])).latent_dist.mode()
-        normed = ((z.float().cpu() - self.mean) / self.std).to(STORE_DTYPE)
+        normed = ((self._posterior_mean(pixels) - self.mean) / self.std).to(STORE_DTYPE)
         return [row.contiguous() for row in normed]
+
+    @torch.inference_mode()
+    def encode_raw_videos(self, pixels: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The raw posterior mean, float32 (the caller casts it to the stored dtype): what FastVideo's Wan
+        preprocessing stores; its WanModel normalises at training time (`infra.formats.consumers`)."""
+        return [row.contiguous() for row in self._posterior_mean(pixels)]
+
+    def _posterior_mean(self, pixels: Sequence[torch.Tensor]) -> torch.Tensor:
+        with self._lock:  # mode() is the mean of the diagonal Gaussian posterior
+            z = self.vae.encode(torch.cat([p.to(self.device, self.dtype) for p in pixels])).latent_dist.mode()
+        return z.float().cpu()
+
+    def normalise(self, raw: torch.Tensor) -> torch.Tensor:
+        """Raw posterior means (C, F', H', W') → the stored normalisation `decode` takes, float32."""
+        return ((raw.float().unsqueeze(0) - self.mean) / self.std)[0]
 
     def load_text_encoder(self) -> torch.nn.Module:
         from transformers import UMT5EncoderModel  # noqa: PLC0415 - heavy import, only when loading

@@ -22,6 +22,7 @@ from infra.errors import InputError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, EncodedSample, textpad
 from infra.formats.base import STORE_DTYPES
+from infra.formats.consumers import latent_encoder
 from infra.media.buckets import Bucket, choose_bucket
 from infra.media.image import prepare_image
 from infra.media.prompts import decode_prompt
@@ -240,7 +241,7 @@ def encode_sample(
     fault_point("decode")
     encoder = get_encoder()
     store = STORE_DTYPES[spec.store_dtype]
-    latents = videos.latents(encoder, ref, video.pixels, plan).to(store)
+    latents = videos.latents(latent_encoder(encoder, spec), ref, video.pixels, plan).to(store)  # as its consumer reads
     text = encode_text(encoder, prompt, plan) if "text_embeddings" in plan.kinds else None
     fault_point("encode")
     extras: dict[str, Any] = dict(text.extras) if text is not None else {}

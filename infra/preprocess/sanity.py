@@ -194,7 +194,8 @@ def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, repor
     same = []
     for kind, tensor in outputs.items():
         path = next(str(w.path) for kinds, w in written.files if not kinds or kind in kinds)
-        kept = tensor[: sample.seq_len] if fmt.trims_text and kind == "text_embeddings" else tensor
+        trimmed = kind == "text_embeddings" and fmt.trims_text_for(plan.spec.family)
+        kept = tensor[: sample.seq_len] if trimmed else tensor
         same.append(kind not in fmt.keys or _same(records[path].get(fmt.keys[kind]), kept))
         name = fmt.label(kind)
         if kind in planned and list(tensor.shape) != planned[kind]:

@@ -1,0 +1,266 @@
+"""Which trainer reads what: per format and family, the consumer a cache is written for and what it expects.
+
+A format is written for a consumer, and that consumer's own loader must hand its trainer the tensors its own
+preprocessing would have made (DESIGN invariant 7). `CONSUMERS` says, per (format, family), what that is: latent
+normalisation, which text rows and on which side the padding is, the text stage, the dtype on disk and what
+``fps`` means. `check_consumer` refuses at plan time a combination no consumer reads correctly, naming the
+consumer and what it would misread; `latent_norm_for` is the normalisation the spec records.
+
+The table is the README's "which trainer reads what" (keep the two in step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from infra.errors import ConfigError
+from infra.formats.shards import cc12m_names
+
+#: What the spec's ``latent_norm`` says for latents stored as the raw posterior mean (FastVideo's Wan2.2 parquet).
+RAW_MEAN = "posterior.mean, raw: the consumer applies (x - latents_mean) / latents_std at training time"
+FASTVIDEO = "FastVideo 0.2.1 (fastvideo/dataset/utils.py collate)"
+
+
+@dataclass(frozen=True)
+class Expects:
+    """What one consumer reads from one format for one family."""
+
+    consumer: str
+    latents: str  # "normalised" (the family's latent_norm) or "raw_mean" (RAW_MEAN: normalised by the consumer)
+    text_rows: str  # "all" (every row, padded to max_length) or "prompt" (the prompt's tokens only)
+    padding_side: str  # where the family's tokenizer pads: "right", "left", or "-" (no text)
+    text_stage: str  # the text tensor stored (last_hidden_state, pre_connector, post_connector)
+    dtype_on_disk: str
+    fps: str  # what a stored fps means ("-": none stored)
+    #: setting → (the value refused, why the consumer misreads it)
+    refuses: tuple[tuple[str, str, str], ...] = ()
+
+
+_LATENTFORGE = "latentforge's readers (infra.formats; no outside trainer is matched)"
+_WIDENED = "float32 .npy (bf16 widened)"
+_EFFECTIVE = "the rate of the frames stored (fps:N gives N; otherwise native / the mean index step)"
+
+CONSUMERS: dict[tuple[str, str], Expects] = {
+    ("pt", "wan22"): Expects(
+        "Wan2.2 trainers of the VBVR cache (the seed recipe)",
+        "normalised",
+        "all",
+        "right",
+        "last_hidden_state",
+        "bf16 (.pt)",
+        "-",
+    ),
+    ("pt", "ltx2"): Expects(_LATENTFORGE, "normalised", "all", "left", "pre_connector", "bf16 (.pt)", "-"),
+    ("pt", "image"): Expects(_LATENTFORGE, "normalised", "all", "right", "last_hidden_state", "bf16|fp16 (.pt)", "-"),
+    ("ltx", "ltx2"): Expects(
+        "LTX-2 ltx-trainer (PrecomputedDataset)",
+        "normalised",
+        "all",
+        "left",
+        "pre_connector",
+        "bf16 (.pt; audio float32)",
+        "the stream's rate (the trainer takes the first F frames)",
+        (
+            (
+                "text_encoder_output",
+                "post_connector",
+                "the trainer runs the connectors on what it loads: post-connector "
+                "embeddings would go through them twice",
+            ),
+        ),
+    ),
+    ("parquet", "wan22"): Expects(
+        FASTVIDEO + ", WanModel",
+        "raw_mean",
+        "prompt",
+        "right",
+        "last_hidden_state",
+        "float32 bytes",
+        _EFFECTIVE,
+    ),
+    ("parquet", "ltx2"): Expects(
+        FASTVIDEO + ", LTX2Model",
+        "normalised",
+        "all",
+        "left",
+        "post_connector",
+        "float32 bytes",
+        _EFFECTIVE + "; it feeds the RoPE",
+        (
+            (
+                "text_encoder_output",
+                "pre_connector",
+                "LTX2Model runs no connector and passes no attention mask: it would "
+                "train on pre-connector features and their left pad rows as if they were connector outputs (use "
+                "--text-stage post_connector, the fastvideo-ltx2 recipe, or --format ltx for the LTX-2 trainer)",
+            ),
+        ),
+    ),
+    ("parquet", "image"): Expects(
+        "pyarrow / datasets readers (FastVideo trains no model of this family)",
+        "normalised",
+        "prompt",
+        "right",
+        "last_hidden_state",
+        "float32 bytes",
+        "-",
+    ),
+    ("webdataset", "wan22"): Expects(
+        "webdataset.WebDataset readers",
+        "normalised",
+        "all",
+        "right",
+        "last_hidden_state",
+        _WIDENED,
+        _EFFECTIVE + " (json member)",
+    ),
+    ("webdataset", "ltx2"): Expects(
+        "webdataset.WebDataset readers",
+        "normalised",
+        "all",
+        "left",
+        "pre_connector",
+        _WIDENED,
+        _EFFECTIVE + " (json member)",
+    ),
+    ("webdataset", "image"): Expects(
+        "webdataset.WebDataset readers; the CC12M latent layout (--recipe cc12m-wds)",
+        "normalised",
+        "all",
+        "right",
+        "last_hidden_state",
+        "float16 .npy with --store-dtype fp16, else float32",
+        "-",
+    ),
+}
+
+
+def expects(fmt: str, family: str) -> Expects | None:
+    """What the consumer of `fmt` reads for `family` (None: a plugin family, read by latentforge's readers)."""
+    return CONSUMERS.get((fmt, family))
+
+
+def latent_norm_for(fmt: str, family: str, family_norm: str) -> str:
+    """The normalisation the spec records for `family` in `fmt`: the family's own, or `RAW_MEAN` where the consumer
+    normalises at training time (so the two caches have different fingerprints)."""
+    found = expects(fmt, family)
+    return RAW_MEAN if found is not None and found.latents == "raw_mean" else family_norm
+
+
+def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
+    """ConfigError when no consumer of the spec's format reads its family's tensors correctly, naming the consumer
+    and what it would misread (`kinds`: the output kinds each sample holds)."""
+    if spec.layout == "cc12m" and set(kinds) - {"latents"}:
+        raise ConfigError(
+            f"--layout cc12m stores <key>.npy (the latents) and <key>.txt (the caption) only, as the CC12M latent set "
+            f"does: this model also makes {', '.join(k for k in kinds if k != 'latents')}; use a model without a "
+            "text encoder (make-tiny-model --text none) or the default layout"
+        )
+    if spec.layout == "cc12m" and spec.store_dtype != "fp16":
+        raise ConfigError(
+            "--layout cc12m stores float16 .npy latents, as the CC12M latent set does: use --store-dtype fp16 (a "
+            "family that stores float16: image)"
+        )
+    found = expects(spec.format, spec.family)
+    if found is None:
+        return
+    for setting, value, why in found.refuses:
+        if getattr(spec, setting, None) == value:
+            flag = "--text-stage" if setting == "text_encoder_output" else f"--{setting.replace('_', '-')}"
+            raise ConfigError(
+                f"format {spec.format} with family {spec.family} and {flag} {value}: its consumer, {found.consumer}, "
+                f"would misread it: {why}"
+            )
+    if found.latents == "raw_mean" and spec.latent_norm != RAW_MEAN:
+        raise ConfigError(f"format {spec.format} with family {spec.family}: {found.consumer} expects {RAW_MEAN}")
+
+
+def keeps_all_text_rows(fmt: str, family: str) -> bool:
+    """Whether the consumer reads every text row (padded to max_length) rather than the prompt's tokens only."""
+    found = expects(fmt, family)
+    return found is None or found.text_rows == "all"
+
+
+def stores_raw_mean(spec: Any) -> bool:
+    """Whether the spec stores latents as the raw posterior mean."""
+    return getattr(spec, "latent_norm", None) == RAW_MEAN
+
+
+def stored_fps(temporal: str | None, info: dict[str, Any]) -> float:
+    """The rate of the frames a sample stores: N under ``fps:N`` (the rate the frames were resampled to, as
+    FastVideo records it), else the sampled frames' effective rate (native / the mean index step), else the
+    stream's rate; 0.0 when none is known (a still)."""
+    if temporal and temporal.startswith("fps:"):
+        return float(temporal.split(":", 1)[1])
+    sampling = info.get("sampling") or {}
+    return float(sampling.get("fps") or info.get("fps") or 0.0)
+
+
+class RawMeanEncoder:
+    """A loaded family seen through a consumer that normalises latents itself: `encode_videos` gives the raw
+    posterior mean in float32 (the caller casts to the stored dtype), so no bf16 rounding of the normalised value
+    is undone. The family must have ``encode_raw_videos`` (wan22)."""
+
+    def __init__(self, loaded: Any) -> None:
+        if not callable(getattr(loaded, "encode_raw_videos", None)):
+            raise ConfigError(f"family {loaded.name} cannot give raw posterior means (no encode_raw_videos)")
+        self.loaded = loaded
+        self.name = loaded.name
+
+    def encode_videos(self, pixels: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return self.loaded.encode_raw_videos(pixels)
+
+
+def latent_encoder(encoder: Any, spec: Any) -> Any:
+    """The encoder whose ``encode_videos`` gives the latents the spec stores (the family's, or its raw mean)."""
+    return RawMeanEncoder(encoder) if stores_raw_mean(spec) else encoder
+
+
+def normalised(latents: torch.Tensor, spec: Any, family: Any) -> torch.Tensor:
+    """Stored latents as the family's decoder takes them: raw means normalised with the loaded family's own
+    ``normalise`` (decode-and-verify of a FastVideo Wan2.2 cache), others as they are."""
+    return family.normalise(latents) if stores_raw_mean(spec) else latents
+
+
+def layout_for(config: Any) -> str | None:
+    """The spec's ``layout``: ``fastvideo`` for parquet (its rows follow FastVideo's preprocessing), ``cc12m`` for a
+    webdataset asked for the CC12M seed's layout, else None (latentforge's own; left out of the fingerprint)."""
+    asked = getattr(config, "layout", None)
+    if asked == "cc12m" and config.format != "webdataset":
+        raise ConfigError(
+            f"--layout cc12m is a webdataset layout (the CC12M latent set): not for --format {config.format}"
+        )
+    if config.format == "parquet":
+        return "fastvideo"
+    return "cc12m" if asked == "cc12m" else None
+
+
+def layout_notes(spec: Any, shards: list[Any]) -> list[str]:
+    """What the plan says of the spec's layout's part names (ConfigError where the layout cannot name them)."""
+    if spec.layout != "cc12m":
+        return []
+    return cc12m_names(shards, spec.shard_samples)
+
+
+def written_for(spec: dict[str, Any]) -> dict[str, Any]:
+    """Which consumer a cache (its cache.json ``spec``) was written for, and what that consumer sees: latents
+    normalised or the raw mean, which text rows and stage, the dtype on disk, what fps means; ``layout`` where the
+    cache follows a consumer's layout (fastvideo, cc12m)."""
+    found = expects(str(spec.get("format")), str(spec.get("family")))
+    stage = spec.get("text_encoder_output", "last_hidden_state")
+    if found is None:
+        return {"consumer": _LATENTFORGE, "latents": "normalised", "text_stage": stage}
+    return {
+        "consumer": found.consumer,
+        "latents": "raw_mean" if spec.get("latent_norm") == RAW_MEAN else "normalised",
+        "text_rows": found.text_rows,
+        "padding_side": found.padding_side,
+        "text_stage": stage,
+        "dtype_on_disk": found.dtype_on_disk,
+        "fps": found.fps,
+        **({"layout": spec["layout"]} if spec.get("layout") else {}),
+    }
