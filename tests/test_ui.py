@@ -1,25 +1,40 @@
 """The Prefect UI of `latentforge server start` on a non-default port, in a real browser (headless Chromium).
 
-A build pauses at the conflict gate; the test answers it through the UI's Resume form as a person would:
-a bare Submit is refused (the run stays paused), then `new_dir` with a note and a name. The run finishes,
-OUT-v2 is written, OUT is byte-identical, and the answer is in the new cache's run report.
+One server and one build serve every test here. The build pauses at the conflict gate; the test answers it
+through the classic UI's Resume form as a person would: a bare Submit is refused (the run stays paused), then
+`new_dir` with a note and a name. The run finishes, OUT-v2 is written, OUT is byte-identical, and the answer is in
+the new cache's run report. Then the finished run's decode report is opened in both of Prefect 3.9's UIs (classic
+at ``/``, the new one at ``/v2``): every strip picture has loaded and nothing is cut at the right of a 1600-px
+window. Screenshots go to ``$LF_UI_SCREENSHOTS`` (default: the test's tmp_path).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from prefect.flow_runs import resume_flow_run
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.run import run_build
 from infra.audit.run_report import latest_run_report
-from tests.browser import BrowserStuck, browser_missing, chromium, open_resume_form, submit_answer
+from tests.browser import (
+    BrowserStuck,
+    artifact_pictures,
+    browser_missing,
+    chromium,
+    open_resume_form,
+    open_run_artifact,
+    submit_answer,
+)
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
 from tests.pauses import wait_pending
@@ -28,6 +43,7 @@ from tests.procs import free_port, prefect_home
 LF = str(Path(sys.executable).with_name("latentforge"))
 NEW_FRAMES = FRAMES + 4
 PAUSE_WAIT = 180
+DECODED = 2  # samples the run decodes: strips in its report
 
 
 @pytest.fixture(scope="module")
@@ -57,43 +73,117 @@ def _paused_run(api: str, build: subprocess.Popen) -> str:
     return wait_pending(api, build=build, wait_s=PAUSE_WAIT).id
 
 
-def test_a_person_answers_the_conflict_gate_in_the_ui(ui_server, tmp_path, tiny_model, clips):
-    if reason := browser_missing():
-        pytest.skip(f"the browser test needs headless Chromium: {reason}")
-    ui, api, env = ui_server
-    src = make_shards(
-        tmp_path / "src", {"s": [sample(0, i, cut_clip(clips["carphone"], 9), b"a call") for i in (0, 1)]}
-    )
-    out = tmp_path / "out"
+@dataclass
+class PausedBuild:
+    """The module's one build: paused at the conflict gate until a test (or `finished`) answers it."""
+
+    run_id: str
+    process: subprocess.Popen
+    out: Path
+    before: dict[str, str]
+    api: str
+    output: str | None = None
+
+    def finish(self) -> str:
+        """Wait for the build to end (answered); its stdout and stderr."""
+        if self.output is None:
+            stdout, stderr = self.process.communicate(timeout=300)
+            self.output = stdout + stderr
+        return self.output
+
+
+@pytest.fixture(scope="module")
+def paused(ui_server, tmp_path_factory, tiny_model, clips) -> Iterator[PausedBuild]:
+    """A cache of two samples, then a `build` of other frames on the server: paused at the conflict gate."""
+    _, api, env = ui_server
+    root = tmp_path_factory.mktemp("ui-run")
+    src = make_shards(root / "src", {"s": [sample(0, i, cut_clip(clips["carphone"], 9), b"a call") for i in (0, 1)]})
+    out = root / "out"
     ok, result = run_build(config(src, tiny_model, out))
     assert ok, result
     before = tree_hashes(out)
     args = [LF, "build", "--source", f"vbvr:{src}", "--model", str(tiny_model), "--out", str(out), "--device", "cpu"]
     args += ["--dtype", "fp32", "--frames", str(NEW_FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH)]
-    args += ["--decode-samples", "0"]
+    args += ["--decode-samples", str(DECODED)]
     build = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        run_id = _paused_run(api, build)
-        for attempt in (1, 2):  # a stuck browser is killed by its watchdog; the run is still paused for a second one
-            try:
-                with chromium() as driver:
-                    preview = open_resume_form(driver, ui, run_id, screenshot=tmp_path / "resume-form.png")
-                    assert "incompatible" in preview and "frames" in preview and "new_dir" in preview
-                    submit_answer(driver, None)  # a bare Submit: refused by the form, the run stays paused
-                    assert _paused_run(api, build) == run_id
-                    submit_answer(driver, "new_dir", note="keep last week's cache", by="browser-test")
-                break
-            except BrowserStuck:
-                if attempt == 2 or _paused_run(api, build) != run_id:
-                    raise
-        stdout, stderr = build.communicate(timeout=300)
+        yield PausedBuild(_paused_run(api, build), build, out, before, api)
     finally:
         if build.poll() is None:
             build.kill()
-    assert build.returncode == 0, stdout + stderr
-    assert tree_hashes(out) == before
-    moved = tmp_path / "out-v2"
+            build.communicate()
+
+
+@pytest.fixture(scope="module")
+def finished(paused: PausedBuild) -> PausedBuild:
+    """The build, answered and ended: by the UI test when it ran first, else (run alone) through the API."""
+    if paused.output is None and paused.process.poll() is None and paused.output is None:
+        with contextlib.suppress(Exception):  # answered already if the UI test got this far
+            resume(paused.api, paused.run_id, {"choice": "new_dir", "by": "test_ui fixture"})
+    output = paused.finish()
+    assert paused.process.returncode == 0, output
+    return paused
+
+
+def resume(api: str, run_id: str, answer: dict[str, str]) -> None:
+    with temporary_settings({PREFECT_API_URL: api}):
+        resume_flow_run(run_id, run_input=answer)
+
+
+def _screens(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("LF_UI_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def test_a_person_answers_the_conflict_gate_in_the_ui(ui_server, paused, tmp_path):
+    if reason := browser_missing():
+        pytest.skip(f"the browser test needs headless Chromium: {reason}")
+    ui, api, _ = ui_server
+    run_id, build = paused.run_id, paused.process
+    for attempt in (1, 2):  # a stuck browser is killed by its watchdog; the run is still paused for a second one
+        try:
+            with chromium() as driver:
+                preview = open_resume_form(driver, ui, run_id, screenshot=_screens(tmp_path) / "resume-form.png")
+                assert "incompatible" in preview and "frames" in preview and "new_dir" in preview
+                submit_answer(driver, None)  # a bare Submit: refused by the form, the run stays paused
+                assert _paused_run(api, build) == run_id
+                submit_answer(driver, "new_dir", note="keep last week's cache", by="browser-test")
+            break
+        except BrowserStuck:
+            if attempt == 2 or _paused_run(api, build) != run_id:
+                raise
+    output = paused.finish()
+    assert build.returncode == 0, output
+    assert tree_hashes(paused.out) == paused.before
+    moved = paused.out.with_name("out-v2")
     assert json.loads((moved / "cache.json").read_text())["spec"]["frames"] == NEW_FRAMES
     (decision,) = latest_run_report(moved).decisions
     assert (decision.gate, decision.choice, decision.how) == ("conflict", "new_dir", "person")
     assert (decision.by, decision.note) == ("browser-test", "keep last week's cache")
+
+
+def _artifact_id(api: str, run_id: str, key: str) -> str:
+    body = json.dumps({"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [run_id]}}}).encode()
+    request = urllib.request.Request(f"{api}/artifacts/filter", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        (artifact,) = json.load(response)
+    assert len(artifact["data"]) < 1_000_000  # under the server's event size limit, with a margin
+    return artifact["id"]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_the_decode_strips_show_as_pictures_in_both_uis(ui_server, finished, tmp_path, version):
+    if reason := browser_missing():
+        pytest.skip(f"the browser test needs headless Chromium: {reason}")
+    ui, api, _ = ui_server
+    artifact = _artifact_id(api, finished.run_id, "decode-verify-report")
+    base, shots = (ui if version == "v1" else f"{ui}/v2"), _screens(tmp_path)
+    with chromium(width=1600) as driver:
+        url = open_run_artifact(driver, base, finished.run_id, "decode-verify-report", shots / f"run-{version}.png")
+        assert url.endswith(f"/artifacts/artifact/{artifact}") and (version == "v1") != ("/v2/" in url)
+        pictures = artifact_pictures(driver, None, DECODED, shots / f"decode-{version}.png")
+    assert len(pictures["images"]) == DECODED, pictures
+    assert all(image["natural"] > 0 and image["shown"] > 0 for image in pictures["images"]), pictures
+    assert pictures["overflow"] == [], pictures  # no table or text runs past the window's right edge
+    assert "PSNR" in pictures["text"] and "SSIM" in pictures["text"]

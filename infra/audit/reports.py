@@ -8,6 +8,9 @@ timestamp, then by that number (``-10`` after ``-9``, and the unnumbered name fi
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import itertools
 import json
 import logging
@@ -15,10 +18,17 @@ import re
 from collections.abc import Mapping
 from dataclasses import astuple, fields
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from PIL import Image
 
 from infra.cache.storage import atomic_write
+from infra.sources import is_safe_name
+
+if TYPE_CHECKING:  # types only: the formats import torch
+    from infra.cache.ledger import LedgerRow
+    from infra.formats import Format
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +86,79 @@ def write_new(directory: Path, prefix: str, files: Mapping[str, bytes], *, stamp
         logger.info("wrote %s", ", ".join(str(p) for p in written))
         return written
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def sample_stem(row: LedgerRow, fmt: Format) -> str:
+    """The sample's output stem, unique in its cache: the name its files were written under (the source's
+    ``group/id``, ``dir/clip``, ``shard/key``, with ``@first`` for a window), without the format's folder and
+    suffix; in a shard format its key in the part. Reports name a sample's files by it (``<stem>.png``), so two
+    samples never share a name, whatever the source layout (two ``G-11/*/video.mp4`` are ``G-11/a/video`` and
+    ``G-11/b/video``). A row whose stored name is not a safe relative path gets ``<group>/<sha256 of its shard
+    and key>``, still unique."""
+    file = row.file_of("latents") or next(iter(row.output_files()), None)
+    stem = None
+    if file is not None and file.member:
+        stem = file.member
+    elif file is not None:
+        template = fmt.paths("\0", ["latents"]).get("latents", "\0")  # where a stem goes in the format's names
+        before, _, after = template.partition("\0")
+        path = file.path
+        if path.startswith(before) and path.endswith(after) and len(path) > len(before) + len(after):
+            stem = path[len(before) : len(path) - len(after)]
+    parts = PurePosixPath(stem).parts if stem else ()
+    if parts and all(is_safe_name(p) for p in parts):
+        return "/".join(parts)
+    digest = hashlib.sha256(f"{row.shard}\0{row.key}".encode()).hexdigest()[:16]
+    return f"{row.group if is_safe_name(row.group) else 'ungrouped'}/{digest}"
+
+
+def shorten(text: str, limit: int = 48) -> str:
+    """`text`, or its head and tail around a "…" when longer than `limit` (the tail names the file)."""
+    if len(text) <= limit:
+        return text
+    tail = limit * 2 // 3
+    return f"{text[: limit - tail - 1]}…{text[-tail:]}"
+
+
+#: Widths tried, largest first, when a picture is embedded in an artifact: the first whose PNG fits its share.
+EMBED_WIDTHS = (640, 480, 360, 240, 160, 120)
+#: A smaller picture (a tiny test geometry's strip) is first tried enlarged by a whole factor to at least this
+#: width, pixels repeated (nearest), so it can be seen; PNG stores the repeats for little.
+MIN_SHOWN_WIDTH = 360
+
+
+class Embedded(NamedTuple):
+    """A picture made small enough to embed: its data URI, its width, and whether it was cut to 256 colours."""
+
+    uri: str
+    width: int
+    palette: bool
+
+
+def png_data_uri(png: bytes, max_chars: int, widths: tuple[int, ...] = EMBED_WIDTHS) -> Embedded | None:
+    """A PNG as a ``data:image/png;base64,...`` URI of at most `max_chars` characters: at the largest of `widths`
+    that fits (never enlarged, except a small one first tried at `MIN_SHOWN_WIDTH`), in full colour, else at that
+    width in 256 colours (a 480-wide strip of 832² frames: 464 KB in full colour, 139 KB in 256), else smaller.
+    None when even the smallest does not fit."""
+    with Image.open(io.BytesIO(png)) as image:
+        picture = image.convert("RGB")
+    sizes = []
+    if picture.width < MIN_SHOWN_WIDTH:
+        k = -(-MIN_SHOWN_WIDTH // picture.width)
+        sizes.append((picture.width * k, picture.height * k))
+    for width in (min(w, picture.width) for w in widths):
+        sizes.append((width, max(1, round(picture.height * width / picture.width))))
+    for size in dict.fromkeys(sizes):  # in order, once each
+        filt = Image.Resampling.NEAREST if size[0] > picture.width else Image.Resampling.LANCZOS
+        scaled = picture if size == picture.size else picture.resize(size, filt)
+        for palette in (False, True):
+            shown = scaled.quantize(256, dither=Image.Dither.NONE) if palette else scaled
+            buffer = io.BytesIO()
+            shown.save(buffer, format="PNG", optimize=True)
+            uri = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+            if len(uri) <= max_chars:
+                return Embedded(uri, size[0], palette)
+    return None
 
 
 #: A report section: (title, column names, rows of cells). Tables render the same in markdown and a terminal.
