@@ -187,7 +187,11 @@ return {images, overflow, text: document.body.innerText};
 def open_run_artifact(driver: Any, base_url: str, run_id: str, key: str, screenshot: Path | None = None) -> str:
     """Open the run's Artifacts tab (`base_url`: either UI's root), wait for the artifact `key` to be listed, and
     follow its link as a person would; returns the artifact page's URL."""
-    driver.get(f"{base_url.rstrip('/')}/runs/flow-run/{run_id}?tab=Artifacts")
+    from selenium.webdriver.support import expected_conditions as ec  # noqa: PLC0415
+
+    driver.get(f"{base_url.rstrip('/')}/runs/flow-run/{run_id}")
+    tab = (_by().XPATH, "//*[(self::li or self::button or @role='tab') and normalize-space()='Artifacts']")  # V1, V2
+    _wait(driver).until(ec.element_to_be_clickable(tab)).click()
     link = (_by().XPATH, f"//a[contains(@href,'/artifacts/artifact/')][contains(normalize-space(), '{key}')]")
     try:
         found = _wait(driver).until(lambda d: d.find_elements(*link))
@@ -215,3 +219,59 @@ def artifact_pictures(driver: Any, url: str | None, expected: int, screenshot: P
         driver.set_window_size(driver.get_window_size()["width"], min(max(height + 120, 800), 4000))
         driver.save_screenshot(str(screenshot))
     return found
+
+
+#: The V2 UI (React, under ``/v2``): a paused run's Resume is an item of the page heading's "Open menu"; its dialog
+#: shows the preview above a form whose enum field is a combobox button ("Select <EnumTitle>") opening a listbox,
+#: and whose text fields are ``<textarea>``s named by their ``<label for=...>``. A refused answer shows a toast.
+_V2_DIALOG = "//div[@role='dialog']"
+
+
+def open_resume_form_v2(driver: Any, ui_url: str, run_id: str, screenshot: Path | None = None) -> str:
+    """The V2 UI: open the run's page, choose Resume in its menu, wait for the form; returns the dialog's text."""
+    from selenium.webdriver.support import expected_conditions as ec  # noqa: PLC0415
+
+    xpath, wait = _by().XPATH, _wait(driver)
+    driver.get(f"{ui_url.rstrip('/')}/v2/runs/flow-run/{run_id}")
+    menu = (xpath, "(//button[@aria-haspopup='menu'][normalize-space()='Open menu'])[1]")
+    wait.until(ec.element_to_be_clickable(menu)).click()
+    wait.until(ec.element_to_be_clickable((xpath, "//*[@role='menuitem'][normalize-space()='Resume']"))).click()
+    wait.until(ec.presence_of_element_located(_v2_choice()))  # the form renders once the input schema is fetched
+    dialog = wait.until(ec.visibility_of_element_located((xpath, _V2_DIALOG)))
+    if screenshot is not None:
+        driver.save_screenshot(str(screenshot))
+    return str(dialog.text)
+
+
+def _v2_choice() -> tuple[str, str]:
+    return _by().XPATH, f"{_V2_DIALOG}//button[@aria-haspopup='listbox'][starts-with(@aria-label,'Select ')]"
+
+
+def _v2_textarea(driver: Any, label: str) -> Any:
+    found = driver.find_element(_by().XPATH, f"{_V2_DIALOG}//label[starts-with(normalize-space(),'{label}')]")
+    return driver.find_element(_by().ID, found.get_attribute("for"))
+
+
+def submit_answer_v2(driver: Any, choice: str | None, note: str = "", by: str = "") -> None:
+    """The V2 UI: pick `choice` (None: leave it empty), fill note and by, press Resume; wait for the verdict (the
+    dialog closes, or, without a choice, the "'choice' is a required property" toast)."""
+    from selenium.webdriver.support import expected_conditions as ec  # noqa: PLC0415
+
+    xpath, wait = _by().XPATH, _wait(driver)
+    if choice is not None:
+        wait.until(ec.element_to_be_clickable(_v2_choice())).click()
+        wait.until(ec.element_to_be_clickable((xpath, f"//*[@role='option'][normalize-space()='{choice}']"))).click()
+        wait.until(lambda d: d.find_element(*_v2_choice()).text.strip() == choice)
+    for label, value in (("Note", note), ("By", by)):
+        if value:
+            area = _v2_textarea(driver, label)
+            area.clear()
+            area.send_keys(value)
+            wait.until(lambda d, lb=label, v=value: _v2_textarea(d, lb).get_property("value") == v)
+    submit = (xpath, f"{_V2_DIALOG}//div[@data-slot='dialog-footer']//button[normalize-space()='Resume']")
+    wait.until(ec.element_to_be_clickable(submit)).click()
+    if choice is None:
+        toast = "//*[contains(normalize-space(), \"'choice' is a required property\")]"
+        wait.until(ec.visibility_of_element_located((xpath, toast)))
+        return
+    wait.until(ec.invisibility_of_element_located((xpath, _V2_DIALOG)))
