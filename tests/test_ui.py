@@ -26,6 +26,7 @@ import pytest
 from prefect.flow_runs import resume_flow_run
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
+from flows.approval import ConflictAnswer, LossAnswer, ReplaceAnswer, StaleAnswer
 from flows.run import run_build
 from infra.audit.run_report import latest_run_report
 from infra.cache import ledger
@@ -248,3 +249,16 @@ def test_the_decode_strips_show_as_pictures_in_both_uis(ui_server, finished, tmp
     assert all(image["natural"] > 0 and image["shown"] > 0 for image in pictures["images"]), pictures
     assert pictures["overflow"] == [], pictures  # no table or text runs past the window's right edge
     assert "PSNR" in pictures["text"] and "SSIM" in pictures["text"]
+
+
+@pytest.mark.parametrize("model", [ConflictAnswer, StaleAnswer, LossAnswer, ReplaceAnswer])
+def test_every_gate_pauses_with_the_form_the_browser_tests_answer(model):
+    """The UIs draw the form from the answer model's JSON schema: every gate's is the one tried above in both UIs
+    (a required enum `choice`, optional text `note` and `by`), so the stale and upload-replace gates' forms work
+    the same way."""
+    schema = model.model_json_schema()
+    assert schema["required"] == ["choice"] and set(schema["properties"]) == {"choice", "note", "by"}
+    assert all(schema["properties"][f] == {"default": "", "title": f.title(), "type": "string"} for f in ("note", "by"))
+    (enum,) = schema["$defs"].values()
+    assert enum["type"] == "string" and "abort" in enum["enum"]
+    assert schema["properties"]["choice"] == {"$ref": f"#/$defs/{enum['title']}"}

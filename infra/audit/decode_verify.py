@@ -144,13 +144,13 @@ class DecodeReport:
     def markdown(self) -> str:
         """The report for report.md: the tables, then each sample's strip (a link relative to the report)."""
         pictures = [(r, _relative(r.png, self.report_dir), _relative(r.mel_png, self.report_dir)) for r in self.rows]
-        return reports.render_markdown(self.headline(), self._intro(), self._sections()) + _pictures(pictures)
+        return reports.render_markdown(self.headline(), self._intro(), self._sections(short=True)) + _pictures(pictures)
 
     def artifact_markdown(self, max_chars: int = ARTIFACT_BYTES) -> str:
         """The report for the Prefect UI: the same tables, then up to `MAX_EMBEDDED` strips (and mel pictures) as
         small PNGs embedded as data URIs (a browser loads no ``file://`` picture from an ``http://`` page), each
         downscaled to fit its share of `max_chars`; a picture that does not fit is named, not drawn."""
-        head = reports.render_markdown(self.headline(), self._intro(), self._sections())
+        head = reports.render_markdown(self.headline(), self._intro(), self._sections(short=True))
         budget = max_chars - len(head) - 200 * len(self.rows) - 200
         drawn = self.rows[:MAX_EMBEDDED]
         share = max(0, budget // max(1, sum(1 + (r.mel_png is not None) for r in drawn)))
@@ -168,17 +168,18 @@ class DecodeReport:
         where = [f"cache {self.out}", f"model {self.model}", f"source {self.source}", f"files {self.report_dir}"]
         return [*where, f"PSNR/SSIM on [0, 1] pixels against the source re-derived with the recipe; gate: {gate}"]
 
-    def _sections(self) -> list[reports.Section]:
-        """Samples (numbers first, the sample's name shortened; files in the pictures' captions and report.json)
-        and problems (the text last)."""
+    def _sections(self, *, short: bool = False) -> list[reports.Section]:
+        """Samples (numbers first, the sample's name last, `short`ened for a page: in full in the pictures'
+        captions) and problems (the text last)."""
+        name = reports.shorten if short else str
         header = ["psnr", "ssim", "frames", *(["mel_l1"] if self._audio else []), "sample"]
         rows = [
             [_safe(r.psnr, 2), _safe(r.ssim, 4), r.frames]
             + ([_safe(r.audio_mel_l1, 4)] if self._audio else [])
-            + [reports.shorten(r.stem or r.id)]
+            + [name(r.stem or r.id)]
             for r in self.rows
         ]
-        problems = [[reports.shorten(p.id), p.shard, p.problem] for p in self.problems]
+        problems = [[name(p.id), p.shard, p.problem] for p in self.problems]
         return [("Samples", header, rows), ("Problems", ["sample", "shard", "problem"], problems)]
 
 

@@ -125,6 +125,7 @@ EMBED_WIDTHS = (640, 480, 360, 240, 160, 120)
 #: A smaller picture (a tiny test geometry's strip) is first tried enlarged by a whole factor to at least this
 #: width, pixels repeated (nearest), so it can be seen; PNG stores the repeats for little.
 MIN_SHOWN_WIDTH = 360
+_LANCZOS = Image.Resampling.LANCZOS
 
 
 class Embedded(NamedTuple):
@@ -142,6 +143,8 @@ def png_data_uri(png: bytes, max_chars: int, widths: tuple[int, ...] = EMBED_WID
     None when even the smallest does not fit."""
     with Image.open(io.BytesIO(png)) as image:
         picture = image.convert("RGB")
+    if picture.width > widths[0]:  # one resize from full size; the smaller candidates are made from this one
+        picture = picture.resize((widths[0], max(1, round(picture.height * widths[0] / picture.width))), _LANCZOS)
     sizes = []
     if picture.width < MIN_SHOWN_WIDTH:
         k = -(-MIN_SHOWN_WIDTH // picture.width)
@@ -149,15 +152,17 @@ def png_data_uri(png: bytes, max_chars: int, widths: tuple[int, ...] = EMBED_WID
     for width in (min(w, picture.width) for w in widths):
         sizes.append((width, max(1, round(picture.height * width / picture.width))))
     for size in dict.fromkeys(sizes):  # in order, once each
-        filt = Image.Resampling.NEAREST if size[0] > picture.width else Image.Resampling.LANCZOS
+        filt = Image.Resampling.NEAREST if size[0] > picture.width else _LANCZOS
         scaled = picture if size == picture.size else picture.resize(size, filt)
         for palette in (False, True):
-            shown = scaled.quantize(256, dither=Image.Dither.NONE) if palette else scaled
+            shown = scaled.quantize(256, Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE) if palette else scaled
             buffer = io.BytesIO()
-            shown.save(buffer, format="PNG", optimize=True)
+            shown.save(buffer, format="PNG", compress_level=6)
             uri = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
             if len(uri) <= max_chars:
                 return Embedded(uri, size[0], palette)
+            if not palette and len(uri) > 4 * max_chars:  # 256 colours save ~2-3x, not 4x: skip to a smaller size
+                break
     return None
 
 
