@@ -25,7 +25,14 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.run import run_build
 from infra.audit import reports
-from infra.audit.decode_verify import ARTIFACT_BYTES, DecodeReport, choose_samples, decode_and_verify, mel_picture
+from infra.audit.decode_verify import (
+    ARTIFACT_BYTES,
+    DecodedSample,
+    DecodeReport,
+    choose_samples,
+    decode_and_verify,
+    mel_picture,
+)
 from infra.audit.metrics import K1, psnr, ssim
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
@@ -356,3 +363,13 @@ def test_the_mel_picture_puts_the_source_above_the_decoded(tmp_path):
     assert picture.shape == ((64 + 2 + 64) * 2, 10 * 2)
     assert picture[0, 0] == 255 and picture[127, 0] == 0  # top band loudest, bottom band quietest (flipped)
     assert (picture[128:132] == 255).all() and (picture[132:] == 0).all()  # the white gap, then the silent decode
+
+    (tmp_path / "clips").mkdir()
+    (tmp_path / "clips" / "a.mel.png").write_bytes(mel_picture(reference, decoded))
+    Image.new("RGB", (240, 96), (200, 30, 30)).save(tmp_path / "clips" / "a.png")
+    row = DecodedSample("clips/a.mp4", "clips", "x.pt", 20.0, 0.5, 9, "a.mp4", str(tmp_path / "clips" / "a.png"),
+                        "clips/a", audio_mel_l1=1.25, mel_png=str(tmp_path / "clips" / "a.mel.png"))  # fmt: skip
+    text = DecodeReport("out", "model", "meta:x", str(tmp_path), rows=[row]).artifact_markdown()
+    assert "| psnr | ssim | frames | mel_l1 | sample |" in text and "· mel L1 1.25**" in text
+    strip, mel = _data_uris(text)
+    assert strip.shape == (192, 480, 3) and mel.shape == (260, 20, 3)  # the strip enlarged ×2, the mel as it is

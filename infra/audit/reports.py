@@ -125,6 +125,7 @@ EMBED_WIDTHS = (640, 480, 360, 240, 160, 120)
 #: A smaller picture (a tiny test geometry's strip) is first tried enlarged by a whole factor to at least this
 #: width, pixels repeated (nearest), so it can be seen; PNG stores the repeats for little.
 MIN_SHOWN_WIDTH = 360
+MAX_SHOWN_HEIGHT = 400  # ... unless that makes it taller than this (a short clip's mel picture)
 _LANCZOS = Image.Resampling.LANCZOS
 
 
@@ -138,16 +139,16 @@ class Embedded(NamedTuple):
 
 def png_data_uri(png: bytes, max_chars: int, widths: tuple[int, ...] = EMBED_WIDTHS) -> Embedded | None:
     """A PNG as a ``data:image/png;base64,...`` URI of at most `max_chars` characters: at the largest of `widths`
-    that fits (never enlarged, except a small one first tried at `MIN_SHOWN_WIDTH`), in full colour, else at that
-    width in 256 colours (a 480-wide strip of 832² frames: 464 KB in full colour, 139 KB in 256), else smaller.
-    None when even the smallest does not fit."""
+    that fits (never enlarged, except a small one first tried at `MIN_SHOWN_WIDTH`, at most `MAX_SHOWN_HEIGHT`
+    tall), in full colour, else at that width in 256 colours (a 480-wide strip of 832² frames: 464 KB in full
+    colour, 139 KB in 256), else smaller. None when even the smallest does not fit."""
     with Image.open(io.BytesIO(png)) as image:
         picture = image.convert("RGB")
     if picture.width > widths[0]:  # one resize from full size; the smaller candidates are made from this one
         picture = picture.resize((widths[0], max(1, round(picture.height * widths[0] / picture.width))), _LANCZOS)
     sizes = []
-    if picture.width < MIN_SHOWN_WIDTH:
-        k = -(-MIN_SHOWN_WIDTH // picture.width)
+    k = min(-(-MIN_SHOWN_WIDTH // picture.width), MAX_SHOWN_HEIGHT // picture.height)
+    if k > 1:
         sizes.append((picture.width * k, picture.height * k))
     for width in (min(w, picture.width) for w in widths):
         sizes.append((width, max(1, round(picture.height * width / picture.width))))
