@@ -6,16 +6,16 @@ happens, the run report is written, one per run, before the run ends.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
-from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 
 from flows.approval import LossAnswer, LossChoice, decide
 from flows.conflict import default_policy
 from flows.steps import set_step
+from infra.audit.decode_verify import DecodeReport
 from infra.audit.reconcile import ReconcileReport
 from infra.audit.run_report import run_report, write_run_report
 from infra.errors import GateFailed
@@ -107,8 +107,9 @@ def _loss_decision(plan: BuildPlan, recon: ReconcileReport) -> Decision:
     return Decision(gate="loss", choice=choice.value, how="policy", by=f"on_loss={policy}", details=details)
 
 
-def _publish_decode(decode: Any) -> None:
+def _publish_decode(decode: DecodeReport) -> None:
+    """The numbers as a table, and the report with each strip drawn in it (embedded PNGs: an image artifact's
+    ``file://`` URL is not loaded by a browser on the server's ``http://`` page)."""
     create_table_artifact(decode.table(), key="decode-verify", description="PSNR / SSIM of decoded samples")
-    for index, strip in enumerate(decode.strip_paths[:4]):
-        create_image_artifact(Path(strip).resolve().as_uri(), key=f"decode-strip-{index}", description=str(strip))
-    create_markdown_artifact(decode.markdown(), key="decode-verify-report", description="decode-and-verify")
+    description = f"decode-and-verify: strips and PSNR / SSIM (files in {decode.report_dir})"
+    create_markdown_artifact(decode.artifact_markdown(), key="decode-verify-report", description=description)

@@ -8,6 +8,8 @@ timestamp, then by that number (``-10`` after ``-9``, and the unnumbered name fi
 
 from __future__ import annotations
 
+import base64
+import io
 import itertools
 import json
 import logging
@@ -16,7 +18,9 @@ from collections.abc import Mapping
 from dataclasses import astuple, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from PIL import Image
 
 from infra.storage import atomic_write
 
@@ -76,6 +80,61 @@ def write_new(directory: Path, prefix: str, files: Mapping[str, bytes], *, stamp
         logger.info("wrote %s", ", ".join(str(p) for p in written))
         return written
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def shorten(text: str, limit: int = 48) -> str:
+    """`text`, or its head and tail around a "…" when longer than `limit` (the tail names the file)."""
+    if len(text) <= limit:
+        return text
+    tail = limit * 2 // 3
+    return f"{text[: limit - tail - 1]}…{text[-tail:]}"
+
+
+#: Widths tried, largest first, when a picture is embedded in an artifact: the first whose PNG fits its share.
+EMBED_WIDTHS = (640, 480, 360, 240, 160, 120)
+#: A smaller picture (a tiny test geometry's strip) is first tried enlarged by a whole factor to at least this
+#: width, pixels repeated (nearest), so it can be seen; PNG stores the repeats for little.
+MIN_SHOWN_WIDTH = 360
+MAX_SHOWN_HEIGHT = 400  # ... unless that makes it taller than this (a short clip's mel picture)
+_LANCZOS = Image.Resampling.LANCZOS
+
+
+class Embedded(NamedTuple):
+    """A picture made small enough to embed: its data URI, its width, and whether it was cut to 256 colours."""
+
+    uri: str
+    width: int
+    palette: bool
+
+
+def png_data_uri(png: bytes, max_chars: int, widths: tuple[int, ...] = EMBED_WIDTHS) -> Embedded | None:
+    """A PNG as a ``data:image/png;base64,...`` URI of at most `max_chars` characters: at the largest of `widths`
+    that fits (never enlarged, except a small one first tried at `MIN_SHOWN_WIDTH`, at most `MAX_SHOWN_HEIGHT`
+    tall), in full colour, else at that width in 256 colours (a 480-wide strip of 832² frames: 464 KB in full
+    colour, 139 KB in 256), else smaller. None when even the smallest does not fit."""
+    with Image.open(io.BytesIO(png)) as image:
+        picture = image.convert("RGB")
+    if picture.width > widths[0]:  # one resize from full size; the smaller candidates are made from this one
+        picture = picture.resize((widths[0], max(1, round(picture.height * widths[0] / picture.width))), _LANCZOS)
+    sizes = []
+    k = min(-(-MIN_SHOWN_WIDTH // picture.width), MAX_SHOWN_HEIGHT // picture.height)
+    if k > 1:
+        sizes.append((picture.width * k, picture.height * k))
+    for width in (min(w, picture.width) for w in widths):
+        sizes.append((width, max(1, round(picture.height * width / picture.width))))
+    for size in dict.fromkeys(sizes):  # in order, once each
+        filt = Image.Resampling.NEAREST if size[0] > picture.width else _LANCZOS
+        scaled = picture if size == picture.size else picture.resize(size, filt)
+        for palette in (False, True):
+            shown = scaled.quantize(256, Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE) if palette else scaled
+            buffer = io.BytesIO()
+            shown.save(buffer, format="PNG", compress_level=6)
+            uri = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+            if len(uri) <= max_chars:
+                return Embedded(uri, size[0], palette)
+            if not palette and len(uri) > 4 * max_chars:  # 256 colours save ~2-3x, not 4x: skip to a smaller size
+                break
+    return None
 
 
 #: A report section: (title, column names, rows of cells). Tables render the same in markdown and a terminal.

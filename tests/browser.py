@@ -2,7 +2,8 @@
 
 `browser_missing()` says why a test cannot run here (and how to install what is missing); `open_resume_form`
 and `submit_answer` answer a paused run's approval form in the Prefect 3.9 UI (its V1 pages, which serve
-``/runs/flow-run/<id>``). Selectors were read off that UI: the enum field is a native ``<select>`` inside
+``/runs/flow-run/<id>``); `artifact_pictures` reads an artifact page of either UI (V2 is under ``/v2``).
+Selectors were read off that UI: the enum field is a native ``<select>`` inside
 prefect-design's ``p-select`` (next to an empty placeholder ``<select>``), text fields are ``<textarea>``s.
 """
 
@@ -29,8 +30,9 @@ INSTALL = "apt-get install -y chromium chromium-driver (Debian), and selenium (p
 CHROME_ARGS = (
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
     "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--window-size=1400,1100", "--disable-3d-apis",
+    "--disable-3d-apis",
 )  # fmt: skip
+WINDOW = (1400, 1100)
 WAIT_S = 60  # a click takes seconds on a loaded 2-core machine
 WATCHDOG_S = 240  # one browser session's whole life: past it, the browser is killed (BrowserStuck)
 
@@ -44,14 +46,14 @@ def browser_missing() -> str | None:
 
 
 @contextmanager
-def chromium() -> Iterator[Any]:
-    """A headless Chromium with a fresh profile, quit and removed at the end."""
+def chromium(width: int = WINDOW[0], height: int = WINDOW[1]) -> Iterator[Any]:
+    """A headless Chromium with a fresh profile and a `width` × `height` window, quit and removed at the end."""
     from selenium import webdriver  # noqa: PLC0415 - optional: the test is skipped without it
     from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in CHROME_ARGS:
+    for arg in (*CHROME_ARGS, f"--window-size={width},{height}"):
         options.add_argument(arg)
     profile = tempfile.mkdtemp(prefix="lf-chromium-")
     options.add_argument(f"--user-data-dir={profile}")
@@ -163,3 +165,113 @@ def submit_answer(driver: Any, choice: str | None, note: str = "", by: str = "")
         return
     toast = "//div[contains(@class,'p-toast-container')]//*[normalize-space()='Flow run resumed']"
     wait.until(ec.visibility_of_element_located((xpath, toast)))
+
+
+#: What `artifact_pictures` reads off the page: every embedded picture (its natural and shown width), what runs
+#: past the window's right edge or its box (a table cut or scrolled sideways), and the page's text.
+_PICTURES_JS = """
+const images = [...document.querySelectorAll('img[src^="data:image/"]')].map(img => ({
+  alt: img.alt, natural: img.naturalWidth, shown: img.getBoundingClientRect().width, complete: img.complete}));
+const limit = document.documentElement.clientWidth;
+const overflow = [];  // tag and text of each element past the right edge
+for (const el of document.querySelectorAll('table, img, pre, p, li, h2, h3')) {
+  const right = el.getBoundingClientRect().right;
+  const box = el.parentElement;
+  const cut = box && box.scrollWidth > box.clientWidth + 1 && getComputedStyle(box).overflowX !== 'visible';
+  if (right > limit + 1 || (el.tagName === 'TABLE' && cut)) overflow.push(el.tagName + ': ' + el.innerText.slice(0, 9));
+}
+return {images, overflow, text: document.body.innerText};
+"""
+
+
+def open_run_artifact(driver: Any, base_url: str, run_id: str, key: str, screenshot: Path | None = None) -> str:
+    """Open the run's Artifacts tab (`base_url`: either UI's root), wait for the artifact `key` to be listed, and
+    follow its link as a person would; returns the artifact page's URL."""
+    from selenium.webdriver.support import expected_conditions as ec  # noqa: PLC0415
+
+    driver.get(f"{base_url.rstrip('/')}/runs/flow-run/{run_id}")
+    tab = (_by().XPATH, "//*[(self::li or self::button or @role='tab') and normalize-space()='Artifacts']")  # V1, V2
+    _wait(driver).until(ec.element_to_be_clickable(tab)).click()
+    link = (_by().XPATH, f"//a[contains(@href,'/artifacts/artifact/')][contains(normalize-space(), '{key}')]")
+    try:
+        found = _wait(driver).until(lambda d: d.find_elements(*link))
+    except Exception:
+        if screenshot is not None:
+            screenshot.with_suffix(".html").write_text(driver.page_source)
+        raise
+    if screenshot is not None:
+        driver.save_screenshot(str(screenshot))
+    href = str(found[0].get_attribute("href"))
+    driver.get(href)
+    return href
+
+
+def artifact_pictures(driver: Any, url: str | None, expected: int, screenshot: Path | None = None) -> dict[str, Any]:
+    """Open an artifact page (either UI; None: the page already open), wait until `expected` embedded pictures are
+    there and loaded; returns `_PICTURES_JS`'s findings. Saves a screenshot of the whole page when asked."""
+    if url is not None:
+        driver.get(url)
+    script = "return [...document.querySelectorAll('img[src^=\"data:image/\"]')].filter(i => i.complete).length"
+    _wait(driver).until(lambda d: d.execute_script(script) >= expected)
+    found = driver.execute_script(_PICTURES_JS)
+    if screenshot is not None:
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(driver.get_window_size()["width"], min(max(height + 120, 800), 4000))
+        driver.save_screenshot(str(screenshot))
+    return found
+
+
+#: The V2 UI (React, under ``/v2``): a paused run's Resume is an item of the page heading's "Open menu"; its dialog
+#: shows the preview above a form whose enum field is a combobox button ("Select <EnumTitle>") opening a listbox,
+#: and whose text fields are ``<textarea>``s named by their ``<label for=...>``. A refused answer shows a toast.
+_V2_DIALOG = "//div[@role='dialog']"
+
+
+def open_resume_form_v2(driver: Any, ui_url: str, run_id: str, screenshot: Path | None = None) -> str:
+    """The V2 UI: open the run's page, choose Resume in its menu, wait for the form; returns the dialog's text."""
+    from selenium.webdriver.support import expected_conditions as ec  # noqa: PLC0415
+
+    xpath, wait = _by().XPATH, _wait(driver)
+    driver.get(f"{ui_url.rstrip('/')}/v2/runs/flow-run/{run_id}")
+    menu = (xpath, "(//button[@aria-haspopup='menu'][normalize-space()='Open menu'])[1]")
+    wait.until(ec.element_to_be_clickable(menu)).click()
+    wait.until(ec.element_to_be_clickable((xpath, "//*[@role='menuitem'][normalize-space()='Resume']"))).click()
+    wait.until(ec.presence_of_element_located(_v2_choice()))  # the form renders once the input schema is fetched
+    dialog = wait.until(ec.visibility_of_element_located((xpath, _V2_DIALOG)))
+    if screenshot is not None:
+        driver.save_screenshot(str(screenshot))
+    return str(dialog.text)
+
+
+def _v2_choice() -> tuple[str, str]:
+    return _by().XPATH, f"{_V2_DIALOG}//button[@aria-haspopup='listbox'][starts-with(@aria-label,'Select ')]"
+
+
+def _v2_textarea(driver: Any, label: str) -> Any:
+    found = driver.find_element(_by().XPATH, f"{_V2_DIALOG}//label[starts-with(normalize-space(),'{label}')]")
+    return driver.find_element(_by().ID, found.get_attribute("for"))
+
+
+def submit_answer_v2(driver: Any, choice: str | None, note: str = "", by: str = "") -> None:
+    """The V2 UI: pick `choice` (None: leave it empty), fill note and by, press Resume; wait for the verdict (the
+    dialog closes, or, without a choice, the "'choice' is a required property" toast)."""
+    from selenium.webdriver.support import expected_conditions as ec  # noqa: PLC0415
+
+    xpath, wait = _by().XPATH, _wait(driver)
+    if choice is not None:
+        wait.until(ec.element_to_be_clickable(_v2_choice())).click()
+        wait.until(ec.element_to_be_clickable((xpath, f"//*[@role='option'][normalize-space()='{choice}']"))).click()
+        wait.until(lambda d: d.find_element(*_v2_choice()).text.strip() == choice)
+    for label, value in (("Note", note), ("By", by)):
+        if value:
+            area = _v2_textarea(driver, label)
+            area.clear()
+            area.send_keys(value)
+            wait.until(lambda d, lb=label, v=value: _v2_textarea(d, lb).get_property("value") == v)
+    submit = (xpath, f"{_V2_DIALOG}//div[@data-slot='dialog-footer']//button[normalize-space()='Resume']")
+    wait.until(ec.element_to_be_clickable(submit)).click()
+    if choice is None:
+        toast = "//*[contains(normalize-space(), \"'choice' is a required property\")]"
+        wait.until(ec.visibility_of_element_located((xpath, toast)))
+        return
+    wait.until(ec.invisibility_of_element_located((xpath, _V2_DIALOG)))

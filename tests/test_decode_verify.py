@@ -3,10 +3,13 @@ with a tiny real-architecture Wan2.2 VAE trained here to reconstruct its clips, 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
+import io
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -17,9 +20,19 @@ import torch
 from diffusers import AutoencoderKLWan
 from PIL import Image
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+from typer.testing import CliRunner
 
+from flows.cli import app
 from flows.run import run_build
-from infra.audit.decode_verify import DecodeReport, choose_samples, decode_and_verify
+from infra import reports
+from infra.audit.decode_verify import (
+    ARTIFACT_BYTES,
+    DecodedSample,
+    DecodeReport,
+    choose_samples,
+    decode_and_verify,
+    mel_picture,
+)
 from infra.audit.metrics import K1, psnr, ssim
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
@@ -30,6 +43,7 @@ from tests.conftest import HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
 
 logger = logging.getLogger(__name__)
+runner = CliRunner()
 
 FRAMES = 5  # the trained geometry: 5 × 48 × 80, two latent frames (the first-frame path and one 4-frame chunk)
 FIT_STEPS = 30
@@ -266,3 +280,96 @@ def test_problems_are_recorded_not_raised(built, tmp_path, tiny_model):
 
     untrained = decode_and_verify(built, n=1, model_dir=tiny_model, report_dir=tmp_path / "u")
     assert untrained.problems[0].problem.startswith("the VAE in") and untrained.rows[0].psnr < GOOD_PSNR - 6
+
+
+@pytest.fixture(scope="module")
+def folder_cache(tmp_path_factory: pytest.TempPathFactory, trained_model: Path, training_clips) -> Path:
+    """A folder source whose one group holds two clips of the same file name: G-11/{near,far}/video.mp4."""
+    root = tmp_path_factory.mktemp("same-names")
+    for sub, clip in (("near", "bikes"), ("far", "carphone")):
+        (root / "src" / "G-11" / sub).mkdir(parents=True)
+        (root / "src" / "G-11" / sub / "video.mp4").write_bytes(training_clips[clip])
+        (root / "src" / "G-11" / sub / "video.txt").write_text(f"a {clip} clip")
+    ok, result = run_build(
+        config(root / "src", trained_model, root / "out", frames=FRAMES, source=f"folder:{root / 'src'}")
+    )
+    assert ok and result["done"] == 2, result
+    return root / "out"
+
+
+def test_two_clips_of_one_name_in_a_group_get_their_own_files(folder_cache, tmp_path):
+    """Through the CLI: decode names each sample's files by its output stem (G-11/near/video.png, not
+    G-11/video.png twice), so the gate judges both, and overfit's references are reference/G-11/near/video.mp4."""
+    decode = runner.invoke(app, ["decode", str(folder_cache), "--all", "--min-psnr", str(GOOD_PSNR - 1)])
+    assert decode.exit_code == 0, decode.output
+    assert "OK (2 sample(s)" in decode.output and "0 problem(s)" in decode.output
+    folder = folder_cache / "reports" / "decode"
+    saved = json.loads((folder / "report.json").read_text())
+    assert sorted(r["stem"] for r in saved["rows"]) == ["G-11/far/video", "G-11/near/video"]
+    for sub in ("near", "far"):
+        assert (folder / "G-11" / sub / "video.png").is_file() and (folder / "G-11" / sub / "video.mp4").is_file()
+    to = tmp_path / "overfit"
+    overfit = runner.invoke(app, ["overfit", str(folder_cache), "--n", "2", "--to", str(to)])
+    assert overfit.exit_code == 0, overfit.output
+    refs = sorted(str(p.relative_to(to / "reference")) for p in (to / "reference").rglob("*.mp4"))
+    assert refs == ["G-11/far/video.mp4", "G-11/near/video.mp4"]
+
+
+def _data_uris(markdown: str) -> list[np.ndarray]:
+    """The pictures embedded in a markdown text, decoded."""
+    found = re.findall(r"\]\((data:image/png;base64,[A-Za-z0-9+/=]+)\)", markdown)
+    return [np.asarray(Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).convert("RGB")) for uri in found]
+
+
+def test_the_artifact_draws_every_strip_within_the_size_limit(built, tmp_path):
+    report = decode_and_verify(built, n=None, device="cpu", report_dir=tmp_path / "r")
+    text = report.artifact_markdown()
+    assert len(text) <= ARTIFACT_BYTES
+    pictures = _data_uris(text)
+    assert len(pictures) == len(report.rows) == 4
+    for row, picture in zip(report.rows, pictures, strict=True):
+        strip = np.asarray(Image.open(row.png).convert("RGB"))  # 2·48 × 3·80: enlarged ×2 (pixels repeated)
+        assert np.array_equal(picture, strip.repeat(2, axis=0).repeat(2, axis=1))
+        assert f"**PSNR {row.psnr:.2f} dB · SSIM {row.ssim:.4f}** · `{row.stem}`" in text
+    header = "| psnr | ssim | frames | sample |"  # the numbers first, the long name last
+    assert header in text and header in report.markdown()
+    on_disk = (tmp_path / "r" / "report.md").read_text()
+    assert f"]({report.rows[0].stem}.png)" in on_disk and "data:" not in on_disk  # report.md links its files
+    assert list(report.table()[0])[:3] == ["psnr", "ssim", "frames"]
+
+    small = report.artifact_markdown(max_chars=len(report.markdown()) + 2000)  # no room: named, not drawn
+    assert not _data_uris(small) and all(f"(strip not drawn here: {row.png})" in small for row in report.rows)
+
+
+def test_a_big_strip_is_made_small_enough_to_embed(clips):
+    frames = sample_frames(clips["sample_1080p"], 3).frames  # real detail: a 832² strip PNG is ~8 MB
+    pixels = frames_to_pixels(frames, 416, 416)[0]
+    strip = ((pixels.permute(1, 2, 3, 0) + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
+    row = np.concatenate(list(strip), axis=1)
+    buffer = io.BytesIO()
+    Image.fromarray(np.concatenate([row, row], axis=0)).save(buffer, format="PNG")
+    everything = reports.png_data_uri(buffer.getvalue(), 10**8)
+    assert everything.width == 640 and not everything.palette  # never wider than the largest embed width
+    for limit in (200_000, 60_000, 20_000):
+        shrunk = reports.png_data_uri(buffer.getvalue(), limit)
+        assert shrunk is not None and len(shrunk.uri) <= limit and shrunk.width < 640
+    assert reports.png_data_uri(buffer.getvalue(), 2_000) is None
+
+
+def test_the_mel_picture_puts_the_source_above_the_decoded(tmp_path):
+    reference = torch.linspace(-4, 2, 64).expand(2, 10, 64)  # [C, T, M]: louder at higher bands
+    decoded = torch.full((2, 10, 64), -4.0)
+    picture = np.asarray(Image.open(io.BytesIO(mel_picture(reference, decoded))))
+    assert picture.shape == ((64 + 2 + 64) * 2, 10 * 2)
+    assert picture[0, 0] == 255 and picture[127, 0] == 0  # top band loudest, bottom band quietest (flipped)
+    assert (picture[128:132] == 255).all() and (picture[132:] == 0).all()  # the white gap, then the silent decode
+
+    (tmp_path / "clips").mkdir()
+    (tmp_path / "clips" / "a.mel.png").write_bytes(mel_picture(reference, decoded))
+    Image.new("RGB", (240, 96), (200, 30, 30)).save(tmp_path / "clips" / "a.png")
+    row = DecodedSample("clips/a.mp4", "clips", "x.pt", 20.0, 0.5, 9, "a.mp4", str(tmp_path / "clips" / "a.png"),
+                        "clips/a", audio_mel_l1=1.25, mel_png=str(tmp_path / "clips" / "a.mel.png"))  # fmt: skip
+    text = DecodeReport("out", "model", "meta:x", str(tmp_path), rows=[row]).artifact_markdown()
+    assert "| psnr | ssim | frames | mel_l1 | sample |" in text and "· mel L1 1.25**" in text
+    strip, mel = _data_uris(text)
+    assert strip.shape == (192, 480, 3) and mel.shape == (260, 20, 3)  # the strip enlarged ×2, the mel as it is

@@ -1,8 +1,10 @@
 """Decode-and-verify (read only on the cache): decode stored latents with the family's VAE, re-derive the source
 frames with the build's recipe, measure PSNR / SSIM, and show each sample as a side-by-side mp4 and a PNG strip.
 
-Files go under ``OUT/reports/decode/`` (or `report_dir`): ``<group>/<id>.mp4|.png`` and ``report.json|.md``;
-if any of those names exists, the run takes a new ``<UTC stamp>[-N]/`` subfolder. Nothing is overwritten.
+Files go under ``OUT/reports/decode/`` (or `report_dir`): ``<stem>.mp4|.png`` and ``report.json|.md``, where the
+stem is the sample's own output name (`infra.audit.stems.sample_stem`: ``<group>/<id>`` for VBVR, ``G-11/clip0/video`` for a
+folder's ``G-11/clip0/video.mp4``), unique in the cache; if any of those names exists, the run takes a new
+``<UTC stamp>[-N]/`` subfolder. Nothing is overwritten.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import io
 import itertools
 import logging
 from collections.abc import Callable, Iterable
@@ -19,9 +22,11 @@ from statistics import fmean
 from typing import Any
 
 import torch
+from PIL import Image
 
 from infra import heap, reports
 from infra.audit.compare import compare
+from infra.audit.stems import sample_stem
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
 from infra.cache.ledger import LedgerRow, window_of
@@ -36,12 +41,18 @@ from infra.models import LoadedFamily, load_family
 from infra.models.identity import component_identity
 from infra.models.memory import LoadOptions
 from infra.preprocess.encode import prepare_video
-from infra.sources import Shard, Source, is_safe_name, open_source
+from infra.sources import Shard, Source, open_source
 from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 
 DECODE_DIR = "decode"
+#: The decode report's markdown artifact, pictures included, stays under this many characters: Prefect's server
+#: emits each artifact's data inside an event, and drops events over PREFECT_SERVER_EVENTS_MAXIMUM_SIZE_BYTES
+#: (1,500,000 by default); a third is left for the event's own fields and a margin.
+ARTIFACT_BYTES = 1_000_000
+#: Strips embedded in the artifact at most (more samples are listed with their files, not drawn).
+MAX_EMBEDDED = 12
 
 
 @dataclass(frozen=True)
@@ -56,7 +67,9 @@ class DecodedSample:
     frames: int
     mp4: str
     png: str
+    stem: str = ""  # the sample's output stem: its files are <stem>.mp4 and <stem>.png
     audio_mel_l1: float | None = None  # audio runs: mean |log-mel error| of the decoded audio latent (nats)
+    mel_png: str | None = None  # audio runs: <stem>.mel.png, the source's log-mel above the decoded one
 
 
 @dataclass(frozen=True)
@@ -109,9 +122,17 @@ class DecodeReport:
         return f"decode-verify: {verdict} ({len(self.rows)} sample(s), {means}, {len(self.problems)} problem(s))"
 
     def table(self) -> list[dict[str, Any]]:
-        """One JSON-safe row per verified sample, for a table artifact."""
-        rows = [asdict(r) | {"psnr": _safe(r.psnr, 2), "ssim": _safe(r.ssim, 4)} for r in self.rows]
-        return [{"sample": row.pop("id"), **row} for row in rows]
+        """One JSON-safe row per verified sample, for a table artifact: the numbers first, the long paths last."""
+        rows = []
+        for r in self.rows:
+            numbers = {"psnr": _safe(r.psnr, 2), "ssim": _safe(r.ssim, 4), "frames": r.frames}
+            audio = {"mel_l1": _safe(r.audio_mel_l1, 4)} if self._audio else {}
+            rows.append(numbers | audio | {"sample": r.stem or r.id, "group": r.group, "png": r.png, "mp4": r.mp4})
+        return rows
+
+    @property
+    def _audio(self) -> bool:
+        return any(r.audio_mel_l1 is not None for r in self.rows)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (an infinite PSNR, identical pixels, is the string "inf")."""
@@ -122,7 +143,23 @@ class DecodeReport:
         return data | means | {"ok": self.ok, "strip_paths": [str(p) for p in self.strip_paths]}
 
     def markdown(self) -> str:
-        return reports.render_markdown(self.headline(), self._intro(), self._sections())
+        """The report for report.md: the tables, then each sample's strip (a link relative to the report)."""
+        pictures = [(r, _relative(r.png, self.report_dir), _relative(r.mel_png, self.report_dir)) for r in self.rows]
+        return reports.render_markdown(self.headline(), self._intro(), self._sections(short=True)) + _pictures(pictures)
+
+    def artifact_markdown(self, max_chars: int = ARTIFACT_BYTES) -> str:
+        """The report for the Prefect UI: the same tables, then up to `MAX_EMBEDDED` strips (and mel pictures) as
+        small PNGs embedded as data URIs (a browser loads no ``file://`` picture from an ``http://`` page), each
+        downscaled to fit its share of `max_chars`; a picture that does not fit is named, not drawn."""
+        head = reports.render_markdown(self.headline(), self._intro(), self._sections(short=True))
+        budget = max_chars - len(head) - 200 * len(self.rows) - 200
+        drawn = self.rows[:MAX_EMBEDDED]
+        share = max(0, budget // max(1, sum(1 + (r.mel_png is not None) for r in drawn)))
+        pictures = [(r, _embedded(r.png, share), _embedded(r.mel_png, share)) for r in drawn]
+        text = head + _pictures(pictures)
+        if len(self.rows) > len(drawn):
+            text += f"\n{len(self.rows) - len(drawn)} more strip(s) not drawn here: see {self.report_dir}\n"
+        return text
 
     def text(self) -> str:
         return reports.render_text(self.headline(), self._intro(), self._sections())
@@ -132,12 +169,56 @@ class DecodeReport:
         where = [f"cache {self.out}", f"model {self.model}", f"source {self.source}", f"files {self.report_dir}"]
         return [*where, f"PSNR/SSIM on [0, 1] pixels against the source re-derived with the recipe; gate: {gate}"]
 
-    def _sections(self) -> list[reports.Section]:
-        table = self.table()
-        return [
-            ("Samples", list(table[0]) if table else [], [list(row.values()) for row in table]),
-            ("Problems", *reports.dataclass_rows(DecodeProblem, self.problems)),
+    def _sections(self, *, short: bool = False) -> list[reports.Section]:
+        """Samples (numbers first, the sample's name last, `short`ened for a page: in full in the pictures'
+        captions) and problems (the text last)."""
+        name = reports.shorten if short else str
+        header = ["psnr", "ssim", "frames", *(["mel_l1"] if self._audio else []), "sample"]
+        rows = [
+            [_safe(r.psnr, 2), _safe(r.ssim, 4), r.frames]
+            + ([_safe(r.audio_mel_l1, 4)] if self._audio else [])
+            + [name(r.stem or r.id)]
+            for r in self.rows
         ]
+        problems = [[name(p.id), p.shard, p.problem] for p in self.problems]
+        return [("Samples", header, rows), ("Problems", ["sample", "shard", "problem"], problems)]
+
+
+def _relative(path: str | None, root: str) -> str | None:
+    """`path` relative to `root` where it lies inside it (report.md's links), else as it is."""
+    if path is None:
+        return None
+    return Path(path).relative_to(root).as_posix() if Path(path).is_relative_to(root) else path
+
+
+def _embedded(path: str | None, max_chars: int) -> str | None:
+    """The PNG at `path` as a data URI of at most `max_chars`; None when there is none, or it cannot fit."""
+    if path is None:
+        return None
+    try:
+        found = reports.png_data_uri(Path(path).read_bytes(), max_chars)
+    except OSError as exc:  # a strip moved or removed since: named, not drawn
+        logger.warning("decode-verify: %s not embedded: %s", path, exc)
+        return None
+    return found.uri if found else None
+
+
+def _pictures(pictures: list[tuple[DecodedSample, str | None, str | None]]) -> str:
+    """One block per sample: its PSNR and SSIM (mel error) beside its name, the strip, the mel picture; a picture
+    that is None is named by its file instead."""
+    if not pictures:
+        return ""
+    lines = ["", "### Strips", "", "Top row: the source frames (first, middle, last); bottom row: what the latents "
+             "decode to. Pictures in the UI are made small (and at most 256 colours) to fit the artifact; the "
+             "full-size PNGs are in the files folder above."]  # fmt: skip
+    for row, strip, mel in pictures:
+        name = row.stem or row.id
+        mel_text = f" · mel L1 {_safe(row.audio_mel_l1, 4)}" if row.audio_mel_l1 is not None else ""
+        lines += ["", f"**PSNR {_safe(row.psnr, 2)} dB · SSIM {_safe(row.ssim, 4)}{mel_text}** · `{name}`"]
+        lines += ["", f"![strip {name}]({strip})" if strip else f"(strip not drawn here: {row.png})"]
+        if row.mel_png is not None:
+            lines += ["", f"![log-mel {name}]({mel})" if mel else f"(mel not drawn here: {row.mel_png})"]
+    return "\n".join(lines) + "\n"
 
 
 def _safe(value: float | None, digits: int | None = None) -> float | str | None:
@@ -185,9 +266,7 @@ class _Run:
             self.problem(row, f"{type(exc).__name__}: {exc}")
 
     def _measure(self, row: LedgerRow, read_media: Callable[[], bytes | None]) -> DecodedSample:
-        group, name = row.group or "ungrouped", Path(row.id).stem
-        if not (is_safe_name(group) and is_safe_name(name)):
-            raise ValueError(f"unsafe group or id for a report path: {row.group!r}/{row.id!r}")
+        stem = sample_stem(row, self.fmt)
         file = row.file_of("latents")
         path = (self.out / str(file.path if file else "")).resolve()
         if file is None or not path.is_relative_to(self.out.resolve()) or path == self.out.resolve():
@@ -204,18 +283,23 @@ class _Run:
         latents = normalised(record[key], self.spec, self.family)  # a raw-mean cache (FastVideo's Wan2.2)
         compared = compare(source, self.family.decode_chunks(latents), self.metrics_device)
         frames = int(source.shape[1])
-        mp4, png = (self.folder / group / f"{name}{suffix}" for suffix in (".mp4", ".png"))
+        mp4, png = (self.folder / f"{stem}{suffix}" for suffix in (".mp4", ".png"))
         atomic_write(mp4, compared.mp4)
         atomic_write(png, compared.strip_png())
         psnr, ssim = compared.score.psnr, compared.score.ssim
-        mel_l1 = self._audio_error(row, media, frames / fps) if self.spec.audio else None
         logger.info("decode-verify %s/%s: PSNR %.2f dB, SSIM %.4f", row.group, row.id, psnr, ssim)
-        sample = DecodedSample(row.id, row.group, str(file.path), psnr, ssim, frames, str(mp4), str(png))
-        return dataclasses.replace(sample, audio_mel_l1=mel_l1)
+        sample = DecodedSample(row.id, row.group, str(file.path), psnr, ssim, frames, str(mp4), str(png), stem)
+        mels = self._audio_mels(row, media, frames / fps) if self.spec.audio else None
+        if mels is None:
+            return sample
+        mel_png = self.folder / f"{stem}.mel.png"
+        atomic_write(mel_png, mel_picture(*mels))
+        mel_l1 = float((mels[1] - mels[0]).abs().mean())
+        return dataclasses.replace(sample, audio_mel_l1=mel_l1, mel_png=str(mel_png))
 
-    def _audio_error(self, row: LedgerRow, media: bytes, seconds: float) -> float | None:
-        """Mean |log-mel difference| between the clip's audio front end and the decoded audio latent (the frames
-        both have); None when the sample has no audio."""
+    def _audio_mels(self, row: LedgerRow, media: bytes, seconds: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The clip's log-mel from the trainer's audio front end and the one its audio latent decodes to, over the
+        frames both have ([2, T, 64] each); None when the sample has no audio."""
         file = row.file_of(AUDIO_KIND)
         reference = trainer_audio(media, seconds) if file is not None else None
         if file is None or reference is None:
@@ -223,12 +307,27 @@ class _Run:
         latents = self.fmt.read_file(self.out, file)[self.fmt.keys[AUDIO_KIND]]
         decoded = self.family.decode_audio(latents)
         frames = min(decoded.shape[1], reference[0].shape[1])
-        return float((decoded[:, :frames] - reference[0][:, :frames]).abs().mean())
+        return reference[0][:, :frames].float(), decoded[:, :frames].float()
 
 
-def _run_folder(root: Path, chosen: list[LedgerRow]) -> Path:
+def mel_picture(reference: torch.Tensor, decoded: torch.Tensor, scale: int = 2) -> bytes:
+    """A PNG of two log-mels [C, T, M] (channels averaged): the source's above the decoded one, time to the right,
+    low frequencies at the bottom, one grey scale for both (black: the lowest value of either), each pixel
+    `scale` × `scale`."""
+    pair = [m.mean(0).T.flip(0) for m in (reference, decoded)]  # (M, T), row 0 the highest band
+    low, high = min(float(m.min()) for m in pair), max(float(m.max()) for m in pair)
+    gap = torch.full((2, pair[0].shape[1]), high)  # a white line between the two
+    grey = (torch.cat([pair[0], gap, pair[1]]) - low) / max(high - low, 1e-6) * 255
+    pixels = grey.round().clamp(0, 255).to(torch.uint8).repeat_interleave(scale, 0).repeat_interleave(scale, 1)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels.numpy()).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _run_folder(root: Path, chosen: list[LedgerRow], fmt: Format) -> Path:
     """`root` when none of this run's names exists there, else a new ``<UTC stamp>[-N]`` subfolder."""
-    names = ["report.json", "report.md"] + [f"{r.group}/{r.id}{s}" for r in chosen for s in (".mp4", ".png")]
+    stems = [sample_stem(r, fmt) for r in chosen]
+    names = ["report.json", "report.md"] + [f"{stem}{s}" for stem in stems for s in (".mp4", ".png", ".mel.png")]
     if not any((root / name).exists() for name in names):
         return root
     stamp = reports.utc_stamp()
@@ -303,7 +402,8 @@ def decode_and_verify(
         raise ConfigError(f"{out}/cache.json records no model path or source: pass model_dir and source")
     model = Path(model_path)
     chosen = choose_samples((r for rows in ledger.read_all(out).values() for r in rows.values()), n)
-    folder = _run_folder(Path(report_dir) if report_dir else reports.reports_dir(out) / DECODE_DIR, chosen)
+    fmt = get_format(spec.format)
+    folder = _run_folder(Path(report_dir) if report_dir else reports.reports_dir(out) / DECODE_DIR, chosen, fmt)
     report = DecodeReport(str(out), str(model), source_spec, str(folder), min_psnr)
     if chosen:
         heap.release_freed()  # a build's freed encode buffers back to the OS before decoding at full size
@@ -312,7 +412,7 @@ def decode_and_verify(
         target = resolve_device(device)
         family = load_family(model, spec.family, target, resolve_dtype(dtype or spec.compute_dtype), options)
         on = target if target.type == "cuda" else torch.device("cpu")
-        _verify_all(_Run(out, spec, get_format(spec.format), folder, family, report, on), source_spec, chosen)
+        _verify_all(_Run(out, spec, fmt, folder, family, report, on), source_spec, chosen)
         order = {(r.group, r.id, r.path): i for i, r in enumerate(chosen)}
         report.rows.sort(key=lambda r: order.get((r.group, r.id, r.path), len(order)))
     files = {"report.json": reports.to_json_bytes(report.to_dict()), "report.md": report.markdown().encode()}

@@ -3,8 +3,9 @@
 Before a long run, a trainer proves its loop can memorise one sample. `export_overfit` writes, into a new
 directory (never into OUT), a cache in OUT's own format and spec: the chosen samples' files copied C times as
 ``<id>-c000``, ``<id>-c001``, ... (so every data-parallel rank gets a batch), with its own cache.json and ledger
-(it passes verify-existing as a cache of its own); ``reference/<group>/<id>.mp4``, the exact pixels each
-sample's latents were made from (lossless RGB H.264 of the recipe's pixels, quantised to 8 bits), for SSIM
+(it passes verify-existing as a cache of its own); ``reference/<stem>.mp4`` (the sample's output stem, unique in
+the cache: ``<group>/<id>`` for VBVR, ``G-11/clip0/video`` for a folder's ``G-11/clip0/video.mp4``), the exact
+pixels each sample's latents were made from (lossless RGB H.264 of the recipe's pixels, quantised to 8 bits), for SSIM
 checks; and ``validation_prompts.json`` (``{"data": [{"caption": ...}]}``) with their prompts.
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from infra.audit.decode_verify import choose_samples
+from infra.audit.stems import sample_stem
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json, write_cache_json
 from infra.cache.ledger import FileRecord, LedgerRow, window_of
@@ -87,7 +89,7 @@ def export_overfit(
                 raise ConfigError(f"{row.group}/{row.id}: its source sample has no video now")
             prompts.append({"caption": decode_prompt(ref.read_prompt())})
             prepared = prepare_video(media, spec, window_of(row)[1])
-            rel = f"reference/{row.group}/{row.id}.mp4"
+            rel = f"reference/{sample_stem(row, get_format(spec.format))}.mp4"
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             fps = float(row.extra.get("sampling", {}).get("fps") or prepared.clip.fps)
             (staging / rel).write_bytes(lossless_mp4(prepared.pixels[0], fps))
