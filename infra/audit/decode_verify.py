@@ -2,7 +2,7 @@
 frames with the build's recipe, measure PSNR / SSIM, and show each sample as a side-by-side mp4 and a PNG strip.
 
 Files go under ``OUT/reports/decode/`` (or `report_dir`): ``<stem>.mp4|.png`` and ``report.json|.md``, where the
-stem is the sample's own output name (`infra.audit.stems.sample_stem`: ``<group>/<id>`` for VBVR, ``G-11/clip0/video`` for a
+stem is the sample's own output name (`stems.sample_stem`: ``<group>/<id>`` for VBVR, ``G-11/clip0/video`` for a
 folder's ``G-11/clip0/video.mp4``), unique in the cache; if any of those names exists, the run takes a new
 ``<UTC stamp>[-N]/`` subfolder. Nothing is overwritten.
 """
