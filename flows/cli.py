@@ -63,21 +63,15 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     early.spawn()  # the embedded API starts beside the imports below (~10 s of CPU), not after them
     from infra.gates.plan import make_spec  # noqa: PLC0415  (fast checks before the flow starts)
 
-    spec = make_spec(config)[1]
+    make_spec(config)
     if not config.dry_run:
         from infra.cache.lock import check_not_locked  # noqa: PLC0415
 
         check_not_locked(Path(config.out))  # refused at once, before any flow runs
-    from infra.preprocess import ahead  # noqa: PLC0415
-
-    ahead.start(config, spec)  # the first shard decoded beside the imports below, by a process of its own
     from flows.build import build_cache  # noqa: PLC0415
     from flows.run import run_or_raise  # noqa: PLC0415
 
-    try:
-        result = run_or_raise(build_cache, config=config)
-    finally:
-        ahead.stop()
+    result = run_or_raise(build_cache, config=config)
     if config.dry_run:
         typer.echo(json.dumps(result["dry_run"], indent=2))
         return

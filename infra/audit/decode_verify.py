@@ -36,7 +36,7 @@ from infra.models.identity import component_identity
 from infra.models.memory import LoadOptions
 from infra.ops import heap
 from infra.ops.faults import fault_point
-from infra.preprocess.encode import prepare_video
+from infra.preprocess.prepare import prepare_video
 from infra.sources import Shard, Source, is_safe_name, open_source
 
 logger = logging.getLogger(__name__)
