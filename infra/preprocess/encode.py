@@ -21,7 +21,7 @@ from infra.models.base import TextEmbedding
 from infra.models.memory import LoadOptions
 from infra.ops.faults import fault_point
 from infra.preprocess import videos
-from infra.preprocess.prepare import PreparedSample, prepare, sampling_record
+from infra.preprocess.prepare import PreparedSample, prepare
 from infra.preprocess.read import read
 from infra.preprocess.state import RunState, ShardState
 from infra.preprocess.texts import TextCache
@@ -79,7 +79,7 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
     fault_point("encode")
     extras: dict[str, Any] = dict(text.extras) if text is not None else {}
     info: dict[str, Any] = {"fps": video.clip.fps, "geometry": tuple(int(n) for n in video.pixels.shape[2:])}
-    info["sampling"] = sampling_record(video.clip)
+    info["sampling"] = prepared.sampling
     if spec.audio:
         audio, facts = _audio(encoder, ref, prepared.media, video.pixels.shape[2] / video.clip.fps)
         extras.update(audio)

@@ -50,12 +50,14 @@ class PreparedVideo:
 
 @dataclass(frozen=True)
 class PreparedSample:
-    """What the encoders take: the prompt, the recipe's pixels, and the media bytes (a clip's own audio track)."""
+    """What the encoders take: the prompt, the recipe's pixels, and the media bytes (a clip's own audio track);
+    `sampling`: what the sample records of its frames (`sampling_record`)."""
 
     ref: SampleRef
     prompt: str
     media: bytes
     video: PreparedVideo
+    sampling: dict[str, Any]
 
 
 def media_limits(plan: BuildPlan) -> MediaLimits:
@@ -68,7 +70,7 @@ def prepare(raw: RawSample, plan: BuildPlan) -> PreparedSample:
     sample waiting in the read-ahead's queue holds only them)."""
     video = prepare_video(raw.media, plan.spec, raw.ref.window, media_limits(plan))
     video = dataclasses.replace(video, clip=dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy()))
-    return PreparedSample(raw.ref, raw.prompt, raw.media, video)
+    return PreparedSample(raw.ref, raw.prompt, raw.media, video, sampling_record(video.clip))
 
 
 def prepare_video(

@@ -28,7 +28,7 @@ from infra.gates.plan import BuildPlan, ShardPlan, parse_only
 from infra.models import LoadedFamily
 from infra.ops import preempt
 from infra.ops.faults import fault_point
-from infra.preprocess import phases, record, write
+from infra.preprocess import phases, record, resume, write
 from infra.preprocess.chunks import Chunk
 from infra.preprocess.encode import encode, load_encoder, shard_state
 from infra.preprocess.prefetch import Prefetcher
@@ -94,7 +94,7 @@ def process_shard(
         previous.update(ledger.read_shard(plan.out, ledger_id))  # an interrupted run's part of this chunk
     rows: dict[str, LedgerRow] = dict(previous) if chunk is None else {}  # unvisited rows are kept (a chunk: merge)
     first, stop = (0, shard.quota) if chunk is None else (chunk.start, chunk.stop)
-    get_encoder = functools.partial(load_encoder, plan)  # loads on first use only (cached per process)
+    get_encoder = functools.cache(functools.partial(load_encoder, plan))  # loaded on first use only, then held
     state = shard_state(plan, run or RunState(shard.id))
     wanted = functools.partial(_wanted, plan=plan, previous=previous, keys=keys)
     samples = open_source(plan.config.source).samples(shard.shard)
@@ -152,11 +152,11 @@ def _visit(loop: _Loop, ref: SampleRef, windows: int | None) -> LedgerRow:
     window's row records how many windows its clip has)."""
     plan, result = loop.plan, loop.result
     row, replace = loop.previous.get(ref.key), None
-    if row is not None and record.reusable(row, plan):
-        row, replace = record.resumed(row, ref, plan, f"{loop.shard_id}/{ref.key}", result)
+    if row is not None and resume.reusable(row, plan):
+        row, replace = resume.resumed(row, ref, plan, f"{loop.shard_id}/{ref.key}", result)
         if row is not loop.previous[ref.key]:
             loop.journal.append(row)
-    if row is None or not record.reusable(row, plan) or replace is not None:
+    if row is None or not resume.reusable(row, plan) or replace is not None:
         row = process_sample(ref, plan, loop.writer, loop.get_encoder, loop.state, replace_stale=replace)
         row.shard = loop.shard_id
         if loop.run_id:
@@ -184,39 +184,35 @@ def process_sample(
     and prepared before the model is asked for, so a run of bad inputs never loads one. `replace_stale` (the old
     file's sha256) re-encodes a sample whose source changed and replaces its files: approved at the stale gate."""
     start = time.perf_counter()
-    row = record.new_row(ref, plan)
-    present = write.existing(plan, ref)
-    replace = replace_stale is not None
-    if present.files and not replace and get_format(plan.spec.format).has_fingerprint:
-        found = write.ours(plan, present.files)
-        if not isinstance(found, str) and present.complete:
-            record.done(row, found[0], record=found[1])  # written by an interrupted run of this spec, not encoded now
-            return row
-        if isinstance(found, str) and plan.replace_from is None:
-            row.status, row.reason, row.path, row.detail = "failed", "output_exists", present.files[0], found
-            return row
-        replace = True  # an approved overwrite, or ours but incomplete
+    disk = resume.on_disk(plan, ref, replacing=replace_stale is not None)
+    if disk.adopted is not None:  # written by an interrupted run of this spec: kept, not encoded now
+        return record.row(ref, plan, record.Outcome("done", written=disk.adopted, facts=disk.facts))
+    if disk.foreign is not None and not disk.overwrite:
+        return record.row(ref, plan, record.Outcome(reason="output_exists", detail=disk.foreign, path=disk.files[0]))
+    replace = replace_stale is not None or disk.overwrite
+    outcome = record.Outcome()
     try:
         prepared = _prepared(ref, plan, state.ahead)
         fault_point("decode")
-        encoded = encode(prepared, plan, get_encoder(), state)
-        written = write.write(plan, writer, encoded.sample, present.files, replace or plan.replace_from is not None)
+        outcome.encoded = encode(prepared, plan, get_encoder(), state)
+        overwrite = replace or plan.replace_from is not None
+        outcome.written = write.write(plan, writer, outcome.encoded.sample, disk.files, overwrite)
+        outcome.status = "done"
         if replace_stale is not None:
-            row.extra["replaced_stale"] = replace_stale
-        elif replace or (present.files and plan.replace_from is not None and not written.adopted):
-            row.extra["replaced"] = plan.replace_from
-        record.done(row, written, encoded)
+            outcome.extra["replaced_stale"] = replace_stale
+        elif replace or (disk.files and plan.replace_from is not None and not outcome.written.adopted):
+            outcome.extra["replaced"] = plan.replace_from
     except InputError as exc:
-        row.status, row.reason, row.detail = "skipped", exc.reason, exc.detail
+        outcome = record.Outcome("skipped", exc.reason, exc.detail)
     except (ModelLoadError, DiskFull):
         raise  # fails the shard (and so the run), not each sample
     except FileExistsError as exc:
-        row.reason, row.detail = "output_exists", str(exc)
+        outcome = record.Outcome(reason="output_exists", detail=str(exc))
     except Exception as exc:
         logger.exception("sample %s failed", ref.key)
-        row.reason, row.detail = "encode_error", f"{type(exc).__name__}: {exc}"
-    row.seconds = round(time.perf_counter() - start, 4)
-    return row
+        outcome = record.Outcome(reason="encode_error", detail=f"{type(exc).__name__}: {exc}")
+    outcome.seconds = round(time.perf_counter() - start, 4)
+    return record.row(ref, plan, outcome)
 
 
 def _prepared(ref: SampleRef, plan: BuildPlan, ahead: Prefetcher | None) -> PreparedSample:
@@ -248,7 +244,7 @@ def _prefetcher(plan: BuildPlan, refs: Iterator[SampleRef], wanted: Callable[[Sa
 def _wanted(ref: SampleRef, plan: BuildPlan, previous: dict[str, LedgerRow], keys: frozenset[str] | None) -> bool:
     """Whether the shard will encode `ref` (selected, and not kept from the ledger)."""
     selected = keys is None or _selected(ref.key, keys)
-    return selected and not record.reusable(previous.get(ref.key), plan)
+    return selected and not resume.reusable(previous.get(ref.key), plan)
 
 
 def _selected(key: str, keys: frozenset[str]) -> bool:
