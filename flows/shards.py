@@ -69,8 +69,8 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
     try:
         with runners.shard_runner(plan.config, run_key) as submit:
             running: dict[PrefectFuture, _Unit] = {}
-            while running or (pending and not full and not preempt.requested()):
-                while pending and len(running) < plan.config.workers and not full and not preempt.requested():
+            while running or (pending and not full and not run.stop()):
+                while pending and len(running) < plan.config.workers and not full and not run.stop():
                     unit = pending.pop(0)
                     unit.attempts += 1
                     params = {"plan": plan, "shard": unit.shard, "run": run, "chunk": unit.chunk}
