@@ -4,9 +4,8 @@ Workload: real clips from the test-media cache (`infra.demo.testmedia`: 23 to 25
 cycled into VBVR samples whose prompts repeat within a task family (a few unique prompts), at 33×128² (fp32, CPU).
 
 Each run is a fresh process, whole process timed and measured (start-up included). Peak memory is the whole
-tree's (`bench.treemem`: the PSS of the command and every process it starts, the spawned Prefect server and the
-decode-ahead child included, plus the files it holds in ``/dev/shm``, sampled every 0.1 s); ``wait4``'s peak RSS
-(the largest single process) is printed beside it:
+tree's (`bench.treemem`: the PSS of the command and every process it starts, the spawned Prefect server included,
+sampled every 0.1 s); ``wait4``'s peak RSS (the largest single process) is printed beside it:
 
 * plain: read each sample from the tar, decode every frame (PyAV), stack, ``linspace(0, T-1, 33).round()``,
   ``/127.5-1``, bilinear (align_corners=False), VAE posterior mode, ``(z-mean)/std``, bf16; UMT5 padded to 512 for
@@ -31,6 +30,7 @@ import io
 import json
 import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -43,7 +43,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.treemem import TreeMemory  # noqa: E402
-from infra.preprocess.ahead import PREFIX, base_directory  # noqa: E402 - standard library only
 
 CLIP_NAMES = ("bigbuckbunny", "bikes", "carphone", "sample_1080p")
 GENERATORS = ("G-11_handle_object_reappearance_data-generator", "O-21_ball_trajectory_data-generator")
@@ -51,6 +50,7 @@ PROMPTS_PER_GROUP = 2
 FRAMES, SIZE = 33, 128
 #: The real dims: Wan2.2 latents of 33×832² ([48, 9, 52, 52]) and UMT5-XXL text ([512, 4096]), bf16.
 REAL_LATENTS, REAL_TEXT, REAL_PROMPT_TOKENS = (48, 9, 52, 52), (512, 4096), 200
+TEXT_WORK = re.compile(r"^text +(\d+) prompt\(s\) encoded in (\d+) text-encoder call", re.MULTILINE)
 
 logger = logging.getLogger("throughput_bench")
 
@@ -124,16 +124,14 @@ def plain_loop(src: Path, model: Path, out: Path) -> dict:
 
 def latentforge_build(src: Path, model: Path, out: Path, report: Path) -> None:
     """`latentforge build`, in this process, as its console entry point runs it (`flows.cli.main`, which ends the
-    process); the report is written by an exit handler, so its text-encoder calls can be read."""
+    process); the report is written by an exit handler (its text-encoder work is read from the summary it prints,
+    `text_work`)."""
     import atexit  # noqa: PLC0415
 
     from flows import cli  # noqa: PLC0415
-    from infra.preprocess import texts  # noqa: PLC0415
 
     def write_report() -> None:
-        stats = texts.stats()
-        done = len(list(out.rglob("*.pt")))
-        report.write_text(json.dumps({"samples": done, "text_calls": stats.calls, "prompts_encoded": stats.encoded}))
+        report.write_text(json.dumps({"samples": len(list(out.rglob("*.pt")))}))
 
     flags = ["--source", f"vbvr:{src}", "--model", str(model), "--out", str(out), "--frames", str(FRAMES)]
     flags += ["--height", str(SIZE), "--width", str(SIZE), "--device", "cpu", "--dtype", "fp32"]
@@ -159,6 +157,14 @@ def migrated_home(home: Path) -> Path:
     return home
 
 
+def text_work(printed: str) -> dict[str, int]:
+    """The text-encoder work a build's summary printed (``text  N prompt(s) encoded in M text-encoder call(s)``)."""
+    found = TEXT_WORK.search(printed)
+    if found is None:
+        return {"text_calls": 0, "prompts_encoded": 0}
+    return {"text_calls": int(found.group(2)), "prompts_encoded": int(found.group(1))}
+
+
 def run_child(which: str, src: Path, model: Path, out: Path, home: Path | None = None) -> dict:
     """One fresh process: its result, wall seconds (start-up included) and peak RSS (bytes). `home`: the Prefect
     home to use (a new one when None)."""
@@ -170,7 +176,7 @@ def run_child(which: str, src: Path, model: Path, out: Path, home: Path | None =
     log = out.with_suffix(".log")
     with log.open("w") as err:
         proc = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT)
-        with TreeMemory(proc.pid, [str(base_directory() / f"{PREFIX}{proc.pid}-*")]) as tree:
+        with TreeMemory(proc.pid) as tree:
             _, status, usage = os.wait4(proc.pid, 0)
     stderr = log.read_text(errors="replace")
     seconds = time.perf_counter() - start
@@ -179,7 +185,9 @@ def run_child(which: str, src: Path, model: Path, out: Path, home: Path | None =
         errors = [line for line in stderr.splitlines() if line.startswith(("error", "ERROR", "Error"))]
         raise RuntimeError(f"{which} failed ({proc.returncode}): {errors[-5:]}\n{stderr[-2000:]}")
     result = json.loads(report.read_text())
-    peaks = {"peak_rss": usage.ru_maxrss * 1024, "peak_tree": tree.peak, "peak_shm": tree.peak_held}
+    if which == "latentforge":
+        result.update(text_work(stderr))
+    peaks = {"peak_rss": usage.ru_maxrss * 1024, "peak_tree": tree.peak}
     logger.info("%s at its peak: %s", which, {k: f"{v / 2**20:.0f} MiB" for k, v in tree.at_peak.items()})
     return {**result, **peaks, "seconds": seconds, "rate": result["samples"] / seconds}
 
@@ -276,7 +284,7 @@ def main() -> None:
                 runs[which].append(result)
                 print(f"{which:12s} run {attempt}: {result['samples']} samples in {result['seconds']:.1f} s, "
                       f"peak RSS {result['peak_rss'] / 2**20:.0f} MiB (one process), whole tree "
-                      f"{result['peak_tree'] / 2**20:.0f} MiB (shm {result['peak_shm'] / 2**20:.0f}), "
+                      f"{result['peak_tree'] / 2**20:.0f} MiB, "
                       f"text calls {result['text_calls']}")  # fmt: skip
     keys = ("rate", "peak_rss", "peak_tree", "text_calls", "prompts_encoded")
     med = {w: {k: statistics.median(r[k] for r in rs) for k in keys} for w, rs in runs.items()}

@@ -56,7 +56,7 @@ def _child(which: str, work: Path, rev: str) -> dict:
 
     from infra.demo.testmedia import real_clip  # noqa: PLC0415
     from infra.models import load_family  # noqa: PLC0415
-    from infra.preprocess.encode import prepare_video  # noqa: PLC0415
+    from infra.preprocess.prepare import prepare_video  # noqa: PLC0415
 
     family = load_family(work / "model", "wan22", torch.device("cpu"), torch.float32)
     media, spec = real_clip(CLIP).read_bytes(), _spec()

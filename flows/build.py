@@ -34,7 +34,6 @@ from infra.gates.conflicts import keep_old_cache_json
 from infra.gates.decision import Decision
 from infra.ops import preempt
 from infra.plan import BuildPlan
-from infra.preprocess import handoff
 from infra.preprocess.sanity import SanityReport
 from infra.preprocess.summary import BuildSummary, summarize
 from infra.storage import remove_stale_temps
@@ -105,10 +104,7 @@ def _build_locked(plan: BuildPlan, decided: list[Decision]) -> dict[str, Any]:
     set_step("preprocess")
     _check_unchanged(plan)
     _prepare_out(plan)
-    try:
-        results = run_shards(plan)
-    finally:
-        handoff.clear(plan)  # the sanity's sample, if no shard took it (resumed, or on another process)
+    results = run_shards(plan)
     summary = summarize(
         results,
         out=str(plan.out),
@@ -127,8 +123,7 @@ def _build_locked(plan: BuildPlan, decided: list[Decision]) -> dict[str, Any]:
 def _gates(plan: BuildPlan) -> SanityReport:
     """One-sample sanity and the disk check: hard stops before the full preprocess."""
     set_step("sanity")
-    handoff.clear(plan)
-    sanity = one_sample_sanity(plan, hand_off=True)
+    sanity = one_sample_sanity(plan)
     get_run_logger().info("%s", sanity.text())
     create_markdown_artifact(sanity.markdown(), key="sanity", description=f"one sample of {plan.out}")
     if not sanity.ok:

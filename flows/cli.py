@@ -63,19 +63,13 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     config = config_from(config_file, flags)
     from infra.plan import make_spec  # noqa: PLC0415 - heavy: torch
 
-    spec = make_spec(config)[1]
+    make_spec(config)
     if not config.dry_run:
         check_not_locked(Path(config.out))  # refused at once, before any flow runs
-    from infra.preprocess import ahead  # noqa: PLC0415
-
-    ahead.start(config, spec)  # the first shard decoded beside the imports below, by a process of its own
-    from flows.build import build_cache  # noqa: PLC0415 - heavy: torch, Prefect
+    from flows.build import build_cache  # noqa: PLC0415
     from flows.run import run_or_raise  # noqa: PLC0415
 
-    try:
-        result = run_or_raise(build_cache, config=config)
-    finally:
-        ahead.stop()
+    result = run_or_raise(build_cache, config=config)
     if config.dry_run:
         typer.echo(json.dumps(result["dry_run"], indent=2))
         return

@@ -18,10 +18,11 @@ from tqdm import tqdm
 
 from infra.cache.ledger import LEDGER_DIR
 from infra.errors import DiskFull
-from infra.ops import preempt, progress, runners
+from infra.ops import preempt, runners
 from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess.chunks import PARTS_DIR, Chunk, plan_chunks
-from infra.preprocess.shard import ShardResult
+from infra.preprocess.result import ShardResult
+from infra.preprocess.state import RunState
 from infra.storage import remove_stale_temps
 from tasks.preprocess import merge_chunks, preprocess_shard
 
@@ -62,29 +63,28 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
         book.chunks[shard.id], book.open[shard.id] = chunks or [], len(chunks or [None])
         pending += [_Unit(shard, chunk) for chunk in chunks] if chunks else [_Unit(shard)]
     full: list[DiskFull] = []
-    progress.start(run_key)
+    run = RunState(run_key)  # the run's counts and stop check, handed to every shard task
     bar = tqdm(total=total, unit="sample", desc="encoding", disable=None)
     artifact = create_progress_artifact(0.0, key="build-progress", description=f"{plan.out}: {total} samples")
     try:
         with runners.shard_runner(plan.config, run_key) as submit:
             running: dict[PrefectFuture, _Unit] = {}
-            while running or (pending and not full and not preempt.requested()):
-                while pending and len(running) < plan.config.workers and not full and not preempt.requested():
+            while running or (pending and not full and not run.stop()):
+                while pending and len(running) < plan.config.workers and not full and not run.stop():
                     unit = pending.pop(0)
                     unit.attempts += 1
-                    params = {"plan": plan, "shard": unit.shard, "run_key": run_key, "chunk": unit.chunk}
+                    params = {"plan": plan, "shard": unit.shard, "run": run, "chunk": unit.chunk}
                     running[submit(preprocess_shard, params)] = unit
                 finished, _ = wait(list(running), timeout=POLL_SECONDS)
                 for future in finished:
                     unit = running.pop(future)
                     _finished(plan, book, unit, future, full, pending)
-                counts = runners.snapshot(run_key)
+                counts = runners.snapshot(run)
                 bar.update(min(counts.get("total", 0), total) - bar.n)
                 bar.set_postfix(skipped=counts.get("skipped", 0), failed=counts.get("failed", 0))
                 update_progress_artifact(artifact, min(100.0, 100.0 * counts.get("total", 0) / max(total, 1)))
     finally:
         bar.close()
-        progress.finish(run_key)
         _merge_left(plan, book)  # chunks of a run stopped early: their parts sealed into the shard's ledger
     removed = remove_stale_temps(plan.out)  # no task runs now: a lost worker's partial files go
     if removed:

@@ -341,13 +341,6 @@ class BuildConfig(StrictModel):
     decode_workers: int = Field(
         1, ge=1, le=32, description="Threads decoding the prefetched samples, per shard", **_in("run")
     )
-    decode_ahead_mb: int = Field(
-        512,
-        ge=0,
-        description="A new build's first shard decoded from the start of the run by a process of its own (Linux; "
-        "from the terminal), at most this many MiB of pixels waiting for the encoder (0: off)",
-        **_in("run"),
-    )
     text_batch: int = Field(
         8,
         ge=1,

@@ -13,8 +13,10 @@ from infra.ops import runners
 from infra.plan import BuildPlan, ShardPlan
 from infra.preprocess.chunks import Chunk
 from infra.preprocess.chunks import merge as chunks_merge
+from infra.preprocess.result import ShardResult
 from infra.preprocess.sanity import dry_run
-from infra.preprocess.shard import ShardResult, process_shard
+from infra.preprocess.shard import process_shard
+from infra.preprocess.state import RunState
 
 
 def _retry_unless_disk_full(task: Any, task_run: Any, state: Any) -> bool:
@@ -36,12 +38,11 @@ def _retry_unless_disk_full(task: Any, task_run: Any, state: Any) -> bool:
     retry_delay_seconds=5,
     retry_condition_fn=_retry_unless_disk_full,
 )
-def preprocess_shard(plan: BuildPlan, shard: ShardPlan, run_key: str, chunk: Chunk | None = None) -> ShardResult:
-    """Encode one shard (or one chunk of it); resumes from its ledger, so a retry redoes only what is not done.
-    Runs in the flow's process or in a Ray worker: progress goes where the runner says."""
-    run_id = flow_run.get_id()
-    on_row = runners.row_reporter(run_key)
-    return process_shard(plan, shard, on_row=on_row, run_id=run_id, chunk=chunk)
+def preprocess_shard(plan: BuildPlan, shard: ShardPlan, run: RunState, chunk: Chunk | None = None) -> ShardResult:
+    """Encode one shard (or one chunk of it) of `run`; resumes from its ledger, so a retry redoes only what is not
+    done. Runs in the flow's process or in a Ray worker: progress goes where the runner says."""
+    on_row = runners.row_reporter(run)
+    return process_shard(plan, shard, on_row=on_row, run_id=flow_run.get_id(), chunk=chunk, run=run)
 
 
 @task(name="merge-chunks", cache_policy=NO_CACHE)

@@ -13,10 +13,9 @@ from infra.preprocess.sanity import SanityReport, run_sanity
 
 
 @task(name="one-sample-sanity", cache_policy=NO_CACHE)
-def one_sample_sanity(plan: BuildPlan, hand_off: bool = False) -> SanityReport:
-    """Encode the first usable sample into OUT.sanity/, check it, time it, project the full run; with `hand_off`
-    (the build) keep it for the preprocess, which then does not encode it again."""
-    return run_sanity(plan, hand_off=hand_off)
+def one_sample_sanity(plan: BuildPlan) -> SanityReport:
+    """Encode the first usable sample into OUT.sanity/, check it, time it, project the full run."""
+    return run_sanity(plan)
 
 
 @task(name="disk-check", cache_policy=NO_CACHE)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-import infra.preprocess.encode
+import infra.preprocess.prepare
 from flows.run import run_build
 from infra.cache import ledger
 from infra.demo.testmedia import real_t5_tokenizer_dir
@@ -77,28 +77,28 @@ def test_bad_inputs_become_ledger_rows_and_the_rest_finish(tmp_path, tiny_model,
 
 def test_resume_decodes_nothing_already_done(tmp_path, tiny_model, source, monkeypatch):
     decoded: list[int] = []
-    real = infra.preprocess.encode.sample_frames
+    real = infra.preprocess.prepare.sample_frames
     monkeypatch.setattr(
-        infra.preprocess.encode, "sample_frames", lambda data, n, **kw: decoded.append(n) or real(data, n, **kw)
+        infra.preprocess.prepare, "sample_frames", lambda data, n, **kw: decoded.append(n) or real(data, n, **kw)
     )
     out = tmp_path / "out"
     sanity = 1  # every run encodes its first sample beside OUT, as the one-sample sanity check
 
     ok, first = run_build(config(source, tiny_model, out, limit=3))
     assert ok, first
-    assert (first["done"], len(decoded)) == (3, sanity + 2)  # the preprocess writes the sanity's first sample
+    assert (first["done"], len(decoded)) == (3, sanity + 3)
     partial = tree_hashes(out)
 
     ok, second = run_build(config(source, tiny_model, out))
     assert ok, second
     assert (second["done"], second["reused"], second["encoded"]) == (8, 3, 5)
-    assert len(decoded) == 2 * sanity + 2 + 5  # the sanity's sample is done already: the 5 others are encoded
+    assert len(decoded) == 2 * sanity + 3 + 5  # the 3 done samples are not decoded again: the 5 others are
     after = tree_hashes(out)
     assert all(after[k] == v for k, v in partial.items() if k.endswith(".pt")), "a done sample was rewritten"
 
     ok, third = run_build(config(source, tiny_model, out))
     assert ok and (third["reused"], third["encoded"]) == (8, 0)
-    assert len(decoded) == 3 * sanity + 7
+    assert len(decoded) == 3 * sanity + 8
 
 
 def test_same_inputs_same_bytes(tmp_path, tiny_model, source):

@@ -32,7 +32,7 @@ from infra.gates.verify import verify_plan
 from infra.media.audio import trainer_audio
 from infra.models import load_family
 from infra.plan import make_plan
-from infra.preprocess.encode import prepare_video
+from infra.preprocess.prepare import prepare_video
 from infra.publish.manifest import gate_problems
 from tests import s3_server
 from tests.conftest import config, tree_hashes

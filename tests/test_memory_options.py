@@ -16,7 +16,6 @@ from infra.cache import ledger
 from infra.errors import QuantizeOffCpu
 from infra.models import LOAD_LOG_ENV, _load, memory
 from infra.plan import make_plan
-from infra.preprocess import texts
 from infra.preprocess.encode import load_encoder
 from infra.preprocess.shard import process_shard
 from tests.conftest import config, make_shards, sample, tree_hashes
@@ -35,12 +34,11 @@ def source(tmp_path_factory, clips):
 
 
 def _build(source, model, out, **options):
-    texts.clear()
     plan = make_plan(config(source, model, out, **options))
     result = process_shard(plan, plan.shards[0])
     assert result.counts == {"done": len(PROMPTS)}, result
     rows = ledger.read_shard(out, "mem")
-    return plan, {k: torch.load(out / r.path, weights_only=True) for k, r in sorted(rows.items())}
+    return plan, {k: torch.load(out / r.path, weights_only=True) for k, r in sorted(rows.items())}, result
 
 
 def _pt_hashes(out):
@@ -48,8 +46,8 @@ def _pt_hashes(out):
 
 
 def test_vae_tiling_is_in_the_fingerprint_and_refused_on_a_cache_made_without(tmp_path, tiny_model, source) -> None:
-    plain_plan, plain = _build(source, tiny_model, tmp_path / "plain", **TILED)
-    tiled_plan, tiled = _build(source, tiny_model, tmp_path / "tiled", vae_tiling=True, **TILED)
+    plain_plan, plain, _ = _build(source, tiny_model, tmp_path / "plain", **TILED)
+    tiled_plan, tiled, _ = _build(source, tiny_model, tmp_path / "tiled", vae_tiling=True, **TILED)
     assert tiled_plan.fingerprint != plain_plan.fingerprint and tiled_plan.spec.vae_tiling
     diffs = [(tiled[k]["x0"].float() - plain[k]["x0"].float()).abs().max() for k in plain]
     assert all(d > 0 for d in diffs)  # tiles blended at their seams: other numbers
@@ -63,20 +61,20 @@ def test_vae_tiling_is_in_the_fingerprint_and_refused_on_a_cache_made_without(tm
 
 
 def test_text_offload_leaves_every_byte_and_parks_the_encoder(tmp_path, tiny_model, source) -> None:
-    _, kept = _build(source, tiny_model, tmp_path / "kept")
-    plan, _ = _build(source, tiny_model, tmp_path / "off", text_offload=True)
+    _, kept, _ = _build(source, tiny_model, tmp_path / "kept")
+    plan, _, result = _build(source, tiny_model, tmp_path / "off", text_offload=True)
     encoder = load_encoder(plan)
     assert memory.is_parked(encoder) and encoder.text_encoder is None  # freed on CPU while the VAE ran
-    assert texts.stats().calls == 1 and texts.stats().encoded == 2  # both distinct prompts, before any video
+    assert (result.text_calls, result.prompts_encoded) == (1, 2)  # both distinct prompts, before any video
     assert _pt_hashes(tmp_path / "off") == _pt_hashes(tmp_path / "kept")  # the same bytes, file for file
-    _, again = _build(source, tiny_model, tmp_path / "again", text_offload=True)  # loaded again from its files
+    _, again, _ = _build(source, tiny_model, tmp_path / "again", text_offload=True)  # loaded again from its files
     for key, stored in kept.items():
         assert torch.equal(again[key]["text_embeds"], stored["text_embeds"])
 
 
 def test_text_quantize_int8_changes_only_text_and_the_fingerprint(tmp_path, tiny_model, source) -> None:
-    plain_plan, plain = _build(source, tiny_model, tmp_path / "plain")
-    int8_plan, int8 = _build(source, tiny_model, tmp_path / "int8", text_quantize="int8-dynamic")
+    plain_plan, plain, _ = _build(source, tiny_model, tmp_path / "plain")
+    int8_plan, int8, _ = _build(source, tiny_model, tmp_path / "int8", text_quantize="int8-dynamic")
     assert int8_plan.fingerprint != plain_plan.fingerprint
     assert int8_plan.spec.text_quantize == "int8-dynamic"
     for key, stored in plain.items():

@@ -3,13 +3,18 @@ still reported from the decoder threads, a stop between samples still honoured, 
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
-import infra.preprocess.shard
 from infra.cache import ledger
 from infra.plan import make_plan
-from infra.preprocess import texts
+from infra.preprocess.prefetch import Prefetcher
+from infra.preprocess.prepare import prepare
+from infra.preprocess.read import RawSample
 from infra.preprocess.shard import process_shard
+from infra.preprocess.state import RunState
+from infra.sources import SampleRef
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip, faststart
 
@@ -33,10 +38,9 @@ def source(tmp_path_factory, clips):
 
 
 def _build(source, model, out, **options):
-    texts.clear()
     plan = make_plan(config(source, model, out, **options))
     result = process_shard(plan, plan.shards[0])
-    return result, ledger.read_shard(out, "mixed"), texts.stats()
+    return result, ledger.read_shard(out, "mixed"), (result.text_calls, result.prompts_encoded)
 
 
 def _facts(rows):
@@ -57,19 +61,18 @@ def test_prefetched_rows_and_bytes_equal_one_at_a_time(tmp_path, tiny_model, sou
     assert reasons.get("00000004", "video_decode_error") == "video_decode_error"
     assert result.counts["done"] >= 5
     unique = len(set(PROMPTS)) + 1
-    assert serial_text.calls == unique and serial_text.encoded == unique  # identical prompts once, even unbatched
-    assert ahead_text.encoded == unique and ahead_text.calls < unique  # batched with upcoming prompts
+    assert serial_text == (unique, unique)  # identical prompts once, even unbatched
+    assert ahead_text[1] == unique and ahead_text[0] < unique  # batched with upcoming prompts
 
 
-def test_a_stop_between_samples_ends_the_shard_with_prefetch(tmp_path, tiny_model, source, monkeypatch) -> None:
+def test_a_stop_between_samples_ends_the_shard_with_prefetch(tmp_path, tiny_model, source) -> None:
     seen: list[str] = []
-    monkeypatch.setattr(infra.preprocess.shard.preempt, "requested", lambda: "SIGTERM" if len(seen) >= 2 else None)
+    run = RunState("stopped", stop=lambda: "SIGTERM" if len(seen) >= 2 else None)  # as a SIGTERM after two samples
     plan = make_plan(config(source, tiny_model, tmp_path / "out", **AHEAD))
-    result = process_shard(plan, plan.shards[0], on_row=lambda row: seen.append(row.key))
+    result = process_shard(plan, plan.shards[0], on_row=lambda row: seen.append(row.key), run=run)
     assert result.interrupted == "SIGTERM"
     rows = ledger.read_shard(tmp_path / "out", "mixed")
     assert sorted(rows) == sorted(seen) and len(rows) == 2  # nothing past the stop was written or recorded
-    monkeypatch.undo()
     plan = make_plan(config(source, tiny_model, tmp_path / "out", on_conflict="reuse", **AHEAD))
     resumed = process_shard(plan, plan.shards[0])
     assert resumed.reused == 2 and len(ledger.read_shard(tmp_path / "out", "mixed")) == 7
@@ -78,9 +81,6 @@ def test_a_stop_between_samples_ends_the_shard_with_prefetch(tmp_path, tiny_mode
 def test_the_source_is_not_moved_past_a_sample_that_was_not_read_ahead() -> None:
     """A sample kept from the ledger may read its source while visited (a stale check): the source (a tar, one file
     position; closed at its end) is not advanced past it until the loop moves on."""
-    from infra.preprocess.prefetch import Prefetcher  # noqa: PLC0415
-    from infra.sources import SampleRef  # noqa: PLC0415
-
     pulled: list[int] = []
 
     def refs():
@@ -90,8 +90,8 @@ def test_the_source_is_not_moved_past_a_sample_that_was_not_read_ahead() -> None
 
     kept = {"1", "2"}  # done in the ledger: not read ahead
     ahead = Prefetcher(
-        refs(), read=lambda ref: ("p", b"v"), decode=lambda ref, media: ref.key, wanted=lambda r: r.key not in kept,
-        depth=2, lookahead=3,
+        refs(), read=lambda ref: RawSample(ref, "p", b"v"), decode=lambda raw: raw.ref.key,
+        wanted=lambda r: r.key not in kept, depth=2, lookahead=3,
     )  # fmt: skip
     seen = []
     for ref in ahead:
@@ -99,7 +99,18 @@ def test_the_source_is_not_moved_past_a_sample_that_was_not_read_ahead() -> None
         taken = ahead.take(ref)
         assert (taken is None) == (ref.key in kept)
         if taken is not None:
-            assert taken == ("p", b"v", ref.key)
+            assert taken == ref.key  # what was prepared ahead for it
     ahead.close()
     assert [key for key, _ in seen] == [str(i) for i in range(6)]
     assert dict(seen)["0"] == 2 and dict(seen)["1"] == 2 and dict(seen)["2"] == 3  # stops at each kept one
+
+
+def test_a_waiting_sample_holds_its_pixels_once(tmp_path, tiny_model, clips, source) -> None:
+    """A sample prepared ahead holds its pixels once: not the source-resolution frames, and the clip's record keeps
+    no second reference to the pixels (a pickle of it, as a Ray object or a queue would hold, is the pixels once)."""
+    plan = make_plan(config(source, tiny_model, tmp_path / "out"))
+    ref = SampleRef(id="1", group="g", key="g/1", read_media=lambda: None, read_prompt=lambda: None)
+    prepared = prepare(RawSample(ref, "p", clips["bikes"]), plan)
+    assert prepared.video.clip.frames.size == 0 and prepared.video.clip.pixels is None
+    size = len(pickle.dumps(prepared.video, protocol=pickle.HIGHEST_PROTOCOL))
+    assert prepared.video.pixels.nbytes < size < prepared.video.pixels.nbytes + 64 * 1024

@@ -21,7 +21,7 @@ from infra.formats import get_format
 from infra.gates.verify import verify_out
 from infra.media.video import RESIZE_POLICIES
 from infra.plan import make_spec
-from infra.preprocess.encode import prepare_video
+from infra.preprocess.prepare import prepare_video
 from infra.recipes import RECIPES
 from tests.conftest import config, make_shards, sample, tree_hashes
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import mmap
 import shutil
@@ -12,17 +11,14 @@ import pytest
 import torch
 
 from flows.run import run_build
-from infra.cache import ledger
 from infra.demo.testmedia import real_t5_tokenizer_dir
 from infra.errors import ModelLoadError
 from infra.formats.pt import PtFormat
 from infra.gates.disk import check_disk
 from infra.plan import make_plan
-from infra.preprocess import handoff, videos
 from infra.preprocess.sanity import MARKER, SanityDirError, peak_memory, run_sanity, sanity_dir
 from infra.reports import human_bytes
-from infra.sources import open_source
-from tests.conftest import FRAMES, config, make_shards, sample, tree_hashes
+from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
 
 logger = logging.getLogger(__name__)
@@ -198,47 +194,3 @@ def test_peak_memory_sees_a_transient_allocation():
         time.sleep(0.3)  # long enough for the sampler on a loaded 2-core machine
         block.close()
     assert 48 * 2**20 <= peak[0] < 1 << 31
-
-
-def test_the_build_encodes_the_sanity_sample_once_with_the_same_bytes(tmp_path, tiny_model, source, monkeypatch):
-    """The preprocess writes the sanity's encoded sample instead of encoding it again: one VAE call per sample, and
-    the cache is byte for byte the one a build that encodes it twice writes."""
-    videos.clear()
-    ok, result = run_build(config(source, tiny_model, tmp_path / "once"))
-    assert ok, result
-    encoded = videos.stats().clips
-    assert result["done"] == 6 and encoded == 6, f"{encoded} clips through the VAE for 6 samples (sanity included)"
-    assert handoff.held(make_plan(config(source, tiny_model, tmp_path / "once"))) is None  # nothing held after it
-
-    monkeypatch.setattr(handoff, "keep", lambda *args, **kwargs: None)  # the old way: the preprocess encodes it too
-    ok, _ = run_build(config(source, tiny_model, tmp_path / "twice"))
-    assert ok and videos.stats().clips == 6 + 7
-    once = {k: v for k, v in tree_hashes(tmp_path / "once").items() if k.endswith(".pt")}
-    assert once == {k: v for k, v in tree_hashes(tmp_path / "twice").items() if k.endswith(".pt")} and len(once) == 6
-    rows = ledger.read_shard(tmp_path / "once", "part-00000")
-    assert all(r.source.read_sha256 and r.tokens_total for r in rows.values())  # the reused row is a full row
-
-
-def test_a_sample_whose_bytes_differ_from_the_sanitys_is_encoded_again(tmp_path, tiny_model, source):
-    plan = make_plan(config(source, tiny_model, tmp_path / "out"))
-    assert run_sanity(plan, hand_off=True).ok
-    listing = open_source(plan.config.source).samples(plan.shards[0].shard)  # open while its refs are read
-    first = next(listing)
-    assert handoff.holds(plan, first)
-    other = make_plan(config(source, tiny_model, tmp_path / "out", frames=FRAMES + 4))  # another fingerprint
-    assert not handoff.holds(other, first)
-    kept = handoff.held(plan)
-    changed = kept.identity.model_copy(update={"read_sha256": {k: "0" * 64 for k in kept.identity.read_sha256}})
-    handoff._slots[str(plan.out)] = dataclasses.replace(kept, identity=changed)  # as if the bytes changed
-    assert handoff.take(first, plan) is None and handoff.held(plan) is None
-    handoff._slots[str(plan.out)] = kept
-    elsewhere = make_plan(config(source, tiny_model, tmp_path / "elsewhere"))  # another build, another OUT
-    assert not handoff.holds(elsewhere, first)
-    handoff.clear(elsewhere)  # its clearing leaves this build's sample
-    relisted = open_source(plan.config.source).samples(plan.shards[0].shard)
-    again = next(relisted)
-    taken = handoff.take(again, plan)
-    assert taken is not None and taken[0] is kept.sample and handoff.held(plan) is None
-    listing.close()
-    relisted.close()
-    assert run_sanity(plan).ok and handoff.held(plan) is None  # the sanity command keeps nothing

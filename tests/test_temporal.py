@@ -22,7 +22,7 @@ from infra.config import CacheSpec
 from infra.errors import ConfigError, InputError
 from infra.media.temporal import choose_windows, effective_fps, make_policy
 from infra.media.video import cover_crop_pixels, probe_frames, resize_pixels
-from infra.preprocess.encode import prepare_video
+from infra.preprocess.prepare import prepare_video
 from tests.conftest import config, make_shards, sample, tree_hashes
 
 #: The test media (frames, fps), as the container says and decoding confirms.

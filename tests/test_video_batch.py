@@ -15,7 +15,6 @@ from infra.cache import ledger
 from infra.config import ADDED_LATER, CacheSpec, fingerprint_of
 from infra.models import load_family
 from infra.plan import make_plan
-from infra.preprocess import texts, videos
 from infra.preprocess.shard import process_shard
 from infra.preprocess.videos import encode_group
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
@@ -45,11 +44,8 @@ def _latents(out):
 
 
 def _build(source, model, out, **options):
-    texts.clear()
-    videos.clear()
     plan = make_plan(config(source, model, out, **options))
-    process_shard(plan, plan.shards[0])
-    return plan.fingerprint
+    return plan.fingerprint, process_shard(plan, plan.shards[0])
 
 
 def test_cli_video_batch_within_a_bf16_step_of_batch_one(tmp_path, tiny_model, source) -> None:
@@ -83,8 +79,8 @@ def test_cli_video_batch_within_a_bf16_step_of_batch_one(tmp_path, tiny_model, s
 
 def test_a_sample_has_the_same_bytes_whatever_it_is_batched_with(tmp_path, tiny_model, source) -> None:
     whole = tmp_path / "whole"
-    _build(source, tiny_model, whole, video_batch=2)
-    assert (videos.stats().calls, videos.stats().clips) == (3, 5)  # five clips in pairs, the last one padded
+    _, result = _build(source, tiny_model, whole, video_batch=2)
+    assert (result.vae_calls, result.vae_clips) == (3, 5)  # five clips in pairs, the last one padded
     part = tmp_path / "part"
     picked = sorted(ledger.read_shard(whole, "batch"))[3::2]  # two samples, batched apart from their neighbours
     _build(source, tiny_model, part, video_batch=2, only=[f"batch/{key}" for key in picked])
@@ -95,8 +91,8 @@ def test_a_sample_has_the_same_bytes_whatever_it_is_batched_with(tmp_path, tiny_
 
 
 def test_vae_slicing_gives_batch_one_bytes_and_fingerprint(tmp_path, tiny_model, source) -> None:
-    one = _build(source, tiny_model, tmp_path / "one")
-    sliced = _build(source, tiny_model, tmp_path / "sliced", video_batch=3, vae_slicing=True)
+    one, _ = _build(source, tiny_model, tmp_path / "one")
+    sliced, _ = _build(source, tiny_model, tmp_path / "sliced", video_batch=3, vae_slicing=True)
     assert sliced == one
     _, a = _latents(tmp_path / "one")
     _, b = _latents(tmp_path / "sliced")

@@ -40,7 +40,7 @@ from infra.media.audio import trainer_audio
 from infra.models import LoadedFamily, load_family
 from infra.models.identity import component_identity
 from infra.models.memory import LoadOptions
-from infra.preprocess.encode import prepare_video
+from infra.preprocess.prepare import prepare_video
 from infra.sources import Shard, Source, open_source
 from infra.storage import atomic_write
 

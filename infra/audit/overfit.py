@@ -32,7 +32,7 @@ from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.media.mp4 import mp4_bytes
 from infra.media.prompts import decode_prompt
-from infra.preprocess.encode import prepare_video
+from infra.preprocess.prepare import prepare_video
 from infra.sources import SampleRef, open_source
 from infra.storage import staged_dir
 

@@ -1,7 +1,7 @@
 """Sample counts of a run's shard tasks on Ray: one named actor per run, fed by every worker, read by the flow.
 
 The shard tasks of a Ray run execute in Ray worker processes (on other hosts, too), where the flow's in-process
-counters (`infra.ops.progress`) are not. Each worker sends every finished row's status to the run's
+counts (`infra.preprocess.state.RunState`) are not. Each worker sends every finished row's status to the run's
 actor (fire and forget); the flow reads the totals for the progress bar and the progress artifact.
 """
 

@@ -29,7 +29,7 @@ from prefect.tasks import Task
 
 from infra.config import BuildConfig
 from infra.errors import ConfigError
-from infra.ops import progress
+from infra.preprocess.state import RunState
 
 logger = logging.getLogger(__name__)
 
@@ -145,25 +145,25 @@ def shard_runner(config: BuildConfig, run_key: str) -> Iterator[Submit]:
         yield submit
 
 
-def row_reporter(run_key: str) -> Callable[[Any], None]:
-    """Where a shard task reports each finished row: the flow's counters in this process, else (a Ray worker)
-    the run's progress actor; a no-op when neither is there."""
-    if progress.counting(run_key):
-        return lambda row: progress.report(run_key, row)
+def row_reporter(run: RunState) -> Callable[[Any], None]:
+    """Where a shard task reports each finished row: the run's own counts (the task runs in the flow's process),
+    else (a copy of the run's state in a Ray worker) the run's progress actor; a no-op when neither is there."""
+    if run.counting:
+        return run.report
     if "ray" in sys.modules:
         from infra.ops import ray_progress  # noqa: PLC0415 - only inside a Ray worker
 
-        return ray_progress.reporter(run_key, NAMESPACE)
+        return ray_progress.reporter(run.run_key, NAMESPACE)
     return lambda row: None
 
 
-def snapshot(run_key: str) -> dict[str, int]:
+def snapshot(run: RunState) -> dict[str, int]:
     """Counts so far of every task of the run, wherever it ran."""
-    counts = progress.snapshot(run_key)
+    counts = run.snapshot()
     if "ray" in sys.modules:
         from infra.ops import ray_progress  # noqa: PLC0415 - optional: imports ray
 
-        for name, value in ray_progress.counts(run_key, NAMESPACE).items():
+        for name, value in ray_progress.counts(run.run_key, NAMESPACE).items():
             counts[name] = counts.get(name, 0) + value
     return counts
 

@@ -86,6 +86,10 @@ def _combined(shard_id: str, rows: object, results: list[ShardResult]) -> ShardR
         combined.encode_errors += r.encode_errors
         combined.stale_kept += r.stale_kept
         combined.stale_undecided += r.stale_undecided
+        combined.text_calls += r.text_calls
+        combined.prompts_encoded += r.prompts_encoded
+        combined.vae_calls += r.vae_calls
+        combined.vae_clips += r.vae_clips
         combined.seconds = max(combined.seconds, r.seconds)
         combined.interrupted = combined.interrupted or r.interrupted
     errors = [r.error for r in results if r.error]

@@ -1,5 +1,5 @@
 """``--text-offload``: a shard's (or chunk's) prompts encoded first, in batches, then the text encoder parked off
-the device (`infra.models.memory`) while the VAE encodes the shard's videos; the embeddings wait in the process's
+the device (`infra.models.memory`) while the VAE encodes the shard's videos; the embeddings wait in the shard's
 text cache (`infra.preprocess.texts`), so bound it (``--text-cache-mb``, ``--chunk-size``) to what the prompts need.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from infra.media.prompts import decode_prompt
 from infra.models import LoadedFamily, memory
 from infra.plan import BuildPlan
-from infra.preprocess import texts
+from infra.preprocess.texts import TextCache
 from infra.sources import SampleRef, ShardReadError
 
 logger = logging.getLogger(__name__)
@@ -31,16 +31,17 @@ def shard_prompts(refs: Iterable[SampleRef]) -> list[str]:
     return list(prompts)
 
 
-def text_first(plan: BuildPlan, refs: Iterable[SampleRef], get_encoder: Callable[[], LoadedFamily]) -> int:
-    """Encode the prompts of `refs` not held yet, ``--text-batch`` at a time, then park the text encoder; the
-    number of prompts the cache could not keep (each brings the encoder back at its turn)."""
+def text_first(
+    plan: BuildPlan, refs: Iterable[SampleRef], get_encoder: Callable[[], LoadedFamily], cache: TextCache
+) -> int:
+    """Encode the prompts of `refs` not held yet in `cache`, ``--text-batch`` at a time, then park the text encoder;
+    the number of prompts the cache could not keep (each brings the encoder back at its turn)."""
     if "text_embeddings" not in plan.kinds:
         return 0
     prompts = shard_prompts(refs)
     if not prompts:
         return 0
     encoder, cfg, settings = get_encoder(), plan.config, plan.spec.text_settings()
-    cache = texts.cache_for(encoder, cfg.text_cache_mb * 2**20)
     with memory.text_in_use(encoder):
         for i, prompt in enumerate(prompts):
             upcoming = prompts[i + 1 : i + cfg.text_batch]
@@ -62,13 +63,14 @@ def text_first_of(
     span: tuple[int, int | None],
     wanted: Callable[[SampleRef], bool],
     get_encoder: Callable[[], LoadedFamily],
+    cache: TextCache,
 ) -> None:
     """`text_first` over a pass of its own of a shard's source `samples` (closed at the end): the refs of `span`
     (the shard's quota or a chunk) that are `wanted`, up to a read error (the main loop meets it again and records
     it)."""
     with contextlib.closing(samples):  # type: ignore[type-var] - the source's generator
         refs = itertools.islice(samples, *span)
-        text_first(plan, _until_error(r for r in refs if wanted(r)), get_encoder)
+        text_first(plan, _until_error(r for r in refs if wanted(r)), get_encoder, cache)
 
 
 def _until_error(refs: Iterator[SampleRef]) -> Iterator[SampleRef]:

@@ -2,9 +2,11 @@
 current one is encoded (``--prefetch N`` samples ahead, ``--decode-workers`` threads).
 
 The shard loop iterates a `Prefetcher` instead of the source's samples; it yields the same refs in the same order.
+The shard's state (`infra.preprocess.state.ShardState`) carries it to the stages that batch with what it holds
+(`infra.preprocess.texts`, `infra.preprocess.videos`).
 Reading a sample's bytes (prompt, video) happens on the loop's own thread, as the source's readers expect (a tar is
-one file position); only decoding and resizing run in the pool. `encode.encode_sample` takes what was prepared for
-its ref (`take`), or prepares it itself when nothing was (a sample kept from the ledger is never read ahead). What
+one file position); only decoding and resizing run in the pool. The shard loop takes what was prepared for its ref
+(`take`), or reads and prepares it itself when nothing was (a sample kept from the ledger is never read ahead). What
 a sample raises while prepared ahead (an InputError, a decode error) is raised when its turn comes, so its ledger
 row is the one it gets without prefetching; a source that fails mid-shard (ShardReadError) fails at the same point.
 A stop (SIGTERM, Ctrl-C) between samples drops what was prepared ahead: the pool's queued work is cancelled.
@@ -15,7 +17,6 @@ packet's error); the parallelism is across samples.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import logging
 from collections import deque
@@ -24,21 +25,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from infra.preprocess.prepare import PreparedSample
+from infra.preprocess.read import RawSample
 from infra.sources import SampleRef
 
 logger = logging.getLogger(__name__)
 
-Reader = Callable[[SampleRef], tuple[str, bytes]]
-Decoder = Callable[[SampleRef, bytes], Any]
+Reader = Callable[[SampleRef], RawSample]
+Decoder = Callable[[RawSample], PreparedSample]
 
 
 @dataclass
 class _Entry:
     ref: SampleRef
-    prompt: str | None = None
-    media: bytes | None = None
+    raw: RawSample | None = None
     error: BaseException | None = None
-    future: Future[Any] | None = None
+    future: Future[PreparedSample] | None = None
 
 
 class _End:
@@ -105,7 +107,7 @@ class Prefetcher:
             entry = _Entry(ref)
             if self._wanted(ref):
                 try:
-                    entry.prompt, entry.media = self._read(ref)
+                    entry.raw = self._read(ref)
                 except Exception as exc:  # noqa: BLE001 - the sample's own error, raised at its turn
                     entry.error = exc
             self._queue.append(entry)
@@ -115,37 +117,36 @@ class Prefetcher:
         if self._pool is None:
             return
         for entry in list(self._queue)[: self.depth]:
-            if isinstance(entry, _Entry) and entry.media is not None and entry.future is None:
-                entry.future = self._pool.submit(contextvars.copy_context().run, self._decode, entry.ref, entry.media)
+            if isinstance(entry, _Entry) and entry.raw is not None and entry.future is None:
+                entry.future = self._pool.submit(contextvars.copy_context().run, self._decode, entry.raw)
 
-    def take(self, ref: SampleRef) -> tuple[str, bytes, Any | None] | None:
-        """(prompt, media bytes, the decoded video or None when not decoded ahead) of the ref being visited, if it
-        was read ahead; None otherwise. Raises what reading or decoding it raised."""
+    def take(self, ref: SampleRef) -> PreparedSample | RawSample | None:
+        """What was made ahead of the ref being visited: prepared, or only read (not decoded ahead); None when it
+        was not read ahead. Raises what reading or preparing it raised."""
         entry = self._current
-        if entry is None or entry.ref is not ref or (entry.prompt is None and entry.error is None):
+        if entry is None or entry.ref is not ref or (entry.raw is None and entry.error is None):
             return None
         self._current = None
         if entry.error is not None:
             raise entry.error
-        video = entry.future.result() if entry.future is not None else None
-        return entry.prompt or "", entry.media or b"", video
+        return entry.future.result() if entry.future is not None else entry.raw
 
-    def ready(self, count: int, shape: tuple[int, ...]) -> list[tuple[SampleRef, Any]]:
-        """Up to `count` of the samples decoded ahead (waiting for their decodes) whose pixels have `shape`, with
-        their prepared videos: what `infra.preprocess.videos` batches with the current sample. A sample whose
-        reading or decoding failed is left out (its error comes at its turn), as is one already held."""
-        found: list[tuple[SampleRef, Any]] = []
+    def ready(self, count: int, shape: tuple[int, ...]) -> list[PreparedSample]:
+        """Up to `count` of the samples prepared ahead (waiting for their decodes) whose pixels have `shape`: what
+        `infra.preprocess.videos` batches with the current sample. A sample whose reading or decoding failed is
+        left out (its error comes at its turn), as is one already held."""
+        found: list[PreparedSample] = []
         for entry in list(self._queue):
             if len(found) >= count or not isinstance(entry, _Entry):
                 break
             if entry.future is None or entry.error is not None or entry.ref.key in self._held:
                 continue
             try:
-                video = entry.future.result()
+                prepared = entry.future.result()
             except Exception:  # noqa: BLE001 - raised again by `take` at its turn
                 continue
-            if tuple(video.pixels.shape) == shape:
-                found.append((entry.ref, video))
+            if tuple(prepared.video.pixels.shape) == shape:
+                found.append(prepared)
         return found
 
     def hold(self, ref: SampleRef, result: Any) -> None:
@@ -158,7 +159,7 @@ class Prefetcher:
 
     def upcoming(self) -> list[str]:
         """The prompts of the samples read ahead, in order (text batching encodes them with the current one)."""
-        return [e.prompt for e in self._queue if isinstance(e, _Entry) and e.prompt is not None]
+        return [e.raw.prompt for e in self._queue if isinstance(e, _Entry) and e.raw is not None]
 
     def close(self) -> None:
         """Drop what was prepared ahead: queued decodes are cancelled, running ones finish (one sample each)."""
@@ -174,24 +175,4 @@ class Prefetcher:
 
 def _read_ahead(entry: _Entry | _End) -> bool:
     """Whether the entry's bytes were read (or its reading failed): nothing more will be read from the source for it."""
-    return isinstance(entry, _Entry) and (entry.prompt is not None or entry.error is not None)
-
-
-_active: contextvars.ContextVar[Prefetcher | None] = contextvars.ContextVar("lf_prefetcher", default=None)
-
-
-def active() -> Prefetcher | None:
-    """The prefetcher of the shard running in this context (None: samples are prepared one at a time)."""
-    return _active.get()
-
-
-@contextlib.contextmanager
-def running(prefetcher: Prefetcher | None) -> Iterator[Prefetcher | None]:
-    """Make `prefetcher` the active one of this context while the shard loop runs; closed at the end."""
-    token = _active.set(prefetcher)
-    try:
-        yield prefetcher
-    finally:
-        _active.reset(token)
-        if prefetcher is not None:
-            prefetcher.close()
+    return isinstance(entry, _Entry) and (entry.raw is not None or entry.error is not None)

@@ -22,3 +22,7 @@ class ShardResult:
     seconds: float = 0.0
     error: str | None = None
     interrupted: str | None = None  # the signal that stopped the shard between samples (SIGTERM, SIGINT, ...)
+    text_calls: int = 0  # text-encoder calls (one per batch of prompts)
+    prompts_encoded: int = 0  # prompts through the text encoder (each distinct prompt once per shard task)
+    vae_calls: int = 0  # VAE calls (one per batch of clips)
+    vae_clips: int = 0  # clips through the VAE (their own, not the copies filling a batch)

@@ -31,7 +31,6 @@ from infra.formats.base import kind_dtype
 from infra.formats.shards import SHARDS_DIR
 from infra.models import LoadedFamily, get_family
 from infra.plan import BuildPlan
-from infra.preprocess import handoff
 from infra.preprocess.encode import encode_sample, load_encoder
 from infra.reports import human_bytes
 from infra.sources import SampleRef, ShardReadError, open_source
@@ -225,19 +224,19 @@ def _trying(
 
 
 def _timed(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, out: Path, repeats: int) -> tuple[Any, float]:
-    """Decode + encode (the build's `encode_sample`) + write, `repeats` times: (sample, written, token info),
+    """Decode + encode (the build's `encode_sample`) + write, `repeats` times: (sample, written),
     median s."""
     times: list[float] = []
     for _ in range(repeats):
         start = time.perf_counter()
-        sample, tokens = encode_sample(ref, plan, lambda: encoder)
+        sample = encode_sample(ref, plan, encoder).sample
         fmt = get_format(plan.spec.format)
         if fmt.sharded:  # the scratch's shard files are replaced too (a writer continues after the parts it finds)
             shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
         with fmt.open_writer(out, plan.spec, "sanity") as writer:
             written = writer.write(sample, replace=True)
         times.append(time.perf_counter() - start)
-    return (sample, written, tokens), statistics.median(times)
+    return (sample, written), statistics.median(times)
 
 
 def first_usable(
@@ -266,10 +265,11 @@ def dry_run(plan: BuildPlan) -> dict[str, Any]:
     """The first usable sample encoded in memory (nothing written): its shapes, dtypes and token counts."""
     encoder = load_encoder(plan)
     skipped: list[tuple[str, str]] = []
-    found = first_usable(plan, lambda ref: encode_sample(ref, plan, lambda: encoder), skipped)
+    found = first_usable(plan, lambda ref: encode_sample(ref, plan, encoder), skipped)
     if found is None:
         raise InputError("no_usable_sample", f"no sample could be encoded; skipped: {skipped}")
-    _, (sample, text) = found
+    _, encoded = found
+    sample, text = encoded.sample, {"tokens_total": encoded.tokens_total, "truncated": encoded.truncated}
     fmt = get_format(plan.spec.format)
     tensors = {fmt.label(kind): [list(t.shape), str(t.dtype)] for kind, t in sample.outputs().items()}
     return {
@@ -282,13 +282,11 @@ def dry_run(plan: BuildPlan) -> dict[str, Any]:
     }
 
 
-def run_sanity(plan: BuildPlan, repeats: int = 1, *, hand_off: bool = False) -> SanityReport:
+def run_sanity(plan: BuildPlan, repeats: int = 1) -> SanityReport:
     """Encode, write to ``<OUT>.sanity``, read back and check the plan's first usable sample; project the run.
 
     `repeats` > 1 encodes and writes that same sample again and takes the median time (steadier on a busy
-    machine). The model loads before the clock starts. With `hand_off` (the build) a sample that passed is kept
-    for the preprocess, which writes it instead of encoding it again when its bytes are the same
-    (`infra.preprocess.handoff`). Raises SanityDirError, or ModelLoadError."""
+    machine). The model loads before the clock starts. Raises SanityDirError, or ModelLoadError."""
     scratch = sanity_dir(plan.out)
     prepare_sanity_dir(scratch, create=False)  # refuse before the (slow) model load
     encoder = load_encoder(plan)
@@ -307,7 +305,7 @@ def run_sanity(plan: BuildPlan, repeats: int = 1, *, hand_off: bool = False) -> 
         report.sample_key = None
         report.problems.append(f"no usable sample in the plan ({len(report.skipped_before)} skipped)")
         return report
-    ref, (sample, written, tokens) = found
+    ref, (sample, written) = found
     report.sample_id, report.sample_group = ref.id, ref.group
     if (bucket := sample.info.get("geometry")) and plan.spec.buckets:
         report.bucket = "x".join(str(n) for n in (bucket[2], bucket[1], bucket[0]))
@@ -317,8 +315,6 @@ def run_sanity(plan: BuildPlan, repeats: int = 1, *, hand_off: bool = False) -> 
     report.projected_seconds = round(report.seconds * report.total_samples, 3)
     report.projected_bytes = report.bytes * report.total_samples
     report.ok = not report.problems
-    if hand_off and report.ok:
-        handoff.keep(plan, ref, sample, tokens)
     logger.info(
         "sanity %s: %.3f s per sample, %d samples",
         "ok" if report.ok else "FAILED",

@@ -1,8 +1,12 @@
-"""Encode one shard: the plain function behind the preprocess task.
+"""Encode one shard: the loop behind the preprocess task.
 
-A shard resumes from its ledger: a sample whose row is done and whose file is still there is kept
-without reading or decoding its video. Every sample ends as a ledger row; one sample's error never
-stops its shard.
+A sample's trip, one module a stage, each handing one type to the next:
+
+    SampleRef ─read─▶ RawSample ─prepare─▶ PreparedSample ─encode─▶ Encoded ─write─▶ WrittenFiles ─record─▶ LedgerRow
+
+The shard's read-ahead (`prefetch`) runs read and prepare ahead of the loop. A shard resumes from its ledger: a
+sample whose row is done and whose file is still there is kept without reading or decoding its video. Every sample
+ends as a ledger row; one sample's error never stops its shard, but a shard whose first encodes all fail does.
 """
 
 from __future__ import annotations
@@ -12,29 +16,28 @@ import functools
 import itertools
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from infra.cache import ledger
-from infra.cache.ledger import WINDOWS_KEY, FileRecord, LedgerRow
+from infra.cache.ledger import WINDOWS_KEY, LedgerRow
 from infra.errors import DiskFull, InputError, LatentforgeError, ModelLoadError
 from infra.faults import fault_point
-from infra.formats import EncodedSample, Format, PerSampleWriter, Writer, WrittenSample, get_format
+from infra.formats import Writer, get_format
 from infra.gates.disk import disk_full_message
-from infra.gates.stale import kept, refreshed, source_state
 from infra.models import LoadedFamily
 from infra.ops import preempt
 from infra.plan import BuildPlan, ShardPlan, parse_only
-from infra.preprocess import handoff, phases, prefetch
-from infra.preprocess.encode import encode_sample, load_encoder, prefetcher_for
+from infra.preprocess import phases, record, resume, write
+from infra.preprocess.chunks import Chunk
+from infra.preprocess.encode import encode, load_encoder, shard_state
+from infra.preprocess.prefetch import Prefetcher
+from infra.preprocess.prepare import PreparedSample, prepare
+from infra.preprocess.read import read
 from infra.preprocess.result import ShardResult
+from infra.preprocess.state import RunState, ShardState
 from infra.preprocess.windows import expand
 from infra.sources import SampleRef, ShardReadError, open_source
-from infra.storage import sha256_file
-
-if TYPE_CHECKING:
-    from infra.preprocess.chunks import Chunk
 
 logger = logging.getLogger(__name__)
 
@@ -47,106 +50,22 @@ class ShardBroken(LatentforgeError, RuntimeError):
     """A shard's first encodes all failed: the model or the device is broken, not the inputs."""
 
 
-def _adopt_ours(plan: BuildPlan, fmt: Format, existing: list[str], row: LedgerRow) -> LedgerRow | None:
-    """Files at a sample's paths with no done row (an interrupted run wrote them): adopted, the row done, when every
-    file is there and carries this spec's fingerprint; None when they are another's (nothing is adopted)."""
-    try:
-        records = {rel: fmt.read(plan.out / rel) for rel in existing}
-        prints = {r.get("fingerprint") if isinstance(r, dict) else None for r in records.values()}
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is simply not ours
-        prints = {f"unreadable ({type(exc).__name__})"}
-    if prints != {plan.fingerprint}:
-        row.detail = f"{existing[0]} exists and was not written by this spec (fingerprint {prints}); not overwritten"
-        return None
-    files = [
-        FileRecord(path=rel, bytes=(plan.out / rel).stat().st_size, sha256=sha256_file(plan.out / rel))
-        for rel in existing
-    ]
-    record = records[existing[0]]
-    row.status, row.path, row.bytes, row.sha256 = "done", files[0].path, sum(f.bytes for f in files), files[0].sha256
-    row.files = files if len(files) > 1 else []
-    row.extra["adopted"] = True  # written by an interrupted run of this spec, not encoded now
-    row.latent_shape, row.seq_len = record.get("latent_shape"), record.get("seq_len")
-    row.source_shape = record.get("source_shape")
-    return row
+@dataclass
+class _Loop:
+    """What the loop's visits share within one shard (or chunk)."""
 
-
-def _write(
-    plan: BuildPlan, writer: Writer, sample: EncodedSample, existing: list[str], replace: bool
-) -> tuple[WrittenSample, bool]:
-    """Write the sample: (what was written, whether files left by an interrupted run were adopted). A format
-    without a fingerprint in its files (the trainer's exact keys) adopts a file only when it holds exactly the
-    bytes this run renders; any other file there is not overwritten (FileExistsError) unless `replace`."""
-    if not existing or replace or not isinstance(writer, PerSampleWriter):
-        return writer.write(sample, replace=replace), False
-    rendered = writer.render(sample)
-    same = {rel for _, rel, data in rendered if rel in existing and (plan.out / rel).read_bytes() == data}
-    if same != set(existing):
-        raise FileExistsError(f"{sorted(set(existing) - same)[0]} exists with other bytes: not overwritten")
-    return writer.write_rendered(rendered, present=frozenset(same)), True
-
-
-def process_sample(
-    ref: SampleRef,
-    plan: BuildPlan,
-    writer: Writer,
-    get_encoder: Callable[[], LoadedFamily],
-    *,
-    replace_stale: str | None = None,
-) -> LedgerRow:
-    """One sample → one ledger row (done / skipped with a reason / failed with the error); the row records the
-    sample's source identity and every file written. `replace_stale` (the old file's sha256) re-encodes a sample
-    whose source changed and replaces its files: approved at the stale gate."""
-    start = time.perf_counter()
-    row = LedgerRow(key=ref.key, id=ref.id, group=ref.group, shard="", status="failed", fingerprint=plan.fingerprint)
-    row.source = ref.identity
-    fmt = get_format(plan.spec.format)
-    paths = fmt.paths(ref.stem, plan.kinds) if ref.stem else {}
-    existing = sorted({rel for rel in paths.values() if (plan.out / rel).exists()})
-    replace = replace_stale is not None
-    if existing and not replace and fmt.has_fingerprint:
-        adopted = _adopt_ours(plan, fmt, existing, row)
-        if adopted is not None and len(existing) == len(set(paths.values())):
-            return adopted
-        if adopted is None and plan.replace_from is None:
-            row.status, row.reason, row.path = "failed", "output_exists", existing[0]
-            return row
-        row.status, row.detail, replace = "failed", None, True  # approved overwrite, or ours but incomplete
-    try:
-        sample, text_info = handoff.take(ref, plan) or encode_sample(ref, plan, get_encoder)
-        written, adopted_files = _write(plan, writer, sample, existing, replace or plan.replace_from is not None)
-        if replace_stale is not None:
-            row.extra["replaced_stale"] = replace_stale
-        elif replace or (existing and plan.replace_from is not None and not adopted_files):
-            row.extra["replaced"] = plan.replace_from
-        if adopted_files:
-            row.extra["adopted"] = True
-        files = written.records(plan.out)
-        row.status, row.path, row.sha256, row.member = "done", files[0].path, files[0].sha256, files[0].member
-        row.bytes, row.files = sum(f.bytes for f in files), files if len(files) > 1 else []
-        row.missing = dict(sample.info.get("missing_outputs") or {})
-        row.source_shape, row.latent_shape, row.seq_len = sample.source_shape, sample.latent_shape, sample.seq_len
-        row.tokens_total, row.truncated = text_info["tokens_total"], text_info["truncated"]
-        row.extra["sampling"] = sample.info["sampling"]
-    except InputError as exc:
-        row.status, row.reason, row.detail = "skipped", exc.reason, exc.detail
-    except (ModelLoadError, DiskFull):
-        raise  # fails the shard (and so the run), not each sample
-    except FileExistsError as exc:
-        row.reason, row.detail = "output_exists", str(exc)
-    except Exception as exc:
-        logger.exception("sample %s failed", ref.key)
-        row.reason, row.detail = "encode_error", f"{type(exc).__name__}: {exc}"
-    row.seconds = round(time.perf_counter() - start, 4)
-    return row
-
-
-def _reusable(row: LedgerRow | None, plan: BuildPlan) -> bool:
-    """Done for this fingerprint and every one of its files on disk at the ledger's size."""
-    if row is None or row.status != "done" or row.fingerprint != plan.fingerprint:
-        return False
-    files, fmt = row.output_files(), get_format(plan.spec.format)
-    return bool(files) and all(fmt.present(plan.out, f) for f in files)
+    plan: BuildPlan
+    shard_id: str
+    writer: Writer
+    journal: ledger.Journal
+    get_encoder: Callable[[], LoadedFamily]
+    state: ShardState
+    previous: dict[str, LedgerRow]
+    rows: dict[str, LedgerRow]
+    result: ShardResult
+    keys: frozenset[str] | None
+    run_id: str | None
+    on_row: RowCallback | None
 
 
 def process_shard(
@@ -155,13 +74,15 @@ def process_shard(
     on_row: RowCallback | None = None,
     run_id: str | None = None,
     chunk: Chunk | None = None,
+    run: RunState | None = None,
 ) -> ShardResult:
     """Encode one shard's samples (up to its quota), journal each row, seal the ledger at the end.
 
     With ``config.only`` naming samples of this shard, only those are visited; every other row is kept.
     Each new row records `run_id` (the flow run that wrote it: `rerun --failed-only` selects by it).
     A `chunk` takes only its clips and seals only their rows, into its own ledger part (`infra.preprocess.chunks`:
-    merged into the shard's ledger when the shard's chunks have ended)."""
+    merged into the shard's ledger when the shard's chunks have ended). `run` is the run's state (its stop check);
+    a shard run alone gets its own."""
     start = time.perf_counter()
     selection = parse_only(plan.config.only)
     keys = selection.get(shard.id) if selection is not None else None
@@ -173,28 +94,24 @@ def process_shard(
         previous.update(ledger.read_shard(plan.out, ledger_id))  # an interrupted run's part of this chunk
     rows: dict[str, LedgerRow] = dict(previous) if chunk is None else {}  # unvisited rows are kept (a chunk: merge)
     first, stop = (0, shard.quota) if chunk is None else (chunk.start, chunk.stop)
-    get_encoder = functools.partial(load_encoder, plan)  # loads on first use only (cached per process)
+    get_encoder = functools.cache(functools.partial(load_encoder, plan))  # loaded on first use only, then held
+    state = shard_state(plan, run or RunState(shard.id))
+    wanted = functools.partial(_wanted, plan=plan, previous=previous, keys=keys)
     samples = open_source(plan.config.source).samples(shard.shard)
-    state = (previous, rows, result, ledger.windows_by_clip(previous))
     if plan.config.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
-        wanted = functools.partial(_wanted, plan=plan, previous=previous, keys=keys)
-        phases.text_first_of(
-            plan, open_source(plan.config.source).samples(shard.shard), (first, stop), wanted, get_encoder
-        )
-    ahead = _prefetcher(plan, itertools.islice(samples, first, stop), previous, keys)
+        own_pass = open_source(plan.config.source).samples(shard.shard)
+        phases.text_first_of(plan, own_pass, (first, stop), wanted, get_encoder, state.texts)
+    state.ahead = _prefetcher(plan, itertools.islice(samples, first, stop), wanted)
     with (
         preempt.cleanup(functools.partial(_seal_from_journal, plan, ledger_id)),
         ledger.Journal(plan.out, ledger_id) as journal,
         get_format(plan.spec.format).open_writer(plan.out, plan.spec, writer_id) as writer,
-        prefetch.running(ahead),
+        contextlib.closing(state.ahead) if state.ahead is not None else contextlib.nullcontext(),
     ):
+        loop = _Loop(plan, shard.id, writer, journal, get_encoder, state, previous, rows, result, keys, run_id, on_row)
         try:
             with contextlib.closing(samples):
-                for clip in ahead if ahead is not None else itertools.islice(samples, first, stop):
-                    if keys is not None and not _selected(clip.key, keys):
-                        continue
-                    if _visit_clip(clip, plan, writer, get_encoder, journal, state, keys, run_id, on_row):
-                        break
+                _run(loop, state.ahead if state.ahead is not None else itertools.islice(samples, first, stop))
         except ShardReadError as exc:
             logger.error("shard %s: %s", shard.id, exc)
             result.error = str(exc)
@@ -203,52 +120,136 @@ def process_shard(
             raise DiskFull(disk_full_message(plan.out, str(exc)), exc.path) from exc
     ledger.seal(plan.out, ledger_id, rows.values())
     fault_point("shard")
-    _tally(result, rows.values())
+    record.tally(result, rows.values())
+    _work(result, state)
     result.seconds = round(time.perf_counter() - start, 3)
     return result
 
 
-def _prefetcher(
-    plan: BuildPlan, refs: Iterator[SampleRef], previous: dict[str, LedgerRow], keys: frozenset[str] | None
-) -> prefetch.Prefetcher | None:
-    """The shard's read-ahead over the samples it will encode (not those kept from the ledger, nor the sanity's
-    sample, which `handoff.take` reads and compares instead of decoding it)."""
-    return prefetcher_for(plan, refs, functools.partial(_wanted, plan=plan, previous=previous, keys=keys))
+def _run(loop: _Loop, clips: Iterator[SampleRef]) -> None:
+    """Visit every clip (each of its windows), up to a stop asked for (SIGTERM, Ctrl-C): the shard ends there,
+    after the sample in flight."""
+    known_windows = ledger.windows_by_clip(loop.previous)
+    for clip in clips:
+        if loop.keys is not None and not _selected(clip.key, loop.keys):
+            continue
+        windows = expand(clip, loop.plan, known_windows.get(clip.key, []))
+        for ref in windows:
+            if loop.keys is not None and ref.key not in loop.keys and clip.key not in loop.keys:
+                continue
+            stopped = loop.state.run.stop()
+            if stopped:
+                loop.result.interrupted = stopped
+                return
+            row = _visit(loop, ref, len(windows) if ref.window is not None else None)
+            loop.rows[ref.key] = row
+            if loop.on_row is not None:
+                loop.on_row(row)
 
 
-def _wanted(ref: SampleRef, plan: BuildPlan, previous: dict[str, LedgerRow], keys: frozenset[str] | None) -> bool:
-    """Whether the shard will encode `ref` (selected, not kept from the ledger, not the sanity's held sample)."""
-    selected = keys is None or _selected(ref.key, keys)
-    return selected and not _reusable(previous.get(ref.key), plan) and not handoff.holds(plan, ref)
+def _visit(loop: _Loop, ref: SampleRef, windows: int | None) -> LedgerRow:
+    """One sample of the shard: its done row kept (checked against the source), or made now and journalled (a
+    window's row records how many windows its clip has)."""
+    plan, result = loop.plan, loop.result
+    row, replace = loop.previous.get(ref.key), None
+    if row is not None and resume.reusable(row, plan):
+        row, replace = resume.resumed(row, ref, plan, f"{loop.shard_id}/{ref.key}", result)
+        if row is not loop.previous[ref.key]:
+            loop.journal.append(row)
+    if row is None or not resume.reusable(row, plan) or replace is not None:
+        row = process_sample(ref, plan, loop.writer, loop.get_encoder, loop.state, replace_stale=replace)
+        row.shard = loop.shard_id
+        if loop.run_id:
+            row.extra["run_id"] = loop.run_id
+        if windows is not None:
+            row.extra[WINDOWS_KEY] = windows
+        loop.journal.append(row)
+        fault_point("sample")
+        record.count_new(result, row)
+        if result.encoded == 0 and result.encode_errors >= FAIL_FAST_AFTER:
+            raise ShardBroken(f"the first {FAIL_FAST_AFTER} encodes of shard {result.shard} failed: {row.detail}")
+    return row
 
 
-def _visit_clip(
-    clip: SampleRef,
+def process_sample(
+    ref: SampleRef,
     plan: BuildPlan,
     writer: Writer,
     get_encoder: Callable[[], LoadedFamily],
-    journal: ledger.Journal,
-    state: tuple[dict[str, LedgerRow], dict[str, LedgerRow], ShardResult, dict[str, list[LedgerRow]]],
-    keys: frozenset[str] | None,
-    run_id: str | None,
-    on_row: RowCallback | None,
-) -> bool:
-    """Every sample (window) of one clip; True when a stop was asked for (SIGTERM, Ctrl-C): the shard ends there,
-    after the sample in flight."""
-    previous, rows, result, known_windows = state
-    windows = expand(clip, plan, known_windows.get(clip.key, []))
-    for ref in windows:
-        if keys is not None and ref.key not in keys and clip.key not in keys:
-            continue
-        if preempt.requested():
-            result.interrupted = preempt.requested()
-            return True
-        count = len(windows) if ref.window is not None else None
-        row = _visit(ref, plan, writer, get_encoder, (previous, journal, result), result.shard, run_id, count)
-        rows[ref.key] = row
-        if on_row is not None:
-            on_row(row)
-    return False
+    state: ShardState,
+    *,
+    replace_stale: str | None = None,
+) -> LedgerRow:
+    """One sample's trip → its ledger row (done / skipped with a reason / failed with the error). Inputs are read
+    and prepared before the model is asked for, so a run of bad inputs never loads one. `replace_stale` (the old
+    file's sha256) re-encodes a sample whose source changed and replaces its files: approved at the stale gate."""
+    start = time.perf_counter()
+    disk = resume.on_disk(plan, ref, replacing=replace_stale is not None)
+    if disk.adopted is not None:  # written by an interrupted run of this spec: kept, not encoded now
+        return record.row(ref, plan, record.Outcome("done", written=disk.adopted, facts=disk.facts))
+    if disk.foreign is not None and not disk.overwrite:
+        return record.row(ref, plan, record.Outcome(reason="output_exists", detail=disk.foreign, path=disk.files[0]))
+    replace = replace_stale is not None or disk.overwrite
+    outcome = record.Outcome()
+    try:
+        prepared = _prepared(ref, plan, state.ahead)
+        fault_point("decode")
+        outcome.encoded = encode(prepared, plan, get_encoder(), state)
+        overwrite = replace or plan.replace_from is not None
+        outcome.written = write.write(plan, writer, outcome.encoded.sample, disk.files, overwrite)
+        outcome.status = "done"
+        if replace_stale is not None:
+            outcome.extra["replaced_stale"] = replace_stale
+        elif replace or (disk.files and plan.replace_from is not None and not outcome.written.adopted):
+            outcome.extra["replaced"] = plan.replace_from
+    except InputError as exc:
+        outcome = record.Outcome("skipped", exc.reason, exc.detail)
+    except (ModelLoadError, DiskFull):
+        raise  # fails the shard (and so the run), not each sample
+    except FileExistsError as exc:
+        outcome = record.Outcome(reason="output_exists", detail=str(exc))
+    except Exception as exc:
+        logger.exception("sample %s failed", ref.key)
+        outcome = record.Outcome(reason="encode_error", detail=f"{type(exc).__name__}: {exc}")
+    outcome.seconds = round(time.perf_counter() - start, 4)
+    return record.row(ref, plan, outcome)
+
+
+def _prepared(ref: SampleRef, plan: BuildPlan, ahead: Prefetcher | None) -> PreparedSample:
+    """The sample read and prepared: by the read-ahead (either or both), else now."""
+    taken = ahead.take(ref) if ahead is not None else None
+    if isinstance(taken, PreparedSample):
+        return taken
+    return prepare(taken if taken is not None else read(ref), plan)
+
+
+def _prefetcher(plan: BuildPlan, refs: Iterator[SampleRef], wanted: Callable[[SampleRef], bool]) -> Prefetcher | None:
+    """The shard's read-ahead over the samples it will encode; None without one (``--prefetch 0 --text-batch 1``,
+    or ``windows:K``, whose samples are made from their clip as it is visited)."""
+    cfg = plan.config
+    serial = cfg.prefetch == 0 and cfg.text_batch == 1 and cfg.video_batch == 1
+    if serial or plan.spec.temporal_policy().kind == "windows":
+        return None
+    return Prefetcher(
+        refs,
+        read=read,
+        decode=functools.partial(prepare, plan=plan),
+        wanted=wanted,
+        depth=max(cfg.prefetch, cfg.video_batch - 1),  # a batch is made of samples already prepared
+        lookahead=cfg.text_batch - 1,
+        workers=cfg.decode_workers,
+    )
+
+
+def _wanted(ref: SampleRef, plan: BuildPlan, previous: dict[str, LedgerRow], keys: frozenset[str] | None) -> bool:
+    """Whether the shard will encode `ref` (selected, and not kept from the ledger)."""
+    selected = keys is None or _selected(ref.key, keys)
+    return selected and not resume.reusable(previous.get(ref.key), plan)
+
+
+def _selected(key: str, keys: frozenset[str]) -> bool:
+    """Whether `--only` names clip `key` or one of its windows."""
+    return key in keys or any(k.rpartition("@")[0] == key for k in keys)
 
 
 def _seal_from_journal(plan: BuildPlan, shard_id: str) -> None:
@@ -264,79 +265,8 @@ def _seal_what_is_done(plan: BuildPlan, shard_id: str, rows: dict[str, LedgerRow
         logger.warning("shard %s: no room to seal its ledger; its journal is kept for the next run", shard_id)
 
 
-def _selected(key: str, keys: frozenset[str]) -> bool:
-    """Whether `--only` names clip `key` or one of its windows."""
-    return key in keys or any(k.rpartition("@")[0] == key for k in keys)
-
-
-def _visit(
-    ref: SampleRef,
-    plan: BuildPlan,
-    writer: Writer,
-    get_encoder: Callable[[], LoadedFamily],
-    state: tuple[dict[str, LedgerRow], ledger.Journal, ShardResult],
-    shard_id: str,
-    run_id: str | None,
-    windows: int | None,
-) -> LedgerRow:
-    """One sample of the shard: its done row kept (checked against the source), or encoded now and journalled
-    (a window's row records how many windows its clip has)."""
-    previous, journal, result = state
-    row, replace = previous.get(ref.key), None
-    if row is not None and _reusable(row, plan):
-        row, replace = _resumed(row, ref, plan, f"{shard_id}/{ref.key}", result)
-        if row is not previous[ref.key]:
-            journal.append(row)
-    if row is None or not _reusable(row, plan) or replace is not None:
-        row = process_sample(ref, plan, writer, get_encoder, replace_stale=replace)
-        row.shard = shard_id
-        if run_id:
-            row.extra["run_id"] = run_id
-        if windows is not None:
-            row.extra[WINDOWS_KEY] = windows
-        journal.append(row)
-        fault_point("sample")
-        _count_new(result, row)
-    return row
-
-
-def _resumed(
-    row: LedgerRow, ref: SampleRef, plan: BuildPlan, selector: str, result: ShardResult
-) -> tuple[LedgerRow, str | None]:
-    """A done sample on resume, checked against its source as listed now: (the row to keep, or None for "encode
-    it again"; the old file's sha256 when an approved stale replacement re-encodes it)."""
-    state, changed = source_state(row, ref)
-    if state == "stale" and selector in plan.stale_replace:
-        return row, row.sha256 or ""
-    result.reused += 1
-    if state == "refreshed":
-        return refreshed(row, ref), None
-    if state == "stale" and selector in plan.stale_keep:
-        result.stale_kept += 1
-        return kept(row, ref), None
-    if state == "stale":  # changed after the stale gate looked: keep the output, the next run asks
-        result.stale_undecided += 1
-        logger.warning("%s changed in the source during this run (%s): kept as it was", selector, changed)
-    return row, None
-
-
-def _count_new(result: ShardResult, row: LedgerRow) -> None:
-    """Count a row this run produced; stop a shard whose first encodes all fail (a broken model or device)."""
-    adopted = bool(row.extra.get("adopted"))
-    result.encoded += row.status == "done" and not adopted
-    result.reused += adopted
-    result.encode_errors += row.reason == "encode_error"
-    if result.encoded == 0 and result.encode_errors >= FAIL_FAST_AFTER:
-        raise ShardBroken(f"the first {FAIL_FAST_AFTER} encodes of shard {result.shard} failed: {row.detail}")
-
-
-def _tally(result: ShardResult, rows: object) -> None:
-    counts: Counter[str] = Counter()
-    reasons: Counter[str] = Counter()
-    for row in rows:  # type: ignore[attr-defined]
-        counts[row.status] += 1
-        if row.reason:
-            reasons[row.reason] += 1
-        if row.status == "done":
-            result.bytes += row.bytes or 0
-    result.counts, result.reasons = dict(counts), dict(reasons)
+def _work(result: ShardResult, state: ShardState) -> None:
+    """What the encoders did for the shard: text-encoder calls and prompts encoded, VAE calls and clips."""
+    text, vae = state.texts.stats, state.vae
+    result.text_calls, result.prompts_encoded = text.calls, text.encoded
+    result.vae_calls, result.vae_clips = vae.calls, vae.clips

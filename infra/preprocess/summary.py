@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from infra.preprocess.shard import ShardResult
+from infra.preprocess.result import ShardResult
 
 
 class BuildSummary(BaseModel):
@@ -25,6 +25,8 @@ class BuildSummary(BaseModel):
     reused: int
     stale_kept: int = 0
     stale_undecided: int = 0
+    text_calls: int = 0
+    prompts_encoded: int = 0
     reasons: dict[str, int]
     shard_errors: dict[str, str]
     bytes: int
@@ -74,6 +76,9 @@ class BuildSummary(BaseModel):
             f"bytes       {self.bytes:,} total, {self.bytes_per_sample:,.0f} per sample",
             f"time        {self.seconds:.1f} s, {self.seconds_per_encoded_sample:.2f} s per encoded sample",
         ]
+        if self.text_calls:
+            calls = f"{self.text_calls} text-encoder call(s)"
+            lines.append(f"text        {self.prompts_encoded} prompt(s) encoded in {calls}")
         if self.stale_kept or self.stale_undecided:
             lines.append(
                 f"stale       {self.stale_kept} kept by decision, {self.stale_undecided} changed in the source during "
@@ -97,13 +102,14 @@ def summarize(
     """Add up shard results."""
     counts: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
-    encoded = reused = total_bytes = stale_kept = stale_undecided = 0
+    encoded = reused = total_bytes = stale_kept = stale_undecided = text_calls = prompts_encoded = 0
     errors: dict[str, str] = {}
     for r in results:
         counts.update(r.counts)
         reasons.update(r.reasons)
         encoded, reused, total_bytes = encoded + r.encoded, reused + r.reused, total_bytes + r.bytes
         stale_kept, stale_undecided = stale_kept + r.stale_kept, stale_undecided + r.stale_undecided
+        text_calls, prompts_encoded = text_calls + r.text_calls, prompts_encoded + r.prompts_encoded
         if r.error:
             errors[r.shard] = r.error
     return BuildSummary(
@@ -118,6 +124,8 @@ def summarize(
         reused=reused,
         stale_kept=stale_kept,
         stale_undecided=stale_undecided,
+        text_calls=text_calls,
+        prompts_encoded=prompts_encoded,
         reasons=dict(reasons),
         shard_errors=errors,
         bytes=total_bytes,

@@ -1,17 +1,17 @@
-"""Prompt embeddings, batched and de-duplicated: identical prompts are encoded once per process.
+"""Prompt embeddings, batched and de-duplicated: identical prompts are encoded once per shard task.
 
 A task family repeats its prompts (VBVR: a generator's few templates over thousands of clips). Embeddings are kept
-per loaded encoder, keyed by the prompt and the text settings (max_length, padding, stage), in a least-recently-used
-store bounded in bytes. A prompt that is not held is encoded together with up to ``batch - 1`` upcoming prompts that
-are not held either (the shard's prefetcher knows them), in one encoder call; every family's `encode_texts` gives
-each prompt exactly what `encode_text` gives it alone (tests/test_text_batch.py).
+in the shard's state (`infra.preprocess.state.ShardState`: one encoder), keyed by the prompt and the text settings
+(max_length, padding, stage), in a least-recently-used store bounded in bytes. A prompt that is not held is encoded
+together with up to ``batch - 1`` upcoming prompts that are not held either (the shard's prefetcher knows them), in
+one encoder call; every family's `encode_texts` gives each prompt exactly what `encode_text` gives it alone
+(tests/test_text_batch.py).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +27,7 @@ DEFAULT_CACHE_BYTES = 512 * 2**20
 
 @dataclass
 class TextStats:
-    """What the text encoder did in this process: calls (one per batch), prompts encoded, prompts served."""
+    """What the text encoder did for one cache: calls (one per batch), prompts encoded, prompts served."""
 
     calls: int = 0
     encoded: int = 0
@@ -105,34 +105,3 @@ class TextCache:
 def _nbytes(embedding: TextEmbedding) -> int:
     extras = sum(t.numel() * t.element_size() for t in embedding.extras.values())
     return embedding.embeds.numel() * embedding.embeds.element_size() + extras
-
-
-_caches: weakref.WeakKeyDictionary[LoadedFamily, TextCache] = weakref.WeakKeyDictionary()
-_caches_lock = threading.Lock()
-
-
-def cache_for(encoder: LoadedFamily, max_bytes: int = DEFAULT_CACHE_BYTES) -> TextCache:
-    """The process's text cache of one loaded encoder (made on first use; its byte bound set by the first caller)."""
-    with _caches_lock:
-        cache = _caches.get(encoder)
-        if cache is None:
-            cache = _caches[encoder] = TextCache(max_bytes)
-        return cache
-
-
-def stats() -> TextStats:
-    """Text-encoder work of this process, over every encoder (the benchmark reads it)."""
-    with _caches_lock:
-        caches = list(_caches.values())
-    total = TextStats()
-    for cache in caches:
-        total.calls += cache.stats.calls
-        total.encoded += cache.stats.encoded
-        total.served += cache.stats.served
-    return total
-
-
-def clear() -> None:
-    """Forget every held embedding and count (a benchmark or test that compares runs in one process)."""
-    with _caches_lock:
-        _caches.clear()

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from infra.models import LoadedFamily
 from infra.plan import BuildPlan
-from infra.preprocess import prefetch
-from infra.sources import SampleRef
+from infra.preprocess.prefetch import Prefetcher
+from infra.preprocess.prepare import PreparedSample
 
 logger = logging.getLogger(__name__)
 
@@ -34,35 +34,30 @@ Result = torch.Tensor | Exception
 
 @dataclass
 class VideoStats:
-    """VAE work of this process: calls, clips encoded (their own), clips padded in (copies filling a batch)."""
+    """VAE work of one shard task: calls, clips encoded (their own), clips padded in (copies filling a batch)."""
 
     calls: int = 0
     clips: int = 0
     padded: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, clips: int, padded: int) -> None:
+        with self.lock:
+            self.calls += 1
+            self.clips += clips
+            self.padded += padded
 
 
-_stats = VideoStats()
-_stats_lock = threading.Lock()
-
-
-def stats() -> VideoStats:
-    """A copy of this process's VAE counts (tests and the benchmark read them)."""
-    with _stats_lock:
-        return VideoStats(_stats.calls, _stats.clips, _stats.padded)
-
-
-def clear() -> None:
-    """Reset the counts."""
-    with _stats_lock:
-        _stats.calls = _stats.clips = _stats.padded = 0
-
-
-def encode_group(encoder: LoadedFamily, pixels: list[torch.Tensor], fixed: int) -> list[Result]:
+def encode_group(
+    encoder: LoadedFamily, pixels: list[torch.Tensor], fixed: int, stats: VideoStats | None = None
+) -> list[Result]:
     """The latents of each clip (all of one shape), or the error it raised: one VAE call at batch size `fixed`
     (a short group filled up with copies of its last clip; 1: no filling); if that call fails, each clip again
-    on its own (padded to `fixed` with copies of itself), so an error belongs to the clip that raised it."""
+    on its own (padded to `fixed` with copies of itself), so an error belongs to the clip that raised it. Each VAE
+    call is counted in `stats`."""
+    stats = stats if stats is not None else VideoStats()
     try:
-        return list(_call(encoder, pixels, fixed))
+        return list(_call(encoder, pixels, fixed, stats))
     except Exception as exc:  # noqa: BLE001 - the group is split and each clip's own error kept
         if len(pixels) == 1:
             return [exc]
@@ -70,37 +65,35 @@ def encode_group(encoder: LoadedFamily, pixels: list[torch.Tensor], fixed: int) 
     results: list[Result] = []
     for one in pixels:
         try:
-            results.append(_call(encoder, [one], fixed)[0])
+            results.append(_call(encoder, [one], fixed, stats)[0])
         except Exception as exc:  # noqa: BLE001 - this clip's error, raised at its turn
             results.append(exc)
     return results
 
 
-def _call(encoder: LoadedFamily, pixels: list[torch.Tensor], fixed: int) -> list[torch.Tensor]:
+def _call(encoder: LoadedFamily, pixels: list[torch.Tensor], fixed: int, stats: VideoStats) -> list[torch.Tensor]:
     padded = pixels + [pixels[-1]] * (fixed - len(pixels)) if fixed > 1 else pixels
-    with _stats_lock:
-        _stats.calls += 1
-        _stats.clips += len(pixels)
-        _stats.padded += len(padded) - len(pixels)
+    stats.add(len(pixels), len(padded) - len(pixels))
     return encoder.encode_videos(padded)[: len(pixels)]
 
 
-def latents(encoder: LoadedFamily, ref: SampleRef, pixels: torch.Tensor, plan: BuildPlan) -> torch.Tensor:
+def latents(
+    encoder: LoadedFamily, prepared: PreparedSample, plan: BuildPlan, ahead: Prefetcher | None, stats: VideoStats
+) -> torch.Tensor:
     """The sample's latents: held from a batch encoded at an earlier sample's turn, else encoded now together
-    with up to ``--video-batch - 1`` prepared samples of its shape (their latents held for their turns)."""
-    fixed = plan.spec.video_batch
-    gather = plan.config.video_batch
-    ahead = prefetch.active()
+    with up to ``--video-batch - 1`` samples of its shape prepared `ahead` (their latents held for their turns)."""
     if ahead is not None:
-        held = ahead.release(ref)
+        held = ahead.release(prepared.ref)
         if held is not None:
             if isinstance(held, Exception):
                 raise held
             return held
+    pixels = prepared.video.pixels
+    gather = plan.config.video_batch
     others = ahead.ready(gather - 1, tuple(pixels.shape)) if ahead is not None and gather > 1 else []
-    results = encode_group(encoder, [pixels, *(video.pixels for _, video in others)], fixed)
-    for (other, _), result in zip(others, results[1:], strict=True):
-        ahead.hold(other, result)  # type: ignore[union-attr] - others is empty without a prefetcher
+    results = encode_group(encoder, [pixels, *(other.video.pixels for other in others)], plan.spec.video_batch, stats)
+    for other, result in zip(others, results[1:], strict=True):
+        ahead.hold(other.ref, result)  # type: ignore[union-attr] - others is empty without a prefetcher
     if isinstance(results[0], Exception):
         raise results[0]
     return results[0]

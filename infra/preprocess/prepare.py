@@ -1,0 +1,142 @@
+"""Prepare, the trip's second stage: a sample's bytes → the recipe's pixels (decoded, temporally sampled, bucketed,
+resized), a `PreparedSample`.
+
+The same `prepare_video` serves the preprocess, the one-sample sanity, the dry run and the decode-and-verify
+re-derivation of source frames, so every step sees the recipe's exact numbers. The shard's read-ahead
+(`infra.preprocess.prefetch`) runs `prepare` in its threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from infra.config import CacheSpec
+from infra.errors import InputError
+from infra.media.buckets import Bucket, choose_bucket
+from infra.media.image import prepare_image
+from infra.media.temporal import TemporalPolicy, choose_windows, effective_fps
+from infra.media.video import (
+    DEFAULT_LIMITS,
+    MediaLimits,
+    PixelTarget,
+    SampledClip,
+    head_frames,
+    pick_frames,
+    resize_pixels,
+    resize_policy_of,
+    sample_frames,
+)
+from infra.models import get_family
+from infra.plan import BuildPlan
+from infra.preprocess.read import RawSample
+from infra.sources import SampleRef
+
+
+@dataclass(frozen=True)
+class PreparedVideo:
+    """A clip as the recipe feeds it to the VAE: pixels (1, 3, F, H, W) in [-1, 1], the frames picked, and the
+    bucket chosen (None without buckets)."""
+
+    pixels: torch.Tensor
+    clip: SampledClip
+    bucket: Bucket | None
+
+
+@dataclass(frozen=True)
+class PreparedSample:
+    """What the encoders take: the prompt, the recipe's pixels, and the media bytes (a clip's own audio track);
+    `sampling`: what the sample records of its frames (`sampling_record`)."""
+
+    ref: SampleRef
+    prompt: str
+    media: bytes
+    video: PreparedVideo
+    sampling: dict[str, Any]
+
+
+def media_limits(plan: BuildPlan) -> MediaLimits:
+    """The plan's ``--max-pixels`` and ``--max-frames``."""
+    return MediaLimits(max_pixels=plan.config.max_pixels, max_frames=plan.config.max_frames)
+
+
+def prepare(raw: RawSample, plan: BuildPlan) -> PreparedSample:
+    """The sample's pixels under the plan, without the source-resolution frames (the encoder needs the pixels; a
+    sample waiting in the read-ahead's queue holds only them)."""
+    video = prepare_video(raw.media, plan.spec, raw.ref.window, media_limits(plan))
+    video = dataclasses.replace(video, clip=dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy()))
+    return PreparedSample(raw.ref, raw.prompt, raw.media, video, sampling_record(video.clip))
+
+
+def prepare_video(
+    media: bytes, spec: CacheSpec, window: int | None = None, limits: MediaLimits = DEFAULT_LIMITS
+) -> PreparedVideo:
+    """The recipe's pixels of one clip under `spec`: frames by its temporal policy (`infra.media.temporal`; for
+    ``windows:K`` the window starting at source frame `window`), the bucket by the LTX-2 trainer's rule, resized
+    by its resize policy. InputError for bad input, a clip over `limits` (refused before decoding) or a clip too
+    short for a policy that skips short clips. A spec of an image family takes a still image instead
+    (`infra.media.image`: one frame; a video is refused, ``not_an_image``)."""
+    if get_family(spec.family).media == "image":
+        pixels, still = prepare_image(media, spec.height, spec.width, limits)
+        return PreparedVideo(pixels, still, None)
+    policy = spec.temporal_policy()
+    buckets = [Bucket(*b) for b in spec.buckets] if spec.buckets else None
+    frames, height, width, bucket = spec.frames, spec.height, spec.width, None
+    resize = resize_policy_of(spec.resize)
+    if policy.kind == "head":
+        clip = head_frames(media, max(b.frames for b in buckets) if buckets else spec.frames, limits=limits)
+        if buckets:
+            bucket = choose_bucket(buckets, len(clip.frames), clip.source_height, clip.source_width)
+            frames, height, width = bucket.frames, bucket.height, bucket.width
+        if len(clip.frames) < frames and (buckets or policy.short == "skip"):
+            raise InputError("clip_too_short", f"the clip decodes to {len(clip.frames)} frame(s); {frames} needed")
+        clip = _held(clip, frames)
+        return PreparedVideo(resize_pixels(clip.frames[:frames], height, width, resize), clip, bucket)
+    if policy.kind == "span":  # the pixels are made as the frames are decoded: no clip of source frames is held
+        clip = sample_frames(media, spec.frames, limits=limits, target=PixelTarget(height, width, resize))
+        if clip.source_frames < frames and policy.short == "skip":
+            raise InputError("clip_too_short", f"the clip has {clip.source_frames} frame(s); span needs {frames}")
+    else:
+        choose = functools.partial(_indices, policy, frames, window)
+        clip = pick_frames(media, choose, limits=limits, target=PixelTarget(height, width, resize))
+    return PreparedVideo(clip.pixels[:, :, :frames], dataclasses.replace(clip, pixels=None), bucket)  # held once
+
+
+def _indices(policy: TemporalPolicy, frames: int, window: int | None, total: int, fps: float) -> tuple[int, ...]:
+    windows = choose_windows(policy, total, fps, frames)
+    if policy.kind != "windows":
+        return windows[0].indices
+    if window is None:
+        return windows[0].indices  # the one-sample steps (sanity, dry run) look at a clip's first window
+    for w in windows:
+        if w.first == window:
+            return w.indices
+    raise InputError("window_gone", f"the clip ({total} frames) has no window starting at frame {window} now")
+
+
+def _held(clip: SampledClip, frames: int) -> SampledClip:
+    """A head clip with fewer than `frames` frames, its last frame repeated (--short-clips repeat)."""
+    missing = frames - len(clip.frames)
+    if missing <= 0:
+        return clip
+    held = np.concatenate([clip.frames, np.repeat(clip.frames[-1:], missing, axis=0)])
+    indices = clip.indices + (clip.indices[-1],) * missing
+    return dataclasses.replace(clip, frames=held, indices=indices)
+
+
+def sampling_record(clip: SampledClip) -> dict[str, Any]:
+    """What a sample records of its frames: the source's fps, the fps they play at and the source indices, and
+    the display-matrix rotation (degrees counter-clockwise) of a rotated clip, whose frames are kept as stored."""
+    record: dict[str, Any] = {
+        "source_fps": round(clip.fps, 6),
+        "fps": round(effective_fps(clip.indices, clip.fps), 6),
+        "indices": list(clip.indices),
+    }
+    if clip.rotation:
+        record["rotation"] = clip.rotation
+    return record

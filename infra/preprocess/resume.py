@@ -1,0 +1,94 @@
+"""Resume, before a sample's trip: whether it needs one. A done row whose files are still there is kept (checked
+against the source as listed now); files at a sample's paths with no done row were written by an interrupted run
+of this spec (adopted) or are another's (never overwritten without an approval).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from infra.cache.ledger import FileRecord, LedgerRow
+from infra.formats import get_format
+from infra.gates.stale import kept, refreshed, source_state
+from infra.plan import BuildPlan
+from infra.preprocess.result import ShardResult
+from infra.preprocess.write import WrittenFiles
+from infra.sources import SampleRef
+from infra.storage import sha256_file
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OnDisk:
+    """What is at a sample's output paths before its trip: the files (OUT-relative, sorted); `adopted` (with the
+    first file's record, `facts`) when they are this spec's and complete; `foreign`: why they are not ours;
+    `overwrite`: the trip replaces them (ours but incomplete, or another's with an approved overwrite)."""
+
+    files: list[str]
+    adopted: WrittenFiles | None = None
+    facts: dict[str, Any] | None = None
+    foreign: str | None = None
+    overwrite: bool = False
+
+
+def reusable(row: LedgerRow | None, plan: BuildPlan) -> bool:
+    """Done for this fingerprint and every one of its files on disk at the ledger's size."""
+    if row is None or row.status != "done" or row.fingerprint != plan.fingerprint:
+        return False
+    files, fmt = row.output_files(), get_format(plan.spec.format)
+    return bool(files) and all(fmt.present(plan.out, f) for f in files)
+
+
+def resumed(
+    row: LedgerRow, ref: SampleRef, plan: BuildPlan, selector: str, result: ShardResult
+) -> tuple[LedgerRow, str | None]:
+    """A done sample on resume, checked against its source as listed now: (the row to keep; the old file's sha256
+    when an approved stale replacement re-encodes it, else None)."""
+    state, changed = source_state(row, ref)
+    if state == "stale" and selector in plan.stale_replace:
+        return row, row.sha256 or ""
+    result.reused += 1
+    if state == "refreshed":
+        return refreshed(row, ref), None
+    if state == "stale" and selector in plan.stale_keep:
+        result.stale_kept += 1
+        return kept(row, ref), None
+    if state == "stale":  # changed after the stale gate looked: keep the output, the next run asks
+        result.stale_undecided += 1
+        logger.warning("%s changed in the source during this run (%s): kept as it was", selector, changed)
+    return row, None
+
+
+def on_disk(plan: BuildPlan, ref: SampleRef, *, replacing: bool) -> OnDisk:
+    """The files at `ref`'s output paths (none for a sample without a name: a layout error); with a format that
+    fingerprints its files, whether they are ours, unless the trip is `replacing` them (an approved stale one)."""
+    fmt = get_format(plan.spec.format)
+    paths = set(fmt.paths(ref.stem, plan.kinds).values()) if ref.stem else set()
+    files = sorted(rel for rel in paths if (plan.out / rel).exists())
+    if not files or replacing or not fmt.has_fingerprint:
+        return OnDisk(files)
+    found = _ours(plan, files)
+    if isinstance(found, str):
+        return OnDisk(files, foreign=found, overwrite=plan.replace_from is not None)
+    if len(files) == len(paths):
+        return OnDisk(files, adopted=found[0], facts=found[1])
+    return OnDisk(files, overwrite=True)  # ours, but not every file: made again
+
+
+def _ours(plan: BuildPlan, files: list[str]) -> tuple[WrittenFiles, dict[str, Any]] | str:
+    """(the files, the first one's record) when every file carries this spec's fingerprint; else why not."""
+    fmt = get_format(plan.spec.format)
+    try:
+        records = {rel: fmt.read(plan.out / rel) for rel in files}
+        prints = {r.get("fingerprint") if isinstance(r, dict) else None for r in records.values()}
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is simply not ours
+        prints = {f"unreadable ({type(exc).__name__})"}
+    if prints != {plan.fingerprint}:
+        return f"{files[0]} exists and was not written by this spec (fingerprint {prints}); not overwritten"
+    found = [
+        FileRecord(path=rel, bytes=(plan.out / rel).stat().st_size, sha256=sha256_file(plan.out / rel)) for rel in files
+    ]
+    return WrittenFiles(found, adopted=True), records[files[0]]

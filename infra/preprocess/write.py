@@ -1,0 +1,30 @@
+"""Write, the trip's fourth stage: an encoded sample's files through the format's writer → `WrittenFiles`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infra.cache.ledger import FileRecord
+from infra.formats import EncodedSample, PerSampleWriter, Writer
+from infra.plan import BuildPlan
+
+
+@dataclass(frozen=True)
+class WrittenFiles:
+    """A sample's files on disk (OUT-relative records); `adopted`: left by an interrupted run with these bytes."""
+
+    files: list[FileRecord]
+    adopted: bool = False
+
+
+def write(plan: BuildPlan, writer: Writer, sample: EncodedSample, present: list[str], replace: bool) -> WrittenFiles:
+    """Write the sample. A format without a fingerprint in its files (the trainer's exact keys) adopts files
+    `present` at its paths only when they hold exactly the bytes this run renders; any other file there is not
+    overwritten (FileExistsError) unless `replace`."""
+    if not present or replace or not isinstance(writer, PerSampleWriter):
+        return WrittenFiles(writer.write(sample, replace=replace).records(plan.out))
+    rendered = writer.render(sample)
+    same = {rel for _, rel, data in rendered if rel in present and (plan.out / rel).read_bytes() == data}
+    if same != set(present):
+        raise FileExistsError(f"{sorted(set(present) - same)[0]} exists with other bytes: not overwritten")
+    return WrittenFiles(writer.write_rendered(rendered, present=frozenset(same)).records(plan.out), adopted=True)
