@@ -66,8 +66,8 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     make_spec(config)
     if not config.dry_run:
         check_not_locked(Path(config.out))  # refused at once, before any flow runs
-    from flows.build import build_cache  # noqa: PLC0415
-    from flows.run import run_or_raise  # noqa: PLC0415
+    from flows.build import build_cache  # noqa: PLC0415 - heavy: torch, Prefect
+    from flows.run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
 
     result = run_or_raise(build_cache, config=config)
     if config.dry_run:

@@ -19,10 +19,10 @@ from tqdm import tqdm
 from infra.cache.ledger import LEDGER_DIR
 from infra.errors import DiskFull
 from infra.ops import preempt, runners
+from infra.ops.progress import RunState
 from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess.chunks import PARTS_DIR, Chunk, plan_chunks
 from infra.preprocess.result import ShardResult
-from infra.preprocess.state import RunState
 from infra.storage import remove_stale_temps
 from tasks.preprocess import merge_chunks, preprocess_shard
 

@@ -10,13 +10,13 @@ from prefect.runtime import flow_run
 
 from infra.errors import DiskFull
 from infra.ops import runners
+from infra.ops.progress import RunState
 from infra.plan import BuildPlan, ShardPlan
 from infra.preprocess.chunks import Chunk
 from infra.preprocess.chunks import merge as chunks_merge
 from infra.preprocess.result import ShardResult
 from infra.preprocess.sanity import dry_run
 from infra.preprocess.shard import process_shard
-from infra.preprocess.state import RunState
 
 
 def _retry_unless_disk_full(task: Any, task_run: Any, state: Any) -> bool:

@@ -8,12 +8,12 @@ import pickle
 import pytest
 
 from infra.cache import ledger
+from infra.ops.progress import RunState
 from infra.plan import make_plan
 from infra.preprocess.prefetch import Prefetcher
 from infra.preprocess.prepare import prepare
 from infra.preprocess.read import RawSample
 from infra.preprocess.shard import process_shard
-from infra.preprocess.state import RunState
 from infra.sources import SampleRef
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip, faststart

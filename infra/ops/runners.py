@@ -29,7 +29,7 @@ from prefect.tasks import Task
 
 from infra.config import BuildConfig
 from infra.errors import ConfigError
-from infra.preprocess.state import RunState
+from infra.ops.progress import RunState
 
 logger = logging.getLogger(__name__)
 

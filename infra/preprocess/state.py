@@ -1,65 +1,20 @@
-"""The mutable state of a build's preprocess, passed down instead of parked in module globals.
+"""What one shard task's samples share on their trip, passed down instead of parked in module globals.
 
-`RunState` is made by the flow (`flows.shards.run_shards`) and handed to every shard task: the run's sample counts
-and its stop check (SIGTERM, Ctrl-C: `infra.ops.preempt`). Each shard task makes a `ShardState` from it: what its
-samples share on their trip (the read-ahead, the prompt embeddings, the VAE's work counts), handed to each stage.
-
-On the Ray runner a shard task runs in another process and gets a pickled copy of the run's state: it arrives with
-the run's key and stop check and without counts (those stay in the flow's process; a worker's rows reach them
-through the run's progress actor, `infra.ops.runners.row_reporter`).
+The run's own state (`infra.ops.progress.RunState`: its counts and stop check) is made by the flow and handed to
+every shard task; each shard task makes a `ShardState` from it: the read-ahead, the prompt embeddings and the VAE's
+work counts, handed to each stage.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from infra.cache.ledger import LedgerRow
-from infra.ops import preempt
+from infra.ops.progress import RunState
 from infra.preprocess.prefetch import Prefetcher
 from infra.preprocess.texts import TextCache
 from infra.preprocess.videos import VideoStats
 
-StopCheck = Callable[[], str | None]
-
-
-class RunState:
-    """One run's sample counts (total, done, skipped, failed) and its stop check: the signal that asked the run to
-    stop between samples, or None. A plain class, not a dataclass: Prefect passes a task's parameters through as
-    they are (it rebuilds dataclasses and models it walks)."""
-
-    def __init__(self, run_key: str, stop: StopCheck = preempt.requested) -> None:
-        self.run_key = run_key
-        self.stop = stop
-        self._counts: Counter[str] | None = Counter()
-        self._lock = threading.Lock()
-
-    @property
-    def counting(self) -> bool:
-        """Whether this copy counts the run's rows: the flow's own, not one pickled into another process."""
-        return self._counts is not None
-
-    def report(self, row: LedgerRow) -> None:
-        """Count one finished sample (a copy in another process counts nothing)."""
-        with self._lock:
-            if self._counts is not None:
-                self._counts[row.status] += 1
-                self._counts["total"] += 1
-
-    def snapshot(self) -> dict[str, int]:
-        """Counts so far: total, done, skipped, failed."""
-        with self._lock:
-            return dict(self._counts or {})
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"run_key": self.run_key, "stop": self.stop}  # counts stay in the flow's process
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.run_key, self.stop = state["run_key"], state["stop"]
-        self._counts, self._lock = None, threading.Lock()
+__all__ = ["RunState", "ShardState"]
 
 
 @dataclass
