@@ -224,16 +224,20 @@ def pending() -> None:
     from flows.runs import pending_runs  # noqa: PLC0415
 
     runs = pending_runs()
-    if not runs:
+    waiting = [run for run in runs if run.gone is None]
+    if not waiting:
         typer.echo("no paused runs")
-    for run in runs:
+    for run in waiting:
         typer.echo(f"{run.id}  {run.name}  paused {run.paused_since}\n{run.preview}\n")
+    for run in runs:
+        if run.gone is not None:
+            typer.echo(f"not waiting: {run.id}  {run.name}  paused {run.paused_since}, but {run.gone}")
 
 
 @app.command()
 @cli_errors
 def approve(
-    run_id: Annotated[str, typer.Argument(help="the paused flow run's id")],
+    run_id: Annotated[str, typer.Argument(help="the paused flow run's id, or a unique prefix of it")],
     choice: Annotated[
         str,
         typer.Argument(
@@ -246,8 +250,7 @@ def approve(
     """Answer a paused run from any process; the server validates the choice (a bad one is refused)."""
     from flows.runs import approve as resume  # noqa: PLC0415
 
-    resume(run_id, choice, note, by or getpass.getuser())
-    typer.echo(f"resumed {run_id} with {choice}")
+    typer.echo(f"resumed {resume(run_id, choice, note, by or getpass.getuser())} with {choice}")
 
 
 @app.command("make-tiny-model")
