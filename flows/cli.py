@@ -49,7 +49,7 @@ NO_SOURCE = "none:-"  # config_for_out's source when neither OUT nor the user na
 
 
 @app.callback()
-def root(
+def latentforge(
     debug: Annotated[bool, Opt("--debug", help=f"errors also print their traceback (or {DEBUG_ENV}=1)")] = False,
 ) -> None:
     """A verified, resumable latent cache."""
@@ -98,6 +98,7 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
         ahead.stop()
     if config.dry_run:
         typer.echo(json.dumps(result["dry_run"], indent=2))
+        typer.echo(f"out         {config.out}: {result['out_state']} (verify-existing)")
         return
     from infra.preprocess.summary import BuildSummary  # noqa: PLC0415
 

@@ -78,7 +78,8 @@ def cli_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:  # a bug, not the user's mistake: one line too; the traceback with --debug
             if debugging():
                 logger.exception("traceback (--debug)")
-            fail(f"{type(exc).__name__}: {exc} (--debug or {DEBUG_ENV}=1 shows the traceback)", EXIT_FAILED)
+            hint = "" if debugging() else f" (--debug or {DEBUG_ENV}=1 shows the traceback)"
+            fail(f"{type(exc).__name__}: {exc}{hint}", EXIT_FAILED)
 
     return wrapper
 
