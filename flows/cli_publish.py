@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from flows.cli_options import cli_errors, config_command
+from flows.preflight import check_cache
 from infra.config import BuildConfig, UploadConfig, load_config_file
 from infra.errors import ConfigError, RunFailed
 from infra.ops import early
@@ -42,6 +43,7 @@ def upload(
     if not isinstance(section, dict):
         raise ConfigError(f"{config_file}: `upload` is a section of keys, not {section!r}")
     config = UploadConfig.model_validate({**section, **flags})
+    check_cache(out)  # a mistake is one line, exit 2, before any flow starts
     early.spawn()  # the embedded API starts beside the flow's imports
     from flows.run import run_or_raise  # noqa: PLC0415
     from flows.upload import upload_cache  # noqa: PLC0415

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from infra.cache.cachedir import CACHE_JSON
 from infra.config import BuildConfig
 from infra.errors import ConfigError
 from infra.sources import open_source
@@ -21,6 +22,15 @@ def check_out(out: Path) -> None:
     parent = next((p for p in out.absolute().parents if p.exists()), None)
     if parent is not None and not parent.is_dir():
         raise ConfigError(f"--out {out}: {parent} is a file, not a directory")
+
+
+def check_cache(out: Path) -> None:
+    """OUT is a latentforge cache (a directory with its cache.json): for the steps that read one (upload)."""
+    if not (out / CACHE_JSON).is_file():
+        what = (
+            "does not exist" if not out.exists() else "is not a directory" if not out.is_dir() else "has no cache.json"
+        )
+        raise ConfigError(f"{out} is not a latentforge cache: it {what}")
 
 
 def check_source(config: BuildConfig) -> int:

@@ -142,3 +142,15 @@ def test_a_bug_is_one_line_too_with_the_traceback_under_debug(tmp_path, monkeypa
     result = runner.invoke(app, ["audio-check", str(out)])
     assert result.exit_code in (1, 2) and len(result.stderr.splitlines()) == 1, result.output
     assert result.stderr.startswith("error: ") and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("where", ["nowhere", "a-file", "empty"])
+def test_upload_of_what_is_not_a_cache_is_a_usage_error(tmp_path, where):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(app, ["upload", str(tmp_path / where), "--to", "s3://bucket/prefix"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [
+        f"error: {tmp_path / where} is not a latentforge cache: "
+        + {"nowhere": "it does not exist", "a-file": "it is not a directory", "empty": "it has no cache.json"}[where]
+    ]

@@ -65,6 +65,8 @@ def test_rerun_keeps_an_accepted_loss_accepted_and_takes_the_gate_flags(tmp_path
     assert ok and answered, first
     run_id = json.loads(Path(first["run_report"]).read_text())["flow_run_id"]
     assert ledger.read_all(out)["a"][key].reason == "output_exists"
+    counted = runner.invoke(app, ["reconcile", str(out)])  # the failed sample's detail says what is in its place
+    assert "not a sample file: it does not load" in counted.stdout and "unreadable (" not in counted.stdout
     stray.unlink()
 
     given = runner.invoke(app, ["rerun", run_id[:8], "--failed-only", "--on-loss", "abort", "--dry-run"])
@@ -105,7 +107,8 @@ def test_a_run_killed_while_paused_is_not_listed_as_paused(tmp_path, tiny_model,
         assert refused.exit_code == 2 and "not resumed" in refused.stderr and "badly formed" not in refused.output
     finally:
         os.killpg(build.pid, signal.SIGKILL)
-        build.wait(timeout=30)
+        _, stderr = build.communicate(timeout=30)
+    assert "sanity" in stderr.decode() and "clip_output" not in stderr.decode()  # the model loaded, quietly
     after = runner.invoke(app, ["pending"])
     assert after.exit_code == 0, after.output
     assert "no paused runs" in after.stdout
