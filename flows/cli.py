@@ -272,7 +272,8 @@ def make_tiny_model(
     width: Annotated[int, Opt(help="pixel width to fit at (with --train-on)")] = 256,
 ) -> None:
     """A tiny model with the real architecture and snapshot layout (tests, demos): random weights, or with
-    --train-on a VAE fitted to a few clips (CPU, about a minute) so that decode-and-verify shows them."""
+    --train-on a VAE fitted to a few clips (CPU: minutes; ~10 min of CPU time at 33x256x256, 300 steps) so that
+    decode-and-verify shows them."""
     from infra.models.tiny import make_tiny_wan22  # noqa: PLC0415
     from infra.models.tiny_image import make_tiny_image  # noqa: PLC0415
     from infra.models.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415
