@@ -12,6 +12,7 @@ import functools
 import getpass
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,15 +20,23 @@ from typing import Annotated, Any
 import typer
 
 import flows  # noqa: F401  (offline defaults before Prefect loads)
-from flows.cli_options import cli_errors, config_command
+from flows.cli_options import DEBUG_ENV, cli_errors, config_command
 from flows.cli_publish import rerun, upload
 from flows.cli_server import app as server_app
+from flows.preflight import check_build
+from flows.selection import with_selection
 from infra.cache.lock import check_not_locked
 from infra.config import BuildConfig, load_config_file, merge_config, step_fields
 from infra.errors import ConfigError, SourceError
-from infra.recipes import RECIPES
+from infra.plan import config_for_out, make_plan, make_spec
+from infra.recipes import RECIPES, with_recipe
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="A verified, resumable latent cache.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,  # help texts hold literal brackets ([ray], [/path], [$PREFECT_HOME]): never markup
+    help="A verified, resumable latent cache.",
+)
 app.add_typer(server_app, name="server")
 app.command()(upload)
 app.command()(rerun)
@@ -36,24 +45,33 @@ logger = logging.getLogger("latentforge")
 Opt = typer.Option
 OutArg = Annotated[Path, typer.Argument(help="cache root")]
 JsonOpt = Annotated[bool, Opt("--json", help="machine-readable")]
+NO_SOURCE = "none:-"  # config_for_out's source when neither OUT nor the user names one
 
 
-def config_from(config_file: Path | None, flags: dict[str, Any]) -> BuildConfig:
-    """The file's keys with the flags on top; a flag that sets one key of a section keeps the file's others."""
+@app.callback()
+def latentforge(
+    debug: Annotated[bool, Opt("--debug", help=f"errors also print their traceback (or {DEBUG_ENV}=1)")] = False,
+) -> None:
+    """A verified, resumable latent cache."""
+    if debug:
+        os.environ[DEBUG_ENV] = "1"  # read where errors are printed (cli_errors), also by the flow's processes
+
+
+def config_from(config_file: Path | None, flags: dict[str, Any], out: Path | None = None) -> BuildConfig:
+    """The one way every command builds its config, validated: the file's keys with the flags on top (a flag that
+    sets one key of a section keeps the file's others). With `out` (a step on an existing OUT): under them, the
+    settings of the recipe they name, then OUT's own cache.json and the build's selection (`flows.selection`)."""
     file_values = load_config_file(config_file) if config_file else {}
     for section in ("upload", "alerts"):
         if isinstance(flags.get(section), dict) and isinstance(file_values.get(section), dict):
             flags[section] = {**file_values[section], **flags[section]}
-    return merge_config(file_values, flags)
-
-
-def _out_config(out: Path, config_file: Path | None, flags: dict[str, Any]) -> BuildConfig:
-    """A config for a step on an existing OUT: its cache.json's settings, then the file's, then the flags."""
-    from infra.plan import config_for_out  # noqa: PLC0415 - heavy: torch
-
-    file_values = load_config_file(config_file) if config_file else {}
+    if out is None:
+        return merge_config(file_values, flags)
     file_values.pop("out", None)
-    return config_for_out(out, {**file_values, **flags})
+    given, notes = with_selection(out, with_recipe({**file_values, **flags}))  # the recipe named outranks cache.json
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)
+    return config_for_out(out, given)
 
 
 @app.command()
@@ -61,9 +79,8 @@ def _out_config(out: Path, config_file: Path | None, flags: dict[str, Any]) -> B
 def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     """Build or resume a latent cache (runs the build-cache flow)."""
     config = config_from(config_file, flags)
-    from infra.plan import make_spec  # noqa: PLC0415 - heavy: torch
-
-    make_spec(config)
+    make_spec(config)  # geometry, family and model checked before anything starts
+    check_build(config)  # and OUT, the source, the shard filter, the device: a mistake is one line, exit 2
     if not config.dry_run:
         check_not_locked(Path(config.out))  # refused at once, before any flow runs
     from flows.build import build_cache  # noqa: PLC0415 - heavy: torch, Prefect
@@ -72,6 +89,7 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     result = run_or_raise(build_cache, config=config)
     if config.dry_run:
         typer.echo(json.dumps(result["dry_run"], indent=2))
+        typer.echo(f"out         {config.out}: {result['out_state']} (verify-existing)")
         return
     from infra.preprocess.summary import BuildSummary  # noqa: PLC0415 - heavy: torch, Prefect
 
@@ -94,6 +112,8 @@ def sanity(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     """One real sample at the planned geometry (written beside OUT, never in it), checked and timed, and the
     disk check (runs the sanity-check flow). Exit 1 when either fails."""
     config = config_from(config_file, flags)
+    make_spec(config)
+    check_build(config)
     from flows.run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
     from flows.sanity import sanity_check  # noqa: PLC0415
 
@@ -113,7 +133,7 @@ def verify(out: OutArg, as_json: JsonOpt = False, *, config_file: Path | None, f
     from infra.gates.verify import verify_out, verify_plan  # noqa: PLC0415
     from infra.plan import make_plan, make_spec  # noqa: PLC0415
 
-    config = _out_config(out, config_file, flags)
+    config = config_from(config_file, flags, out)
     try:
         report = verify_plan(make_plan(config))  # with the source: stale samples too
     except SourceError as exc:
@@ -139,9 +159,8 @@ def reconcile(out: OutArg, *, config_file: Path | None, flags: dict[str, Any]) -
     shortfall. Settings not given are OUT's own (cache.json); pass the build's --limit etc. if it had them."""
     from infra.audit.reconcile import reconcile as count  # noqa: PLC0415 - heavy: torch
     from infra.audit.reconcile import write_reconcile_report  # noqa: PLC0415
-    from infra.plan import make_plan  # noqa: PLC0415
 
-    report = count(make_plan(_out_config(out, config_file, flags)))
+    report = count(make_plan(config_from(config_file, flags, out)))
     json_path, _ = write_reconcile_report(out, report)
     typer.echo(f"{report.text()}\n\nreport: {json_path}")
     raise typer.Exit(0 if report.ok else 1)
@@ -152,6 +171,7 @@ def reconcile(out: OutArg, *, config_file: Path | None, flags: dict[str, Any]) -
 def decode(
     out: OutArg,
     all_samples: Annotated[bool, Opt("--all", help="decode every done sample")] = False,
+    n: Annotated[int | None, Opt("--n", min=0, help="deprecated: the old name of --decode-samples")] = None,
     *,
     config_file: Path | None,
     flags: dict[str, Any],
@@ -160,15 +180,18 @@ def decode(
     Settings not given are OUT's own (cache.json); --decode-samples defaults to 4."""
     from infra.audit.decode_verify import decode_and_verify  # noqa: PLC0415 - heavy: torch
 
-    values = {**(load_config_file(config_file) if config_file else {}), **flags}
+    if n is not None:
+        typer.echo("warning: --n is deprecated and goes in the next release: use --decode-samples", err=True)
+        flags = {"decode_samples": n, **flags}
+    config = config_from(config_file, flags, out)
     report = decode_and_verify(
         out,
-        model_dir=Path(values["model"]).expanduser() if values.get("model") else None,
-        source=values.get("source"),
-        n=None if all_samples else values.get("decode_samples", BuildConfig.model_fields["decode_samples"].default),
-        device=values.get("device", "auto"),
-        dtype=values.get("dtype"),
-        min_psnr=values.get("min_psnr"),
+        model_dir=Path(config.model).expanduser(),
+        source=None if config.source == NO_SOURCE else config.source,
+        n=None if all_samples else config.decode_samples,
+        device=config.device,
+        dtype=config.dtype,
+        min_psnr=config.min_psnr,
     )
     typer.echo(report.text())
     raise typer.Exit(0 if report.ok else 1)
@@ -193,16 +216,20 @@ def pending() -> None:
     from flows.runs import pending_runs  # noqa: PLC0415 - heavy: Prefect
 
     runs = pending_runs()
-    if not runs:
+    waiting = [run for run in runs if run.gone is None]
+    if not waiting:
         typer.echo("no paused runs")
-    for run in runs:
+    for run in waiting:
         typer.echo(f"{run.id}  {run.name}  paused {run.paused_since}\n{run.preview}\n")
+    for run in runs:
+        if run.gone is not None:
+            typer.echo(f"not waiting: {run.id}  {run.name}  paused {run.paused_since}, but {run.gone}")
 
 
 @app.command()
 @cli_errors
 def approve(
-    run_id: Annotated[str, typer.Argument(help="the paused flow run's id")],
+    run_id: Annotated[str, typer.Argument(help="the paused flow run's id, or a unique prefix of it")],
     choice: Annotated[
         str,
         typer.Argument(
@@ -215,8 +242,7 @@ def approve(
     """Answer a paused run from any process; the server validates the choice (a bad one is refused)."""
     from flows.runs import approve as resume  # noqa: PLC0415 - heavy: Prefect
 
-    resume(run_id, choice, note, by or getpass.getuser())
-    typer.echo(f"resumed {run_id} with {choice}")
+    typer.echo(f"resumed {resume(run_id, choice, note, by or getpass.getuser())} with {choice}")
 
 
 @app.command("make-tiny-model")
@@ -237,10 +263,11 @@ def make_tiny_model(
     width: Annotated[int, Opt(help="pixel width to fit at (with --train-on)")] = 256,
 ) -> None:
     """A tiny model with the real architecture and snapshot layout (tests, demos): random weights, or with
-    --train-on a VAE fitted to a few clips (CPU, about a minute) so that decode-and-verify shows them."""
+    --train-on a VAE fitted to a few clips (CPU: minutes; ~10 min of CPU time at 33x256x256, 300 steps) so that
+    decode-and-verify shows them."""
     from infra.demo.tiny import make_tiny_wan22  # noqa: PLC0415 - demo material: this command only
-    from infra.demo.tiny_image import make_tiny_image  # noqa: PLC0415
-    from infra.demo.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415
+    from infra.demo.tiny_image import make_tiny_image  # noqa: PLC0415 - demo material: this command only
+    from infra.demo.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415 - demo material: this command only
 
     image = functools.partial(make_tiny_image, vae=vae, text=text)
     makers = {"wan22": make_tiny_wan22, "ltx2": make_tiny_ltx2, "image": image}

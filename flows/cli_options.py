@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import os
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -20,8 +22,13 @@ import click
 import typer
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
-from infra.errors import LatentforgeError, exit_code
+from infra.errors import EXIT_FAILED, LatentforgeError, exit_code
+
+logger = logging.getLogger("latentforge")
+#: Set (to 1) by ``latentforge --debug``: errors then also print their traceback.
+DEBUG_ENV = "LATENTFORGE_DEBUG"
 
 #: Nested sections set from the command line by one flag each: flag name → (field, key inside the section).
 SECTION_FLAGS: dict[str, tuple[str, str]] = {
@@ -34,6 +41,11 @@ SECTION_HELP = {
     "alert_webhook": "POST alerts here (or LATENTFORGE_ALERT_WEBHOOK)",
     "alert_block": "Prefect notification block TYPE/NAME for alerts (or LATENTFORGE_ALERT_BLOCK)",
 }
+
+
+def debugging() -> bool:
+    """True under ``--debug`` or ``LATENTFORGE_DEBUG=1``: tracebacks are shown."""
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
 def fail(message: str, code: int = 2) -> typing.NoReturn:
@@ -60,7 +72,14 @@ def cli_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except (typer.Exit, typer.Abort, click.ClickException):
             raise
         except (LatentforgeError, ValidationError, OSError) as exc:
+            if debugging():
+                logger.exception("traceback (--debug)")
             fail(describe(exc), exit_code(exc))
+        except Exception as exc:  # a bug, not the user's mistake: one line too; the traceback with --debug
+            if debugging():
+                logger.exception("traceback (--debug)")
+            hint = "" if debugging() else f" (--debug or {DEBUG_ENV}=1 shows the traceback)"
+            fail(f"{type(exc).__name__}: {exc}{hint}", EXIT_FAILED)
 
     return wrapper
 
@@ -79,7 +98,7 @@ def _unwrap_optional(annotation: Any) -> Any:
 
 def _help(field: FieldInfo, show_default: bool = True) -> str:
     text = field.description or ""
-    if show_default and field.default is not None and not field.is_required():
+    if show_default and field.default not in (None, PydanticUndefined) and not field.is_required():
         shown = field.default if not isinstance(field.default, list) else ",".join(map(str, field.default))
         text += f" (default: {shown})"
     return text.strip()

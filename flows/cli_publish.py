@@ -12,10 +12,15 @@ from typing import Annotated, Any
 import typer
 
 from flows.cli_options import cli_errors, config_command
-from infra.config import UploadConfig, load_config_file
+from flows.preflight import check_cache
+from infra.config import BuildConfig, UploadConfig, load_config_file
 from infra.errors import ConfigError, RunFailed
 
 Opt = typer.Option
+# The gate settings' choices, as the config declares them.
+OnLoss = BuildConfig.model_fields["on_loss"].annotation
+OnConflict = BuildConfig.model_fields["on_conflict"].annotation
+OnStale = BuildConfig.model_fields["on_stale"].annotation
 
 
 @config_command(UploadConfig, list(UploadConfig.model_fields))
@@ -37,6 +42,7 @@ def upload(
     if not isinstance(section, dict):
         raise ConfigError(f"{config_file}: `upload` is a section of keys, not {section!r}")
     config = UploadConfig.model_validate({**section, **flags})
+    check_cache(out)  # a mistake is one line, exit 2, before any flow starts
     from flows.run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
     from flows.upload import upload_cache  # noqa: PLC0415
 
@@ -63,8 +69,14 @@ def rerun(
         bool, Opt("--failed-only", help="only the samples and shards that failed in RUN_ID")
     ] = False,
     dry_run: Annotated[bool, Opt("--dry-run", help="print what would be rerun")] = False,
+    on_loss: Annotated[
+        OnLoss, Opt(help="ask | abort | accept at the loss gate (default: RUN_ID's; a loss it accepted stays so)")
+    ] = None,
+    on_conflict: Annotated[OnConflict, Opt(help="ask | abort | new_dir | reuse (default: RUN_ID's)")] = None,
+    on_stale: Annotated[OnStale, Opt(help="ask | abort | replace | keep (default: RUN_ID's)")] = None,
 ) -> None:
-    """A new build run with RUN_ID's spec over only what failed in RUN_ID (from its ledger rows and report)."""
+    """A new build run with RUN_ID's spec over only what failed in RUN_ID (from its ledger rows and report).
+    RUN_ID may be given by a unique prefix of its id."""
     if not failed_only:
         raise ConfigError(
             "only `rerun RUN_ID --failed-only` exists: to run everything again, `latentforge build` resumes"
@@ -72,14 +84,21 @@ def rerun(
     from prefect.exceptions import ObjectNotFound  # noqa: PLC0415 - heavy: Prefect
 
     from flows.rerun import plan_rerun, start_deployment_rerun  # noqa: PLC0415 - heavy: torch, Prefect
+    from flows.runs import resolve_run_id  # noqa: PLC0415 - heavy: Prefect
 
+    gates = {k: v for k, v in {"on_loss": on_loss, "on_conflict": on_conflict, "on_stale": on_stale}.items() if v}
     try:
-        rerun = plan_rerun(run_id)
+        run_id = resolve_run_id(run_id)
+        rerun = plan_rerun(run_id, gates)
     except ObjectNotFound as exc:
         raise ConfigError(f"cannot rerun {run_id}: no such flow run on this Prefect API") from exc
     except (ValueError, RuntimeError) as exc:  # a bad id, an unreachable API, a non-build run
         raise ConfigError(f"cannot rerun {run_id}: {exc}") from exc
     typer.echo(f"{len(rerun.selectors)} failed in {run_id}: {json.dumps(rerun.selectors[:20])}")
+    chosen = {name: getattr(rerun.config, name) for name in ("on_loss", "on_conflict", "on_stale")}
+    typer.echo("gates: " + ", ".join(f"--{k.replace('_', '-')} {v or 'the default'}" for k, v in chosen.items()))
+    for note in rerun.notes:
+        typer.echo(note)
     if not rerun.selectors:
         typer.echo("nothing to rerun")
         return

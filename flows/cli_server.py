@@ -13,7 +13,12 @@ from infra.errors import ConfigError, NoServerError
 from infra.ops import server
 from infra.ops.automations import install_automations
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="A Prefect server, work pool and worker here.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,  # literal brackets in help ([$PREFECT_HOME]) are text, not markup
+    help="A Prefect server, work pool and worker here.",
+)
 Opt = typer.Option
 HomeOpt = Annotated[
     Path | None,

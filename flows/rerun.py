@@ -31,6 +31,8 @@ class Rerun:
     config: BuildConfig
     selectors: list[str]
     deployment_id: str | None
+    #: What the rerun carries over from RUN_ID beyond its config, each said in the rerun's output.
+    notes: tuple[str, ...] = ()
 
 
 def failed_selectors(out: Path, run_id: str) -> list[str]:
@@ -46,18 +48,37 @@ def failed_selectors(out: Path, run_id: str) -> list[str]:
     return sorted(selectors)
 
 
-def plan_rerun(run_id: str) -> Rerun:
-    """Read RUN_ID's parameters from the API and select what it left failed."""
+def accepted_loss(out: Path, run_id: str) -> str | None:
+    """How RUN_ID's run report says its loss was accepted (``accept_loss by ... : N missing {reasons}``), or None."""
+    report = run_report_of(out, run_id)
+    accepted = [d for d in (report.decisions_at("loss") if report else []) if d.choice == "accept_loss"]
+    if not accepted:
+        return None
+    details = accepted[-1].details
+    return f"{accepted[-1].text()}: {details.get('shortfall')} missing {details.get('reasons')}"
+
+
+def plan_rerun(run_id: str, gates: dict[str, str] | None = None) -> Rerun:
+    """Read RUN_ID's parameters from the API and select what it left failed. `gates` (``on_loss``,
+    ``on_conflict``, ``on_stale``) override RUN_ID's; without ``on_loss``, a loss RUN_ID accepted stays accepted
+    (the rerun redoes only what failed: what it can still miss is a part of that loss)."""
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(UUID(run_id))
     raw = (run.parameters or {}).get("config")
     if raw is None:
         raise ConfigError(f"flow run {run_id} ({run.name}) is not a build-cache run (no config parameter)")
     config = BuildConfig.model_validate(raw)
-    selectors = failed_selectors(Path(config.out), run_id)
+    out = Path(config.out)
+    selectors = failed_selectors(out, run_id)
     # Same spec and settings; a token approved that run's change, not this one's.
-    rerun = config.model_copy(update={"only": selectors, "approve_overwrite": None})
-    return Rerun(run_id, rerun, selectors, str(run.deployment_id) if run.deployment_id else None)
+    update: dict = {"only": selectors, "approve_overwrite": None, **(gates or {})}
+    notes: list[str] = []
+    if "on_loss" not in update and config.on_loss != "accept" and (accepted := accepted_loss(out, run_id)):
+        update["on_loss"] = "accept"
+        notes.append(f"the loss accepted in {run_id} stays accepted (--on-loss accept; {accepted})")
+    rerun = config.model_copy(update=update)
+    BuildConfig.model_validate(rerun.model_dump())  # the gate values given are checked as the config checks them
+    return Rerun(run_id, rerun, selectors, str(run.deployment_id) if run.deployment_id else None, tuple(notes))
 
 
 def start_deployment_rerun(rerun: Rerun) -> str:

@@ -100,7 +100,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory, tiny_model, clips) -> Path:
 
 def test_inspect_shows_the_recipe(cache):
     report = inspect_cache(cache)
-    assert report["recipe"] == "wan22-vbvr" and report["temporal"] == "linspace"
+    assert report["recipe"] == "wan22-vbvr" and report["temporal"] == "span"  # the flag's name, not the stored one
     assert "recipe       wan22-vbvr" in runner.invoke(app, ["inspect", str(cache)]).output
 
 

@@ -11,6 +11,7 @@ import torch
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
 from infra.cache.ledger import FileRecord
+from infra.config import CacheSpec
 from infra.errors import DamagedCacheError
 from infra.formats import get_format
 from infra.formats.base import Format
@@ -42,6 +43,16 @@ def _read(fmt: Format, out: Path, file: FileRecord) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise DamagedCacheError(f"{path}: holds a {type(record).__name__}, not a dict of tensors")
     return record
+
+
+def _policy_names(spec: dict[str, Any]) -> dict[str, Any]:
+    """The temporal and resize policies by the names their flags take (``span``, ``stretch``), not the spec's
+    stored values (``linspace``, ``bilinear-align_corners_false``); the stored values where the spec does not parse."""
+    try:
+        settings = CacheSpec.model_validate(spec).build_settings()
+    except (ValueError, TypeError):  # an older or hand-edited spec: show what it stores
+        return {"temporal": spec.get("temporal"), "resize": spec.get("resize")}
+    return {"temporal": settings["temporal"], "resize": settings["resize"]}
 
 
 def inspect_cache(out: Path) -> dict[str, Any]:
@@ -77,8 +88,7 @@ def inspect_cache(out: Path) -> dict[str, Any]:
         "geometry": [meta["spec"]["frames"], meta["spec"]["height"], meta["spec"]["width"]],
         "recipe": meta.get("provenance", {}).get("recipe"),
         "consumer": written_for(meta["spec"]),
-        "temporal": meta["spec"].get("temporal"),
-        "resize": meta["spec"].get("resize"),
+        **_policy_names(meta["spec"]),
         "groups": {g: dict(c) for g, c in sorted(groups.items())},
         "reasons": dict(reasons),
         "done": sum(c["done"] for c in groups.values()),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Iterator, Sequence
@@ -17,6 +18,30 @@ from infra.models.wan_decode import DECODE_CHUNK, decode_in_chunks
 logger = logging.getLogger(__name__)
 
 STORE_DTYPE = torch.bfloat16
+#: diffusers' logger that warns about config keys a class does not take.
+DIFFUSERS_CONFIG_LOGGER = "diffusers.configuration_utils"
+
+
+class _IgnoredClipOutput(logging.Filter):
+    """Drops diffusers' warning that ``clip_output`` is not expected: the published Wan2.2 ``vae/config.json``
+    (and so the tiny model, made like it) holds that key of the conversion script, which AutoencoderKLWan does
+    not take and ignores (`infra.models.wan_constants`). Any other unexpected key is still warned about."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return "{'clip_output': False} were passed to AutoencoderKLWan" not in message
+
+
+@contextlib.contextmanager
+def _known_attribute_ignored() -> Iterator[None]:
+    """The VAE's load without the warning about the published config's ``clip_output`` (only that one)."""
+    target = logging.getLogger(DIFFUSERS_CONFIG_LOGGER)
+    quiet = _IgnoredClipOutput()
+    target.addFilter(quiet)
+    try:
+        yield
+    finally:
+        target.removeFilter(quiet)
 
 
 class Wan22Spec(FamilySpec):
@@ -69,7 +94,8 @@ class Wan22Encoder(LoadedFamily):
         from transformers import AutoTokenizer  # noqa: PLC0415
 
         self.model_dir, self.device, self.dtype = model_dir, device, dtype
-        self.vae = AutoencoderKLWan.from_pretrained(model_dir / "vae", torch_dtype=dtype, local_files_only=True)
+        with _known_attribute_ignored():
+            self.vae = AutoencoderKLWan.from_pretrained(model_dir / "vae", torch_dtype=dtype, local_files_only=True)
         self.vae.to(device).eval()
         self.text_encoder = self.load_text_encoder().to(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer", local_files_only=True)

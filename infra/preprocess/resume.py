@@ -84,10 +84,14 @@ def _ours(plan: BuildPlan, files: list[str]) -> tuple[WrittenFiles, dict[str, An
     try:
         records = {rel: fmt.read(plan.out / rel) for rel in files}
         prints = {r.get("fingerprint") if isinstance(r, dict) else None for r in records.values()}
+        theirs = "its fingerprint " + ", ".join(str(p) for p in sorted(prints, key=str))
     except Exception as exc:  # noqa: BLE001 - any unreadable file is simply not ours
-        prints = {f"unreadable ({type(exc).__name__})"}
+        prints, theirs = set(), f"not a sample file: it does not load ({type(exc).__name__})"
     if prints != {plan.fingerprint}:
-        return f"{files[0]} exists and was not written by this spec (fingerprint {prints}); not overwritten"
+        return (
+            f"{files[0]} exists and was not written by this spec ({theirs}; this spec's {plan.fingerprint}); "
+            "not overwritten"
+        )
     found = [
         FileRecord(path=rel, bytes=(plan.out / rel).stat().st_size, sha256=sha256_file(plan.out / rel)) for rel in files
     ]

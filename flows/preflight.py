@@ -1,0 +1,59 @@
+"""Checks a command makes before any flow (and Prefect's API) starts: a user's mistake found here is one
+``error: ...`` line and exit 2, in a second, instead of a failed flow run's tracebacks.
+
+Only what is cheap and certain: where OUT is, that the source kind exists and lists shards, that the shard
+filter keeps one, that a named device is there. The geometry and the model are checked by `make_spec`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infra.cache.cachedir import CACHE_JSON
+from infra.config import BuildConfig
+from infra.errors import ConfigError
+from infra.sources import open_source
+
+
+def check_out(out: Path) -> None:
+    """OUT is absent or a directory (a file there is the user's mistake, not the lock's)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file, not a directory")
+    parent = next((p for p in out.absolute().parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ConfigError(f"--out {out}: {parent} is a file, not a directory")
+
+
+def check_cache(out: Path) -> None:
+    """OUT is a latentforge cache (a directory with its cache.json): for the steps that read one (upload)."""
+    if not (out / CACHE_JSON).is_file():
+        what = (
+            "does not exist" if not out.exists() else "is not a directory" if not out.is_dir() else "has no cache.json"
+        )
+        raise ConfigError(f"{out} is not a latentforge cache: it {what}")
+
+
+def check_source(config: BuildConfig) -> int:
+    """The source opens and lists shards, and --shard-filter keeps at least one; returns how many it keeps."""
+    shards = open_source(config.source).shards()  # SourceError (a ConfigError): unknown kind, no path, no shards
+    kept = [s for s in shards if not config.shard_filter or config.shard_filter in s.id]
+    if not kept:
+        names = ", ".join(s.id for s in shards[:5]) + (", ..." if len(shards) > 5 else "")
+        raise ConfigError(f"--shard-filter {config.shard_filter!r} matches none of {config.source}'s shards ({names})")
+    return len(kept)
+
+
+def check_device(device: str) -> None:
+    """A device named outright (cuda, neuron) is there; auto and cpu always are."""
+    if device in ("auto", "cpu"):
+        return
+    from infra.devices import resolve_device  # noqa: PLC0415 - torch only when a device is named
+
+    resolve_device(device)
+
+
+def check_build(config: BuildConfig) -> None:
+    """Everything above, for a build or a sanity run."""
+    check_out(Path(config.out).expanduser())
+    check_source(config)
+    check_device(config.device)
