@@ -21,6 +21,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.alerting import on_crashed, on_failure
 from flows.audit import audit
 from flows.conflict import WRITABLE, ConflictAborted, resolve_conflict
+from flows.settings import resolve_config
 from flows.shards import run_shards
 from flows.stale import resolve_stale
 from flows.steps import set_step
@@ -70,6 +71,7 @@ def build_cache(config: BuildConfig) -> dict[str, Any] | State:
 def _build(config: BuildConfig) -> dict[str, Any]:
     logger = get_run_logger()
     set_step("plan")
+    config = resolve_config(config)  # a form's or a deployment's run: the checks a command makes before it starts
     plan = plan_build(config)
     logger.info("plan: family %s, fingerprint %s, %d shards", plan.family, plan.fingerprint[:16], len(plan.shards))
     fault_point("plan")

@@ -1,7 +1,7 @@
 """The `latentforge` command line: the terminal front of the flows.
 
-The options of `build`, `sanity`, `verify`, `reconcile` and `decode` are BuildConfig's fields (each step takes
-the groups that apply to it, `infra.config.STEP_GROUPS`); every option is also a config-file key
+The options of `build`, `sanity`, `verify`, `reconcile` and `decode` are BuildConfig's settings (each step takes
+the sections and settings that apply to it, `infra.config.STEP_SETTINGS`); every option is also a config-file key
 (``--shard-filter`` ↔ ``shard_filter``) and flags win. Errors leave every command through
 `flows.cli_options.cli_errors`: ``error: ...`` on stderr, the exit code from `infra.errors`.
 """
@@ -22,7 +22,8 @@ import flows  # noqa: F401  (offline defaults before Prefect loads)
 from flows.cli_options import cli_errors, config_command
 from flows.cli_publish import rerun, upload
 from flows.cli_server import app as server_app
-from infra.config import BuildConfig, load_config_file, merge_config, step_fields
+from flows.settings import resolve_config
+from infra.config import BuildConfig, load_config_file, merge_config, step_settings
 from infra.errors import ConfigError, SourceError
 from infra.ops import early, quick_exit
 
@@ -43,7 +44,7 @@ def config_from(config_file: Path | None, flags: dict[str, Any]) -> BuildConfig:
     for section in ("upload", "alerts"):
         if isinstance(flags.get(section), dict) and isinstance(file_values.get(section), dict):
             flags[section] = {**file_values[section], **flags[section]}
-    return merge_config(file_values, flags)
+    return resolve_config(merge_config(file_values, flags))
 
 
 def _out_config(out: Path, config_file: Path | None, flags: dict[str, Any]) -> BuildConfig:
@@ -52,11 +53,11 @@ def _out_config(out: Path, config_file: Path | None, flags: dict[str, Any]) -> B
 
     file_values = load_config_file(config_file) if config_file else {}
     file_values.pop("out", None)
-    return config_for_out(out, {**file_values, **flags})
+    return resolve_config(config_for_out(out, {**file_values, **flags}))
 
 
 @app.command()
-@config_command(BuildConfig, step_fields("build"))
+@config_command(step_settings("build"))
 def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     """Build or resume a latent cache (runs the build-cache flow)."""
     config = config_from(config_file, flags)
@@ -97,7 +98,7 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
 
 
 @app.command()
-@config_command(BuildConfig, step_fields("sanity"))
+@config_command(step_settings("sanity"))
 def sanity(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     """One real sample at the planned geometry (written beside OUT, never in it), checked and timed, and the
     disk check (runs the sanity-check flow). Exit 1 when either fails."""
@@ -113,7 +114,7 @@ def sanity(*, config_file: Path | None, flags: dict[str, Any]) -> None:
 
 
 @app.command()
-@config_command(BuildConfig, step_fields("verify"), show_defaults=False)
+@config_command(step_settings("verify"), show_defaults=False)
 def verify(out: OutArg, as_json: JsonOpt = False, *, config_file: Path | None, flags: dict[str, Any]) -> None:
     """What OUT holds against a planned build (settings not given: OUT's own cache.json). Reads only.
 
@@ -142,7 +143,7 @@ def verify(out: OutArg, as_json: JsonOpt = False, *, config_file: Path | None, f
 
 
 @app.command()
-@config_command(BuildConfig, step_fields("reconcile"), show_defaults=False)
+@config_command(step_settings("reconcile"), show_defaults=False)
 def reconcile(out: OutArg, *, config_file: Path | None, flags: dict[str, Any]) -> None:
     """Expected (the source listing) against produced; every missing sample with its reason. Exit 1 on a
     shortfall. Settings not given are OUT's own (cache.json); pass the build's --limit etc. if it had them."""
@@ -157,7 +158,7 @@ def reconcile(out: OutArg, *, config_file: Path | None, flags: dict[str, Any]) -
 
 
 @app.command()
-@config_command(BuildConfig, step_fields("decode"), show_defaults=False)
+@config_command(step_settings("decode"), show_defaults=False)
 def decode(
     out: OutArg,
     all_samples: Annotated[bool, Opt("--all", help="decode every done sample")] = False,

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from flows.cli_options import cli_errors, config_command
+from flows.settings import check_upload
 from infra.config import UploadConfig, load_config_file
 from infra.errors import ConfigError, RunFailed
 from infra.ops import early
@@ -19,7 +20,7 @@ from infra.ops import early
 Opt = typer.Option
 
 
-@config_command(UploadConfig, list(UploadConfig.model_fields))
+@config_command(UploadConfig.model_fields)
 def upload(
     out: Annotated[Path, typer.Argument(help="cache root")],
     verify_only: Annotated[
@@ -37,7 +38,7 @@ def upload(
     section = (load_config_file(config_file) if config_file else {}).get("upload") or {}
     if not isinstance(section, dict):
         raise ConfigError(f"{config_file}: `upload` is a section of keys, not {section!r}")
-    config = UploadConfig.model_validate({**section, **flags})
+    config = check_upload(UploadConfig.model_validate({**section, **flags}))
     early.spawn()  # the embedded API starts beside the flow's imports
     from flows.run import run_or_raise  # noqa: PLC0415
     from flows.upload import upload_cache  # noqa: PLC0415

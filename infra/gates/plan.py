@@ -14,14 +14,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from infra.cache.cachedir import read_cache_json
-from infra.config import BuildConfig, CacheSpec
+from infra.config import ADDED_LATER, TEMPORAL_ALIASES, BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
 from infra.media.buckets import parse_buckets
 from infra.media.temporal import DEFAULT_SHORT, make_policy
-from infra.media.video import RESIZE_POLICIES
+from infra.media.video import RESIZE_POLICIES, resize_policy_of
 from infra.models import FamilySpec, get_family, model_identity, resolve_family
+from infra.recipes import apply_recipe
 from infra.sources import Shard, ShardReadError, Source, open_source
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,8 @@ def parse_only(only: list[str] | None) -> dict[str, frozenset[str] | None] | Non
 
 def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
     """The spec's settings: the user's, else the family's defaults; ConfigError for what the family cannot do."""
-    chosen = {k: getattr(config, k) if getattr(config, k) is not None else v for k, v in family.defaults.items()}
+    given = config.encoding
+    chosen = {k: getattr(given, k) if getattr(given, k) is not None else v for k, v in family.defaults.items()}
     if chosen["text_stage"] not in family.text_stages:
         raise ConfigError(
             f"--text-stage {chosen['text_stage']}: family {family.name} stores {', '.join(family.text_stages)}"
@@ -135,7 +137,9 @@ def memory_settings(config: BuildConfig, temporal: str) -> dict[str, Any]:
 
 def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tuple[int, ...]]:
     """Resolve the family, check geometry and format, hash the model: (family, spec, latent, text shape). With
-    buckets, the latent shape is the first bucket's (each sample's is its own bucket's)."""
+    buckets, the latent shape is the first bucket's (each sample's is its own bucket's). The recipe `config` names
+    fills the settings not given."""
+    config = apply_recipe(config)
     model_dir = Path(config.model).expanduser()
     family = resolve_family(model_dir, config.family, config.audio)
     chosen = _settings(config, family)
@@ -246,7 +250,8 @@ def plan_shards(config: BuildConfig, source: Source) -> list[ShardPlan]:
 
 
 def make_plan(config: BuildConfig) -> BuildPlan:
-    """The whole plan for a build."""
+    """The whole plan for a build; its config has the recipe's settings filled in (`apply_recipe`)."""
+    config = apply_recipe(config)
     family, spec, latent_shape, text_shape = make_spec(config)
     shards = plan_shards(config, open_source(config.source))
     return BuildPlan(
@@ -270,7 +275,7 @@ def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
         values = {
             "source": provenance.get("source"),
             "model": provenance.get("model_path"),
-            **CacheSpec.model_validate(meta["spec"]).build_settings(),
+            **spec_settings(CacheSpec.model_validate(meta["spec"])),
         }
     except (OSError, ValueError, KeyError, TypeError):
         logger.info("%s has no readable cache.json: verifying against the given settings only", out)
@@ -279,3 +284,36 @@ def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
         raise ConfigError(f"pass --model: {out} has no readable cache.json that names one")
     values["source"] = values.get("source") or "none:-"  # verify needs no source; reconcile does
     return BuildConfig.model_validate({**values, "out": str(out)})
+
+
+def spec_settings(spec: CacheSpec) -> dict[str, Any]:
+    """The BuildConfig settings that reproduce `spec` (reuse, verify against OUT's own cache.json): the spec's
+    fields under the same names, its temporal and resize values as the config spells them."""
+    settings: dict[str, Any] = {
+        "family": spec.family,
+        "format": spec.format,
+        "frames": spec.frames,
+        "height": spec.height,
+        "width": spec.width,
+        "temporal": TEMPORAL_ALIASES.get(spec.temporal, spec.temporal),
+        "resize": resize_policy_of(spec.resize),
+        "dtype": spec.dtype,
+        "text_max_length": spec.text_max_length,
+        "text_padding": spec.text_padding,
+        "identity_scheme": spec.identity_scheme,
+        "audio": spec.audio,
+        "store_dtype": spec.store_dtype,
+    }
+    if spec.text_storage != "padded":
+        settings["text_storage"] = spec.text_storage
+    for name in ("video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips"):
+        if getattr(spec, name) != ADDED_LATER[name]:
+            settings[name] = getattr(spec, name)
+    if spec.buckets:
+        settings["buckets"] = ";".join(f"{w}x{h}x{f}" for w, h, f in spec.buckets)
+    for name in ("shard_samples", "shard_bytes", "parquet_dtype"):
+        if getattr(spec, name) is not None:
+            settings[name] = getattr(spec, name)
+    if spec.text_stage in ("pre_connector", "post_connector"):
+        settings["text_stage"] = spec.text_stage
+    return settings
