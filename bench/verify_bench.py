@@ -37,7 +37,7 @@ def _spec():  # a CacheSpec, imported late (the parent stays light)
     from infra.config import CacheSpec  # noqa: PLC0415
 
     fields = {"family": "wan22", "model_identity": {}, "format": "pt", "frames": FRAMES, "height": SIZE}
-    fields |= {"width": SIZE, "compute_dtype": "fp32", "text_max_length": 8, "text_padding": "raw"}
+    fields |= {"width": SIZE, "dtype": "fp32", "text_max_length": 8, "text_padding": "raw"}
     return CacheSpec(**fields, temporal="linspace", resize="stretch", latent_norm="x")
 
 

@@ -67,13 +67,15 @@ def audit(
         if not audio.ok:
             failure = AudioGateFailed(audio.headline())
     decode = None
-    if failure is None and plan.config.decode_samples > 0:
+    if failure is None and plan.config.gates.decode_samples > 0:
         set_step("decode-and-verify")
         decode = decode_verify(plan)
         logger.info("%s", decode.text())
         _publish_decode(decode)
         if not decode.ok:
-            failure = DecodeGateFailed(f"decode-and-verify below --min-psnr {plan.config.min_psnr}: {decode.text()}")
+            failure = DecodeGateFailed(
+                f"decode-and-verify below --min-psnr {plan.config.gates.min_psnr}: {decode.text()}"
+            )
     report = run_report(
         plan,
         summary,
@@ -99,9 +101,9 @@ def audit(
 
 def _loss_decision(plan: BuildPlan, recon: ReconcileReport) -> Decision:
     details = {"shortfall": recon.shortfall, "reasons": recon.reasons()}
-    policy = plan.config.on_loss or default_policy()
+    policy = plan.config.gates.on_loss or default_policy()
     if policy == "ask":
-        timeout, unattended = plan.config.approval_timeout, "--on-loss accept"
+        timeout, unattended = plan.config.gates.approval_timeout, "--on-loss accept"
         return decide("loss", LossAnswer, LossChoice, recon.markdown(), timeout, unattended=unattended, **details)
     choice = LossChoice.accept_loss if policy == "accept" else LossChoice.abort
     return Decision(gate="loss", choice=choice.value, how="policy", by=f"on_loss={policy}", details=details)

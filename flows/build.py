@@ -21,6 +21,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.alerting import on_crashed, on_failure
 from flows.audit import audit
 from flows.conflict import WRITABLE, ConflictAborted, resolve_conflict
+from flows.settings import resolve_config
 from flows.shards import run_shards
 from flows.stale import resolve_stale
 from flows.steps import set_step
@@ -69,13 +70,14 @@ def build_cache(config: BuildConfig) -> dict[str, Any] | State:
 def _build(config: BuildConfig) -> dict[str, Any]:
     logger = get_run_logger()
     set_step("plan")
+    config = resolve_config(config)  # a form's or a deployment's run: the checks a command makes before it starts
     plan = plan_build(config)
     logger.info("plan: family %s, fingerprint %s, %d shards", plan.family, plan.fingerprint[:16], len(plan.shards))
     fault_point("plan")
     set_step("verify-existing")
     report = verify_existing(plan)
     logger.info("%s", report.text())
-    if config.dry_run:
+    if config.run.dry_run:
         shapes = dry_run_sample(plan)
         logger.info("dry run (nothing written): %s", shapes)
         return {"dry_run": shapes, "out_state": report.kind}
@@ -92,7 +94,7 @@ def _build(config: BuildConfig) -> dict[str, Any]:
         plan, stale = resolve_stale(plan, report)
         result = _build_locked(plan, [d for d in (conflict, stale) if d is not None])
     if config.upload is not None:  # the upload step takes the lock again itself
-        uploaded = upload_step(plan.out, config.upload, approval_timeout=config.approval_timeout)
+        uploaded = upload_step(plan.out, config.upload, approval_timeout=config.gates.approval_timeout)
         result["upload"] = {k: uploaded.get(k) for k in ("target", "counts", "sent", "upload_report")}
     return result
 

@@ -1,7 +1,7 @@
 """The `latentforge` command line: the terminal front of the flows.
 
-The options of `build`, `sanity`, `verify`, `reconcile` and `decode` are BuildConfig's fields (each step takes
-the groups that apply to it, `infra.config.STEP_GROUPS`); every option is also a config-file key
+The options of `build`, `sanity`, `verify`, `reconcile` and `decode` are BuildConfig's settings (each step takes
+the sections and settings that apply to it, `infra.config.STEP_SETTINGS`); every option is also a config-file key
 (``--shard-filter`` ↔ ``shard_filter``) and flags win. Errors leave every command through
 `flows.cli_options.cli_errors`: ``error: ...`` on stderr, the exit code from `infra.errors`.
 """
@@ -25,8 +25,9 @@ from flows.cli_publish import rerun, upload
 from flows.cli_server import app as server_app
 from flows.preflight import check_build
 from flows.selection import with_selection
+from flows.settings import resolve_config
 from infra.cache.lock import check_not_locked
-from infra.config import BuildConfig, load_config_file, merge_config, step_fields
+from infra.config import BuildConfig, load_config_file, merge_config, step_settings
 from infra.errors import ConfigError, SourceError
 from infra.plan import config_for_out, make_plan, make_spec
 from infra.recipes import RECIPES, with_recipe
@@ -66,28 +67,28 @@ def config_from(config_file: Path | None, flags: dict[str, Any], out: Path | Non
         if isinstance(flags.get(section), dict) and isinstance(file_values.get(section), dict):
             flags[section] = {**file_values[section], **flags[section]}
     if out is None:
-        return merge_config(file_values, flags)
+        return resolve_config(merge_config(file_values, flags))
     file_values.pop("out", None)
     given, notes = with_selection(out, with_recipe({**file_values, **flags}))  # the recipe named outranks cache.json
     for note in notes:
         typer.echo(f"note: {note}", err=True)
-    return config_for_out(out, given)
+    return resolve_config(config_for_out(out, given))
 
 
 @app.command()
-@config_command(BuildConfig, step_fields("build"))
+@config_command(step_settings("build"))
 def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     """Build or resume a latent cache (runs the build-cache flow)."""
     config = config_from(config_file, flags)
     make_spec(config)  # geometry, family and model checked before anything starts
     check_build(config)  # and OUT, the source, the shard filter, the device: a mistake is one line, exit 2
-    if not config.dry_run:
+    if not config.run.dry_run:
         check_not_locked(Path(config.out))  # refused at once, before any flow runs
     from flows.build import build_cache  # noqa: PLC0415 - heavy: torch, Prefect
     from flows.run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
 
     result = run_or_raise(build_cache, config=config)
-    if config.dry_run:
+    if config.run.dry_run:
         typer.echo(json.dumps(result["dry_run"], indent=2))
         typer.echo(f"out         {config.out}: {result['out_state']} (verify-existing)")
         return
@@ -107,7 +108,7 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
 
 
 @app.command()
-@config_command(BuildConfig, step_fields("sanity"))
+@config_command(step_settings("sanity"))
 def sanity(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     """One real sample at the planned geometry (written beside OUT, never in it), checked and timed, and the
     disk check (runs the sanity-check flow). Exit 1 when either fails."""
@@ -124,7 +125,7 @@ def sanity(*, config_file: Path | None, flags: dict[str, Any]) -> None:
 
 
 @app.command()
-@config_command(BuildConfig, step_fields("verify"), show_defaults=False)
+@config_command(step_settings("verify"), show_defaults=False)
 def verify(out: OutArg, as_json: JsonOpt = False, *, config_file: Path | None, flags: dict[str, Any]) -> None:
     """What OUT holds against a planned build (settings not given: OUT's own cache.json). Reads only.
 
@@ -153,7 +154,7 @@ def verify(out: OutArg, as_json: JsonOpt = False, *, config_file: Path | None, f
 
 
 @app.command()
-@config_command(BuildConfig, step_fields("reconcile"), show_defaults=False)
+@config_command(step_settings("reconcile"), show_defaults=False)
 def reconcile(out: OutArg, *, config_file: Path | None, flags: dict[str, Any]) -> None:
     """Expected (the source listing) against produced; every missing sample with its reason. Exit 1 on a
     shortfall. Settings not given are OUT's own (cache.json); pass the build's --limit etc. if it had them."""
@@ -167,7 +168,7 @@ def reconcile(out: OutArg, *, config_file: Path | None, flags: dict[str, Any]) -
 
 
 @app.command()
-@config_command(BuildConfig, step_fields("decode"), show_defaults=False)
+@config_command(step_settings("decode"), show_defaults=False)
 def decode(
     out: OutArg,
     all_samples: Annotated[bool, Opt("--all", help="decode every done sample")] = False,
@@ -188,10 +189,10 @@ def decode(
         out,
         model_dir=Path(config.model).expanduser(),
         source=None if config.source == NO_SOURCE else config.source,
-        n=None if all_samples else config.decode_samples,
-        device=config.device,
-        dtype=config.dtype,
-        min_psnr=config.min_psnr,
+        n=None if all_samples else config.gates.decode_samples,
+        device=config.run.device,
+        dtype=config.encoding.dtype,
+        min_psnr=config.gates.min_psnr,
     )
     typer.echo(report.text())
     raise typer.Exit(0 if report.ok else 1)

@@ -1,8 +1,9 @@
 """Command-line options made from the config models: name, type, default and help come from the fields.
 
-`config_command` turns a function ``f(..., flags: dict)`` into a typer command whose options are the fields
-of a config model (BuildConfig, UploadConfig) that the step uses, ``--config FILE`` included; the values a
-user set arrive in ``flags`` (unset ones are left out, so they never override the file). Errors leave the
+`config_command` turns a function ``f(..., flags: dict)`` into a typer command whose options are the settings
+of a config model that the step uses (`infra.config.step_settings`, UploadConfig's fields), ``--config FILE``
+included; the values a user set arrive in ``flags``, flat as the flags are named (unset ones are left out, so
+they never override the file). Errors leave the
 command through `cli_errors`, the one place that prints them and picks the exit code.
 """
 
@@ -14,16 +15,17 @@ import logging
 import os
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import click
 import typer
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from infra.config import SECTIONS
 from infra.errors import EXIT_FAILED, LatentforgeError, exit_code
 
 logger = logging.getLogger("latentforge")
@@ -57,9 +59,18 @@ def fail(message: str, code: int = 2) -> typing.NoReturn:
 def describe(exc: BaseException) -> str:
     """One line per problem, for any error a command ends with."""
     if isinstance(exc, ValidationError):
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors())
         return f"invalid configuration: {problems}"
     return str(exc)
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    """A problem's key as the user wrote it: a section's setting by its flat name (``frames``, not
+    ``encoding.frames``)."""
+    parts = list(map(str, loc))
+    if len(parts) > 1 and parts[0] in SECTIONS:
+        parts = parts[1:]
+    return ".".join(parts) or "config"
 
 
 def cli_errors(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -120,11 +131,11 @@ def field_option(name: str, field: FieldInfo, show_default: bool = True) -> insp
     )
 
 
-def model_options(model: type[BaseModel], names: Iterable[str], show_defaults: bool = True) -> list[inspect.Parameter]:
-    """Options for the named fields of `model`; nested sections get their one-flag forms (`SECTION_FLAGS`)."""
+def model_options(fields: Mapping[str, FieldInfo], show_defaults: bool = True) -> list[inspect.Parameter]:
+    """Options for the settings `fields` (flat name → field); upload and alerts get their one-flag forms
+    (`SECTION_FLAGS`)."""
     params = []
-    for name in names:
-        field = model.model_fields[name]
+    for name, field in fields.items():
         section_flags = [flag for flag, (section, _) in SECTION_FLAGS.items() if section == name]
         if section_flags:
             for flag in section_flags:
@@ -162,12 +173,12 @@ CONFIG_FILE = inspect.Parameter(
 
 
 def config_command(
-    model: type[BaseModel], names: Iterable[str], *, config_file: bool = True, show_defaults: bool = True
+    fields: Mapping[str, FieldInfo], *, config_file: bool = True, show_defaults: bool = True
 ) -> Callable:
     """Decorate ``f(*own, flags: dict, config_file: Path | None)``: its options become its own parameters plus
-    the fields `names` of `model` (and ``--config``); errors leave through `cli_errors`. `show_defaults`:
-    say the model's defaults in the help (not for steps on an existing OUT, whose defaults are its own)."""
-    names = list(names)
+    the settings `fields` (flat name → field, e.g. `infra.config.step_settings`) and ``--config``; errors leave
+    through `cli_errors`. `show_defaults`: say the model's defaults in the help (not for steps on an existing OUT,
+    whose defaults are its own)."""
 
     def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
         own = [
@@ -175,7 +186,7 @@ def config_command(
             for p in inspect.signature(func, eval_str=True).parameters.values()
             if p.name not in ("flags", "config_file")
         ]
-        generated = model_options(model, names, show_defaults)
+        generated = model_options(fields, show_defaults)
         taken = {p.name for p in generated}
 
         @functools.wraps(func)

@@ -13,17 +13,18 @@ import typer
 
 from flows.cli_options import cli_errors, config_command
 from flows.preflight import check_cache
+from flows.settings import check_upload
 from infra.config import BuildConfig, UploadConfig, load_config_file
 from infra.errors import ConfigError, RunFailed
 
 Opt = typer.Option
 # The gate settings' choices, as the config declares them.
-OnLoss = BuildConfig.model_fields["on_loss"].annotation
-OnConflict = BuildConfig.model_fields["on_conflict"].annotation
-OnStale = BuildConfig.model_fields["on_stale"].annotation
+OnLoss = BuildConfig.settings()["on_loss"].annotation
+OnConflict = BuildConfig.settings()["on_conflict"].annotation
+OnStale = BuildConfig.settings()["on_stale"].annotation
 
 
-@config_command(UploadConfig, list(UploadConfig.model_fields))
+@config_command(UploadConfig.model_fields)
 def upload(
     out: Annotated[Path, typer.Argument(help="cache root")],
     verify_only: Annotated[
@@ -41,7 +42,7 @@ def upload(
     section = (load_config_file(config_file) if config_file else {}).get("upload") or {}
     if not isinstance(section, dict):
         raise ConfigError(f"{config_file}: `upload` is a section of keys, not {section!r}")
-    config = UploadConfig.model_validate({**section, **flags})
+    config = check_upload(UploadConfig.model_validate({**section, **flags}))
     check_cache(out)  # a mistake is one line, exit 2, before any flow starts
     from flows.run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
     from flows.upload import upload_cache  # noqa: PLC0415

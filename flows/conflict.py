@@ -60,18 +60,21 @@ def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:
         "existing": report.existing_fingerprint,
         "planned": plan.fingerprint,
     }
-    if config.approve_overwrite is not None:
-        if config.approve_overwrite != token:
+    if config.gates.approve_overwrite is not None:
+        if config.gates.approve_overwrite != token:
             raise ConflictAborted(
                 f"--approve-overwrite does not match {plan.out} and its change "
                 f"{(report.existing_fingerprint or 'foreign')[:16]} → {plan.fingerprint[:16]} "
                 "(a token approves one path and one change only; `latentforge verify` prints the current one)"
             )
         return Decision(gate="conflict", choice="overwrite", how="token", by="--approve-overwrite", details=details)
-    policy = config.on_conflict or default_policy()
+    policy = config.gates.on_conflict or default_policy()
     if policy == "ask":
         preview = report.markdown() + _choices_markdown(plan, token)
-        timeout, unattended = config.approval_timeout, f"--on-conflict reuse|new_dir, or --approve-overwrite {token}"
+        timeout, unattended = (
+            config.gates.approval_timeout,
+            f"--on-conflict reuse|new_dir, or --approve-overwrite {token}",
+        )
         return decide("conflict", ConflictAnswer, ConflictChoice, preview, timeout, unattended=unattended, **details)
     return Decision(gate="conflict", choice=policy, how="policy", by=f"on_conflict={policy}", details=details)
 

@@ -36,10 +36,12 @@ def check_cache(out: Path) -> None:
 def check_source(config: BuildConfig) -> int:
     """The source opens and lists shards, and --shard-filter keeps at least one; returns how many it keeps."""
     shards = open_source(config.source).shards()  # SourceError (a ConfigError): unknown kind, no path, no shards
-    kept = [s for s in shards if not config.shard_filter or config.shard_filter in s.id]
+    kept = [s for s in shards if not config.selection.shard_filter or config.selection.shard_filter in s.id]
     if not kept:
         names = ", ".join(s.id for s in shards[:5]) + (", ..." if len(shards) > 5 else "")
-        raise ConfigError(f"--shard-filter {config.shard_filter!r} matches none of {config.source}'s shards ({names})")
+        raise ConfigError(
+            f"--shard-filter {config.selection.shard_filter!r} matches none of {config.source}'s shards ({names})"
+        )
     return len(kept)
 
 
@@ -56,4 +58,4 @@ def check_build(config: BuildConfig) -> None:
     """Everything above, for a build or a sanity run."""
     check_out(Path(config.out).expanduser())
     check_source(config)
-    check_device(config.device)
+    check_device(config.run.device)

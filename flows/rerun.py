@@ -73,7 +73,7 @@ def plan_rerun(run_id: str, gates: dict[str, str] | None = None) -> Rerun:
     # Same spec and settings; a token approved that run's change, not this one's.
     update: dict = {"only": selectors, "approve_overwrite": None, **(gates or {})}
     notes: list[str] = []
-    if "on_loss" not in update and config.on_loss != "accept" and (accepted := accepted_loss(out, run_id)):
+    if "on_loss" not in update and config.gates.on_loss != "accept" and (accepted := accepted_loss(out, run_id)):
         update["on_loss"] = "accept"
         notes.append(f"the loss accepted in {run_id} stays accepted (--on-loss accept; {accepted})")
     rerun = config.model_copy(update=update)

@@ -33,8 +33,8 @@ def run_flow(flow: Flow, **parameters: Any) -> tuple[bool, Any]:
     a preempted run raises Preempted here, whatever state the flow ended in.
     """
     config = next((v for v in parameters.values() if isinstance(v, BuildConfig)), None)
-    grace = config.grace_seconds if config is not None else None
-    with preempt.handling(grace or BuildConfig.model_fields["grace_seconds"].default), ephemeral.embedded_api():
+    grace = config.run.grace_seconds if config is not None else None
+    with preempt.handling(grace or BuildConfig.settings()["grace_seconds"].default), ephemeral.embedded_api():
         preempt.finish()  # a stop asked for while the server started
         return _run(flow, parameters)
 

@@ -13,6 +13,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.alerting import on_crashed, on_failure
+from flows.settings import resolve_config
 from flows.steps import set_step
 from infra.config import BuildConfig
 from infra.errors import GateFailed
@@ -33,7 +34,7 @@ def sanity_check(config: BuildConfig) -> dict[str, Any]:
     """One real sample at the planned geometry, checked and timed, with the disk check; fails when either fails."""
     logger = get_run_logger()
     set_step("plan")
-    plan = plan_build(config)
+    plan = plan_build(resolve_config(config))
     logger.info("plan: family %s, fingerprint %s, %d shards", plan.family, plan.fingerprint[:16], len(plan.shards))
     set_step("verify-existing")
     existing = verify_existing(plan)

@@ -1,6 +1,6 @@
 """The full preprocess: a task per shard (or per chunk of a large shard) on the configured runner.
 
-At most ``config.workers`` tasks run at once, locally (threads) or on Ray (`infra.ops.runners`); progress counts
+At most ``config.run.workers`` tasks run at once, locally (threads) or on Ray (`infra.ops.runners`); progress counts
 the samples of every task, wherever it runs. A task whose Ray worker (or node) was lost is resubmitted, as a new
 task run, up to `LOST_WORKER_RESUBMITS` times: it resumes from its ledger, so nothing done is redone. When every
 chunk of a shard has ended, its ledger parts are merged into the shard's ledger.
@@ -51,15 +51,15 @@ class _Shards:
 
 
 def run_shards(plan: BuildPlan) -> list[ShardResult]:
-    """Submit the shards' tasks with at most config.workers running; report progress while they run. A stop
+    """Submit the shards' tasks with at most config.run.workers running; report progress while they run. A stop
     (SIGTERM, Ctrl-C) or a full disk starts no new task; the running ones end (sealed), then the run stops."""
     run_key = str(flow_run.get_id() or id(plan))
-    selection = parse_only(plan.config.only)  # a rerun of what failed: only the named shards run
+    selection = parse_only(plan.config.selection.only)  # a rerun of what failed: only the named shards run
     chosen = [s for s in plan.shards if selection is None or s.id in selection]
     total = sum(s.samples if selection is None or selection[s.id] is None else len(selection[s.id]) for s in chosen)
     book, pending = _Shards(), []
     for shard in chosen:
-        chunks = plan_chunks(shard, plan.config.chunk_size)
+        chunks = plan_chunks(shard, plan.config.run.chunk_size)
         book.chunks[shard.id], book.open[shard.id] = chunks or [], len(chunks or [None])
         pending += [_Unit(shard, chunk) for chunk in chunks] if chunks else [_Unit(shard)]
     full: list[DiskFull] = []
@@ -70,7 +70,7 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
         with runners.shard_runner(plan.config, run_key) as submit:
             running: dict[PrefectFuture, _Unit] = {}
             while running or (pending and not full and not run.stop()):
-                while pending and len(running) < plan.config.workers and not full and not run.stop():
+                while pending and len(running) < plan.config.run.workers and not full and not run.stop():
                     unit = pending.pop(0)
                     unit.attempts += 1
                     params = {"plan": plan, "shard": unit.shard, "run": run, "chunk": unit.chunk}

@@ -28,9 +28,9 @@ def resolve_stale(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, Dec
         return plan, None
     selectors = [s["selector"] for s in report.stale]
     details = {"count": len(selectors), "samples": selectors}
-    policy = plan.config.on_stale or default_policy()
+    policy = plan.config.gates.on_stale or default_policy()
     if policy == "ask":
-        timeout, unattended = plan.config.approval_timeout, "--on-stale replace|keep"
+        timeout, unattended = plan.config.gates.approval_timeout, "--on-stale replace|keep"
         decision = decide("stale", StaleAnswer, StaleChoice, preview(report), timeout, unattended=unattended, **details)
     else:
         choice = POLICY_CHOICE[policy].value

@@ -14,15 +14,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from infra.cache.cachedir import read_cache_json
-from infra.config import BuildConfig, CacheSpec
+from infra.config import ADDED_LATER, TEMPORAL_ALIASES, BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
 from infra.media.buckets import parse_buckets
 from infra.media.temporal import DEFAULT_SHORT, make_policy
-from infra.media.video import RESIZE_POLICIES
+from infra.media.video import RESIZE_POLICIES, resize_policy_of
 from infra.models import FamilySpec, get_family, model_identity, resolve_family
+from infra.models.base import TextSettings
+from infra.recipes import apply_recipe
 from infra.sources import Shard, ShardReadError, Source, open_source
 
 logger = logging.getLogger(__name__)
@@ -97,28 +99,33 @@ def parse_only(only: list[str] | None) -> dict[str, frozenset[str] | None] | Non
 
 def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
     """The spec's settings: the user's, else the family's defaults; ConfigError for what the family cannot do."""
-    chosen = {k: getattr(config, k) if getattr(config, k) is not None else v for k, v in family.defaults.items()}
+    given = config.encoding
+    chosen = {k: getattr(given, k) if getattr(given, k) is not None else v for k, v in family.defaults.items()}
     if chosen["text_stage"] not in family.text_stages:
         raise ConfigError(
             f"--text-stage {chosen['text_stage']}: family {family.name} stores {', '.join(family.text_stages)}"
         )
-    if config.text_storage == "trimmed" and (config.text_padding != "zeros" or not family.text_trimmable):
+    if config.encoding.text_storage == "trimmed" and (
+        config.encoding.text_padding != "zeros" or not family.text_trimmable
+    ):
         why = (
             f"family {family.name} stores pad rows that are not zeros"
             if not family.text_trimmable
             else "use it with --text-padding zeros (the rows past seq_len are then zeros)"
         )
         raise ConfigError(f"--text-storage trimmed keeps only the prompt's rows, restored exactly only as zeros: {why}")
-    if config.audio and not family.has_audio:
+    if config.encoding.audio and not family.has_audio:
         raise ConfigError(f"--audio: family {family.name} has no audio encoder")
-    if config.store_dtype not in family.store_dtypes:
+    if config.encoding.store_dtype not in family.store_dtypes:
         raise ConfigError(
-            f"--store-dtype {config.store_dtype}: family {family.name} stores {', '.join(family.store_dtypes)}"
+            f"--store-dtype {config.encoding.store_dtype}: family {family.name} stores {', '.join(family.store_dtypes)}"
         )
     if family.resize_policies is not None and chosen["resize"] not in family.resize_policies:
         raise ConfigError(f"--resize {chosen['resize']}: family {family.name} does {', '.join(family.resize_policies)}")
-    policy = make_policy(chosen["temporal"], config.start, config.window_step, config.short_clips)
-    if config.buckets is not None and policy.kind != "head":
+    policy = make_policy(
+        chosen["temporal"], config.encoding.start, config.encoding.window_step, config.encoding.short_clips
+    )
+    if config.encoding.buckets is not None and policy.kind != "head":
         raise ConfigError("--buckets choose among the first frames of a clip: use them with --temporal head")
     chosen["temporal"] = policy.spec_value
     chosen["short_clips"] = None if policy.short == DEFAULT_SHORT[policy.kind] else policy.short
@@ -128,72 +135,82 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
 def memory_settings(config: BuildConfig, temporal: str) -> dict[str, Any]:
     """The spec's video batch (1 with --vae-slicing: the VAE then encodes each clip alone), tiling and text
     quantization; ConfigError for a batch the shard cannot gather (``windows:K`` has no read-ahead)."""
-    if config.video_batch > 1 and temporal.startswith("windows"):
+    if config.encoding.video_batch > 1 and temporal.startswith("windows"):
         raise ConfigError("--video-batch batches samples prepared ahead; windows:K samples are not: use 1")
-    batch = 1 if config.vae_slicing else config.video_batch
-    return {"video_batch": batch, "vae_tiling": config.vae_tiling, "text_quantize": config.text_quantize}
+    batch = 1 if config.encoding.vae_slicing else config.encoding.video_batch
+    return {
+        "video_batch": batch,
+        "vae_tiling": config.encoding.vae_tiling,
+        "text_quantize": config.encoding.text_quantize,
+    }
 
 
 def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tuple[int, ...]]:
     """Resolve the family, check geometry and format, hash the model: (family, spec, latent, text shape). With
-    buckets, the latent shape is the first bucket's (each sample's is its own bucket's)."""
+    buckets, the latent shape is the first bucket's (each sample's is its own bucket's). The recipe `config` names
+    fills the settings not given."""
+    config = apply_recipe(config)
     model_dir = Path(config.model).expanduser()
-    family = resolve_family(model_dir, config.family, config.audio)
+    family = resolve_family(model_dir, config.family, config.encoding.audio)
     chosen = _settings(config, family)
-    buckets = parse_buckets(config.buckets) if config.buckets is not None else None
+    buckets = parse_buckets(config.encoding.buckets) if config.encoding.buckets is not None else None
     geometry = (
-        [(b.frames, b.height, b.width) for b in buckets] if buckets else [(config.frames, config.height, config.width)]
+        [(b.frames, b.height, b.width) for b in buckets]
+        if buckets
+        else [(config.encoding.frames, config.encoding.height, config.encoding.width)]
     )
     if family.media == "image":  # a still is one frame, whatever --frames says (the default is a video's 33)
         geometry = [(1, height, width) for _, height, width in geometry]
     rules = family.rules(model_dir)
     for frames, height, width in geometry:
         rules.check(family.name, frames, height, width)
-    get_format(config.format)
+    get_format(config.encoding.format)
     frames, height, width = geometry[0]
     spec = CacheSpec(
         family=family.name,
-        model_identity=model_identity(model_dir, family, config.identity_scheme, config.audio),
-        identity_scheme=config.identity_scheme,
-        format=config.format,
+        model_identity=model_identity(model_dir, family, config.encoding.identity_scheme, config.encoding.audio),
+        identity_scheme=config.encoding.identity_scheme,
+        format=config.encoding.format,
         frames=frames,
         height=height,
         width=width,
         buckets=[(b.width, b.height, b.frames) for b in buckets] if buckets else None,
         temporal=chosen["temporal"],
-        temporal_start=config.start or 0,
-        window_step=config.window_step,
+        start=config.encoding.start or 0,
+        window_step=config.encoding.window_step,
         short_clips=chosen["short_clips"],
         resize=RESIZE_POLICIES[chosen["resize"]],
-        audio=config.audio,
-        compute_dtype=config.dtype,
-        store_dtype=config.store_dtype,
+        audio=config.encoding.audio,
+        dtype=config.encoding.dtype,
+        store_dtype=config.encoding.store_dtype,
         text_max_length=chosen["text_max_length"],
-        text_padding=config.text_padding,
-        text_storage=config.text_storage,
-        text_encoder_output=chosen["text_stage"],
-        latent_norm=latent_norm_for(config.format, family.name, family.latent_norm),
+        text_padding=config.encoding.text_padding,
+        text_storage=config.encoding.text_storage,
+        text_stage=chosen["text_stage"],
+        latent_norm=latent_norm_for(config.encoding.format, family.name, family.latent_norm),
         layout=layout_for(config),
         **memory_settings(config, chosen["temporal"]),
         **shard_settings(config),
     )
-    if unplaced := [kind for kind in family.kinds(spec) if kind not in get_format(config.format).keys]:
-        raise ConfigError(f"format {config.format} has no place for {', '.join(unplaced)} (family {family.name})")
+    if unplaced := [kind for kind in family.kinds(spec) if kind not in get_format(config.encoding.format).keys]:
+        raise ConfigError(
+            f"format {config.encoding.format} has no place for {', '.join(unplaced)} (family {family.name})"
+        )
     check_consumer(spec, family.kinds(spec))
     latent_shape = family.latent_shape(model_dir, frames, height, width)
-    return family.name, spec, latent_shape, family.text_shape(model_dir, spec.text_settings())
+    return family.name, spec, latent_shape, family.text_shape(model_dir, TextSettings.of(spec))
 
 
 def shard_settings(config: BuildConfig) -> dict[str, Any]:
     """The spec's shard layout: rotation (and the parquet dtype) for a shard format, nothing for the others."""
-    if not get_format(config.format).sharded:
+    if not get_format(config.encoding.format).sharded:
         return {}
     settings: dict[str, Any] = {
-        "shard_samples": config.shard_samples or DEFAULT_SHARD_SAMPLES,
-        "shard_bytes": config.shard_bytes or DEFAULT_SHARD_BYTES,
+        "shard_samples": config.encoding.shard_samples or DEFAULT_SHARD_SAMPLES,
+        "shard_bytes": config.encoding.shard_bytes or DEFAULT_SHARD_BYTES,
     }
-    if config.format == "parquet":
-        settings["parquet_dtype"] = config.parquet_dtype or "fp32"
+    if config.encoding.format == "parquet":
+        settings["parquet_dtype"] = config.encoding.parquet_dtype or "fp32"
     return settings
 
 
@@ -230,15 +247,15 @@ def _count_samples(
 
 def plan_shards(config: BuildConfig, source: Source) -> list[ShardPlan]:
     """Filter shards, count their samples (tar headers only) and apply the per-shard cap and --limit."""
-    shards = [s for s in source.shards() if not config.shard_filter or config.shard_filter in s.id]
+    shards = [s for s in source.shards() if not config.selection.shard_filter or config.selection.shard_filter in s.id]
     if not shards:
-        raise ConfigError(f"no shard of {config.source} matches --shard-filter {config.shard_filter!r}")
-    plans, left = [], config.limit
+        raise ConfigError(f"no shard of {config.source} matches --shard-filter {config.selection.shard_filter!r}")
+    plans, left = [], config.selection.limit
     stems: dict[str, tuple[str, str, str]] = {}
     for shard in shards:
         if left is not None and left <= 0:
             break
-        caps = [c for c in (left, config.max_samples_per_shard) if c is not None]
+        caps = [c for c in (left, config.selection.max_samples_per_shard) if c is not None]
         cap = min(caps) if caps else None
         count, duplicates = _count_samples(source, shard, cap, stems)
         listed = {"size": shard.size, "mtime_ns": shard.mtime_ns, "duplicates": duplicates}
@@ -249,7 +266,8 @@ def plan_shards(config: BuildConfig, source: Source) -> list[ShardPlan]:
 
 
 def make_plan(config: BuildConfig) -> BuildPlan:
-    """The whole plan for a build."""
+    """The whole plan for a build; its config has the recipe's settings filled in (`apply_recipe`)."""
+    config = apply_recipe(config)
     family, spec, latent_shape, text_shape = make_spec(config)
     shards = plan_shards(config, open_source(config.source))
     for note in layout_notes(spec, shards):
@@ -275,7 +293,7 @@ def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
         values = {
             "source": provenance.get("source"),
             "model": provenance.get("model_path"),
-            **CacheSpec.model_validate(meta["spec"]).build_settings(),
+            **spec_settings(CacheSpec.model_validate(meta["spec"])),
         }
     except (OSError, ValueError, KeyError, TypeError):
         logger.info("%s has no readable cache.json: verifying against the given settings only", out)
@@ -284,3 +302,38 @@ def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
         raise ConfigError(f"pass --model: {out} has no readable cache.json that names one")
     values["source"] = values.get("source") or "none:-"  # verify needs no source; reconcile does
     return BuildConfig.model_validate({**values, "out": str(out)})
+
+
+def spec_settings(spec: CacheSpec) -> dict[str, Any]:
+    """The BuildConfig settings that reproduce `spec` (reuse, verify against OUT's own cache.json): the spec's
+    fields under the same names, its temporal and resize values as the config spells them."""
+    settings: dict[str, Any] = {
+        "family": spec.family,
+        "format": spec.format,
+        "frames": spec.frames,
+        "height": spec.height,
+        "width": spec.width,
+        "temporal": TEMPORAL_ALIASES.get(spec.temporal, spec.temporal),
+        "resize": resize_policy_of(spec.resize),
+        "dtype": spec.dtype,
+        "text_max_length": spec.text_max_length,
+        "text_padding": spec.text_padding,
+        "identity_scheme": spec.identity_scheme,
+        "audio": spec.audio,
+        "store_dtype": spec.store_dtype,
+    }
+    if spec.text_storage != "padded":
+        settings["text_storage"] = spec.text_storage
+    for name in ("video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips"):
+        if getattr(spec, name) != ADDED_LATER[name]:
+            settings[name] = getattr(spec, name)
+    if spec.buckets:
+        settings["buckets"] = ";".join(f"{w}x{h}x{f}" for w, h, f in spec.buckets)
+    for name in ("shard_samples", "shard_bytes", "parquet_dtype"):
+        if getattr(spec, name) is not None:
+            settings[name] = getattr(spec, name)
+    if spec.text_stage in ("pre_connector", "post_connector"):
+        settings["text_stage"] = spec.text_stage
+    if spec.layout == "cc12m":  # the one layout a user picks (fastvideo follows from the format)
+        settings["layout"] = spec.layout
+    return settings

@@ -1,6 +1,7 @@
 """Named recipes: the settings that reproduce a cache as a known trainer or published dataset makes it.
 
-`--recipe NAME` sets them; a config file and flags override any of them. The fingerprint covers the resolved
+`--recipe NAME` sets them; a config file and flags override any of them (`apply_recipe`, which the plan and the
+commands apply: a BuildConfig holds the name, not the settings, until then). The fingerprint covers the resolved
 settings, not the name (two spellings of one recipe are one cache); cache.json's provenance records the name and
 `inspect` shows it.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from infra.config import BuildConfig
 from infra.errors import ConfigError
 
 
@@ -120,10 +122,12 @@ def get_recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
-def with_recipe(values: dict[str, Any]) -> dict[str, Any]:
-    """`values` (config file and flags, merged) over the settings of the recipe they name, if any (a value left
-    None does not unset a recipe's setting)."""
-    name = values.get("recipe")
-    if not name:
-        return dict(values)
-    return {**get_recipe(name).settings, **{k: v for k, v in values.items() if v is not None}}
+def apply_recipe(config: BuildConfig) -> BuildConfig:
+    """`config` over the settings of the recipe it names, if any: a setting given (in the file, a flag or the form)
+    wins, a recipe's fills what was not given. Applying it again changes nothing. ConfigError for an unknown name."""
+    if not config.recipe:
+        return config
+    given = config.given()
+    return BuildConfig.model_validate(
+        {**get_recipe(config.recipe).settings, **{k: v for k, v in given.items() if v is not None}}
+    )

@@ -19,9 +19,9 @@ def decode_verify(plan: BuildPlan) -> DecodeReport:
     return decode_and_verify(
         plan.out,
         model_dir=Path(cfg.model).expanduser(),
-        n=cfg.decode_samples,
-        device=cfg.device,
-        dtype=cfg.dtype,
-        min_psnr=cfg.min_psnr,
+        n=cfg.gates.decode_samples,
+        device=cfg.run.device,
+        dtype=cfg.encoding.dtype,
+        min_psnr=cfg.gates.min_psnr,
         options=load_options(cfg),
     )

@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from flows.cli import app
-from infra.config import BuildConfig, merge_config, step_fields
+from infra.config import SECTIONS, BuildConfig, merge_config, step_settings
 from infra.demo.tiny import make_tiny_wan22
 from infra.models import load_family, model_identity, resolve_family
 from infra.models.base import TextSettings
@@ -57,7 +57,7 @@ def test_int8_text_on_an_accelerator_is_refused_before_anything_runs(tmp_path, t
     for device in ("cpu", "auto"):
         kept = BuildConfig(source=f"vbvr:{src}", model=str(tiny_model), out=str(tmp_path / "o"), device=device,
                            text_quantize="int8-dynamic")  # fmt: skip
-        assert kept.text_quantize == "int8-dynamic"
+        assert kept.encoding.text_quantize == "int8-dynamic"
 
 
 def test_config_file_with_flags_winning(tmp_path, tiny_model, clips):
@@ -91,10 +91,30 @@ def test_unknown_config_keys_are_errors(tmp_path):
     assert result.exit_code == 2 and "framez" in result.output
 
 
+def test_flat_keys_go_to_their_sections_and_the_nested_form_is_the_same_config(tmp_path):
+    flat = {"source": "vbvr:a", "model": "m", "out": "o", "frames": 21, "on_loss": "accept", "device": "cpu"}
+    nested = {"source": "vbvr:a", "model": "m", "out": "o", "encoding": {"frames": 21}}
+    nested |= {"gates": {"on_loss": "accept"}, "run": {"device": "cpu"}}
+    config = BuildConfig.model_validate(flat)
+    assert config == BuildConfig.model_validate(nested) == BuildConfig.model_validate(config.model_dump())
+    assert (config.encoding.frames, config.gates.on_loss, config.run.device) == (21, "accept", "cpu")
+    assert BuildConfig.model_validate({**nested, "frames": 9}).encoding.frames == 9  # a flat key wins
+    names = [name for section in SECTIONS.values() for name in section.model_fields]
+    assert len(names) == len(set(names)) and not set(names) & set(BuildConfig.model_fields)  # one place each
+    assert list(BuildConfig.settings()) == [*step_settings("build")]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("source: vbvr:/x\nmodel: /m\nout: /o\nframes: 0\n")
+    result = runner.invoke(app, ["build", "--config", str(cfg)])
+    assert result.exit_code == 2 and "invalid configuration: frames: " in result.output  # the key as given
+    cfg.write_text("source: vbvr:/x\nmodel: /m\nout: /o\nencoding: {framez: 3}\n")
+    result = runner.invoke(app, ["build", "--config", str(cfg)])
+    assert result.exit_code == 2 and "framez" in result.output
+
+
 def test_flags_override_the_file_and_unset_flags_do_not():
     merged = merge_config({"source": "vbvr:a", "model": "m", "out": "o", "frames": 21}, {"frames": None, "out": "p"})
-    assert (merged.frames, merged.out, merged.height) == (21, "p", 832)
-    assert BuildConfig(source="vbvr:a", model="m", out="o").frames == 33
+    assert (merged.encoding.frames, merged.out, merged.encoding.height) == (21, "p", 832)
+    assert BuildConfig(source="vbvr:a", model="m", out="o").encoding.frames == 33
 
 
 def test_missing_model_parts_are_named(tmp_path, tiny_model):
@@ -161,11 +181,10 @@ def test_every_step_takes_the_options_of_its_settings_from_the_model(step):
     command = typer.main.get_command(app).commands[step]
     options = {opt for param in command.params for opt in param.opts}
     sections = {"upload": "--upload", "alerts": "--alert-webhook"}
-    wanted = {sections.get(name, "--" + name.replace("_", "-")) for name in step_fields(step)}
+    wanted = {sections.get(name, "--" + name.replace("_", "-")) for name in step_settings(step)}
     assert wanted <= options and "--config" in options
     help_text = {opt: param.help for param in command.params for opt in param.opts}
-    for name in step_fields(step):
-        field = BuildConfig.model_fields[name]
+    for name, field in step_settings(step).items():
         flag = sections.get(name, "--" + name.replace("_", "-"))
         if name not in sections:
             assert help_text[flag].startswith(field.description or "")  # help taken from the model, not restated

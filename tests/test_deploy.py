@@ -81,9 +81,9 @@ def test_nightly_schedule_asks_never_overwrites_and_uploads():
     assert (schedule.cron, schedule.timezone, schedule.active) == ("0 2 * * *", "UTC", True)
     assert nightly.concurrency_limit == 1 and deployments["build-cache"].concurrency_limit == 1
     nightly_config = BuildConfig.model_validate(nightly.parameters["config"])
-    assert (nightly_config.on_conflict, nightly_config.on_loss) == ("ask", "ask")
-    assert nightly_config.approve_overwrite is None and nightly_config.upload is not None
-    assert nightly_config.approval_timeout < 24 * 3600  # an unanswered pause ends before the next night
+    assert (nightly_config.gates.on_conflict, nightly_config.gates.on_loss) == ("ask", "ask")
+    assert nightly_config.gates.approve_overwrite is None and nightly_config.upload is not None
+    assert nightly_config.gates.approval_timeout < 24 * 3600  # an unanswered pause ends before the next night
     assert not deployments["build-cache"].schedules and not deployments["sanity"].schedules
 
 
@@ -92,8 +92,10 @@ def test_the_flow_form_is_the_typed_config():
     assert schema["required"] == ["config"]
     config_schema = schema["definitions"]["BuildConfig"]
     assert config_schema["additionalProperties"] is False
-    assert {"source", "model", "out", "frames", "height", "width", "dtype"} <= set(config_schema["properties"])
-    assert config_schema["properties"]["dtype"]["enum"] == ["bf16", "fp32"]
+    assert {"source", "model", "out", "encoding", "gates", "run"} <= set(config_schema["properties"])
+    encoding = schema["definitions"]["EncodingConfig"]  # a section: a form of its own inside the config's
+    assert encoding["additionalProperties"] is False and {"frames", "height", "width"} <= set(encoding["properties"])
+    assert encoding["properties"]["dtype"]["enum"] == ["bf16", "fp32"]
 
 
 def test_the_sanity_flow_fails_without_a_usable_sample_and_writes_nothing(tiny_model, clips, tmp_path):
@@ -150,7 +152,7 @@ def test_deploy_all_creates_the_deployments_schedule_and_limits(deployed, client
     # 3.9 keeps a deployment's concurrency limit as a global limit named deployment:<id>
     assert nightly.global_concurrency_limit.limit == 1
     assert found["build-cache"].global_concurrency_limit.limit == 1
-    stored = nightly.parameters["config"]
+    stored = nightly.parameters["config"]["gates"]
     assert (stored["on_conflict"], stored["on_loss"]) == ("ask", "ask") and "approve_overwrite" not in stored
     assert all(d.work_pool_name == POOL and d.job_variables == {"env": JOB_ENV} for d in found.values())
     assert not found["build-cache"].schedules and not found["sanity"].schedules
@@ -249,7 +251,7 @@ def test_rerun_failed_only_of_a_deployment_run_is_a_new_run_of_that_deployment(
         new = _wait_final(client, new_id, worker)
     assert new.state.is_completed(), (tmp_path / "worker.log").read_text(errors="replace")[-3000:]
     assert new.deployment_id == deployment.id and f"rerun-of:{failing}" in new.tags
-    only = new.parameters["config"]["only"]
+    only = new.parameters["config"]["selection"]["only"]
     assert len(only) == 1 and only[0].startswith("s/") and only[0].endswith("00000001")
     assert second.is_file() and second.read_bytes() != b"a stray file from another encoder"
 

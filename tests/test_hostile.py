@@ -350,10 +350,10 @@ def test_prompts_over_length_are_truncated_and_recorded(hostile_build):
 def test_the_limits_have_defaults_stay_out_of_the_fingerprint_and_count_packets(tmp_path, tiny_model, clips):
     """Defaults agree; the fingerprint ignores the limits; a container without a frame count is refused by its
     packets (demuxed, not decoded); a real clip over a lowered --max-pixels is refused by its header."""
-    assert BuildConfig.model_fields["max_pixels"].default == DEFAULT_MAX_PIXELS
-    assert BuildConfig.model_fields["max_frames"].default == DEFAULT_MAX_FRAMES
+    assert BuildConfig.settings()["max_pixels"].default == DEFAULT_MAX_PIXELS
+    assert BuildConfig.settings()["max_frames"].default == DEFAULT_MAX_FRAMES
     base = config(tmp_path / "src", tiny_model, tmp_path / "out")
-    tight = base.model_copy(update={"max_pixels": 1, "max_frames": 1})
+    tight = base.with_values(max_pixels=1, max_frames=1)
     assert make_spec(base)[1].fingerprint() == make_spec(tight)[1].fingerprint()
     bikes = clips["bikes"]  # 640x272, 250 frames
     mkv = remux(bikes, "matroska")  # no frame count in its header

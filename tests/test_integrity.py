@@ -20,7 +20,7 @@ from infra.audit.reconcile import reconcile
 from infra.audit.run_report import latest_run_report
 from infra.cache import ledger
 from infra.cache.cachedir import write_cache_json
-from infra.config import ADDED_LATER, fingerprint_of
+from infra.config import ADDED_LATER, FINGERPRINT_NAMES, fingerprint_of
 from infra.demo.data import write_vbvr_tar
 from infra.gates.verify import verify_out, verify_plan
 from infra.models import get_family, model_identity
@@ -231,7 +231,9 @@ def test_a_cache_of_the_sampled_identity_is_incompatible_not_damaged_and_can_be_
     ok, result = run_build(config(src, tiny_model, out, identity_scheme="sampled"))  # as latentforge 0.1 made it
     assert ok, result
     spec = json.loads((out / "cache.json").read_text())["spec"]
-    as_in_0_1 = {k: v for k, v in spec.items() if k not in ADDED_LATER or v != ADDED_LATER[k]}  # fields 0.1 had
+    as_in_0_1 = {  # the fields 0.1 had, under its names
+        FINGERPRINT_NAMES.get(k, k): v for k, v in spec.items() if k not in ADDED_LATER or v != ADDED_LATER[k]
+    }
     assert "identity_scheme" not in as_in_0_1 and fingerprint_of(as_in_0_1) == result["fingerprint"]
     report = verify_plan(make_plan(config(src, tiny_model, out)))
     assert report.kind == "incompatible" and report.problems == []

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import BuildConfig, field_group
+from infra.config import STEP_SETTINGS, BuildConfig, step_settings
 from infra.formats.base import Format
 from infra.models.base import FamilySpec
 from infra.publish.base import Remote
@@ -309,8 +309,11 @@ def test_the_architecture_map_shows_the_tested_floors():
     assert shown == {i: {u for u in floor if u in units and u != "infra"} for i, floor in enumerate(FLOORS)}
 
 
-def test_every_build_setting_names_the_steps_that_take_it():
-    assert all(field_group(name) for name in BuildConfig.model_fields)
+def test_the_config_is_the_ground_floor_and_every_step_names_real_settings():
+    modules = _modules()
+    assert _imports(ROOT / "infra" / "config.py", modules) == {"infra.errors"}  # nothing above it
+    for step in STEP_SETTINGS:
+        assert set(step_settings(step)) <= set(BuildConfig.settings()), step
 
 
 @pytest.mark.parametrize("contract", [Source, Format, FamilySpec, Remote])

@@ -185,7 +185,7 @@ def test_an_approved_overwrite_replaces_the_trainers_files(built, ltx2_model, tm
     ok, refused = run_build(changed)
     assert not ok and "INCOMPATIBLE" in refused and tree_hashes(copy) == before  # no approval: nothing written
     token = overwrite_token(copy, result["fingerprint"], make_plan(changed).fingerprint)
-    ok, replaced = run_build(changed.model_copy(update={"approve_overwrite": token}))
+    ok, replaced = run_build(changed.with_values(approve_overwrite=token))
     assert ok and replaced["encoded"] == 3, replaced
     after = tree_hashes(copy)
     conditions = [k for k in before if k.startswith(".precomputed/conditions/")]

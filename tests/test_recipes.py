@@ -22,7 +22,7 @@ from infra.gates.verify import verify_out
 from infra.media.video import RESIZE_POLICIES
 from infra.plan import make_spec
 from infra.preprocess.prepare import prepare_video
-from infra.recipes import RECIPES
+from infra.recipes import RECIPES, apply_recipe
 from tests.conftest import config, make_shards, sample, tree_hashes
 
 runner = CliRunner()
@@ -42,8 +42,24 @@ def test_a_recipe_resolves_to_its_settings_and_the_fingerprint_is_of_the_setting
     )
     assert (spec.frames, spec.height, spec.width) == (5, 32, 32)  # flags win over the recipe's 33x832x832
     assert spec.fingerprint() == make_spec(spelled)[1].fingerprint()
-    bare = BuildConfig(source=f"vbvr:{src}", model=str(tiny_model), out=str(tmp_path / "o"), recipe="wan22-vbvr")
-    assert (bare.frames, bare.height, bare.width, bare.family) == (33, 832, 832, "wan22")
+    bare = apply_recipe(
+        BuildConfig(source=f"vbvr:{src}", model=str(tiny_model), out=str(tmp_path / "o"), recipe="wan22-vbvr")
+    )
+    assert (bare.encoding.frames, bare.encoding.height, bare.encoding.width, bare.family) == (33, 832, 832, "wan22")
+
+
+def test_a_recipe_fills_only_what_was_not_given_and_applies_once():
+    given = BuildConfig(source="vbvr:/x", model="/m", out="/o", recipe="image-512", frames=33)  # 33: also the default
+    applied = apply_recipe(given)
+    assert (applied.family, applied.encoding.frames, applied.encoding.height, applied.encoding.resize) == (
+        "image",
+        33,
+        512,
+        "cover-crop",
+    )
+    assert apply_recipe(applied) == applied and apply_recipe(applied.with_values(recipe=None)) == applied.with_values(
+        recipe=None
+    )
 
 
 def test_ltx2_recipes_and_their_overrides(tmp_path, ltx2_model):
@@ -51,7 +67,7 @@ def test_ltx2_recipes_and_their_overrides(tmp_path, ltx2_model):
     _, spec, _, _ = make_spec(
         config(src, ltx2_model, tmp_path / "o", recipe="ltx2-trainer", frames=9, height=64, width=64)
     )
-    assert (spec.family, spec.format, spec.temporal, spec.text_encoder_output, spec.text_max_length) == (
+    assert (spec.family, spec.format, spec.temporal, spec.text_stage, spec.text_max_length) == (
         "ltx2",
         "ltx",
         "head",
@@ -68,7 +84,7 @@ def test_ltx2_recipes_and_their_overrides(tmp_path, ltx2_model):
     )
     assert (fastvideo[1].format, fastvideo[1].parquet_dtype, fastvideo[1].temporal) == ("parquet", "fp32", "fps:24")
     with pytest.raises(ValueError, match="unknown recipe 'nope'"):
-        config(src, ltx2_model, tmp_path / "o", recipe="nope")
+        make_spec(config(src, ltx2_model, tmp_path / "o", recipe="nope"))
 
 
 def test_recipes_lists_every_recipe_with_every_setting():

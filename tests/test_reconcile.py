@@ -277,7 +277,7 @@ def test_one_file_for_two_source_samples_counts_once(tmp_path, tiny_model, good)
     assert (duplicate.shard, duplicate.status, duplicate.reason) == ("part-b", "skipped", "duplicate_id")
     assert "part-a/" in str(duplicate.detail)
 
-    ok, alone = run_build(cfg.model_copy(update={"shard_filter": "part-b"}))
+    ok, alone = run_build(cfg.with_values(shard_filter="part-b"))
     assert ok and alone["done"] == 1, alone  # both ledgers say done ...
     report = reconcile(make_plan(cfg))
     assert _counts(report) == {G0: (2, 1, 1)}  # ... but only one sample is in the cache

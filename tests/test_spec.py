@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from infra.config import ADDED_LATER, BuildConfig, CacheSpec
+from infra.config import ADDED_LATER, FINGERPRINT_NAMES, BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.models.base import GeometryRules
 from infra.plan import make_spec
@@ -20,7 +20,7 @@ BASE = {
     "height": 832,
     "width": 832,
     "temporal": "linspace",
-    "compute_dtype": "bf16",
+    "dtype": "bf16",
     "text_max_length": 512,
     "text_padding": "zeros",
     "latent_norm": "norm",
@@ -28,17 +28,44 @@ BASE = {
 
 
 def test_fingerprint_is_sha256_of_canonical_json():
-    added = {"identity_scheme": "content", "audio": True, "buckets": [(96, 64, 9)], "temporal_start": 2}
+    added = {"identity_scheme": "content", "audio": True, "buckets": [(96, 64, 9)], "start": 2}
     added |= {"shard_samples": 10, "shard_bytes": 1 << 20, "parquet_dtype": "fp32"}
     added |= {"video_batch": 2, "vae_tiling": True, "text_quantize": "int8-dynamic", "layout": "cc12m"}
     spec = CacheSpec(**{**BASE, **added, "window_step": 5, "short_clips": "skip", "text_storage": "trimmed"})
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    as_0_1_named = {FINGERPRINT_NAMES.get(k, k): v for k, v in spec.model_dump(mode="json").items()}
+    canonical = json.dumps(as_0_1_named, sort_keys=True, separators=(",", ":"))
     assert spec.fingerprint() == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+#: Fingerprints computed before the spec took the config's names (dtype, start, text_stage): existing caches resume.
+KNOWN = [
+    ({}, "8a1f6f9ccd1f2bec7fcddc862ad61995689798c168acd1db048ead893118460f"),
+    (
+        {"dtype": "fp32", "temporal": "stride:2", "start": 3, "text_stage": "pre_connector"}
+        | {"identity_scheme": "content", "family": "ltx2"},
+        "65e672b0e04bf2bd7a76ea9acde82d74bd5f015ddcfa67fcece92182c1fff846",
+    ),
+    (
+        {"start": 0, "text_stage": "post_connector", "identity_scheme": "content", "audio": True, "video_batch": 2},
+        "92f4150ecdb7babea8796d004901f87d121f7bd9709384aca7dda90e80f8198b",
+    ),
+]
+
+
+@pytest.mark.parametrize(("changes", "fingerprint"), KNOWN)
+def test_the_config_names_leave_every_fingerprint_as_it_was(changes, fingerprint):
+    spec = CacheSpec(**{**BASE, **changes})
+    assert spec.fingerprint() == fingerprint
+    old_names = {FINGERPRINT_NAMES.get(k, k): v for k, v in spec.model_dump(mode="json").items()}
+    loaded = CacheSpec.model_validate(old_names)  # a cache.json written before the rename
+    assert loaded == spec and loaded.fingerprint() == fingerprint
+    with pytest.raises(ValueError, match="twice"):
+        CacheSpec.model_validate({**old_names, "dtype": spec.dtype})
 
 
 def test_fields_added_since_0_1_at_their_absent_values_leave_the_fingerprint_as_0_1_computed_it():
     spec = CacheSpec(**BASE)  # identity_scheme sampled, no buckets, no audio: a cache.json of latentforge 0.1
-    old = {k: v for k, v in spec.model_dump(mode="json").items() if k not in ADDED_LATER}
+    old = {FINGERPRINT_NAMES.get(k, k): v for k, v in spec.model_dump(mode="json").items() if k not in ADDED_LATER}
     assert (
         spec.fingerprint()
         == hashlib.sha256(json.dumps(old, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -47,7 +74,7 @@ def test_fields_added_since_0_1_at_their_absent_values_leave_the_fingerprint_as_
         ("identity_scheme", "content"),
         ("audio", True),
         ("buckets", [(96, 64, 9)]),
-        ("temporal_start", 3),
+        ("start", 3),
         ("window_step", 8),
         ("short_clips", "repeat"),
         ("shard_samples", 100),
@@ -67,7 +94,7 @@ def test_fields_added_since_0_1_at_their_absent_values_leave_the_fingerprint_as_
         ("frames", 29),
         ("height", 480),
         ("width", 480),
-        ("compute_dtype", "fp32"),
+        ("dtype", "fp32"),
         ("text_max_length", 256),
         ("text_padding", "raw"),
         ("format", "other"),

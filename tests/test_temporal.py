@@ -36,7 +36,7 @@ def _all_frames(video: bytes) -> np.ndarray:
 
 def _spec(frames: int, temporal: str, **other) -> CacheSpec:
     fields = {"family": "wan22", "model_identity": {}, "format": "pt", "frames": frames, "height": 48, "width": 80}
-    fields |= {"compute_dtype": "fp32", "text_max_length": 8, "text_padding": "raw", "latent_norm": "x"}
+    fields |= {"dtype": "fp32", "text_max_length": 8, "text_padding": "raw", "latent_norm": "x"}
     return CacheSpec(**fields, temporal=temporal, **other)
 
 

@@ -47,7 +47,7 @@ def test_a_trimmed_build_restores_the_padded_tensors_and_passes_the_gates(tmp_pa
         cfg = config(src, tiny_model, tmp_path / storage, text_padding="zeros", text_storage=storage, decode_samples=1)
         ok, result = run_build(cfg)
         assert ok and result["done"] == 2, result
-        report = verify_plan(make_plan(cfg.model_copy(update={"on_conflict": "reuse"})))
+        report = verify_plan(make_plan(cfg.with_values(on_conflict="reuse")))
         assert report.kind == "compatible" and report.problems == [], report.problems
         outs[storage] = (tmp_path / storage, ledger.read_shard(tmp_path / storage, "part"))
     fmt = get_format("pt")

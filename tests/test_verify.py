@@ -136,13 +136,13 @@ def test_incompatible_names_the_differing_fields(tmp_path, built):
     plan = _plan(config(built["src"], other_model, built["out"], frames=FRAMES + 4, dtype="bf16"))
     report = _verify(built["out"], plan)
     assert report.kind == "incompatible" and report.done == 4
-    assert {"frames", "compute_dtype", "model_identity"} <= set(report.differences)
+    assert {"frames", "dtype", "model_identity"} <= set(report.differences)
     assert report.differences["frames"] == {"existing": FRAMES, "planned": FRAMES + 4}
-    assert report.differences["compute_dtype"] == {"existing": "fp32", "planned": "bf16"}
-    assert "differs in: compute_dtype, frames, model_identity.text_encoder, model_identity.vae" in report.message
+    assert report.differences["dtype"] == {"existing": "fp32", "planned": "bf16"}
+    assert "differs in: dtype, frames, model_identity.text_encoder, model_identity.vae" in report.message
     for preview in (report.markdown(), report.text()):
         assert "frames" in preview and f"{FRAMES} → {FRAMES + 4}" in preview
-        assert "compute_dtype" in preview and "fp32 → bf16" in preview and "model_identity.vae" in preview
+        assert "dtype" in preview and "fp32 → bf16" in preview and "model_identity.vae" in preview
         assert "stops before taking the lock" in preview
     assert (
         "| samples done | 4 |" in report.markdown()

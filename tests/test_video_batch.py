@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from infra.cache import ledger
-from infra.config import ADDED_LATER, CacheSpec, fingerprint_of
+from infra.config import ADDED_LATER, FINGERPRINT_NAMES, CacheSpec, fingerprint_of
 from infra.models import load_family
 from infra.plan import make_plan
 from infra.preprocess.shard import process_shard
@@ -73,7 +73,7 @@ def test_cli_video_batch_within_a_bf16_step_of_batch_one(tmp_path, tiny_model, s
     assert specs[1].fingerprint() != specs[0].fingerprint()
     data = specs[0].model_dump(mode="json")
     assert specs[0].fingerprint() == fingerprint_of(  # batch one: the fingerprint the cache had before the field
-        {k: v for k, v in data.items() if k not in ADDED_LATER or v != ADDED_LATER[k]}
+        {FINGERPRINT_NAMES.get(k, k): v for k, v in data.items() if k not in ADDED_LATER or v != ADDED_LATER[k]}
     )
 
 

@@ -410,7 +410,7 @@ def decode_and_verify(
         if component_identity(model / "vae", spec.identity_scheme) != spec.model_identity.get("vae"):
             report.problems.append(DecodeProblem("*", "*", "*", f"the VAE in {model} is not the one of this cache"))
         target = resolve_device(device)
-        family = load_family(model, spec.family, target, resolve_dtype(dtype or spec.compute_dtype), options)
+        family = load_family(model, spec.family, target, resolve_dtype(dtype or spec.dtype), options)
         on = target if target.type == "cuda" else torch.device("cpu")
         _verify_all(_Run(out, spec, fmt, folder, family, report, on), source_spec, chosen)
         order = {(r.group, r.id, r.path): i for i, r in enumerate(chosen)}

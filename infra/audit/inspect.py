@@ -17,6 +17,7 @@ from infra.formats import get_format
 from infra.formats.base import Format
 from infra.formats.consumers import written_for
 from infra.formats.shards import ShardFormat, shard_summary
+from infra.plan import spec_settings
 
 
 def _describe(value: Any) -> Any:
@@ -49,7 +50,7 @@ def _policy_names(spec: dict[str, Any]) -> dict[str, Any]:
     """The temporal and resize policies by the names their flags take (``span``, ``stretch``), not the spec's
     stored values (``linspace``, ``bilinear-align_corners_false``); the stored values where the spec does not parse."""
     try:
-        settings = CacheSpec.model_validate(spec).build_settings()
+        settings = spec_settings(CacheSpec.model_validate(spec))
     except (ValueError, TypeError):  # an older or hand-edited spec: show what it stores
         return {"temporal": spec.get("temporal"), "resize": spec.get("resize")}
     return {"temporal": settings["temporal"], "resize": settings["resize"]}

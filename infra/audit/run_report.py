@@ -159,7 +159,7 @@ def run_report(
     """The run report of `plan`: `summary` is a `BuildSummary.model_dump()`, `reconciliation` a
     `ReconcileReport.to_dict()`, `decode` a `DecodeReport.to_dict()`, `timings` seconds per step."""
     # Tokens are approvals, not settings; a webhook URL may hold a secret.
-    hidden: dict[str, Any] = {"approve_overwrite": True, "upload": {"approve_replace"}, "alerts": {"webhook"}}
+    hidden: dict[str, Any] = {"gates": {"approve_overwrite"}, "upload": {"approve_replace"}, "alerts": {"webhook"}}
     return RunReport(
         flow_run_id=flow_run_id,
         out=str(plan.out),

@@ -66,7 +66,7 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
         "the stream's rate (the trainer takes the first F frames)",
         (
             (
-                "text_encoder_output",
+                "text_stage",
                 "post_connector",
                 "the trainer runs the connectors on what it loads: post-connector "
                 "embeddings would go through them twice",
@@ -92,7 +92,7 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
         _EFFECTIVE + "; it feeds the RoPE",
         (
             (
-                "text_encoder_output",
+                "text_stage",
                 "pre_connector",
                 "LTX2Model runs no connector and passes no attention mask: it would "
                 "train on pre-connector features and their left pad rows as if they were connector outputs (use "
@@ -170,7 +170,7 @@ def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
         return
     for setting, value, why in found.refuses:
         if getattr(spec, setting, None) == value:
-            flag = "--text-stage" if setting == "text_encoder_output" else f"--{setting.replace('_', '-')}"
+            flag = "--text-stage" if setting == "text_stage" else f"--{setting.replace('_', '-')}"
             raise ConfigError(
                 f"format {spec.format} with family {spec.family} and {flag} {value}: its consumer, {found.consumer}, "
                 f"would misread it: {why}"
@@ -230,11 +230,11 @@ def layout_for(config: Any) -> str | None:
     """The spec's ``layout``: ``fastvideo`` for parquet (its rows follow FastVideo's preprocessing), ``cc12m`` for a
     webdataset asked for the CC12M seed's layout, else None (latentforge's own; left out of the fingerprint)."""
     asked = getattr(config, "layout", None)
-    if asked == "cc12m" and config.format != "webdataset":
+    if asked == "cc12m" and config.encoding.format != "webdataset":
         raise ConfigError(
-            f"--layout cc12m is a webdataset layout (the CC12M latent set): not for --format {config.format}"
+            f"--layout cc12m is a webdataset layout (the CC12M latent set): not for --format {config.encoding.format}"
         )
-    if config.format == "parquet":
+    if config.encoding.format == "parquet":
         return "fastvideo"
     return "cc12m" if asked == "cc12m" else None
 
@@ -251,7 +251,7 @@ def written_for(spec: dict[str, Any]) -> dict[str, Any]:
     normalised or the raw mean, which text rows and stage, the dtype on disk, what fps means; ``layout`` where the
     cache follows a consumer's layout (fastvideo, cc12m)."""
     found = expects(str(spec.get("format")), str(spec.get("family")))
-    stage = spec.get("text_encoder_output", "last_hidden_state")
+    stage = spec.get("text_stage", "last_hidden_state")
     if found is None:
         return {"consumer": _LATENTFORGE, "latents": "normalised", "text_stage": stage}
     return {

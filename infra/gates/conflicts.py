@@ -15,6 +15,7 @@ from infra.cache.cachedir import CACHE_JSON, read_cache_json
 from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConflictError
 from infra.models import get_family, model_identity
+from infra.plan import spec_settings
 from infra.storage import atomic_write
 
 
@@ -53,7 +54,7 @@ def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> B
             f"reuse refused: {out} was made with another model ({existing.family}, {existing.model_identity}); "
             f"--model is {planned.family}, {ours}. Reusing it would mix latents of two encoders."
         )
-    return BuildConfig.model_validate({**config.model_dump(), **existing.build_settings()})
+    return config.with_values(**spec_settings(existing))
 
 
 def keep_old_cache_json(out: Path, old_fingerprint: str | None) -> Path | None:

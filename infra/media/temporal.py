@@ -14,19 +14,17 @@ the frame count (``short_clips``; per-policy default: ``span`` and ``fps`` repea
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from infra.config import CacheSpec, parse_temporal
 from infra.errors import ConfigError, InputError
 
 KINDS = ("span", "head", "fps", "stride", "windows")
 #: The CacheSpec value of `span` is latentforge 0.1's name for it, so its caches keep their fingerprints.
 SPEC_NAMES = {"span": "linspace"}
-ALIASES = {"linspace": "span"}
 DEFAULT_SHORT = {"span": "repeat", "head": "skip", "fps": "repeat", "stride": "skip", "windows": "skip"}
-_PATTERN = re.compile(r"^(span|head|linspace)$|^(fps):(\d+(?:\.\d+)?)$|^(stride|windows):(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -49,18 +47,10 @@ class TemporalPolicy:
     def spec_value(self) -> str:
         return SPEC_NAMES.get(self.name, self.name)
 
-
-def parse_temporal(text: str) -> tuple[str, float]:
-    """``"fps:24"`` → ("fps", 24.0); ConfigError with the accepted forms."""
-    m = _PATTERN.match(text.strip())
-    if not m:
-        raise ConfigError(f"--temporal {text!r}: expected span, head, fps:N, stride:K or windows:K")
-    if m.group(1):
-        return ALIASES.get(m.group(1), m.group(1)), 0.0
-    kind, value = (m.group(2), m.group(3)) if m.group(2) else (m.group(4), m.group(5))
-    if float(value) <= 0:
-        raise ConfigError(f"--temporal {text!r}: {kind} needs a positive number")
-    return kind, float(value)
+    @classmethod
+    def of(cls, spec: CacheSpec) -> TemporalPolicy:
+        """The policy a spec was made with."""
+        return make_policy(spec.temporal, spec.start, spec.window_step, spec.short_clips)
 
 
 def make_policy(

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from infra.config import CacheSpec
 from infra.errors import ConfigError
 
 
@@ -55,6 +56,11 @@ class TextSettings:
     max_length: int
     padding: str = "raw"
     stage: str = "last_hidden_state"
+
+    @classmethod
+    def of(cls, spec: CacheSpec) -> TextSettings:
+        """The text settings a spec was made with."""
+        return cls(spec.text_max_length, spec.text_padding, spec.text_stage)
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def require_ray() -> tuple[ModuleType, ModuleType]:
 def remote_options(config: BuildConfig) -> dict[str, Any]:
     """The Ray resource request of one shard task for the configured device."""
     options: dict[str, Any] = {"num_cpus": 1, "max_retries": 0, "max_calls": 0}
-    device = config.device
+    device = config.run.device
     if device == "auto":
         from infra.devices import resolve_device  # noqa: PLC0415 - torch only when asked
 
@@ -102,9 +102,9 @@ def _api_url() -> str | None:
 
 
 def init_kwargs(config: BuildConfig) -> dict[str, Any]:
-    """ray.init arguments: a local cluster of `config.workers` CPUs, or the given address; workers get the API."""
+    """ray.init arguments: a local cluster of `config.run.workers` CPUs, or the given address; workers get the API."""
     api_url = _api_url()
-    if config.ray_address and api_url and ("127.0.0.1" in api_url or "localhost" in api_url):
+    if config.run.ray_address and api_url and ("127.0.0.1" in api_url or "localhost" in api_url):
         logger.warning(
             "Ray workers on other hosts cannot reach the Prefect API at %s: set PREFECT_API_URL to a server they "
             "can reach (infra/deploy/ray/README.md)",
@@ -112,9 +112,9 @@ def init_kwargs(config: BuildConfig) -> dict[str, Any]:
         )
     env = worker_env(api_url)
     kwargs: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": {"env_vars": env}}
-    if not config.ray_address:  # a local cluster runs this checkout (a remote one: what its hosts installed)
+    if not config.run.ray_address:  # a local cluster runs this checkout (a remote one: what its hosts installed)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (CODE_ROOT, os.environ.get("PYTHONPATH")) if p)
-        kwargs.update(num_cpus=config.workers, include_dashboard=False)
+        kwargs.update(num_cpus=config.run.workers, include_dashboard=False)
     return kwargs
 
 
@@ -122,13 +122,13 @@ def init_kwargs(config: BuildConfig) -> dict[str, Any]:
 def shard_runner(config: BuildConfig, run_key: str) -> Iterator[Submit]:
     """A submit function for the shard tasks of one run, on the configured runner (entered for the run's
     preprocess: a local Ray cluster is started here and stopped at the end)."""
-    if config.runner == "local":
+    if config.run.runner == "local":
         yield lambda task, parameters: task.submit(**parameters)
         return
     ray, prefect_ray = require_ray()
     from infra.ops import ray_progress  # noqa: PLC0415 - imports ray
 
-    runner = prefect_ray.RayTaskRunner(address=config.ray_address, init_kwargs=init_kwargs(config))
+    runner = prefect_ray.RayTaskRunner(address=config.run.ray_address, init_kwargs=init_kwargs(config))
     options = remote_options(config)
     with runner, ray_progress.counter(run_key, NAMESPACE):
         resources = ray.cluster_resources()

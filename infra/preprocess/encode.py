@@ -18,7 +18,7 @@ from infra.formats import AUDIO_KIND, EncodedSample, textpad
 from infra.formats.base import STORE_DTYPES
 from infra.formats.consumers import latent_encoder
 from infra.models import LoadedFamily, load_family, memory
-from infra.models.base import TextEmbedding
+from infra.models.base import TextEmbedding, TextSettings
 from infra.models.memory import LoadOptions
 from infra.plan import BuildPlan
 from infra.preprocess import videos
@@ -42,7 +42,7 @@ def load_encoder(plan: BuildPlan) -> LoadedFamily:
     """The plan's family, loaded once per process on the configured device."""
     cfg = plan.config
     try:
-        device, dtype = resolve_device(cfg.device), resolve_dtype(cfg.dtype)
+        device, dtype = resolve_device(cfg.run.device), resolve_dtype(cfg.encoding.dtype)
         return load_family(Path(cfg.model).expanduser(), plan.family, device, dtype, load_options(cfg))
     except Exception as exc:
         raise ModelLoadError(f"cannot load {plan.family} from {cfg.model}: {type(exc).__name__}: {exc}") from exc
@@ -50,12 +50,14 @@ def load_encoder(plan: BuildPlan) -> LoadedFamily:
 
 def load_options(cfg: BuildConfig) -> LoadOptions:
     """The memory options a build loads its family with (the decode step reuses that same loaded family)."""
-    return LoadOptions(cfg.vae_tiling, cfg.vae_slicing, cfg.text_quantize, cfg.text_offload)
+    return LoadOptions(
+        cfg.encoding.vae_tiling, cfg.encoding.vae_slicing, cfg.encoding.text_quantize, cfg.run.text_offload
+    )
 
 
 def shard_state(plan: BuildPlan, run: RunState) -> ShardState:
     """The state a shard task's samples share, for `plan` in `run` (its text cache bounded by ``--text-cache-mb``)."""
-    return ShardState(run, TextCache(plan.config.text_cache_mb * 2**20))
+    return ShardState(run, TextCache(plan.config.run.text_cache_mb * 2**20))
 
 
 def encode_sample(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, state: ShardState | None = None) -> Encoded:
@@ -110,15 +112,15 @@ def encode_text(encoder: LoadedFamily, prompt: str, plan: BuildPlan, state: Shar
     """The prompt's embedding: held by the shard's text cache, or encoded now in one batch with the prompts read
     ahead (``--text-batch``, ``--text-cache-mb``)."""
     cfg, cache = plan.config, state.texts
-    upcoming = state.ahead.upcoming() if state.ahead is not None and cfg.text_cache_mb else []
-    settings = plan.spec.text_settings()
-    if cfg.text_offload:  # encoded in the shard's text phase; a prompt not held brings the parked encoder back
+    upcoming = state.ahead.upcoming() if state.ahead is not None and cfg.run.text_cache_mb else []
+    settings = TextSettings.of(plan.spec)
+    if cfg.run.text_offload:  # encoded in the shard's text phase; a prompt not held brings the parked encoder back
         held = cache.lookup(prompt, settings)
         if held is not None:
             return held
         with memory.text_in_use(encoder):
-            return cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.text_batch)
-    return cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.text_batch)
+            return cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.run.text_batch)
+    return cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.run.text_batch)
 
 
 def _audio(

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from infra.media.prompts import decode_prompt
 from infra.models import LoadedFamily, memory
+from infra.models.base import TextSettings
 from infra.plan import BuildPlan
 from infra.preprocess.texts import TextCache
 from infra.sources import SampleRef, ShardReadError
@@ -41,18 +42,18 @@ def text_first(
     prompts = shard_prompts(refs)
     if not prompts:
         return 0
-    encoder, cfg, settings = get_encoder(), plan.config, plan.spec.text_settings()
+    encoder, cfg, settings = get_encoder(), plan.config, TextSettings.of(plan.spec)
     with memory.text_in_use(encoder):
         for i, prompt in enumerate(prompts):
-            upcoming = prompts[i + 1 : i + cfg.text_batch]
-            cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.text_batch)
+            upcoming = prompts[i + 1 : i + cfg.run.text_batch]
+            cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.run.text_batch)
     lost = sum(not cache.holds(prompt, settings) for prompt in prompts)
     if lost:
         logger.warning(
             "--text-offload: %d of %d prompts did not fit --text-cache-mb %d; each brings the text encoder back",
             lost,
             len(prompts),
-            cfg.text_cache_mb,
+            cfg.run.text_cache_mb,
         )
     return lost
 

@@ -62,7 +62,7 @@ class PreparedSample:
 
 def media_limits(plan: BuildPlan) -> MediaLimits:
     """The plan's ``--max-pixels`` and ``--max-frames``."""
-    return MediaLimits(max_pixels=plan.config.max_pixels, max_frames=plan.config.max_frames)
+    return MediaLimits(max_pixels=plan.config.limits.max_pixels, max_frames=plan.config.limits.max_frames)
 
 
 def prepare(raw: RawSample, plan: BuildPlan) -> PreparedSample:
@@ -84,7 +84,7 @@ def prepare_video(
     if get_family(spec.family).media == "image":
         pixels, still = prepare_image(media, spec.height, spec.width, limits)
         return PreparedVideo(pixels, still, None)
-    policy = spec.temporal_policy()
+    policy = TemporalPolicy.of(spec)
     buckets = [Bucket(*b) for b in spec.buckets] if spec.buckets else None
     frames, height, width, bucket = spec.frames, spec.height, spec.width, None
     resize = resize_policy_of(spec.resize)

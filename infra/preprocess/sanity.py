@@ -291,7 +291,7 @@ def run_sanity(plan: BuildPlan, repeats: int = 1) -> SanityReport:
     prepare_sanity_dir(scratch, create=False)  # refuse before the (slow) model load
     encoder = load_encoder(plan)
     prepare_sanity_dir(scratch)
-    device = resolve_device(plan.config.device)
+    device = resolve_device(plan.config.run.device)
     report = SanityReport(device=str(device), total_samples=sum(s.samples for s in plan.shards))
     try:
         with peak_memory(device) as peak:

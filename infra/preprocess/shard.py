@@ -25,6 +25,7 @@ from infra.errors import DiskFull, InputError, LatentforgeError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import Writer, get_format
 from infra.gates.disk import disk_full_message
+from infra.media.temporal import TemporalPolicy
 from infra.models import LoadedFamily
 from infra.ops import preempt
 from infra.plan import BuildPlan, ShardPlan, parse_only
@@ -78,13 +79,13 @@ def process_shard(
 ) -> ShardResult:
     """Encode one shard's samples (up to its quota), journal each row, seal the ledger at the end.
 
-    With ``config.only`` naming samples of this shard, only those are visited; every other row is kept.
+    With ``config.selection.only`` naming samples of this shard, only those are visited; every other row is kept.
     Each new row records `run_id` (the flow run that wrote it: `rerun --failed-only` selects by it).
     A `chunk` takes only its clips and seals only their rows, into its own ledger part (`infra.preprocess.chunks`:
     merged into the shard's ledger when the shard's chunks have ended). `run` is the run's state (its stop check);
     a shard run alone gets its own."""
     start = time.perf_counter()
-    selection = parse_only(plan.config.only)
+    selection = parse_only(plan.config.selection.only)
     keys = selection.get(shard.id) if selection is not None else None
     result = ShardResult(shard=shard.id)
     ledger_id = shard.id if chunk is None else chunk.ledger_id(shard.id)
@@ -98,7 +99,7 @@ def process_shard(
     state = shard_state(plan, run or RunState(shard.id))
     wanted = functools.partial(_wanted, plan=plan, previous=previous, keys=keys)
     samples = open_source(plan.config.source).samples(shard.shard)
-    if plan.config.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
+    if plan.config.run.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
         own_pass = open_source(plan.config.source).samples(shard.shard)
         phases.text_first_of(plan, own_pass, (first, stop), wanted, get_encoder, state.texts)
     state.ahead = _prefetcher(plan, itertools.islice(samples, first, stop), wanted)
@@ -227,17 +228,17 @@ def _prefetcher(plan: BuildPlan, refs: Iterator[SampleRef], wanted: Callable[[Sa
     """The shard's read-ahead over the samples it will encode; None without one (``--prefetch 0 --text-batch 1``,
     or ``windows:K``, whose samples are made from their clip as it is visited)."""
     cfg = plan.config
-    serial = cfg.prefetch == 0 and cfg.text_batch == 1 and cfg.video_batch == 1
-    if serial or plan.spec.temporal_policy().kind == "windows":
+    serial = cfg.run.prefetch == 0 and cfg.run.text_batch == 1 and cfg.encoding.video_batch == 1
+    if serial or TemporalPolicy.of(plan.spec).kind == "windows":
         return None
     return Prefetcher(
         refs,
         read=read,
         decode=functools.partial(prepare, plan=plan),
         wanted=wanted,
-        depth=max(cfg.prefetch, cfg.video_batch - 1),  # a batch is made of samples already prepared
-        lookahead=cfg.text_batch - 1,
-        workers=cfg.decode_workers,
+        depth=max(cfg.run.prefetch, cfg.encoding.video_batch - 1),  # a batch is made of samples already prepared
+        lookahead=cfg.run.text_batch - 1,
+        workers=cfg.run.decode_workers,
     )
 
 

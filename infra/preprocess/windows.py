@@ -12,7 +12,7 @@ import functools
 
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow
 from infra.errors import InputError
-from infra.media.temporal import choose_windows
+from infra.media.temporal import TemporalPolicy, choose_windows
 from infra.media.video import MediaLimits, probe_frames
 from infra.plan import BuildPlan
 from infra.sources import SampleRef
@@ -21,7 +21,7 @@ from infra.sources import SampleRef
 def expand(ref: SampleRef, plan: BuildPlan, known: list[LedgerRow]) -> list[SampleRef]:
     """The samples of one source clip under the plan's temporal policy (itself, unless it is windows:K); `known`
     is the ledger's rows of the clip's windows (`ledger.windows_by_clip`)."""
-    policy = plan.spec.temporal_policy()
+    policy = TemporalPolicy.of(plan.spec)
     if policy.kind != "windows":
         return [ref]
     if known and len(known) == known[0].extra[WINDOWS_KEY]:
@@ -32,7 +32,9 @@ def expand(ref: SampleRef, plan: BuildPlan, known: list[LedgerRow]) -> list[Samp
         media = read()
         if media is None:
             return [ref]
-        total, fps = probe_frames(media, limits=MediaLimits(plan.config.max_pixels, plan.config.max_frames))
+        total, fps = probe_frames(
+            media, limits=MediaLimits(plan.config.limits.max_pixels, plan.config.limits.max_frames)
+        )
         windows = choose_windows(policy, total, fps, plan.spec.frames)
     except InputError:
         return [ref]  # encoding it gives the row its reason

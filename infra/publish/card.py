@@ -23,7 +23,7 @@ from infra.audit.run_report import ReportError, RunReport, latest_run_report
 from infra.cache import ledger
 from infra.cache.cachedir import CACHE_JSON, read_cache_json
 from infra.cache.ledger import LedgerRow
-from infra.config import BuildConfig
+from infra.config import SECTIONS, BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.publish.base import LocalFile, Target
@@ -68,7 +68,7 @@ def dataset_card(out: Path, *, target: Target, license: str, files: list[LocalFi
     otherwise it is read from OUT as the manifest would be."""
     out = Path(out)
     meta = read_cache_json(out)
-    spec, fingerprint = meta["spec"], meta["fingerprint"]
+    spec, fingerprint = CacheSpec.model_validate(meta["spec"]).model_dump(mode="json"), meta["fingerprint"]
     rows = sorted(
         (r for shard in ledger.read_all(out).values() for r in shard.values()), key=lambda r: (r.shard, r.key)
     )
@@ -156,11 +156,11 @@ def _recipe(spec: dict[str, Any], record: dict[str, Any] | None) -> str:
         f"Resize every frame to {spec['height']}×{spec['width']} (H×W): {mode}, "
         f"`align_corners={'False' if 'false' in corners else corners or 'default'}`, no crop (the aspect ratio is "
         "not kept).",
-        f"Encode with the VAE in {spec['compute_dtype']}: {posterior}then normalise: `{spec['latent_norm']}` "
+        f"Encode with the VAE in {spec['dtype']}: {posterior}then normalise: `{spec['latent_norm']}` "
         "(latents_mean / latents_std from the VAE config).",
         f"Store `x0` as {spec['store_dtype']}{_shape_note(record, 'x0')}.",
         f"Tokenize the prompt to max_length={spec['text_max_length']} (padded to it, longer prompts truncated), "
-        f"encode, keep `{spec['text_encoder_output']}`; rows past the prompt's tokens are {padding}; store "
+        f"encode, keep `{spec['text_stage']}`; rows past the prompt's tokens are {padding}; store "
         f"`text_embeds` as {spec['store_dtype']}{_shape_note(record, 'text_embeds')}.",
     ]
     return "## Recipe\n\n" + "\n".join(f"{n}. {step}" for n, step in enumerate(steps, 1))
@@ -234,7 +234,7 @@ def _decisions(report: RunReport | None) -> str | None:
 
 def _estimate(rows: list[LedgerRow], report: RunReport | None) -> str | None:
     """Bytes per visited sample × the source's samples, when the run was capped (limit / max_samples_per_shard)."""
-    config = report.config if report is not None else {}
+    config = _flat(report.config) if report is not None else {}
     caps = {k: config.get(k) for k in ("limit", "max_samples_per_shard") if config.get(k) is not None}
     if not caps or not rows:
         return None
@@ -250,6 +250,15 @@ def _estimate(rows: list[LedgerRow], report: RunReport | None) -> str | None:
         f"At {human_bytes(per_sample)} per source sample (bytes here ÷ samples visited, so the skip rate counts), "
         f"the whole source would make **≈ {human_bytes(per_sample * total)}** ({round(per_sample * total):,} bytes)."
     )
+
+
+def _flat(config: dict[str, Any]) -> dict[str, Any]:
+    """A run report's config with its sections' settings at the top, as a config file gives them (a report
+    written before the sections has them there already)."""
+    flat = {k: v for k, v in config.items() if k not in SECTIONS}
+    for section in SECTIONS:
+        flat.update(config.get(section) or {})
+    return flat
 
 
 def _source_samples(config: dict[str, Any]) -> tuple[int | None, str]:
