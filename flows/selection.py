@@ -35,7 +35,8 @@ def recorded_selection(out: Path) -> tuple[dict[str, Any], Path | None]:
             logger.warning("%s", exc)
             continue
         if fingerprint is None or report.fingerprint == fingerprint:
-            return {k: report.config[k] for k in SELECTION if report.config.get(k) is not None}, path
+            config = {**report.config, **(report.config.get("selection") or {})}  # nested now, flat before
+            return {k: config[k] for k in SELECTION if config.get(k) is not None}, path
     return {}, None
 
 

@@ -122,6 +122,15 @@ def get_recipe(name: str) -> Recipe:
     return RECIPES[name]
 
 
+def with_recipe(values: dict[str, Any]) -> dict[str, Any]:
+    """Flat `values` (config file and flags, merged) over the settings of the recipe they name, if any (a value left
+    None does not unset a recipe's setting): for a step that lays these values over OUT's own cache.json."""
+    name = values.get("recipe")
+    if not name:
+        return dict(values)
+    return {**get_recipe(name).settings, **{k: v for k, v in values.items() if v is not None}}
+
+
 def apply_recipe(config: BuildConfig) -> BuildConfig:
     """`config` over the settings of the recipe it names, if any: a setting given (in the file, a flag or the form)
     wins, a recipe's fills what was not given. Applying it again changes nothing. ConfigError for an unknown name."""
