@@ -96,7 +96,7 @@ def rerun(
     except (ValueError, RuntimeError) as exc:  # a bad id, an unreachable API, a non-build run
         raise ConfigError(f"cannot rerun {run_id}: {exc}") from exc
     typer.echo(f"{len(rerun.selectors)} failed in {run_id}: {json.dumps(rerun.selectors[:20])}")
-    chosen = {name: getattr(rerun.config, name) for name in ("on_loss", "on_conflict", "on_stale")}
+    chosen = {name: getattr(rerun.config.gates, name) for name in ("on_loss", "on_conflict", "on_stale")}
     typer.echo("gates: " + ", ".join(f"--{k.replace('_', '-')} {v or 'the default'}" for k, v in chosen.items()))
     for note in rerun.notes:
         typer.echo(note)

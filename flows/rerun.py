@@ -76,8 +76,7 @@ def plan_rerun(run_id: str, gates: dict[str, str] | None = None) -> Rerun:
     if "on_loss" not in update and config.gates.on_loss != "accept" and (accepted := accepted_loss(out, run_id)):
         update["on_loss"] = "accept"
         notes.append(f"the loss accepted in {run_id} stays accepted (--on-loss accept; {accepted})")
-    rerun = config.model_copy(update=update)
-    BuildConfig.model_validate(rerun.model_dump())  # the gate values given are checked as the config checks them
+    rerun = config.with_values(**update)  # validated: the gate values given are checked as the config checks them
     return Rerun(run_id, rerun, selectors, str(run.deployment_id) if run.deployment_id else None, tuple(notes))
 
 

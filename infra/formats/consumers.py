@@ -229,7 +229,7 @@ def normalised(latents: torch.Tensor, spec: Any, family: Any) -> torch.Tensor:
 def layout_for(config: Any) -> str | None:
     """The spec's ``layout``: ``fastvideo`` for parquet (its rows follow FastVideo's preprocessing), ``cc12m`` for a
     webdataset asked for the CC12M seed's layout, else None (latentforge's own; left out of the fingerprint)."""
-    asked = getattr(config, "layout", None)
+    asked = config.encoding.layout
     if asked == "cc12m" and config.encoding.format != "webdataset":
         raise ConfigError(
             f"--layout cc12m is a webdataset layout (the CC12M latent set): not for --format {config.encoding.format}"
