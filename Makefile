@@ -11,9 +11,8 @@ export PREFECT_HOME ?= $(CURDIR)/$(DEMO)/.prefect
 
 # Demo geometry: the recipe's 33 frames at 256x256 (the full 832x832 works too, ~10x slower on a CPU).
 # The demo data holds one corrupt clip on purpose: --on-loss accept records that loss in the run report.
-# The tiny model's VAE is fitted to the demo clips (~600 s of CPU at 33x256x256, 300 steps; a few minutes on two
-# idle cores): they decode at 20-27 dB, a random VAE
-# at ~10 dB, so --min-psnr 19 is a real gate on decode-and-verify.
+# The tiny model's VAE is fitted to the demo clips (~50 s on 2 quiet cores; the whole demo ~2.5 min): they decode at
+# 20-27 dB, a random VAE at ~10 dB, so --min-psnr 19 is a real gate on decode-and-verify.
 DEMO_GEOMETRY ?= --frames 33 --height 256 --width 256
 DEMO_FLAGS ?= $(DEMO_GEOMETRY) --dtype fp32 --on-loss accept --min-psnr 19
 
