@@ -13,14 +13,13 @@ import getpass
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 import flows  # noqa: F401  (offline defaults before Prefect loads)
-from flows.cli_options import DEBUG_ENV, cli_errors, config_command
+from flows.cli_options import DEBUG_ENV, cli_errors, config_command, console_logging
 from flows.cli_publish import rerun, upload
 from flows.cli_server import app as server_app
 from flows.preflight import check_build
@@ -362,9 +361,7 @@ def inspect(out: OutArg, as_json: JsonOpt = False) -> None:
 
 def main() -> None:
     """Console entry point."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    console_logging()
     app()
 
 

@@ -50,6 +50,34 @@ def debugging() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
+class ConsoleFormatter(logging.Formatter):
+    """The terminal's log lines. A finding that ends the run (a `LatentforgeError` a flow raised: a loss, a failed
+    gate, a remote mismatch) is logged by Prefect with its traceback; on the terminal its message is enough, since
+    the command ends with it as one ``error: ...`` line. Its traceback is shown with --debug (or
+    ``LATENTFORGE_DEBUG=1``); a bug's traceback always is. Only this handler's text changes: the run's logs on a
+    server (Prefect's API handler) keep the traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, LatentforgeError) or debugging():
+            return super().format(record)
+        kept = record.exc_info, record.exc_text  # another handler (Prefect's API one) may have cached the text
+        record.exc_info, record.exc_text = None, None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_info, record.exc_text = kept
+
+
+def console_logging() -> None:
+    """The terminal's logging: INFO and up on stderr, through `ConsoleFormatter`; httpx's request lines hidden."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(ConsoleFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 def fail(message: str, code: int = 2) -> typing.NoReturn:
     """Print ``error: message`` to stderr and exit with `code`."""
     typer.echo(f"error: {message}", err=True)

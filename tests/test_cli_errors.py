@@ -154,3 +154,25 @@ def test_upload_of_what_is_not_a_cache_is_a_usage_error(tmp_path, where):
         f"error: {tmp_path / where} is not a latentforge cache: "
         + {"nowhere": "it does not exist", "a-file": "it is not a directory", "empty": "it has no cache.json"}[where]
     ]
+
+
+def test_a_finding_inside_the_flow_ends_in_one_error_line_and_its_traceback_only_with_debug(
+    tmp_path, tiny_model, clips
+):
+    """A loss found by reconciliation (one corrupt clip, --on-loss abort) fails the flow inside Prefect: the terminal
+    shows Prefect's one-line failure and the `error:` line, exit 1, and the traceback only with LATENTFORGE_DEBUG=1
+    (a bug's traceback is always shown: the formatter hides only latentforge's own errors)."""
+    src = make_shards(
+        tmp_path / "src", {"s1": [sample(0, 0, clips["bikes"], b"a prompt"), sample(1, 0, b"not a video", b"p")]}
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "LATENTFORGE_DEBUG")}
+    geometry = ("--frames", "9", "--height", "48", "--width", "48", "--dtype", "fp32", "--decode-samples", "0")
+    runs = {}
+    for name, extra_env in (("quiet", {}), ("debug", {"LATENTFORGE_DEBUG": "1"})):
+        args = _build(src, tiny_model, tmp_path / f"out-{name}", *geometry, "--on-loss", "abort")
+        runs[name] = subprocess.run([LF, *args], env={**env, **extra_env}, capture_output=True, text=True, timeout=600)
+    quiet, debug = runs["quiet"], runs["debug"]
+    assert quiet.returncode == 1 and debug.returncode == 1, quiet.stderr[-2000:]
+    assert quiet.stderr.strip().splitlines()[-1].startswith("error: ") and "video_decode_error" in quiet.stderr
+    assert "Traceback" not in quiet.stderr
+    assert "Traceback" in debug.stderr and "LossAborted" in debug.stderr
