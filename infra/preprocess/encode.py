@@ -17,6 +17,7 @@ from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, EncodedSample, textpad
 from infra.formats.base import STORE_DTYPES
 from infra.formats.consumers import latent_encoder
+from infra.media.prompts import CaptionRules
 from infra.models import LoadedFamily, load_family, memory
 from infra.models.base import TextEmbedding, TextSettings
 from infra.models.memory import LoadOptions
@@ -63,7 +64,7 @@ def shard_state(plan: BuildPlan, run: RunState) -> ShardState:
 def encode_sample(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, state: ShardState | None = None) -> Encoded:
     """Read, prepare and encode one sample alone (the one-sample sanity, the dry run). Raises InputError for bad
     input."""
-    prepared = prepare(read(ref), plan)
+    prepared = prepare(read(ref, CaptionRules.of(plan.spec)), plan)
     fault_point("decode")
     return encode(prepared, plan, encoder, state or shard_state(plan, RunState("one-sample")))
 
