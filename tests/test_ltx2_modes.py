@@ -12,6 +12,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -25,11 +26,14 @@ from infra.config import MODE_ROLES, CacheSpec
 from infra.demo.testmedia import real_clip
 from infra.errors import ConfigError, InputError, SourceError
 from infra.media.prompts import LLM_START_PHRASES, CaptionRules
+from infra.media.video import resize_pixels
 from infra.models import get_family
 from infra.plan import make_plan, make_spec
+from infra.preprocess.prepare import prepare_video
 from infra.preprocess.read import read
 from infra.sources import open_source
 from tests.conftest import config
+from tests.image_media import small
 
 runner = CliRunner()
 BUCKETS = "64x64x9"
@@ -223,3 +227,26 @@ def test_each_mode_requires_its_subfolders_and_unimplemented_ones_are_refused(tm
     refused = runner.invoke(app, ["build", *where, *flags])
     assert refused.exit_code == 2 and "reference_audio" in refused.output, refused.output
     assert not (tmp_path / "cli").exists()
+
+
+def test_an_image_among_clips_is_a_one_frame_sample_at_fps_one(tmp_path, ltx2_model):
+    image = small("astronaut", 80).crop((0, 0, 80, 64))  # not square: the cover-crop shows
+    (tmp_path / "data/stills").mkdir(parents=True)
+    image.save(tmp_path / "data/stills/astronaut.png")
+    rows = [{"video": "stills/astronaut.png", "caption": "an astronaut"}]
+    dataset = _dataset(tmp_path / "data", rows, ())
+    cfg = _config(dataset, ltx2_model, tmp_path / "out", buckets="64x64x9;64x64x1", audio=False)
+    spec = make_plan(cfg).spec
+    prepared = prepare_video((tmp_path / "data/stills/astronaut.png").read_bytes(), spec)
+    assert prepared.bucket is not None and prepared.bucket.frames == 1 and prepared.clip.fps == 1.0
+    expected = resize_pixels(np.asarray(image.convert("RGB"))[None], 64, 64, "cover-crop")  # the clips' resize
+    assert torch.equal(prepared.pixels, expected)
+    ok, result = run_build(cfg)
+    assert ok and result["done"] == 1, result
+    latents = torch.load(tmp_path / "out/.precomputed/latents/stills/astronaut.pt", weights_only=True)
+    assert list(latents["latents"].shape) == [128, 1, 2, 2] and latents["num_frames"] == 1 and latents["fps"] == 1.0
+    with pytest.raises(InputError, match=r"decodes to 1 frame\(s\)"):  # no one-frame bucket: skipped as short
+        prepare_video(
+            (tmp_path / "data/stills/astronaut.png").read_bytes(),
+            make_plan(_config(dataset, ltx2_model, tmp_path / "o2", audio=False)).spec,
+        )
