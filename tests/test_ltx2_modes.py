@@ -84,16 +84,16 @@ def test_the_trainer_recipe_encodes_audio_wherever_a_clip_has_a_track(tmp_path, 
     assert (missing.id, missing.reason) == ("clips/bikes.mp4", "no_audio_track")
     gate = audio_check(out)
     assert gate.ok and [w.id for w in gate.without] == ["clips/bikes.mp4"]
-    # a sample missing from one required subfolder: named with the subfolder
-    (pre / "conditions/clips/bigbuckbunny.pt").unlink()
-    gone = {m.id: m for m in reconcile(plan).missing}["clips/bigbuckbunny.mp4"]
-    assert gone.reason == "file_missing" and ".precomputed/conditions/clips/bigbuckbunny.pt" in gone.detail
     # the flags: --skip-audio and --no-audio are one setting, and it is in the fingerprint
     same = runner.invoke(app, ["verify", str(out), "--model", str(ltx2_model)])
     assert same.exit_code == 0, same.output
     for flag in ("--skip-audio", "--no-audio"):
         other = runner.invoke(app, ["verify", str(out), "--model", str(ltx2_model), flag])
         assert other.exit_code != 0 and "audio" in other.output, (flag, other.output)
+    # a sample missing from one required subfolder: named with the subfolder
+    (pre / "conditions/clips/bigbuckbunny.pt").unlink()
+    gone = {m.id: m for m in reconcile(plan).missing}["clips/bigbuckbunny.mp4"]
+    assert gone.reason == "file_missing" and ".precomputed/conditions/clips/bigbuckbunny.pt" in gone.detail
 
 
 def test_skip_audio_writes_no_audio_and_the_gate_holds_for_every_mode_with_audio(tmp_path, ltx2_model):
