@@ -83,6 +83,13 @@ def test_fields_added_since_0_1_at_their_absent_values_leave_the_fingerprint_as_
         ("video_batch", 4),
         ("vae_tiling", True),
         ("text_quantize", "int8-dynamic"),
+        ("mode", "i2v"),
+        ("lora_trigger", "sks"),
+        ("remove_llm_prefixes", True),
+        ("empty_captions", "encode"),
+        ("duplicate_rows", "last"),
+        ("video_column", "clip"),
+        ("caption_column", "text"),
     ):
         assert CacheSpec(**{**BASE, field: value}).fingerprint() != spec.fingerprint(), field
 
