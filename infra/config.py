@@ -212,6 +212,12 @@ class EncodingConfig(StrictModel):
         "its row says no_audio_track; --skip-audio is --no-audio",
         json_schema_extra={"off_flags": ["--skip-audio"]},
     )
+    audio_file_length: Literal["clip", "trainer"] = Field(
+        "clip",
+        description="A sample's separate audio file (a metadata file's audio column): clip (trimmed or zero-padded "
+        "to the clip's F / fps, as its own track) or trainer (the LTX-2 trainer's rule: trimmed to the longest "
+        "bucket's F / 25 seconds, never padded; the ltx2-trainer recipe's)",
+    )
     mode: Mode = Field(
         "t2v",
         description="LTX-2 training mode (format ltx): which .precomputed/ subfolders every sample must have "
@@ -552,6 +558,7 @@ ADDED_LATER: dict[str, Any] = {
     "text_quantize": "none",
     "layout": None,
     "mode": "t2v",
+    "audio_file_length": "clip",
     "lora_trigger": None,
     "remove_llm_prefixes": False,
     "empty_captions": "skip",
@@ -608,6 +615,7 @@ class CacheSpec(StrictModel):
         None, description="The consumer's layout the bytes follow (infra.formats.consumers): fastvideo, cc12m"
     )
     mode: Mode = Field("t2v", description="LTX-2 training mode: which output kinds every sample must have")
+    audio_file_length: Literal["clip", "trainer"] = "clip"
     lora_trigger: str | None = Field(None, description="Prepended to every caption (the trainer's --lora-trigger)")
     remove_llm_prefixes: bool = Field(False, description="The trainer's LLM caption openings removed")
     empty_captions: Literal["skip", "encode"] = "skip"

@@ -238,7 +238,7 @@ def caption_settings(config: BuildConfig) -> dict[str, Any]:
     """The spec's mode, caption handling and metadata columns, as given (their defaults keep old fingerprints)."""
     names = (
         "mode", "lora_trigger", "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column",
-        "caption_column",
+        "caption_column", "audio_file_length",
     )  # fmt: skip
     return {name: getattr(config.encoding, name) for name in names}
 
@@ -369,6 +369,7 @@ def spec_settings(spec: CacheSpec) -> dict[str, Any]:
     for name in (
         "video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips", "mode", "lora_trigger",
         "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column", "caption_column",
+        "audio_file_length",
     ):  # fmt: skip
         if getattr(spec, name) != ADDED_LATER[name]:
             settings[name] = getattr(spec, name)

@@ -50,6 +50,7 @@ RECIPES: dict[str, Recipe] = {
                 "family": "ltx2",
                 "format": "ltx",
                 "audio": True,
+                "audio_file_length": "trainer",
                 "temporal": "head",
                 "resize": "cover-crop",
                 "text_stage": "pre_connector",

@@ -90,6 +90,7 @@ def test_fields_added_since_0_1_at_their_absent_values_leave_the_fingerprint_as_
         ("duplicate_rows", "last"),
         ("video_column", "clip"),
         ("caption_column", "text"),
+        ("audio_file_length", "trainer"),
     ):
         assert CacheSpec(**{**BASE, field: value}).fingerprint() != spec.fingerprint(), field
 

@@ -132,9 +132,10 @@ class LoadedFamily(ABC):
         a family that can batch (one encoder call for all) overrides it."""
         return [self.encode_text(prompt, settings) for prompt in prompts]
 
-    def encode_audio(self, media: bytes, seconds: float) -> AudioEmbedding | None:
-        """A clip's audio track, `seconds` long (trimmed or zero-padded), → its latents; None when the file has no
-        audio track; InputError("audio_decode_error") when it cannot be decoded. Families without audio: error."""
+    def encode_audio(self, media: bytes, seconds: float, pad: bool = True) -> AudioEmbedding | None:
+        """A clip's audio track, `seconds` long (trimmed, and zero-padded when short unless not `pad`), → its
+        latents; None when the file has no audio track; InputError("audio_decode_error") when it cannot be decoded.
+        Families without audio: error."""
         raise ConfigError(f"family {self.name} has no audio encoder")
 
     def decode_audio(self, latents: torch.Tensor) -> torch.Tensor:
