@@ -250,3 +250,19 @@ def test_an_image_among_clips_is_a_one_frame_sample_at_fps_one(tmp_path, ltx2_mo
             (tmp_path / "data/stills/astronaut.png").read_bytes(),
             make_plan(_config(dataset, ltx2_model, tmp_path / "o2", audio=False)).spec,
         )
+
+
+def test_a_separate_audio_file_follows_the_trainers_length_rule(tmp_path, ltx2_model):
+    rows = [
+        {"video": "clips/carphone.mp4", "audio": "clips/bigbuckbunny.mp4", "caption": "a call"},  # 29.97 fps video
+        {"video": "clips/bikes.mp4", "audio": "clips/audio_only.mp4", "caption": "bikes"},  # 46 ms of audio
+    ]
+    dataset = _dataset(tmp_path / "data", rows, ("carphone", "bigbuckbunny", "bikes", "audio_only"))
+    assert make_plan(_config(dataset, ltx2_model, tmp_path / "o")).spec.audio_file_length == "trainer"
+    ok, result = run_build(_config(dataset, ltx2_model, tmp_path / "out"))
+    assert ok and result["done"] == 2, result
+    pre = tmp_path / "out/.precomputed/audio_latents/clips"
+    long = torch.load(pre / "carphone.pt", weights_only=True)
+    assert long["duration"] == int(9 / 25 * 48000) / 48000  # the bucket's 9 frames / 25, not 9 / 29.97
+    short = torch.load(pre / "bikes.pt", weights_only=True)
+    assert short["duration"] < 0.1  # trimmed only: the 46 ms file is not padded to 0.36 s
