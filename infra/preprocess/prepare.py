@@ -115,7 +115,8 @@ def _still(media: bytes, limits: MediaLimits) -> SampledClip:
     """An image as a one-frame clip at fps 1.0 (upright, RGB over white: `infra.media.image.load_rgb`), to be
     bucketed and resized as a clip's frames are: a bucket of one frame, or ``--frames 1``."""
     upright = load_rgb(media, limits)
-    return SampledClip(np.asarray(upright, dtype=np.uint8)[None], 1, upright.height, upright.width, (0,), fps=1.0)
+    frame = np.array(upright, dtype=np.uint8)[None]  # a writable copy: torch takes it without a warning
+    return SampledClip(frame, 1, upright.height, upright.width, (0,), fps=1.0)
 
 
 def _indices(policy: TemporalPolicy, frames: int, window: int | None, total: int, fps: float) -> tuple[int, ...]:
