@@ -153,6 +153,8 @@ def field_option(name: str, field: FieldInfo, show_default: bool = True) -> insp
     elif kind not in (int, float, str, bool):
         raise TypeError(f"no command-line form for {name}: {field.annotation}")
     decls = [f"{_flag(name)}/--no-{name.replace('_', '-')}"] if kind is bool else [_flag(name)]
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    decls += [f" /{flag}" for flag in extra.get("off_flags", [])]  # more names for --no-X (--skip-audio)
     option = typer.Option(*decls, help=_help(field, show_default), show_default=False)
     return inspect.Parameter(
         name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[kind | None, option]

@@ -35,7 +35,8 @@ def check_cache(out: Path) -> None:
 
 def check_source(config: BuildConfig) -> int:
     """The source opens and lists shards, and --shard-filter keeps at least one; returns how many it keeps."""
-    shards = open_source(config.source).shards()  # SourceError (a ConfigError): unknown kind, no path, no shards
+    # SourceError (a ConfigError): unknown kind, no path, no shards
+    shards = open_source(config.source, config.encoding).shards()
     kept = [s for s in shards if not config.selection.shard_filter or config.selection.shard_filter in s.id]
     if not kept:
         names = ", ".join(s.id for s in shards[:5]) + (", ..." if len(shards) > 5 else "")

@@ -33,11 +33,54 @@ Device = Literal["auto", "cpu", "cuda", "neuron"]
 ComputeDtype = Literal["bf16", "fp32"]
 StoreDtype = Literal["bf16", "fp16"]
 OnConflict = Literal["ask", "abort", "new_dir", "reuse"]
+#: The LTX-2 training modes (`--mode`): each decides which `.precomputed/` subfolders a sample must have.
+Mode = Literal[
+    "t2v", "i2v", "t2a", "v2v-ic-lora", "av2av-ic-lora", "a2a-ic-lora", "a2v", "v2a", "video-inpaint", "audio-inpaint"
+]  # fmt: skip
 
 #: A temporal policy's spelling (`infra.media.temporal` makes the policy): span, head, fps:N, stride:K, windows:K;
 #: ``linspace`` is latentforge 0.1's name for span.
 _TEMPORAL = re.compile(r"^(span|head|linspace)$|^(fps):(\d+(?:\.\d+)?)$|^(stride|windows):(\d+)$")
 TEMPORAL_ALIASES = {"linspace": "span"}
+
+
+#: Per LTX-2 mode: the dataset roles it reads (the trainer's column names) and the output kinds every sample must
+#: have (ltx format: latents/, conditions/, audio_latents/, reference_latents/, reference_audio_latents/,
+#: video_masks/, audio_masks/). A video mode gets audio_latents too when its spec has audio.
+MODE_ROLES: dict[str, tuple[str, ...]] = {
+    "t2v": ("video", "caption"),
+    "i2v": ("video", "caption"),
+    "t2a": ("audio", "caption"),
+    "v2v-ic-lora": ("video", "reference_video", "caption"),
+    "av2av-ic-lora": ("video", "audio", "reference_video", "reference_audio", "caption"),
+    "a2a-ic-lora": ("audio", "reference_audio", "caption"),
+    "a2v": ("video", "audio", "caption"),
+    "v2a": ("video", "audio", "caption"),
+    "video-inpaint": ("video", "video_mask", "caption"),
+    "audio-inpaint": ("audio", "audio_mask", "caption"),
+}
+#: Each role → the output kind it is written as.
+ROLE_KINDS: dict[str, str] = {
+    "video": "latents",
+    "caption": "text_embeddings",
+    "audio": "audio_latents",
+    "reference_video": "reference_latents",
+    "reference_audio": "reference_audio_latents",
+    "video_mask": "video_masks",
+    "audio_mask": "audio_masks",
+}
+#: The modes whose every role latentforge reads (``audio``: the clip's own track or a metadata file's audio column).
+IMPLEMENTED_MODES: tuple[str, ...] = ("t2v", "i2v", "a2v", "v2a")
+
+
+def mode_kinds(mode: str, audio: bool) -> tuple[str, ...]:
+    """The output kinds every sample of `mode` must have, in a stable order; `audio` (the spec's) adds audio
+    latents to a video mode."""
+    roles = MODE_ROLES[mode]
+    kinds = [ROLE_KINDS[role] for role in ROLE_KINDS if role in roles]
+    if audio and "audio_latents" not in kinds:
+        kinds.insert(kinds.index("text_embeddings") + 1, "audio_latents")
+    return tuple(kinds)
 
 
 def parse_temporal(text: str) -> tuple[str, float]:
@@ -162,7 +205,49 @@ class EncodingConfig(StrictModel):
         description="LTX-2: the text tensor cached: pre_connector (normalised, projected Gemma features: what the "
         "LTX-2 trainer caches) or post_connector (the connectors' outputs: FastVideo's overfit parquet)",
     )
-    audio: bool = Field(False, description="Also encode each clip's audio track (families with an audio VAE)")
+    audio: bool = Field(
+        False,
+        description="Also encode each clip's audio track (families with an audio VAE; the ltx2-trainer recipe turns "
+        "it on, as the trainer extracts audio unless told not to). A clip without an audio track is still encoded, "
+        "its row says no_audio_track; --skip-audio is --no-audio",
+        json_schema_extra={"off_flags": ["--skip-audio"]},
+    )
+    audio_file_length: Literal["clip", "trainer"] = Field(
+        "clip",
+        description="A sample's separate audio file (a metadata file's audio column): clip (trimmed or zero-padded "
+        "to the clip's F / fps, as its own track) or trainer (the LTX-2 trainer's rule: trimmed to the longest "
+        "bucket's F / 25 seconds, never padded; the ltx2-trainer recipe's)",
+    )
+    mode: Mode = Field(
+        "t2v",
+        description="LTX-2 training mode (format ltx): which .precomputed/ subfolders every sample must have "
+        "(README: the table of modes). Modes whose roles are not implemented are refused at plan time",
+    )
+    lora_trigger: str | None = Field(
+        None, description="Text prepended to every caption with one space, as the LTX-2 trainer's --lora-trigger"
+    )
+    remove_llm_prefixes: bool = Field(
+        False,
+        description="Remove the first of the LTX-2 trainer's common LLM caption openings ('The video shows', "
+        "'In this video,' ...) from each caption, as its --remove-llm-prefixes",
+    )
+    empty_captions: Literal["skip", "encode"] = Field(
+        "skip",
+        description="A sample whose caption is empty: skip (a ledger row, empty_prompt) or encode (the empty text, "
+        "as the LTX-2 trainer does)",
+    )
+    duplicate_rows: Literal["refuse", "last"] = Field(
+        "refuse",
+        description="meta sources: a media file listed twice: refuse (the first row is the sample, the later ones "
+        "are ledger rows, bad_layout) or last (the last row's caption is the sample's, as the LTX-2 trainer keeps "
+        "it; the earlier rows are ledger rows, superseded)",
+    )
+    video_column: str | None = Field(
+        None, description="meta sources: the column read as the video (default: video, else media_path, else path)"
+    )
+    caption_column: str | None = Field(
+        None, description="meta sources: the column read as the caption (default: caption, else cap)"
+    )
     text_padding: Literal["raw", "zeros"] = Field(
         "raw",
         description="Embedding rows past the prompt's tokens: raw (the encoder's output, as the published Wan2.2 "
@@ -472,6 +557,14 @@ ADDED_LATER: dict[str, Any] = {
     "vae_tiling": False,
     "text_quantize": "none",
     "layout": None,
+    "mode": "t2v",
+    "audio_file_length": "clip",
+    "lora_trigger": None,
+    "remove_llm_prefixes": False,
+    "empty_captions": "skip",
+    "duplicate_rows": "refuse",
+    "video_column": None,
+    "caption_column": None,
 }
 
 
@@ -521,6 +614,14 @@ class CacheSpec(StrictModel):
     layout: str | None = Field(
         None, description="The consumer's layout the bytes follow (infra.formats.consumers): fastvideo, cc12m"
     )
+    mode: Mode = Field("t2v", description="LTX-2 training mode: which output kinds every sample must have")
+    audio_file_length: Literal["clip", "trainer"] = "clip"
+    lora_trigger: str | None = Field(None, description="Prepended to every caption (the trainer's --lora-trigger)")
+    remove_llm_prefixes: bool = Field(False, description="The trainer's LLM caption openings removed")
+    empty_captions: Literal["skip", "encode"] = "skip"
+    duplicate_rows: Literal["refuse", "last"] = "refuse"
+    video_column: str | None = None
+    caption_column: str | None = None
 
     def canonical(self) -> dict[str, Any]:
         """What the fingerprint hashes: the spec's JSON under latentforge 0.1's names (`FINGERPRINT_NAMES`), without

@@ -14,10 +14,19 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from infra.cache.cachedir import read_cache_json
-from infra.config import ADDED_LATER, TEMPORAL_ALIASES, BuildConfig, CacheSpec
+from infra.config import (
+    ADDED_LATER,
+    IMPLEMENTED_MODES,
+    MODE_ROLES,
+    TEMPORAL_ALIASES,
+    BuildConfig,
+    CacheSpec,
+    mode_kinds,
+)
 from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes
+from infra.formats.ltx import SUBFOLDERS
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
 from infra.media.buckets import parse_buckets
 from infra.media.temporal import DEFAULT_SHORT, make_policy
@@ -116,6 +125,7 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
         raise ConfigError(f"--text-storage trimmed keeps only the prompt's rows, restored exactly only as zeros: {why}")
     if config.encoding.audio and not family.has_audio:
         raise ConfigError(f"--audio: family {family.name} has no audio encoder")
+    check_mode(config)
     if config.encoding.store_dtype not in family.store_dtypes:
         raise ConfigError(
             f"--store-dtype {config.encoding.store_dtype}: family {family.name} stores {', '.join(family.store_dtypes)}"
@@ -130,6 +140,28 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
     chosen["temporal"] = policy.spec_value
     chosen["short_clips"] = None if policy.short == DEFAULT_SHORT[policy.kind] else policy.short
     return chosen
+
+
+def check_mode(config: BuildConfig) -> None:
+    """ConfigError for a mode this run cannot make: one whose roles latentforge does not read yet (never a cache
+    silently short of a subfolder the trainer needs), a mode outside the LTX-2 layout, an audio mode without audio."""
+    mode = config.encoding.mode
+    if mode == "t2v":
+        return
+    if config.encoding.format != "ltx":
+        raise ConfigError(
+            f"--mode {mode}: modes are the LTX-2 trainer's, for --format ltx (this run: {config.encoding.format})"
+        )
+    if mode not in IMPLEMENTED_MODES:
+        roles = ", ".join(MODE_ROLES[mode])
+        dirs = ", ".join(f"{SUBFOLDERS[kind]}/" for kind in mode_kinds(mode, config.encoding.audio))
+        raise ConfigError(
+            f"--mode {mode} reads the roles {roles} and writes {dirs}: latentforge does not read all of these roles "
+            f"yet, so it refuses rather than write a cache the trainer would find short; implemented modes: "
+            f"{', '.join(IMPLEMENTED_MODES)}"
+        )
+    if "audio" in MODE_ROLES[mode] and not config.encoding.audio:
+        raise ConfigError(f"--mode {mode} trains on audio: drop --skip-audio / --no-audio (or give --audio)")
 
 
 def memory_settings(config: BuildConfig, temporal: str) -> dict[str, Any]:
@@ -189,6 +221,7 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
         text_stage=chosen["text_stage"],
         latent_norm=latent_norm_for(config.encoding.format, family.name, family.latent_norm),
         layout=layout_for(config),
+        **caption_settings(config),
         **memory_settings(config, chosen["temporal"]),
         **shard_settings(config),
     )
@@ -199,6 +232,15 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
     check_consumer(spec, family.kinds(spec))
     latent_shape = family.latent_shape(model_dir, frames, height, width)
     return family.name, spec, latent_shape, family.text_shape(model_dir, TextSettings.of(spec))
+
+
+def caption_settings(config: BuildConfig) -> dict[str, Any]:
+    """The spec's mode, caption handling and metadata columns, as given (their defaults keep old fingerprints)."""
+    names = (
+        "mode", "lora_trigger", "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column",
+        "caption_column", "audio_file_length",
+    )  # fmt: skip
+    return {name: getattr(config.encoding, name) for name in names}
 
 
 def shard_settings(config: BuildConfig) -> dict[str, Any]:
@@ -269,7 +311,7 @@ def make_plan(config: BuildConfig) -> BuildPlan:
     """The whole plan for a build; its config has the recipe's settings filled in (`apply_recipe`)."""
     config = apply_recipe(config)
     family, spec, latent_shape, text_shape = make_spec(config)
-    shards = plan_shards(config, open_source(config.source))
+    shards = plan_shards(config, open_source(config.source, config.encoding))
     for note in layout_notes(spec, shards):
         logger.info(note)
     return BuildPlan(
@@ -324,7 +366,11 @@ def spec_settings(spec: CacheSpec) -> dict[str, Any]:
     }
     if spec.text_storage != "padded":
         settings["text_storage"] = spec.text_storage
-    for name in ("video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips"):
+    for name in (
+        "video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips", "mode", "lora_trigger",
+        "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column", "caption_column",
+        "audio_file_length",
+    ):  # fmt: skip
         if getattr(spec, name) != ADDED_LATER[name]:
             settings[name] = getattr(spec, name)
     if spec.buckets:

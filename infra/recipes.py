@@ -44,10 +44,13 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             "ltx2-trainer",
             "What the LTX-2 trainer's process_dataset.py writes: the first F frames, bicubic cover + centre crop, "
-            "Gemma pre-connector text padded to 1024, the .precomputed/ layout (give --buckets or F/H/W)",
+            "Gemma pre-connector text padded to 1024, audio latents of every clip with an audio track (--skip-audio: "
+            "none), the .precomputed/ layout (give --buckets or F/H/W)",
             {
                 "family": "ltx2",
                 "format": "ltx",
+                "audio": True,
+                "audio_file_length": "trainer",
                 "temporal": "head",
                 "resize": "cover-crop",
                 "text_stage": "pre_connector",

@@ -127,7 +127,7 @@ def test_a_capped_build_gets_an_estimate_of_the_full_size(
     done_bytes = sum(r.bytes or 0 for r in rows if r.status == "done")
     assert f"({round(done_bytes / len(rows) * 7):,} bytes)" in card
 
-    def unreadable(spec: str) -> None:
+    def unreadable(spec: str, settings: object = None) -> None:
         raise SourceError(f"{spec}: gone")
 
     monkeypatch.setattr(infra.sources, "open_source", unreadable)

@@ -31,6 +31,8 @@ def test_fingerprint_is_sha256_of_canonical_json():
     added = {"identity_scheme": "content", "audio": True, "buckets": [(96, 64, 9)], "start": 2}
     added |= {"shard_samples": 10, "shard_bytes": 1 << 20, "parquet_dtype": "fp32"}
     added |= {"video_batch": 2, "vae_tiling": True, "text_quantize": "int8-dynamic", "layout": "cc12m"}
+    added |= {"mode": "i2v", "lora_trigger": "sks", "remove_llm_prefixes": True, "empty_captions": "encode"}
+    added |= {"duplicate_rows": "last", "video_column": "v", "caption_column": "c", "audio_file_length": "trainer"}
     spec = CacheSpec(**{**BASE, **added, "window_step": 5, "short_clips": "skip", "text_storage": "trimmed"})
     as_0_1_named = {FINGERPRINT_NAMES.get(k, k): v for k, v in spec.model_dump(mode="json").items()}
     canonical = json.dumps(as_0_1_named, sort_keys=True, separators=(",", ":"))
@@ -83,6 +85,14 @@ def test_fields_added_since_0_1_at_their_absent_values_leave_the_fingerprint_as_
         ("video_batch", 4),
         ("vae_tiling", True),
         ("text_quantize", "int8-dynamic"),
+        ("mode", "i2v"),
+        ("lora_trigger", "sks"),
+        ("remove_llm_prefixes", True),
+        ("empty_captions", "encode"),
+        ("duplicate_rows", "last"),
+        ("video_column", "clip"),
+        ("caption_column", "text"),
+        ("audio_file_length", "trainer"),
     ):
         assert CacheSpec(**{**BASE, field: value}).fingerprint() != spec.fingerprint(), field
 

@@ -6,7 +6,8 @@ trainer's quiet failure (its audio decode catches the exception, logs at debug l
 audio-free). The message names the likely cause (the audio decode path) and the first decode error recorded.
 Clips without an audio track (or whose audio could not be decoded) are listed by name; they are also short in
 reconciliation (the trainer's loader drops a sample that lacks a file in any source), where the loss gate
-decides them. A spec without audio gets "not an audio run".
+decides them. The gate holds for every mode with audio (`infra.config.mode_kinds`: t2v and i2v with ``--audio``,
+the ltx2-trainer recipe's default; a2v and v2a always). A spec without audio gets "not an audio run".
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from infra import reports
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
-from infra.config import CacheSpec
+from infra.config import CacheSpec, mode_kinds
 from infra.formats import AUDIO_KIND, get_format
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,8 @@ class AudioReport:
             cause = f"; first decode error: {self.first_error}" if self.first_error else ""
             return (
                 f"audio gate: FAILED: not one of {self.done} done samples has an audio latent — the audio decode path "
-                f"(PyAV on the clips' audio streams) produced nothing{cause}"
+                f"(PyAV on the clips' audio streams) produced nothing{cause}. A set of silent clips trains without "
+                "audio: rebuild with --skip-audio"
             )
         verdict = "OK" if self.ok else f"FAILED ({len(self.unreadable)} audio latent(s) unreadable or empty)"
         return (
@@ -90,8 +92,9 @@ def audio_check(out: Path) -> AudioReport:
     """Load every done sample's audio latent; list the samples without one with the reason."""
     out = Path(out)
     spec = CacheSpec.model_validate(read_cache_json(out)["spec"])
-    report = AudioReport(str(out), spec.audio)
-    if not spec.audio:
+    audio_run = AUDIO_KIND in mode_kinds(spec.mode, spec.audio)  # every mode with audio (a2v: whatever --audio says)
+    report = AudioReport(str(out), audio_run)
+    if not audio_run:
         return report
     fmt = get_format(spec.format)
     key = fmt.keys[AUDIO_KIND]

@@ -361,7 +361,7 @@ def _verify_shard(run: _Run, source: Source, shard: Shard, rows: list[LedgerRow]
 def _verify_all(run: _Run, source_spec: str, chosen: list[LedgerRow]) -> None:
     """Open the source once, then each chosen shard once; a source that cannot be listed is a problem per row."""
     try:
-        source = open_source(source_spec)
+        source = open_source(source_spec, run.spec)
         shards = {shard.id: shard for shard in source.shards()}
     except Exception as exc:  # noqa: BLE001 - a moved or unreadable source: every chosen row is a problem
         for row in chosen:

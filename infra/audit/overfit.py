@@ -31,7 +31,7 @@ from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.media.mp4 import mp4_bytes
-from infra.media.prompts import decode_prompt
+from infra.media.prompts import CaptionRules, caption_prompt
 from infra.preprocess.prepare import prepare_video
 from infra.sources import SampleRef, open_source
 from infra.storage import staged_dir
@@ -78,7 +78,7 @@ def export_overfit(
     spec_source = source or meta.get("provenance", {}).get("source")
     if not spec_source:
         raise ConfigError(f"{out}/cache.json does not say which source it was built from: give --source")
-    refs = _source_refs(spec_source, rows)
+    refs = _source_refs(spec_source, rows, spec)
     result = OverfitResult(str(to), samples=[f"{r.group}/{r.id}" for r in rows])
     with staged_dir(to, "the overfit export") as staging:
         new_rows, prompts = [], []
@@ -87,7 +87,7 @@ def export_overfit(
             media = ref.read_media()
             if media is None:
                 raise ConfigError(f"{row.group}/{row.id}: its source sample has no video now")
-            prompts.append({"caption": decode_prompt(ref.read_prompt())})
+            prompts.append({"caption": caption_prompt(ref.read_prompt(), CaptionRules.of(spec))})
             prepared = prepare_video(media, spec, window_of(row)[1])
             rel = f"reference/{sample_stem(row, get_format(spec.format))}.mp4"
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -130,10 +130,10 @@ def _choose(out: Path, ids: list[str] | None, n: int | None) -> list[LedgerRow]:
     return chosen
 
 
-def _source_refs(source: str, rows: list[LedgerRow]) -> dict[tuple[str, str], SampleRef]:
+def _source_refs(source: str, rows: list[LedgerRow], spec: CacheSpec) -> dict[tuple[str, str], SampleRef]:
     """The source refs of the rows' clips, by (shard, key), each shard walked once (bytes read lazily)."""
     wanted = {(r.shard, window_of(r)[0]) for r in rows}
-    src = open_source(source)
+    src = open_source(source, spec)
     found: dict[tuple[str, str], SampleRef] = {}
     for shard in src.shards():
         keys = {k for s, k in wanted if s == shard.id}

@@ -197,7 +197,7 @@ def reconcile(plan: BuildPlan) -> ReconcileReport:
     fmt = get_format(spec.format)
     if isinstance(fmt, ShardFormat):
         tally.members = functools.cache(lambda rel: frozenset(part_record(plan.out, rel, fmt).members))
-    source = open_source(plan.config.source)
+    source = open_source(plan.config.source, plan.spec)
     for shard in plan.shards:
         listed, every_key, whole = _list_shard(source, shard, report)
         rows, note = _read_rows(plan.out, shard.id, report)

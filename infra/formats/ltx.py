@@ -27,6 +27,15 @@ from infra.formats.base import AUDIO_KIND, EncodedSample, Format, PerSampleWrite
 PRECOMPUTED = ".precomputed"
 #: Output kind → the trainer's directory for it.
 DIRS: dict[str, str] = {"latents": "latents", "text_embeddings": "conditions", AUDIO_KIND: "audio_latents"}
+#: Every subfolder the trainer's modes name (`infra.config.MODE_ROLES`), by output kind: what a mode requires, in
+#: the trainer's words. Those past `DIRS` belong to modes latentforge refuses at plan time.
+SUBFOLDERS: dict[str, str] = {
+    **DIRS,
+    "reference_latents": "reference_latents",
+    "reference_audio_latents": "reference_audio_latents",
+    "video_masks": "video_masks",
+    "audio_masks": "audio_masks",
+}
 
 
 def _save(record: dict[str, Any]) -> bytes:

@@ -254,15 +254,17 @@ def log_mel(wave: Waveform, *, n_fft: int = 1024, hop_length: int = 160, mel_bin
     return torch.log(torch.clamp(mel, min=_LOG_FLOOR)).contiguous()
 
 
-def trainer_audio(data: bytes, seconds: float) -> tuple[torch.Tensor, float] | None:
+def trainer_audio(data: bytes, seconds: float, pad: bool = True) -> tuple[torch.Tensor, float] | None:
     """The trainer's audio of one clip: (log-mel [2, T, 64] at 16 kHz, duration in seconds as it stores it).
 
-    ``seconds`` is the processed video's num_frames / fps. The duration is samples / source rate after the
-    trim or pad, before resampling. None when the file has no audio stream.
+    ``seconds`` is the processed video's num_frames / fps (a clip's own track, zero-padded when short), or for a
+    separate audio file under the trainer's rule the longest bucket's F / 25 (trimmed, never padded: `pad`
+    False). The duration is samples / source rate after the trim or pad, before resampling. None when the file
+    has no audio stream.
     """
     wave = decode_audio(data, max_seconds=seconds)
     if wave is None:
         return None
-    wave = downmix_stereo(fit_duration(wave, seconds))
+    wave = downmix_stereo(fit_duration(wave, seconds) if pad else wave)  # decode_audio trimmed it already
     duration = wave.samples.shape[-1] / wave.rate
     return log_mel(resample(wave, AUDIO_RATE)), duration

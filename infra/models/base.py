@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from infra.config import CacheSpec
+from infra.config import CacheSpec, mode_kinds
 from infra.errors import ConfigError
 
 
@@ -132,9 +132,10 @@ class LoadedFamily(ABC):
         a family that can batch (one encoder call for all) overrides it."""
         return [self.encode_text(prompt, settings) for prompt in prompts]
 
-    def encode_audio(self, media: bytes, seconds: float) -> AudioEmbedding | None:
-        """A clip's audio track, `seconds` long (trimmed or zero-padded), → its latents; None when the file has no
-        audio track; InputError("audio_decode_error") when it cannot be decoded. Families without audio: error."""
+    def encode_audio(self, media: bytes, seconds: float, pad: bool = True) -> AudioEmbedding | None:
+        """A clip's audio track, `seconds` long (trimmed, and zero-padded when short unless not `pad`), → its
+        latents; None when the file has no audio track; InputError("audio_decode_error") when it cannot be decoded.
+        Families without audio: error."""
         raise ConfigError(f"family {self.name} has no audio encoder")
 
     def decode_audio(self, latents: torch.Tensor) -> torch.Tensor:
@@ -184,8 +185,12 @@ class FamilySpec(ABC):
     text_trimmable: ClassVar[bool] = True
 
     def kinds(self, spec: Any) -> tuple[str, ...]:
-        """The output kinds of a cache of this family made with `spec` (a CacheSpec: audio adds a kind)."""
-        return (*self.output_kinds, "audio_latents") if getattr(spec, "audio", False) else self.output_kinds
+        """The output kinds of a cache of this family made with `spec` (a CacheSpec: audio adds a kind; an LTX-2
+        mode other than t2v has its own set, `infra.config.mode_kinds`)."""
+        mode, audio = getattr(spec, "mode", "t2v"), getattr(spec, "audio", False)
+        if mode != "t2v":
+            return mode_kinds(mode, audio)
+        return (*self.output_kinds, "audio_latents") if audio else self.output_kinds
 
     def components_for(self, audio: bool) -> tuple[str, ...]:
         """The components a cache depends on (their identity is in the fingerprint): audio adds the audio VAE."""

@@ -222,8 +222,8 @@ class Ltx2Encoder(LoadedFamily):
         return self._audio_vae
 
     @torch.inference_mode()
-    def encode_audio(self, media: bytes, seconds: float) -> AudioEmbedding | None:
-        prepared = trainer_audio(media, seconds)
+    def encode_audio(self, media: bytes, seconds: float, pad: bool = True) -> AudioEmbedding | None:
+        prepared = trainer_audio(media, seconds, pad)
         if prepared is None:
             return None
         mel, duration = prepared

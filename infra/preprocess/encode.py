@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.config import BuildConfig
+from infra.config import BuildConfig, CacheSpec
 from infra.devices import resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, EncodedSample, textpad
 from infra.formats.base import STORE_DTYPES
 from infra.formats.consumers import latent_encoder
+from infra.media.prompts import CaptionRules
 from infra.models import LoadedFamily, load_family, memory
 from infra.models.base import TextEmbedding, TextSettings
 from infra.models.memory import LoadOptions
@@ -27,6 +28,9 @@ from infra.preprocess.read import read
 from infra.preprocess.state import RunState, ShardState
 from infra.preprocess.texts import TextCache
 from infra.sources import SampleRef
+
+#: The frame rate the LTX-2 trainer divides its longest bucket's frames by for a separate audio file's length.
+TRAINER_AUDIO_FPS = 25.0
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,7 @@ def shard_state(plan: BuildPlan, run: RunState) -> ShardState:
 def encode_sample(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, state: ShardState | None = None) -> Encoded:
     """Read, prepare and encode one sample alone (the one-sample sanity, the dry run). Raises InputError for bad
     input."""
-    prepared = prepare(read(ref), plan)
+    prepared = prepare(read(ref, CaptionRules.of(plan.spec)), plan)
     fault_point("decode")
     return encode(prepared, plan, encoder, state or shard_state(plan, RunState("one-sample")))
 
@@ -85,7 +89,7 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
     info: dict[str, Any] = {"fps": video.clip.fps, "geometry": tuple(int(n) for n in video.pixels.shape[2:])}
     info["sampling"] = prepared.sampling
     if spec.audio:
-        audio, facts = _audio(encoder, ref, prepared.media, video.pixels.shape[2] / video.clip.fps)
+        audio, facts = _audio(encoder, ref, prepared.media, video.pixels.shape[2] / video.clip.fps, spec)
         extras.update(audio)
         info.update(facts)
     embeds = None
@@ -124,14 +128,20 @@ def encode_text(encoder: LoadedFamily, prompt: str, plan: BuildPlan, state: Shar
 
 
 def _audio(
-    encoder: LoadedFamily, ref: SampleRef, media: bytes, seconds: float
+    encoder: LoadedFamily, ref: SampleRef, media: bytes, seconds: float, spec: CacheSpec
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """({audio_latents: tensor}, {audio_duration}) of the clip, or ({}, {missing_outputs: why it has none})."""
+    """({audio_latents: tensor}, {audio_duration}) of the clip, or ({}, {missing_outputs: why it has none}). The
+    clip's own track is `seconds` long (its F / fps, zero-padded when short); a separate audio file too, or under
+    ``--audio-file-length trainer`` the trainer's length: the longest bucket's F / 25 seconds, never padded."""
     data = ref.read_audio() if ref.read_audio is not None else media
     if data is None:
         return {}, {"missing_outputs": {AUDIO_KIND: "missing_audio: the sample's audio file is not there"}}
+    pad = True
+    if ref.read_audio is not None and spec.audio_file_length == "trainer":  # an audio column, the trainer's rule
+        longest = max(bucket[2] for bucket in spec.buckets) if spec.buckets else spec.frames
+        seconds, pad = longest / TRAINER_AUDIO_FPS, False
     try:
-        audio = encoder.encode_audio(data, seconds)
+        audio = encoder.encode_audio(data, seconds, pad)
     except InputError as exc:
         return {}, {"missing_outputs": {AUDIO_KIND: f"{exc.reason}: {exc.detail}"}}
     if audio is None:

@@ -10,7 +10,7 @@ import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 
-from infra.media.prompts import decode_prompt
+from infra.media.prompts import CaptionRules, caption_prompt
 from infra.models import LoadedFamily, memory
 from infra.models.base import TextSettings
 from infra.plan import BuildPlan
@@ -20,13 +20,13 @@ from infra.sources import SampleRef, ShardReadError
 logger = logging.getLogger(__name__)
 
 
-def shard_prompts(refs: Iterable[SampleRef]) -> list[str]:
-    """The distinct prompts of `refs`, in order; a prompt that cannot be read is left to the sample's turn (its
-    row gets the error it gets without this phase)."""
+def shard_prompts(refs: Iterable[SampleRef], captions: CaptionRules | None = None) -> list[str]:
+    """The distinct prompts of `refs` (their captions through `captions`), in order; a prompt that cannot be read
+    is left to the sample's turn (its row gets the error it gets without this phase)."""
     prompts: dict[str, None] = {}
     for ref in refs:
         try:
-            prompts.setdefault(decode_prompt(ref.read_prompt()), None)
+            prompts.setdefault(caption_prompt(ref.read_prompt(), captions or CaptionRules()), None)
         except Exception as exc:  # noqa: BLE001 - reported at the sample's own turn
             logger.debug("prompt of %s not read ahead: %s", ref.key, exc)
     return list(prompts)
@@ -39,7 +39,7 @@ def text_first(
     the number of prompts the cache could not keep (each brings the encoder back at its turn)."""
     if "text_embeddings" not in plan.kinds:
         return 0
-    prompts = shard_prompts(refs)
+    prompts = shard_prompts(refs, CaptionRules.of(plan.spec))
     if not prompts:
         return 0
     encoder, cfg, settings = get_encoder(), plan.config, TextSettings.of(plan.spec)

@@ -19,7 +19,7 @@ import torch
 from infra.config import CacheSpec
 from infra.errors import InputError
 from infra.media.buckets import Bucket, choose_bucket
-from infra.media.image import prepare_image
+from infra.media.image import is_image, load_rgb, prepare_image
 from infra.media.temporal import TemporalPolicy, choose_windows, effective_fps
 from infra.media.video import (
     DEFAULT_LIMITS,
@@ -80,7 +80,8 @@ def prepare_video(
     ``windows:K`` the window starting at source frame `window`), the bucket by the LTX-2 trainer's rule, resized
     by its resize policy. InputError for bad input, a clip over `limits` (refused before decoding) or a clip too
     short for a policy that skips short clips. A spec of an image family takes a still image instead
-    (`infra.media.image`: one frame; a video is refused, ``not_an_image``)."""
+    (`infra.media.image`: one frame; a video is refused, ``not_an_image``); under ``head`` (the LTX-2 trainer's)
+    a png/jpg among clips is a one-frame clip at fps 1.0, as the trainer takes it."""
     if get_family(spec.family).media == "image":
         pixels, still = prepare_image(media, spec.height, spec.width, limits)
         return PreparedVideo(pixels, still, None)
@@ -89,7 +90,10 @@ def prepare_video(
     frames, height, width, bucket = spec.frames, spec.height, spec.width, None
     resize = resize_policy_of(spec.resize)
     if policy.kind == "head":
-        clip = head_frames(media, max(b.frames for b in buckets) if buckets else spec.frames, limits=limits)
+        if is_image(media):  # a still in a video set: one frame at fps 1.0, as the LTX-2 trainer takes png/jpg
+            clip = _still(media, limits)
+        else:
+            clip = head_frames(media, max(b.frames for b in buckets) if buckets else spec.frames, limits=limits)
         if buckets:
             bucket = choose_bucket(buckets, len(clip.frames), clip.source_height, clip.source_width)
             frames, height, width = bucket.frames, bucket.height, bucket.width
@@ -105,6 +109,14 @@ def prepare_video(
         choose = functools.partial(_indices, policy, frames, window)
         clip = pick_frames(media, choose, limits=limits, target=PixelTarget(height, width, resize))
     return PreparedVideo(clip.pixels[:, :, :frames], dataclasses.replace(clip, pixels=None), bucket)  # held once
+
+
+def _still(media: bytes, limits: MediaLimits) -> SampledClip:
+    """An image as a one-frame clip at fps 1.0 (upright, RGB over white: `infra.media.image.load_rgb`), to be
+    bucketed and resized as a clip's frames are: a bucket of one frame, or ``--frames 1``."""
+    upright = load_rgb(media, limits)
+    frame = np.array(upright, dtype=np.uint8)[None]  # a writable copy: torch takes it without a warning
+    return SampledClip(frame, 1, upright.height, upright.width, (0,), fps=1.0)
 
 
 def _indices(policy: TemporalPolicy, frames: int, window: int | None, total: int, fps: float) -> tuple[int, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infra.errors import InputError
-from infra.media.prompts import decode_prompt
+from infra.media.prompts import CaptionRules, caption_prompt
 from infra.sources import SampleRef
 
 
@@ -23,16 +23,19 @@ class RawSample:
     media: bytes
 
 
-def read(ref: SampleRef) -> RawSample:
-    """The sample's prompt and video bytes; InputError for what cannot be encoded (a layout error, a duplicate id,
-    no video)."""
+def read(ref: SampleRef, captions: CaptionRules | None = None) -> RawSample:
+    """The sample's prompt (its caption through `captions`, the spec's caption handling: `CaptionRules.of`) and
+    video bytes; InputError for what cannot be encoded (a layout error, a duplicate id, a row superseded by a later
+    one, no video)."""
     if "layout_error" in ref.extra:
         raise InputError("bad_layout", ref.extra["layout_error"])
     if "duplicate_of" in ref.extra:
         raise InputError(
             "duplicate_id", f"{ref.group}/{ref.id} is also {ref.extra['duplicate_of']}, met first: that one is encoded"
         )
-    prompt = decode_prompt(ref.read_prompt())
+    if "superseded_by" in ref.extra:
+        raise InputError("superseded", ref.extra["superseded_by"])
+    prompt = caption_prompt(ref.read_prompt(), captions or CaptionRules())
     media = ref.read_media()
     if media is None:
         raise InputError("missing_video", "the sample has no video file")

@@ -245,7 +245,7 @@ def first_usable(
     """`attempt` on the plan's samples in plan order (within each shard's quota) until one does not raise
     InputError: (that sample, what `attempt` returned), or None. Skipped samples and unreadable shards are
     added to `skipped` as (key, reason). Any other error of `attempt` propagates."""
-    source = open_source(plan.config.source)
+    source = open_source(plan.config.source, plan.spec)
     for shard in plan.shards:
         try:
             with contextlib.closing(source.samples(shard.shard)) as samples:

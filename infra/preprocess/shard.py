@@ -25,6 +25,7 @@ from infra.errors import DiskFull, InputError, LatentforgeError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import Writer, get_format
 from infra.gates.disk import disk_full_message
+from infra.media.prompts import CaptionRules
 from infra.media.temporal import TemporalPolicy
 from infra.models import LoadedFamily
 from infra.ops import preempt
@@ -98,9 +99,9 @@ def process_shard(
     get_encoder = functools.cache(functools.partial(load_encoder, plan))  # loaded on first use only, then held
     state = shard_state(plan, run or RunState(shard.id))
     wanted = functools.partial(_wanted, plan=plan, previous=previous, keys=keys)
-    samples = open_source(plan.config.source).samples(shard.shard)
+    samples = open_source(plan.config.source, plan.spec).samples(shard.shard)
     if plan.config.run.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
-        own_pass = open_source(plan.config.source).samples(shard.shard)
+        own_pass = open_source(plan.config.source, plan.spec).samples(shard.shard)
         phases.text_first_of(plan, own_pass, (first, stop), wanted, get_encoder, state.texts)
     state.ahead = _prefetcher(plan, itertools.islice(samples, first, stop), wanted)
     with (
@@ -221,7 +222,7 @@ def _prepared(ref: SampleRef, plan: BuildPlan, ahead: Prefetcher | None) -> Prep
     taken = ahead.take(ref) if ahead is not None else None
     if isinstance(taken, PreparedSample):
         return taken
-    return prepare(taken if taken is not None else read(ref), plan)
+    return prepare(taken if taken is not None else read(ref, CaptionRules.of(plan.spec)), plan)
 
 
 def _prefetcher(plan: BuildPlan, refs: Iterator[SampleRef], wanted: Callable[[SampleRef], bool]) -> Prefetcher | None:
@@ -233,7 +234,7 @@ def _prefetcher(plan: BuildPlan, refs: Iterator[SampleRef], wanted: Callable[[Sa
         return None
     return Prefetcher(
         refs,
-        read=read,
+        read=functools.partial(read, captions=CaptionRules.of(plan.spec)),
         decode=functools.partial(prepare, plan=plan),
         wanted=wanted,
         depth=max(cfg.run.prefetch, cfg.encoding.video_batch - 1),  # a batch is made of samples already prepared

@@ -268,7 +268,7 @@ def _source_samples(config: dict[str, Any]) -> tuple[int | None, str]:
 
     try:
         uncapped = BuildConfig.model_validate({**config, "limit": None, "max_samples_per_shard": None, "only": None})
-        return sum(s.samples for s in plan_shards(uncapped, open_source(uncapped.source))), ""
+        return sum(s.samples for s in plan_shards(uncapped, open_source(uncapped.source, uncapped.encoding))), ""
     except (SourceError, ConfigError, ValidationError, OSError) as exc:
         logger.info("no full-size estimate: %s", exc)
         return None, f"the source is not readable here ({type(exc).__name__})"

@@ -73,6 +73,9 @@ class Source(ABC):
     """What every source kind implements: built from the PATH of ``KIND:PATH``."""
 
     kind: ClassVar[str]
+    #: The encoding settings (`infra.config.EncodingConfig` / `CacheSpec` names) the source takes as keyword
+    #: arguments (a metadata file's column names, ...); `open_source` passes those given.
+    settings: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def __init__(self, path: str) -> None: ...
@@ -113,7 +116,10 @@ def register_source(kind: str) -> Callable[[type[Source]], type[Source]]:
     return wrap
 
 
-def open_source(spec: str) -> Source:
-    """Build a Source from ``KIND:PATH``."""
+def open_source(spec: str, settings: object = None) -> Source:
+    """Build a Source from ``KIND:PATH``; `settings` (an `EncodingConfig` or a `CacheSpec`: the same names) gives
+    the source kind the settings it takes (`Source.settings`) that are not None."""
     kind, _, path = spec.partition(":")
-    return SOURCES.get(kind)(path)
+    cls = SOURCES.get(kind)
+    given = {name: getattr(settings, name, None) for name in cls.settings}
+    return cls(path, **{name: value for name, value in given.items() if value is not None})

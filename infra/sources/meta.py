@@ -1,10 +1,16 @@
 """Metadata-file sources, ``meta:PATH``: a ``.csv``, a ``.json`` (a list of objects) or a ``.jsonl`` file listing
 media files and their captions, as the LTX-2 trainer and FastVideo read them.
 
-Columns: ``video`` (the trainer's; legacy alias ``media_path``; FastVideo's ``videos2caption.json``: ``path``),
-``caption`` (FastVideo: ``cap``, a string or a list: its first entry is taken), optional ``audio`` (a separate
-audio file). Media paths are relative to the metadata file's directory; an absolute path is mirrored without its
-root, as the trainer names its outputs. Sample id = the media path relative to that directory; its outputs are
+Columns, named as the LTX-2 trainer detects them: ``video`` (legacy alias ``media_path``; FastVideo's
+``videos2caption.json``: ``path``), ``caption`` (FastVideo: ``cap``, a string or a list: its first entry is taken),
+optional ``audio`` (a separate audio file); ``--video-column`` / ``--caption-column`` name others (a name the file
+does not have is an error here, where the trainer ignores it). A caption given as ``""`` is the empty caption
+(``--empty-captions`` decides it); a row without one is ``missing_prompt``. A media file listed twice: the first
+row is the sample (the later ones are ``bad_layout`` rows), or with ``--duplicate-rows last`` the last row, as the
+trainer keeps its caption (the earlier ones are ``superseded`` rows).
+
+Media paths are relative to the metadata file's directory; an absolute path is mirrored without its root, as the
+trainer names its outputs. Sample id = the media path relative to that directory; its outputs are
 named by that path without its extension. A listed file that is missing or unreadable is a ledger row
 (``missing_video``, ...), never an abort of the run.
 
@@ -51,11 +57,18 @@ def _first(entry: dict[str, Any], names: tuple[str, ...]) -> Any:
     return next((entry[name] for name in names if name in entry and entry[name] not in (None, "")), None)
 
 
-def _row(index: int, entry: Any) -> Row:
+def _caption(entry: dict[str, Any], names: tuple[str, ...]) -> Any:
+    """The first caption column with a value; ``""`` when the only ones there are empty (an empty caption, not a
+    missing one)."""
+    found = _first(entry, names)
+    return found if found is not None or not any(entry.get(name) == "" for name in names) else ""
+
+
+def _row(index: int, entry: Any, columns: tuple[tuple[str, ...], tuple[str, ...]]) -> Row:
     if not isinstance(entry, dict):
         raise SourceError(f"row {index + 1}: expected an object with a video and a caption, got {type(entry).__name__}")
-    media = _first(entry, VIDEO_COLUMNS)
-    caption = _first(entry, CAPTION_COLUMNS)
+    media = _first(entry, columns[0])
+    caption = _caption(entry, columns[1])
     if isinstance(caption, list):  # FastVideo: several captions; the first is the sample's
         caption = caption[0] if caption else None
     audio = entry.get("audio") or None
@@ -63,17 +76,19 @@ def _row(index: int, entry: Any) -> Row:
 
 
 @functools.lru_cache(maxsize=4)
-def _parse(path: str, size: int, mtime_ns: int) -> tuple[Row, ...]:
-    """Every row of the metadata file (cached per process by path, size and mtime)."""
+def _parse(
+    path: str, size: int, mtime_ns: int, video_column: str | None = None, caption_column: str | None = None
+) -> tuple[Row, ...]:
+    """Every row of the metadata file (cached per process by path, size, mtime and the columns asked for)."""
     text = Path(path).read_text(encoding="utf-8")
     suffix = Path(path).suffix.lower()
+    video_names = (video_column,) if video_column else VIDEO_COLUMNS
+    caption_names = (caption_column,) if caption_column else CAPTION_COLUMNS
     if suffix == ".csv":
         reader = csv.DictReader(io.StringIO(text))
         columns = set(reader.fieldnames or [])
-        if not columns & set(VIDEO_COLUMNS):
-            raise SourceError(
-                f"{path}: no video column (one of {', '.join(VIDEO_COLUMNS)}); columns: {sorted(columns)}"
-            )
+        if not columns & set(video_names):
+            raise SourceError(f"{path}: no video column (one of {', '.join(video_names)}); columns: {sorted(columns)}")
         entries: list[Any] = list(reader)
     elif suffix == ".json":
         entries = json.loads(text)
@@ -81,7 +96,10 @@ def _parse(path: str, size: int, mtime_ns: int) -> tuple[Row, ...]:
             raise SourceError(f"{path}: a .json metadata file holds a list of objects")
     else:
         entries = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return tuple(_row(i, entry) for i, entry in enumerate(entries))
+    for given, flag in ((video_column, "--video-column"), (caption_column, "--caption-column")):
+        if given and not any(isinstance(e, dict) and given in e for e in entries):
+            raise SourceError(f"{path}: {flag} {given!r}: no row has that column")
+    return tuple(_row(i, entry, (video_names, caption_names)) for i, entry in enumerate(entries))
 
 
 def sample_id(media: str) -> str | None:
@@ -98,16 +116,26 @@ def sample_id(media: str) -> str | None:
 class MetaSource(Source):
     """A metadata file (csv, json, jsonl; the LTX-2 trainer's or FastVideo's columns) listing media and captions."""
 
-    def __init__(self, path: str) -> None:
+    settings = ("video_column", "caption_column", "duplicate_rows")
+
+    def __init__(
+        self,
+        path: str,
+        video_column: str | None = None,
+        caption_column: str | None = None,
+        duplicate_rows: str = "refuse",
+    ) -> None:
         self.path = Path(path).expanduser()
         if self.path.suffix.lower() not in SUFFIXES:
             raise SourceError(f"meta source {path!r}: expected a {', '.join(SUFFIXES)} file")
         self.root = self.path.parent
+        self.columns = (video_column, caption_column)
+        self.duplicate_rows = duplicate_rows
 
     def rows(self) -> tuple[Row, ...]:
         try:
             st = self.path.stat()
-            return _parse(str(self.path.resolve()), st.st_size, st.st_mtime_ns)
+            return _parse(str(self.path.resolve()), st.st_size, st.st_mtime_ns, *self.columns)
         except FileNotFoundError as exc:
             raise SourceError(f"meta source {self.path}: no such file") from exc
         except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
@@ -125,17 +153,27 @@ class MetaSource(Source):
         number = int(shard.id.rsplit("-", 1)[1])
         rows = self.rows()[number * ROWS_PER_SHARD : (number + 1) * ROWS_PER_SHARD]
         seen: set[str] = set()
+        last = self._last_rows() if self.duplicate_rows == "last" else {}
         for row in rows:
-            yield mark_duplicate(self._ref(row, seen), shard)
+            yield mark_duplicate(self._ref(row, seen, last), shard)
 
-    def _ref(self, row: Row, seen: set[str]) -> SampleRef:
+    def _last_rows(self) -> dict[str, int]:
+        """Each listed media file's last row (over the whole file: the trainer keeps the last caption)."""
+        return {sid: row.index for row in self.rows() if (sid := sample_id(row.media)) is not None}
+
+    def _ref(self, row: Row, seen: set[str], last: dict[str, int]) -> SampleRef:
         sid = sample_id(row.media)
         extra: dict[str, str] = {}
         if sid is None:
             extra["layout_error"] = f"row {row.index + 1}: media path {row.media!r} cannot name an output under OUT"
+        elif last.get(sid, row.index) != row.index:
+            extra["superseded_by"] = (
+                f"row {row.index + 1}: {row.media!r} is listed again in row {last[sid] + 1}, whose caption is the "
+                "sample's (--duplicate-rows last)"
+            )
         elif sid in seen:
             extra["layout_error"] = f"row {row.index + 1}: {row.media!r} is listed twice in this shard"
-        key = sid if sid is not None and sid not in seen else f"row-{row.index + 1:08d}"
+        key = sid if sid is not None and not extra else f"row-{row.index + 1:08d}"
         seen.add(key)
         media = self.root / row.media if sid is not None else None
         audio = self.root / row.audio if row.audio else None
