@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import tempfile
 from fractions import Fraction
@@ -10,8 +11,11 @@ from pathlib import Path
 import av
 
 
+@functools.lru_cache(maxsize=64)
 def cut_clip(video: bytes, frames: int, *, container: str = "mp4", width: int | None = None) -> bytes:
-    """The first `frames` frames of a real clip, re-encoded with libx264 into `container`."""
+    """The first `frames` frames of a real clip, re-encoded with libx264 into `container`. Remembered per arguments:
+    x264's output for the same frames has varied within one test process (7325 or 7425 bytes for one cut), and tests
+    that rewrite a source expect the same cut to be the same bytes."""
     source = av.open(io.BytesIO(video))
     pictures = []
     for frame in source.decode(video=0):
@@ -26,8 +30,12 @@ def cut_clip(video: bytes, frames: int, *, container: str = "mp4", width: int | 
     with av.open(out, mode="w", format=container) as dst:
         stream = dst.add_stream("libx264", rate=Fraction(25, 1))
         stream.width, stream.height, stream.pix_fmt = width_px, height_px, "yuv420p"
-        for picture in pictures:
+        # one encoder thread and explicit timestamps: the same bytes for the same frames on every call (threaded
+        # x264 gave 7512 or 7891 bytes for one cut, so a test comparing two cuts' listings saw a change)
+        stream.codec_context.thread_count = 1
+        for index, picture in enumerate(pictures):
             frame = av.VideoFrame.from_ndarray(picture, format="rgb24")
+            frame.pts = index
             if width is not None:
                 frame = frame.reformat(width=width_px, height=height_px)
             for packet in stream.encode(frame):
