@@ -171,13 +171,16 @@ def cli_child(root: Path, samples: int, report: Path) -> None:
 # ----------------------------------------------------------------------------- the parent
 
 
-def run_step(step: str, root: Path, samples: int, home: Path) -> dict:
-    """One step in a fresh process: what it reports, its wall seconds and peak RSS (MiB)."""
+def run_step(step: str, root: Path, samples: int, home: Path, profile: bool = False) -> dict:
+    """One step in a fresh process: what it reports, its wall seconds and peak RSS (MiB); `profile`: its main
+    thread under cProfile, the stats in ROOT/STEP-SAMPLES.prof."""
     report = root / f"{step}-{samples}.json"
     env = {**os.environ, "PREFECT_HOME": str(home), "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT),
            os.environ.get("PYTHONPATH"))))}  # fmt: skip
     env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     command = [sys.executable, __file__, "--child", step, str(root), str(samples), str(report)]
+    if profile:
+        command[1:1] = ["-m", "cProfile", "-o", str(root / f"{step}-{samples}.prof")]
     start = time.perf_counter()
     with (root / f"{step}-{samples}.log").open("w") as log:
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -250,6 +253,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000], help="sizes built")
     parser.add_argument("--listing", type=int, nargs="*", default=[100000], help="listing-only sizes")
     parser.add_argument("--steps", nargs="+", default=list(BUILT_STEPS))
+    parser.add_argument("--profile", action="store_true", help="each step's main thread under cProfile (--keep)")
     parser.add_argument("--keep", type=Path, help="work here and keep it (default: a temp dir, removed)")
     parser.add_argument("--child", nargs=4, metavar=("STEP", "ROOT", "SAMPLES", "REPORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -271,12 +275,12 @@ def main() -> None:
         for samples in args.sizes:
             write_source(root / f"src-{samples}", samples, clip)
             for step in args.steps:
-                results[step][samples] = run_step(step, root, samples, home)
+                results[step][samples] = run_step(step, root, samples, home, args.profile)
         for samples in args.listing:
             write_source(root / f"src-{samples}", samples, clip)
             synthesise(root, args.sizes[0], samples)
             for step in (s for s in args.steps if s in LISTING_STEPS):
-                results[step][samples] = run_step(step, root, samples, home)
+                results[step][samples] = run_step(step, root, samples, home, args.profile)
     largest = max([*args.sizes, *args.listing])
     total = sum(results[s][largest]["seconds"] for s in LISTING_STEPS if s in results and largest in results[s])
     logger.info("\nscale: tiny clips (%d frames of %d², %d samples a shard), stand-in encoder", FRAMES, SIZE, PER_SHARD)

@@ -14,10 +14,11 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 #: The intra-op threads torch encodes with on CPU, wherever the encode runs (a thread of the local runner, a Ray
-#: worker given one CPU, another host): PyTorch's CPU kernels choose their algorithm by the thread count (a 1×1
-#: convolution goes through oneDNN only on more than one thread), so one clip encoded on 1 thread and on 2 differs
-#: in the last bits. Fixed, not taken from the machine, so every runner computes the same bytes; 2 is what a default
-#: build on a 2-core machine has always used.
+#: worker given one CPU, another host): PyTorch's CPU kernels split their work, and pick their algorithm, by the
+#: thread count (a 1×1 convolution goes through oneDNN only on more than one thread), so one clip's latents differ
+#: in the last bits between 1, 2, 3 and 4 threads (measured: the tiny Wan2.2 VAE at 33×128², fp32). Fixed, not
+#: taken from the machine, so every runner computes the same bytes; 2 is what a default build on a 2-core machine
+#: has always used.
 CPU_THREADS = 2
 
 

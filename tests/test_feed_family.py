@@ -37,7 +37,7 @@ def test_a_build_with_the_stand_in_encoder_logs_each_clips_busy_interval(tmp_pat
     rows = ledger.read_shard(tmp_path / "out", "G-11_part-00000")
     assert {row.status for row in rows.values()} == {"done"}
     intervals = read_intervals(log)
-    assert len(intervals) == len(videos) + 1  # the one-sample sanity's encode, then the shard's
+    assert len(intervals) >= len(videos) + 1  # the one-sample sanity's encode(s), then the shard's
     assert all(end - start >= LATENCY for start, end in intervals)
     busy = busy_fraction(intervals[-len(videos) :])
     assert 0 < busy <= 1
