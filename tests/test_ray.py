@@ -294,4 +294,3 @@ def test_ray_with_default_settings_writes_the_local_runners_x0_bytes(tmp_path, c
         ok, result = run_build(config(src, tiny_model, outs[runner], runner=runner, **geometry))
         assert ok and result["done"] == 2 * len(videos), result
     _assert_same_cache(outs["ray"], outs["local"])
-
