@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import flows  # noqa: F401  (offline defaults before Prefect loads)
 from infra.config import BuildConfig
 from infra.demo.data import DemoSample, write_vbvr_tar
 from infra.demo.testmedia import real_clip, real_t5_tokenizer_dir
 from infra.demo.tiny import make_tiny_wan22
+from infra.devices import CPU_THREADS
 from tests.procs import free_port, prefect_home, seed_migrated_database, stop_group, wait_answers
 
 #: A small geometry that keeps every constraint of the real recipe (F ≡ 1 mod 4, H and W multiples of 16,
@@ -36,6 +38,17 @@ def hash_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("LATENTFORGE_CACHE_DIR", None)
     else:
         os.environ["LATENTFORGE_CACHE_DIR"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
+def encode_threads() -> Iterator[None]:
+    """The tests' own references (the straight-line recipe, encodes made by hand) computed on the intra-op threads
+    every pipeline encode uses (`infra.devices.CPU_THREADS`), so bit-for-bit comparisons hold on a machine of any
+    core count and under any OMP_NUM_THREADS."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(CPU_THREADS)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session", autouse=True)

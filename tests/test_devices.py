@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from infra.devices import neuron_available, resolve_device, resolve_dtype
+from infra.devices import CPU_THREADS, neuron_available, pin_cpu_threads, resolve_device, resolve_dtype
 from infra.errors import ConfigError
 from infra.models import load_family
 from infra.models.base import TextSettings
@@ -50,3 +52,19 @@ def test_models_are_placed_and_cast_and_outputs_come_back_bf16_on_cpu(tiny_model
     assert text.embeds.dtype == torch.bfloat16 and text.embeds.device.type == "cpu"
     decoded = encoder.decode(latents)
     assert decoded.dtype == torch.float32 and decoded.shape == PIXELS[1:]
+
+
+def test_an_encoding_thread_computes_on_the_pinned_thread_count_whatever_it_started_with() -> None:
+    seen, previous = [], torch.get_num_threads()
+
+    def encoding_thread(start: int) -> None:
+        torch.set_num_threads(start)  # 1: as a Ray worker given one CPU starts (OMP_NUM_THREADS=1)
+        pin_cpu_threads("cpu")
+        seen.append(torch.get_num_threads())
+
+    for start in (1, 3):
+        worker = threading.Thread(target=encoding_thread, args=(start,))
+        worker.start()
+        worker.join()
+    torch.set_num_threads(previous)  # the process-wide default new threads start with, as it was
+    assert seen == [CPU_THREADS, CPU_THREADS]

@@ -273,3 +273,24 @@ def test_a_lost_worker_is_told_from_a_failed_task():
     assert runners.worker_lost(ray.exceptions.WorkerCrashedError())
     assert runners.worker_lost(ray.exceptions.NodeDiedError("node gone"))
     assert not runners.worker_lost(RuntimeError("the task itself failed"))
+
+
+#: The issue's case: default settings at 33×128² (fp32), where a 1-thread encode differs from a 2-thread one.
+DEFAULT_FRAMES, DEFAULT_SIZE = 33, 128
+
+
+def test_ray_with_default_settings_writes_the_local_runners_x0_bytes(tmp_path, cluster, clips, tiny_model):
+    """A Ray worker is given one CPU (Ray sets OMP_NUM_THREADS=1 there) and the local run has the machine's
+    threads; both encode on `infra.devices.CPU_THREADS` intra-op threads, so every file is the same, bit for bit."""
+    videos = [cut_clip(clips[name], 40, width=256) for name in ("bikes", "carphone", "bigbuckbunny")]
+    shards = {
+        f"G-11_part-0000{s}": [sample(s, i, v, f"clip {i}".encode()) for i, v in enumerate(videos)] for s in (0, 1)
+    }
+    src = make_shards(tmp_path / "src", shards)
+    geometry = {"frames": DEFAULT_FRAMES, "height": DEFAULT_SIZE, "width": DEFAULT_SIZE}
+    outs = {}
+    for runner in ("local", "ray"):
+        outs[runner] = tmp_path / runner
+        ok, result = run_build(config(src, tiny_model, outs[runner], runner=runner, **geometry))
+        assert ok and result["done"] == 2 * len(videos), result
+    _assert_same_cache(outs["ray"], outs["local"])

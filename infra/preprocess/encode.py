@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.config import BuildConfig, CacheSpec
-from infra.devices import resolve_device, resolve_dtype
+from infra.devices import pin_cpu_threads, resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, EncodedSample, textpad
@@ -45,6 +45,7 @@ class Encoded:
 def load_encoder(plan: BuildPlan) -> LoadedFamily:
     """The plan's family, loaded once per process on the configured device."""
     cfg = plan.config
+    pin_cpu_threads(cfg.run.device)  # also for what the family computes while loading
     try:
         device, dtype = resolve_device(cfg.run.device), resolve_dtype(cfg.encoding.dtype)
         return load_family(Path(cfg.model).expanduser(), plan.family, device, dtype, load_options(cfg))
@@ -80,6 +81,7 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
     records the missing audio with the reason (``extras["missing_outputs"]``), and reconciliation and the audio
     gate count it as a loss."""
     spec, video, ref = plan.spec, prepared.video, prepared.ref
+    pin_cpu_threads(plan.config.run.device)  # the same kernels, so the same bytes, on every runner
     store = STORE_DTYPES[spec.store_dtype]
     consumer_view = latent_encoder(encoder, spec)  # latents as the format's consumer reads them
     latents = videos.latents(consumer_view, prepared, plan, state.ahead, state.vae).to(store)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from infra.cache import ledger
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow
+from infra.devices import pin_cpu_threads
 from infra.errors import DiskFull, InputError, LatentforgeError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import Writer, get_format
@@ -86,6 +87,7 @@ def process_shard(
     merged into the shard's ledger when the shard's chunks have ended). `run` is the run's state (its stop check);
     a shard run alone gets its own."""
     start = time.perf_counter()
+    pin_cpu_threads(plan.config.run.device)  # this thread encodes the shard (its text phase too): same bytes anywhere
     selection = parse_only(plan.config.selection.only)
     keys = selection.get(shard.id) if selection is not None else None
     result = ShardResult(shard=shard.id)
