@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sanity_bench.py
 	$(BIN)/python bench/ray_bench.py
 	$(BIN)/python bench/throughput_bench.py
+	$(BIN)/python bench/feed_bench.py
 
 clean-demo:
 	rm -rf $(DEMO)
