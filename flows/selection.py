@@ -8,15 +8,12 @@ fingerprint (it decides which samples, not their bytes). A step given other valu
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
-from infra.audit.run_report import read_run_report, run_report_paths
+from infra.audit.run_report import newest_run_report
 from infra.cache.cachedir import read_cache_json
 from infra.errors import LatentforgeError
-
-logger = logging.getLogger("latentforge")
 
 #: The config keys that choose which samples a build takes.
 SELECTION = ("limit", "shard_filter", "max_samples_per_shard", "only")
@@ -28,16 +25,12 @@ def recorded_selection(out: Path) -> tuple[dict[str, Any], Path | None]:
         fingerprint = read_cache_json(out).get("fingerprint")
     except (OSError, ValueError, LatentforgeError):
         return {}, None
-    for path in reversed(run_report_paths(out)):
-        try:
-            report = read_run_report(path)
-        except LatentforgeError as exc:
-            logger.warning("%s", exc)
-            continue
-        if fingerprint is None or report.fingerprint == fingerprint:
-            config = {**report.config, **(report.config.get("selection") or {})}  # nested now, flat before
-            return {k: config[k] for k in SELECTION if config.get(k) is not None}, path
-    return {}, None
+    found = newest_run_report(out, lambda report: fingerprint is None or report.fingerprint == fingerprint)
+    if found is None:
+        return {}, None
+    report, path = found
+    config = {**report.config, **(report.config.get("selection") or {})}  # nested since the sections, flat before
+    return {k: config[k] for k in SELECTION if config.get(k) is not None}, path
 
 
 def with_selection(out: Path, given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

@@ -137,9 +137,4 @@ def with_recipe(values: dict[str, Any]) -> dict[str, Any]:
 def apply_recipe(config: BuildConfig) -> BuildConfig:
     """`config` over the settings of the recipe it names, if any: a setting given (in the file, a flag or the form)
     wins, a recipe's fills what was not given. Applying it again changes nothing. ConfigError for an unknown name."""
-    if not config.recipe:
-        return config
-    given = config.given()
-    return BuildConfig.model_validate(
-        {**get_recipe(config.recipe).settings, **{k: v for k, v in given.items() if v is not None}}
-    )
+    return BuildConfig.model_validate(with_recipe(config.given())) if config.recipe else config

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -210,15 +210,21 @@ def latest_run_report(out: Path) -> RunReport | None:
     return read_run_report(paths[-1]) if paths else None
 
 
-def run_report_of(out: Path, flow_run_id: str) -> RunReport | None:
-    """The run report a flow run wrote in OUT, or None (it stopped before its audit). Unreadable or older-version
-    reports are passed over with a warning: they cannot be that run's."""
+def newest_run_report(out: Path, wanted: Callable[[RunReport], bool]) -> tuple[RunReport, Path] | None:
+    """The newest run report under OUT that `wanted` accepts, and its path; None when none does. Unreadable or
+    older-version reports are passed over with a warning (`latest_run_report` is the one that refuses them)."""
     for path in reversed(run_report_paths(out)):
         try:
             report = read_run_report(path)
         except ReportError as exc:
             logger.warning("%s", exc)
             continue
-        if report.flow_run_id == flow_run_id:
-            return report
+        if wanted(report):
+            return report, path
     return None
+
+
+def run_report_of(out: Path, flow_run_id: str) -> RunReport | None:
+    """The run report a flow run wrote in OUT, or None (it stopped before its audit)."""
+    found = newest_run_report(out, lambda report: report.flow_run_id == flow_run_id)
+    return found[0] if found else None
