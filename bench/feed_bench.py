@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.feed_family import busy_fraction, make_model, read_intervals  # noqa: E402
+from bench.throughput_bench import migrated_home  # noqa: E402
 
 FAMILY = "bench.feed_family:FeedFamily"
 CLIP_NAMES = ("bigbuckbunny", "bikes", "carphone", "sample_1080p")
@@ -103,15 +104,6 @@ def decode_rate(src: Path, model: Path, workers: int, frames: int, size: int) ->
             for future in pending:
                 future.result()
         return count / (time.perf_counter() - start)
-
-
-def migrated_home(home: Path) -> Path:
-    """A Prefect home whose database is migrated once, before the timed runs (a one-time set-up)."""
-    home.mkdir(parents=True, exist_ok=True)
-    prefect = str(Path(sys.executable).with_name("prefect"))
-    env = {**os.environ, "PREFECT_HOME": str(home)}
-    subprocess.run([prefect, "server", "database", "upgrade", "-y"], env=env, check=True, capture_output=True)
-    return home
 
 
 def measure(
