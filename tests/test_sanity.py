@@ -167,6 +167,30 @@ def test_the_projection_is_the_sample_times_the_plan_and_its_bytes_match_the_bui
     assert 0.9 <= report.projected_bytes / summary["bytes"] <= 1.1
 
 
+def test_the_builds_sanity_takes_the_first_sample_it_would_encode(tmp_path, tiny_model, source, monkeypatch):
+    """On a resume the build's sanity tries a sample the build will encode (not one OUT already holds); on a
+    finished cache there is none: the report says so, and no model is loaded (nor any media read)."""
+    out = tmp_path / "out"
+    ok, summary = run_build(config(source, tiny_model, out, limit=2))
+    assert ok and summary["encoded"] == 2, summary
+    plan = make_plan(config(source, tiny_model, out))
+    assert run_sanity(plan).sample_id.endswith("_00000000")  # the standalone sanity: the plan's first sample
+    resumed = run_sanity(plan, pending_only=True)
+    assert resumed.ok and resumed.sample_id.endswith("_00000002") and not resumed.nothing_to_encode
+    ok, summary = run_build(config(source, tiny_model, out))
+    assert ok and summary["encoded"] == 4 and summary["sanity"]["sample_id"].endswith("_00000002"), summary
+
+    def no_model(plan):
+        raise AssertionError("a finished cache's sanity loads no model")
+
+    monkeypatch.setattr("infra.preprocess.sanity.load_encoder", no_model)
+    finished = run_sanity(plan, pending_only=True)
+    assert finished.ok and finished.nothing_to_encode and finished.sample_id is None
+    assert "none to encode: all 6 planned samples are done" in finished.text()
+    ok, summary = run_build(config(source, tiny_model, out))
+    assert ok and summary["encoded"] == 0 and summary["sanity"]["nothing_to_encode"], summary
+
+
 def test_check_disk(tmp_path):
     out = tmp_path / "cache"
     (out / "g").mkdir(parents=True)

@@ -42,6 +42,17 @@ def reusable(row: LedgerRow | None, plan: BuildPlan) -> bool:
     return bool(files) and all(fmt.present(plan.out, f) for f in files)
 
 
+def wanted(ref: SampleRef, plan: BuildPlan, previous: dict[str, LedgerRow], keys: frozenset[str] | None) -> bool:
+    """Whether the build encodes `ref`: selected by ``--only`` (`keys` None: all) and not kept from the ledger
+    (`previous`: the shard's rows)."""
+    return (keys is None or selected(ref.key, keys)) and not reusable(previous.get(ref.key), plan)
+
+
+def selected(key: str, keys: frozenset[str]) -> bool:
+    """Whether `--only` names clip `key` or one of its windows."""
+    return key in keys or any(k.rpartition("@")[0] == key for k in keys)
+
+
 def resumed(
     row: LedgerRow, ref: SampleRef, plan: BuildPlan, selector: str, result: ShardResult
 ) -> tuple[LedgerRow, str | None]:

@@ -8,6 +8,7 @@ Check failures come back as ``ok=False`` with problems; a model that cannot load
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import shutil
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 import psutil
 import torch
 
+from infra.cache import ledger
 from infra.cache.ledger import FileRecord
 from infra.devices import resolve_device
 from infra.errors import ConfigError, ConflictError, InputError
@@ -30,8 +32,9 @@ from infra.formats import EncodedSample, WrittenSample, get_format
 from infra.formats.base import kind_dtype
 from infra.formats.shards import SHARDS_DIR
 from infra.models import LoadedFamily, get_family
-from infra.plan import BuildPlan
+from infra.plan import BuildPlan, parse_only
 from infra.preprocess.encode import encode_sample, load_encoder
+from infra.preprocess.resume import wanted
 from infra.reports import human_bytes
 from infra.sources import SampleRef, ShardReadError, open_source
 from infra.storage import Written, atomic_write
@@ -70,6 +73,7 @@ class SanityReport:
     projected_seconds: float = 0.0
     projected_bytes: int = 0
     skipped_before: list[tuple[str, str]] = field(default_factory=list)
+    nothing_to_encode: bool = False  # every planned sample is done: no model loaded, no media read
     ok: bool = False
     problems: list[str] = field(default_factory=list)
 
@@ -81,6 +85,8 @@ class SanityReport:
 
     def _rows(self) -> list[tuple[str, str]]:
         projected = human_bytes(self.projected_bytes)
+        if self.nothing_to_encode:
+            return [("sample", f"none to encode: all {self.total_samples} planned samples are done")]
         return [
             ("sample", f"{self.sample_group}/{self.sample_id}" if self.sample_id else "none usable"),
             ("device", self.device),
@@ -240,16 +246,24 @@ def _timed(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, out: Path, re
 
 
 def first_usable(
-    plan: BuildPlan, attempt: Callable[[SampleRef], T], skipped: list[tuple[str, str]]
+    plan: BuildPlan,
+    attempt: Callable[[SampleRef], T],
+    skipped: list[tuple[str, str]],
+    *,
+    pending_only: bool = False,
 ) -> tuple[SampleRef, T] | None:
     """`attempt` on the plan's samples in plan order (within each shard's quota) until one does not raise
     InputError: (that sample, what `attempt` returned), or None. Skipped samples and unreadable shards are
-    added to `skipped` as (key, reason). Any other error of `attempt` propagates."""
+    added to `skipped` as (key, reason). Any other error of `attempt` propagates. `pending_only`: only the
+    samples the build would encode (`pending`), not those OUT's ledger keeps."""
     source = open_source(plan.config.source, plan.spec)
     for shard in plan.shards:
+        wanted = pending(plan, shard.id) if pending_only else None
         try:
             with contextlib.closing(source.samples(shard.shard)) as samples:
                 for ref in itertools.islice(samples, shard.quota):
+                    if wanted is not None and not wanted(ref):
+                        continue
                     try:
                         return ref, attempt(ref)
                     except InputError as exc:
@@ -259,6 +273,32 @@ def first_usable(
             logger.warning("%s", exc)
             skipped.append((shard.id, f"shard_unreadable: {exc}"))
     return None
+
+
+def pending(plan: BuildPlan, shard_id: str) -> Callable[[SampleRef], bool]:
+    """Whether the build would encode a sample of shard `shard_id`: selected (``--only``) and not kept from OUT's
+    ledger (the shard loop's own rule, `resume.reusable`)."""
+    previous = ledger.read_shard(plan.out, shard_id) if plan.out.is_dir() else {}
+    selection = parse_only(plan.config.selection.only)
+    keys = selection.get(shard_id) if selection is not None else None
+    return functools.partial(wanted, plan=plan, previous=previous, keys=keys)
+
+
+def nothing_pending(plan: BuildPlan) -> bool:
+    """Every sample of the plan is kept from OUT's ledger (a finished cache's resume): a listing and the
+    ledgers, no media read."""
+    if not plan.out.is_dir():
+        return False
+    source = open_source(plan.config.source, plan.spec)
+    for shard in plan.shards:
+        wanted = pending(plan, shard.id)
+        try:
+            with contextlib.closing(source.samples(shard.shard)) as samples:
+                if any(wanted(ref) for ref in itertools.islice(samples, shard.quota)):
+                    return False
+        except ShardReadError:
+            return False  # the sanity reports the unreadable shard
+    return True
 
 
 def dry_run(plan: BuildPlan) -> dict[str, Any]:
@@ -282,20 +322,28 @@ def dry_run(plan: BuildPlan) -> dict[str, Any]:
     }
 
 
-def run_sanity(plan: BuildPlan, repeats: int = 1) -> SanityReport:
+def run_sanity(plan: BuildPlan, repeats: int = 1, *, pending_only: bool = False) -> SanityReport:
     """Encode, write to ``<OUT>.sanity``, read back and check the plan's first usable sample; project the run.
 
     `repeats` > 1 encodes and writes that same sample again and takes the median time (steadier on a busy
-    machine). The model loads before the clock starts. Raises SanityDirError, or ModelLoadError."""
+    machine). The model loads before the clock starts. `pending_only` (the build's gate): the first sample the
+    build would encode; when OUT's ledger keeps every planned sample there is nothing to guard, and the report
+    says so (ok, `nothing_to_encode`) without loading the model or reading media. Raises SanityDirError, or
+    ModelLoadError."""
     scratch = sanity_dir(plan.out)
+    device = resolve_device(plan.config.run.device)
+    report = SanityReport(device=str(device), total_samples=sum(s.samples for s in plan.shards))
+    if pending_only and nothing_pending(plan):
+        report.nothing_to_encode = report.ok = True
+        logger.info("sanity: all %d planned samples are done; nothing to encode", report.total_samples)
+        return report
     prepare_sanity_dir(scratch, create=False)  # refuse before the (slow) model load
     encoder = load_encoder(plan)
     prepare_sanity_dir(scratch)
-    device = resolve_device(plan.config.run.device)
-    report = SanityReport(device=str(device), total_samples=sum(s.samples for s in plan.shards))
     try:
         with peak_memory(device) as peak:
-            found = first_usable(plan, _trying(report, plan, encoder, scratch, max(1, repeats)), report.skipped_before)
+            attempt = _trying(report, plan, encoder, scratch, max(1, repeats))
+            found = first_usable(plan, attempt, report.skipped_before, pending_only=pending_only)
     except Exception as exc:  # a sample that cannot be encoded or written is the sanity's finding, not a crash
         logger.exception("sanity: %s could not be encoded or written", report.sample_key)
         report.problems.append(f"encode_error on {report.sample_key}: {type(exc).__name__}: {exc}")

@@ -100,7 +100,7 @@ def process_shard(
     first, stop = (0, shard.quota) if chunk is None else (chunk.start, chunk.stop)
     get_encoder = functools.cache(functools.partial(load_encoder, plan))  # loaded on first use only, then held
     state = shard_state(plan, run or RunState(shard.id))
-    wanted = functools.partial(_wanted, plan=plan, previous=previous, keys=keys)
+    wanted = functools.partial(resume.wanted, plan=plan, previous=previous, keys=keys)
     samples = open_source(plan.config.source, plan.spec).samples(shard.shard)
     if plan.config.run.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
         own_pass = open_source(plan.config.source, plan.spec).samples(shard.shard)
@@ -135,7 +135,7 @@ def _run(loop: _Loop, clips: Iterator[SampleRef]) -> None:
     after the sample in flight."""
     known_windows = ledger.windows_by_clip(loop.previous)
     for clip in clips:
-        if loop.keys is not None and not _selected(clip.key, loop.keys):
+        if loop.keys is not None and not resume.selected(clip.key, loop.keys):
             continue
         windows = expand(clip, loop.plan, known_windows.get(clip.key, []))
         for ref in windows:
@@ -243,17 +243,6 @@ def _prefetcher(plan: BuildPlan, refs: Iterator[SampleRef], wanted: Callable[[Sa
         lookahead=cfg.run.text_batch - 1,
         workers=cfg.run.decode_workers,
     )
-
-
-def _wanted(ref: SampleRef, plan: BuildPlan, previous: dict[str, LedgerRow], keys: frozenset[str] | None) -> bool:
-    """Whether the shard will encode `ref` (selected, and not kept from the ledger)."""
-    selected = keys is None or _selected(ref.key, keys)
-    return selected and not resume.reusable(previous.get(ref.key), plan)
-
-
-def _selected(key: str, keys: frozenset[str]) -> bool:
-    """Whether `--only` names clip `key` or one of its windows."""
-    return key in keys or any(k.rpartition("@")[0] == key for k in keys)
 
 
 def _seal_from_journal(plan: BuildPlan, shard_id: str) -> None:
