@@ -82,7 +82,7 @@ def test_resume_decodes_nothing_already_done(tmp_path, tiny_model, source, monke
         infra.preprocess.prepare, "sample_frames", lambda data, n, **kw: decoded.append(n) or real(data, n, **kw)
     )
     out = tmp_path / "out"
-    sanity = 1  # every run encodes its first sample beside OUT, as the one-sample sanity check
+    sanity = 1  # a run with work to do first encodes one sample it will encode beside OUT, as the sanity check
 
     ok, first = run_build(config(source, tiny_model, out, limit=3))
     assert ok, first
@@ -98,7 +98,8 @@ def test_resume_decodes_nothing_already_done(tmp_path, tiny_model, source, monke
 
     ok, third = run_build(config(source, tiny_model, out))
     assert ok and (third["reused"], third["encoded"]) == (8, 0)
-    assert len(decoded) == 3 * sanity + 8
+    assert len(decoded) == 2 * sanity + 8  # a finished cache: no sanity sample either, nothing decoded
+    assert third["sanity"]["nothing_to_encode"]
 
 
 def test_same_inputs_same_bytes(tmp_path, tiny_model, source):
