@@ -154,12 +154,12 @@ def cli_child(root: Path, samples: int, report: Path) -> None:
 
     reads = {"shard": 0, "sanity": 0}
 
-    def counted(where: str, read: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def counted(where: str, read: Callable[..., Any]) -> Callable[..., Any]:
         """`read`, counting its calls: a counter around the stage's own function, nothing replaced."""
 
-        def wrapper(ref: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             reads[where] += 1
-            return read(ref)
+            return read(*args, **kwargs)
 
         return wrapper
 

@@ -238,11 +238,11 @@ def _gone_shards(plan: BuildPlan, source: Source) -> list[GoneSample]:
     """Every row of the ledgers of shards the source no longer has at all (not merely filtered out)."""
     try:
         present = {s.id for s in source.shards()}
-        ledgers = ledger.read_all(plan.out)
+        gone = [ledger.read_shard(plan.out, sid) for sid in ledger.shard_ids(plan.out) if sid not in present]
     except (OSError, ValueError) as exc:
         logger.warning("cannot tell which shards are gone from the source: %s", exc)
         return []
-    return [_gone(row) for sid in sorted(ledgers.keys() - present) for _, row in sorted(ledgers[sid].items())]
+    return [_gone(row) for rows in gone for _, row in sorted(rows.items())]
 
 
 def _list_shard(
@@ -282,7 +282,8 @@ class _Tally:
     plan: BuildPlan
     report: ReconcileReport
     size: Callable[[str | None], int | None]  # an OUT-relative file's size, cached (kinds may share a file)
-    owners: dict[str, MissingSample] = field(default_factory=dict)  # output path → the sample that claimed it
+    #: Output path → (key, shard) of the sample that claimed it (two strings a sample: held for the whole cache).
+    owners: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: A shard file's sample keys (shard formats count the samples inside their files).
     members: Callable[[str], frozenset[str]] = field(default=lambda _: frozenset())
 
@@ -307,9 +308,10 @@ class _Tally:
         if row.truncated:
             named = (missing.id, missing.group, missing.shard, missing.key)
             self.report.truncated.append(TruncatedPrompt(*named, row.tokens_total, self.report.max_length))
-        owner = self.owners.setdefault(f"{row.path}#{row.member}" if row.member else str(row.path), missing)
-        if owner is not missing:
-            return DUPLICATE, f"{row.path} is already the output of {owner.key!r} in shard {owner.shard}"
+        claim = (missing.key, missing.shard)
+        owner = self.owners.setdefault(f"{row.path}#{row.member}" if row.member else str(row.path), claim)
+        if owner is not claim:
+            return DUPLICATE, f"{row.path} is already the output of {owner[0]!r} in shard {owner[1]}"
         problems = self.check_outputs(row, counts)
         if problems:
             reasons = set(problems.values())

@@ -162,13 +162,18 @@ def read_shard(out: Path, shard_id: str) -> dict[str, LedgerRow]:
     return rows
 
 
-def read_all(out: Path) -> dict[str, dict[str, LedgerRow]]:
-    """Every shard's rows: {shard_id: {key: row}}."""
+def shard_ids(out: Path) -> list[str]:
+    """The ids of every shard with a ledger or a journal, sorted."""
     directory = ledger_dir(out)
     if not directory.is_dir():
-        return {}
-    shard_ids = {p.name.removesuffix(".journal.jsonl").removesuffix(".jsonl") for p in directory.glob("*.jsonl")}
-    return {sid: read_shard(out, sid) for sid in sorted(shard_ids)}
+        return []
+    return sorted({p.name.removesuffix(".journal.jsonl").removesuffix(".jsonl") for p in directory.glob("*.jsonl")})
+
+
+def read_all(out: Path) -> dict[str, dict[str, LedgerRow]]:
+    """Every shard's rows: {shard_id: {key: row}}. Holds them all: a step over a large cache reads shard by shard
+    (`shard_ids`, `read_shard`) where it can."""
+    return {sid: read_shard(out, sid) for sid in shard_ids(out)}
 
 
 def _trim_torn_tail(path: Path) -> None:

@@ -125,8 +125,7 @@ def verify_out(
     if state.kind not in ("absent", "foreign"):
         existing = _existing_spec(out)
         report.existing_spec = existing.model_dump(mode="json") if existing else None
-        rows = _done_rows(out, report)
-        _check_files(out, rows, report)
+        done = _done_rows(out, report)
         shapes = {"latents": tuple(latent_shape), "text_embeddings": tuple(text_shape), **(extra_shapes or {})}
         if spec.buckets:  # each sample's latents have its own bucket's shape
             del shapes["latents"]
@@ -134,7 +133,8 @@ def verify_out(
             del shapes["text_embeddings"]
         try:
             fmt = get_format((existing or spec).format)
-            _check_samples(out, fmt, _choose(rows, max_samples), _expected(spec, fmt, shapes), report)
+            chosen = _rows_of(out, _choose(done, max_samples))
+            _check_samples(out, fmt, chosen, _expected(spec, fmt, shapes), report)
         except ConfigError as exc:
             report.problems.append(f"cannot read samples: {exc}")
         _settle(report)
@@ -158,17 +158,38 @@ def _existing_spec(out: Path) -> CacheSpec | None:
         return None
 
 
-def _done_rows(out: Path, report: VerifyReport) -> list[ledger.LedgerRow]:
-    """Done rows of every shard (latest row per key); fills done and groups."""
+@dataclass(frozen=True)
+class _Done:
+    """What choosing the samples to load needs of a done row (a cache of 10^6 samples holds 10^6 of these, not
+    10^6 ledger rows: verify reads the ledgers shard by shard)."""
+
+    group: str
+    path: str
+    key: str
+    shard: str
+
+
+def _done_rows(out: Path, report: VerifyReport) -> list[_Done]:
+    """Done rows of every shard (latest row per key), shard by shard: each one's files checked (`_check_files`),
+    done and groups filled; what `_choose` needs kept of each."""
+    done: list[_Done] = []
+    counted: set[str] = set()  # a shard file holds many samples: its bytes count once
     try:
-        shards = ledger.read_all(out)
+        for shard_id in ledger.shard_ids(out):
+            rows = [row for row in ledger.read_shard(out, shard_id).values() if row.status == "done"]
+            _check_files(out, rows, report, counted)
+            done += [_Done(row.group, row.path or "", row.key, shard_id) for row in rows]
     except (OSError, ValueError) as exc:
         report.problems.append(f"{ledger.ledger_dir(out)}: unreadable ledger ({exc})")
-        return []
-    rows = [row for rows in shards.values() for row in rows.values() if row.status == "done"]
-    report.done = len(rows)
-    report.groups = dict(sorted(Counter(row.group for row in rows).items()))
-    return rows
+    report.done = len(done)
+    report.groups = dict(sorted(Counter(d.group for d in done).items()))
+    return done
+
+
+def _rows_of(out: Path, chosen: list[_Done]) -> list[ledger.LedgerRow]:
+    """The ledger rows of the chosen samples, in order (their shards read again: a few)."""
+    shards = {shard_id: ledger.read_shard(out, shard_id) for shard_id in dict.fromkeys(d.shard for d in chosen)}
+    return [shards[d.shard][d.key] for d in chosen]
 
 
 def _inside(out: Path, relpath: str | None) -> Path | None:
@@ -180,9 +201,9 @@ def _inside(out: Path, relpath: str | None) -> Path | None:
         return None
 
 
-def _check_files(out: Path, rows: list[ledger.LedgerRow], report: VerifyReport) -> None:
-    """Every file of every done row exists with the ledger's size; bytes sums what is there."""
-    counted: set[str] = set()  # a shard file holds many samples: its bytes count once
+def _check_files(out: Path, rows: list[ledger.LedgerRow], report: VerifyReport, counted: set[str]) -> None:
+    """Every file of every done row exists with the ledger's size; bytes sums what is there (a shard file's once:
+    `counted` holds those already summed)."""
     for row in rows:
         files = row.output_files()
         if not files:
@@ -206,10 +227,10 @@ def _check_files(out: Path, rows: list[ledger.LedgerRow], report: VerifyReport) 
                     report.problems.append(f"{path}: {size} bytes on disk, {file.bytes} in ledger/{row.shard}")
 
 
-def _choose(rows: list[ledger.LedgerRow], limit: int) -> list[ledger.LedgerRow]:
+def _choose(rows: list[_Done], limit: int) -> list[_Done]:
     """Up to `limit` rows, round-robin over the groups in sorted order (deterministic)."""
-    by_group: dict[str, list[ledger.LedgerRow]] = defaultdict(list)
-    for row in sorted(rows, key=lambda r: (r.group, r.path or "", r.key)):
+    by_group: dict[str, list[_Done]] = defaultdict(list)
+    for row in sorted(rows, key=lambda r: (r.group, r.path, r.key)):
         by_group[row.group].append(row)
     queues = [by_group[group] for group in sorted(by_group)]
     chosen = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
