@@ -127,7 +127,8 @@ def torchvision_crop(image: Image.Image, height: int, width: int) -> Image.Image
 
 def torchvision_pixels(image: Image.Image) -> torch.Tensor:
     """An RGB image → (1, 3, 1, H, W) as ``ToTensor()`` then ``Normalize(0.5, 0.5)``: ``x / 255``, ``(x - 0.5) /
-    0.5`` in float32 (bit for bit theirs; ``x / 127.5 - 1`` rounds differently)."""
+    0.5`` in float32, in torchvision's order (for uint8 input it equals `to_pixels`' ``x / 127.5 - 1`` bit for bit;
+    the order is kept so the two stay one computation by construction, not by that coincidence)."""
     array = torch.from_numpy(np.array(image, dtype=np.uint8, copy=True)).permute(2, 0, 1).contiguous()
     return array.float().div(255).sub_(0.5).div_(0.5)[None, :, None]
 
