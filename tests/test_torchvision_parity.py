@@ -137,11 +137,14 @@ def test_640x480_to_512_is_682_columns_as_torchvision_not_683(tv):
     assert torch.equal(pixels[0, :, 0], _reference(tv, image, 512, 512)[1])
 
 
-def test_the_image_family_and_the_seed_recipe_default_to_torchvision(tmp_path):
+def test_the_image_family_and_the_seed_recipe_default_to_torchvision(tmp_path, tv):
     model = make_tiny_image(tmp_path / "model", vae="kl", text="none", seed=0)
     base = {"source": f"folder:{tmp_path}", "family": None, "frames": 1, "height": 64, "width": 64}
     spec = make_spec(config(Path("-"), model, tmp_path / "out", **base))[1]
     assert spec.resize == RESIZE_POLICIES["torchvision"] and spec.preprocess is None
+    data, _ = _encoded(random.Random(2), 2, 120, 90)  # a palette PNG with a transparent index
+    video = prepare_video(data, spec)  # what the pipeline calls for a sample under this spec
+    assert torch.equal(video.pixels[0, :, 0], _reference(tv, _upright_rgb(data), 64, 64)[1])
     older = make_spec(config(Path("-"), model, tmp_path / "out", resize="cover-crop", **base))[1]
     assert older.resize == RESIZE_POLICIES["cover-crop"] and older.fingerprint() != spec.fingerprint()
     seed_values = {"source": base["source"], "family": None, "recipe": "cc12m-wds", "format": "webdataset"}
