@@ -22,6 +22,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
+from flows.run import run_build
 from infra.config import CacheSpec
 from infra.demo.tiny_image import make_tiny_image
 from infra.errors import ConfigError
@@ -29,7 +30,10 @@ from infra.media.image import prepare_image, resized_output_size
 from infra.media.video import RESIZE_POLICIES
 from infra.plan import make_spec
 from infra.preprocess.prepare import prepare_video
+from infra.publish.base import parse_target
+from infra.publish.card import dataset_card
 from tests.conftest import config
+from tests.image_media import sample_images, write_folder
 from tests.test_family_plugins import PLUGIN
 from tests.torchvision_ref import torchvision_transforms
 
@@ -150,6 +154,16 @@ def test_the_image_family_and_the_seed_recipe_default_to_torchvision(tmp_path, t
     seed_values = {"source": base["source"], "family": None, "recipe": "cc12m-wds", "format": "webdataset"}
     seed = make_spec(config(Path("-"), model, tmp_path / "out", **seed_values))
     assert seed[1].resize == RESIZE_POLICIES["torchvision"]
+
+
+def test_an_image_cache_builds_and_its_card_tells_torchvisions_steps(tmp_path):
+    model = make_tiny_image(tmp_path / "model", vae="kl", text="none", seed=0)
+    src = write_folder(tmp_path / "photos", sample_images()[:2])
+    values = {"source": f"folder:{src}", "family": None, "frames": 1, "height": 32, "width": 32}
+    ok, result = run_build(config(Path("-"), model, tmp_path / "out", **values))
+    assert ok and result["done"] == 2, result
+    card = dataset_card(tmp_path / "out", target=parse_target("hf://datasets/org/images"), license="apache-2.0")
+    assert "`CenterCrop((32, 32))`, `ToTensor()`, `Normalize(0.5, 0.5)`" in card and "no crop" not in card
 
 
 def test_torchvision_is_refused_for_a_video_family(tmp_path, tiny_model):
