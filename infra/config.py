@@ -191,11 +191,12 @@ class EncodingConfig(StrictModel):
         description="A clip too short for the temporal policy: repeat (indices held at its last frame) or skip (with "
         "the reason and its frame count). Default: repeat for span and fps, skip for the others",
     )
-    resize: Literal["stretch", "cover-crop", "cover-crop-aa"] | None = Field(
+    resize: Literal["stretch", "cover-crop", "cover-crop-aa", "torchvision"] | None = Field(
         None,
         description="Resize: stretch (bilinear to H×W: Wan2.2), cover-crop (bicubic to cover, centre crop: the "
-        "LTX-2 trainer's) or cover-crop-aa (bilinear with antialias, cover, centre crop: FastVideo's). Default: the "
-        "family's",
+        "LTX-2 trainer's), cover-crop-aa (bilinear with antialias, cover, centre crop: FastVideo's) or torchvision "
+        "(images: torchvision's Resize(BICUBIC) + CenterCrop + Normalize(0.5, 0.5) on the PIL image, number for "
+        "number: the CC12M seed's). Default: the family's",
     )
     text_max_length: int | None = Field(
         None, gt=0, description="Tokenizer max_length; embeddings padded to it. Default: the family's (512, LTX-2 1024)"
@@ -565,6 +566,7 @@ ADDED_LATER: dict[str, Any] = {
     "duplicate_rows": "refuse",
     "video_column": None,
     "caption_column": None,
+    "preprocess": None,
 }
 
 
@@ -622,6 +624,9 @@ class CacheSpec(StrictModel):
     duplicate_rows: Literal["refuse", "last"] = "refuse"
     video_column: str | None = None
     caption_column: str | None = None
+    preprocess: str | None = Field(
+        None, description="The family's own image preprocessing (module:qualname), in place of the resize policy"
+    )
 
     def canonical(self) -> dict[str, Any]:
         """What the fingerprint hashes: the spec's JSON under latentforge 0.1's names (`FINGERPRINT_NAMES`), without

@@ -29,10 +29,11 @@ from infra.formats.consumers import check_consumer, latent_norm_for, layout_for,
 from infra.formats.ltx import SUBFOLDERS
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
 from infra.media.buckets import parse_buckets
+from infra.media.image import IMAGE_POLICIES
 from infra.media.temporal import DEFAULT_SHORT, make_policy
-from infra.media.video import RESIZE_POLICIES, resize_policy_of
+from infra.media.video import IMAGE_ONLY_POLICIES, RESIZE_POLICIES, resize_policy_of
 from infra.models import FamilySpec, get_family, model_identity, resolve_family
-from infra.models.base import TextSettings
+from infra.models.base import TextSettings, preprocess_name
 from infra.recipes import apply_recipe
 from infra.sources import Shard, ShardReadError, Source, open_source
 
@@ -132,6 +133,7 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
         )
     if family.resize_policies is not None and chosen["resize"] not in family.resize_policies:
         raise ConfigError(f"--resize {chosen['resize']}: family {family.name} does {', '.join(family.resize_policies)}")
+    check_image_resize(config, family, chosen["resize"])
     policy = make_policy(
         chosen["temporal"], config.encoding.start, config.encoding.window_step, config.encoding.short_clips
     )
@@ -140,6 +142,23 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
     chosen["temporal"] = policy.spec_value
     chosen["short_clips"] = None if policy.short == DEFAULT_SHORT[policy.kind] else policy.short
     return chosen
+
+
+def check_image_resize(config: BuildConfig, family: FamilySpec, resize: str) -> None:
+    """ConfigError for a resize policy the family's media has no code for, or a --resize given to a family that
+    brings its own preprocessing (`FamilySpec.preprocess`: it replaces the policy)."""
+    own = preprocess_name(family)
+    if family.media != "image":
+        if own is not None:
+            raise ConfigError(f"family {family.name} declares a preprocess ({own}): only image families take one")
+        if resize in IMAGE_ONLY_POLICIES:
+            raise ConfigError(f"--resize {resize}: a policy for still images; family {family.name} encodes video")
+    elif own is not None and config.encoding.resize is not None:
+        raise ConfigError(f"--resize {resize}: family {family.name} preprocesses its images itself ({own})")
+    elif own is None and resize not in IMAGE_POLICIES:
+        raise ConfigError(
+            f"--resize {resize}: family {family.name} encodes still images, resized by {', '.join(IMAGE_POLICIES)}"
+        )
 
 
 def check_mode(config: BuildConfig) -> None:
@@ -212,6 +231,7 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
         window_step=config.encoding.window_step,
         short_clips=chosen["short_clips"],
         resize=RESIZE_POLICIES[chosen["resize"]],
+        preprocess=preprocess_name(family),
         audio=config.encoding.audio,
         dtype=config.encoding.dtype,
         store_dtype=config.encoding.store_dtype,

@@ -85,23 +85,24 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             "image-512",
-            "One image per sample at 512x512 (the image family): EXIF orientation applied, RGB over white, short "
-            "side to 512 (Pillow bicubic, antialiased), centre crop, [-1, 1], bf16",
+            "One image per sample at 512x512 (the image family): EXIF orientation applied, RGB over white, then "
+            "torchvision's Resize(512, BICUBIC) + CenterCrop(512) + Normalize(0.5, 0.5) on the PIL image, bf16",
             {
                 "family": "image",
                 "frames": 1,
                 "height": 512,
                 "width": 512,
                 "temporal": "head",
-                "resize": "cover-crop",
+                "resize": "torchvision",
                 "store_dtype": "bf16",
             },
         ),
         Recipe(
             "cc12m-wds",
-            "The CC12M latent set's webdataset layout: one image per sample at 512x512 (short side to 512, bicubic, "
-            "centre crop), float16 latents as shards/00000.tar ... (one part per numbered source shard), members "
-            "<key>.npy + <key>.txt only, _meta.json with the exact sample count (a model without a text encoder)",
+            "The CC12M latent set's webdataset layout: one image per sample at 512x512 (torchvision's Resize(512, "
+            "BICUBIC) + CenterCrop(512) + Normalize(0.5, 0.5), as the seed preprocesses), float16 latents as "
+            "shards/00000.tar ... (one part per numbered source shard), members <key>.npy + <key>.txt only, "
+            "_meta.json with the exact sample count (a model without a text encoder)",
             {
                 "family": "image",
                 "format": "webdataset",
@@ -110,7 +111,7 @@ RECIPES: dict[str, Recipe] = {
                 "height": 512,
                 "width": 512,
                 "temporal": "head",
-                "resize": "cover-crop",
+                "resize": "torchvision",
                 "store_dtype": "fp16",
             },
         ),

@@ -55,7 +55,7 @@ def test_a_recipe_fills_only_what_was_not_given_and_applies_once():
         "image",
         33,
         512,
-        "cover-crop",
+        "torchvision",
     )
     assert apply_recipe(applied) == applied and apply_recipe(applied.with_values(recipe=None)) == applied.with_values(
         recipe=None

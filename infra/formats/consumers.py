@@ -63,7 +63,8 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
         "left",
         "pre_connector",
         "bf16 (.pt; audio float32)",
-        "the stream's rate (the trainer takes the first F frames)",
+        "the rate of the frames stored (head: the stream's; every K-th frame: native / K, as the trainer's "
+        "temporal_subsample_factor; fps:N gives N)",
         (
             (
                 "text_stage",

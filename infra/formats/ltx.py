@@ -6,7 +6,8 @@ Keys and dtypes as ``process_dataset.py`` writes them, and nothing else (so a fi
 left by an interrupted run is adopted only when it holds exactly the bytes this run renders):
 
 * ``latents/``: ``latents`` bf16 ``[128, F', H', W']``, ``num_frames``, ``height``, ``width`` (latent sizes, int),
-  ``fps`` (float);
+  ``fps`` (float: the rate of the frames stored, `trainer_fps`; the trainer stores source fps / its temporal
+  subsample factor);
 * ``conditions/``: ``video_prompt_embeds`` bf16 ``[1024, D]``, ``prompt_attention_mask`` int64 ``[1024]`` (left
   padding, 1 = real token), ``audio_prompt_embeds`` (for LTX-2.0 the same tensor as the video one);
 * ``audio_latents/``: ``latents`` float32 ``[8, T', 16]``, ``num_time_steps``, ``frequency_bins`` (int),
@@ -16,6 +17,7 @@ left by an interrupted run is adopted only when it holds exactly the bytes this 
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -23,6 +25,7 @@ from typing import Any, ClassVar
 import torch
 
 from infra.formats.base import AUDIO_KIND, EncodedSample, Format, PerSampleWriter
+from infra.media.temporal import effective_fps
 
 PRECOMPUTED = ".precomputed"
 #: Output kind → the trainer's directory for it.
@@ -49,8 +52,27 @@ def relpath(kind: str, stem: str) -> str:
     return f"{PRECOMPUTED}/{DIRS[kind]}/{stem}.pt"
 
 
+def trainer_fps(temporal: str | None, info: dict[str, Any]) -> float:
+    """The rate of the frames a sample stores, in the trainer's arithmetic: N under ``fps:N``; frames every K-th
+    source frame (``head``: K = 1, ``stride:K``, ``windows:K``; a held last frame aside) native / K, as
+    ``process_videos.py`` stores ``fps / temporal_subsample_factor``; other picks (``span``) native / their mean
+    step. Native: the stream's rate as the trainer reads it (1.0 for a still)."""
+    if temporal and temporal.startswith("fps:"):
+        return float(temporal.split(":", 1)[1])
+    native = float(info["fps"])
+    indices = tuple((info.get("sampling") or {}).get("indices") or ())
+    steps = {b - a for a, b in itertools.pairwise(indices)} - {0}
+    if len(steps) == 1:
+        return native / steps.pop()
+    return effective_fps(indices, native)
+
+
 class LtxWriter(PerSampleWriter):
     """Writes a sample's latents, conditions and (for an audio run with an audio track) audio latents."""
+
+    def __init__(self, out: Path, fmt: Format, temporal: str | None = None) -> None:
+        super().__init__(out, fmt)
+        self.temporal = temporal  # the spec's temporal policy: what fps the stored frames play at
 
     def render(self, sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
         _, frames, height, width = sample.latents.shape
@@ -59,7 +81,7 @@ class LtxWriter(PerSampleWriter):
             "num_frames": int(frames),
             "height": int(height),
             "width": int(width),
-            "fps": float(sample.info["fps"]),
+            "fps": trainer_fps(self.temporal, sample.info),
         }
         conditions = {
             "video_prompt_embeds": sample.text_embeds.contiguous(),
@@ -94,6 +116,9 @@ class LtxFormat(Format):
 
     def writer(self, out: Path) -> LtxWriter:
         return LtxWriter(out, self)
+
+    def open_writer(self, out: Path, spec: Any, shard_id: str) -> LtxWriter:
+        return LtxWriter(out, self, getattr(spec, "temporal", None))
 
     def paths(self, stem: str, kinds: Iterable[str]) -> dict[str, str]:
         return {kind: relpath(kind, stem) for kind in kinds}

@@ -73,7 +73,11 @@ RESIZE_POLICIES: dict[str, str] = {
     "stretch": "bilinear-align_corners_false",
     "cover-crop": "bicubic-antialias-cover-center-crop",
     "cover-crop-aa": "bilinear-antialias-cover-center-crop",
+    # images only (`infra.media.image`): torchvision's Resize(BICUBIC) + CenterCrop on a PIL image
+    "torchvision": "torchvision-pil-bicubic-short-side-center-crop",
 }
+#: Policies for still images only (Pillow, `infra.media.image.IMAGE_POLICIES`): no video family takes them.
+IMAGE_ONLY_POLICIES = frozenset({"torchvision"})
 
 
 def resize_policy_of(spec_value: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -178,8 +178,12 @@ class FamilySpec(ABC):
     media: ClassVar[str] = "video"
     #: Stored dtypes of latents and text embeddings the family can write (``--store-dtype``).
     store_dtypes: ClassVar[tuple[str, ...]] = ("bf16",)
-    #: Resize policies the family can apply (None: every one of `infra.media.video.RESIZE_POLICIES`).
+    #: Resize policies the family can apply (None: every one of `infra.media.video.RESIZE_POLICIES` its media takes).
     resize_policies: ClassVar[tuple[str, ...] | None] = None
+    #: An image family's own preprocessing, in place of the resize policy: a function (upright RGB PIL image,
+    #: height, width) → (3, height, width) float32 pixels in [-1, 1] (a plain function or a staticmethod).
+    #: The spec records its `preprocess_name`, so a renamed function is a new fingerprint.
+    preprocess: ClassVar[Callable[[Any, int, int], torch.Tensor] | None] = None
     #: Whether ``--text-padding zeros`` makes every row past seq_len zero (right padding): then
     #: ``--text-storage trimmed`` can keep the prompt's rows only and restore the padded tensor exactly.
     text_trimmable: ClassVar[bool] = True
@@ -227,6 +231,21 @@ class FamilySpec(ABC):
     @abstractmethod
     def load(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> LoadedFamily:
         """Load the encoders from local files."""
+
+
+def preprocess_of(family: FamilySpec) -> Callable[[Any, int, int], torch.Tensor] | None:
+    """The family's `FamilySpec.preprocess` as a plain callable (a function set on the class is not bound)."""
+    found = inspect.getattr_static(family, "preprocess", None)
+    return found.__func__ if isinstance(found, staticmethod) else found
+
+
+def preprocess_name(family: FamilySpec) -> str | None:
+    """``module:qualname`` of the family's own preprocessing (None without one): what the spec records."""
+    found = preprocess_of(family)
+    if found is None:
+        return None
+    named = found if hasattr(found, "__qualname__") else type(found)  # a transform object: its class
+    return f"{named.__module__}:{named.__qualname__}"
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -62,10 +62,12 @@ class ImageSpec(FamilySpec):
     components = ("vae", "text_encoder", "tokenizer")
     latent_norm = "AutoencoderKL: (posterior.mode - shift_factor) * scaling_factor; AutoencoderDC: z * scaling_factor"
     store_dtypes: ClassVar[tuple[str, ...]] = ("bf16", "fp16")
-    resize_policies: ClassVar[tuple[str, ...]] = ("cover-crop",)
+    #: torchvision: the CC12M seed's Resize(BICUBIC) + CenterCrop; cover-crop: latentforge's older arithmetic,
+    #: kept so a cache made with it can be extended (`infra.media.image`).
+    resize_policies: ClassVar[tuple[str, ...]] = ("torchvision", "cover-crop")
     defaults: ClassVar[dict[str, Any]] = {
         "temporal": "head",
-        "resize": "cover-crop",
+        "resize": "torchvision",
         "text_max_length": 77,
         "text_stage": "last_hidden_state",
     }

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from infra.config import CacheSpec
-from infra.errors import InputError
+from infra.errors import ConfigError, InputError
 from infra.media.buckets import Bucket, choose_bucket
 from infra.media.image import is_image, load_rgb, prepare_image
 from infra.media.temporal import TemporalPolicy, choose_windows, effective_fps
@@ -33,6 +33,7 @@ from infra.media.video import (
     sample_frames,
 )
 from infra.models import get_family
+from infra.models.base import preprocess_name, preprocess_of
 from infra.plan import BuildPlan
 from infra.preprocess.read import RawSample
 from infra.sources import SampleRef
@@ -82,8 +83,12 @@ def prepare_video(
     short for a policy that skips short clips. A spec of an image family takes a still image instead
     (`infra.media.image`: one frame; a video is refused, ``not_an_image``); under ``head`` (the LTX-2 trainer's)
     a png/jpg among clips is a one-frame clip at fps 1.0, as the trainer takes it."""
-    if get_family(spec.family).media == "image":
-        pixels, still = prepare_image(media, spec.height, spec.width, limits)
+    family = get_family(spec.family)
+    if family.media == "image":
+        if spec.preprocess != preprocess_name(family):  # the code that would run is not the one the spec names
+            raise ConfigError(f"the spec's preprocess {spec.preprocess} is not family {family.name}'s now")
+        own = preprocess_of(family)
+        pixels, still = prepare_image(media, spec.height, spec.width, limits, resize_policy_of(spec.resize), own)
         return PreparedVideo(pixels, still, None)
     policy = TemporalPolicy.of(spec)
     buckets = [Bucket(*b) for b in spec.buckets] if spec.buckets else None

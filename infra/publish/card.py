@@ -26,6 +26,7 @@ from infra.cache.ledger import LedgerRow
 from infra.config import SECTIONS, BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
+from infra.media.video import RESIZE_POLICIES
 from infra.publish.base import LocalFile, Target
 from infra.reports import REPORTS_DIR, UNPUBLISHED_REPORTS, human_bytes
 from infra.sources import SourceError
@@ -150,12 +151,15 @@ def _recipe(spec: dict[str, Any], record: dict[str, Any] | None) -> str:
     )
     posterior = "take the posterior mode (no sampling), " if "posterior.mode" in spec["latent_norm"] else ""
     padding = "zeros (as WanPipeline)" if spec["text_padding"] == "zeros" else "the raw encoder output"
-    steps = [
+    pixels = _image_pixels(spec) or [
         f"Decode the clip to RGB uint8 and pick {spec['frames']} frames at {temporal}.",
         "Scale to [-1, 1]: `pixels / 127.5 - 1`.",
         f"Resize every frame to {spec['height']}×{spec['width']} (H×W): {mode}, "
         f"`align_corners={'False' if 'false' in corners else corners or 'default'}`, no crop (the aspect ratio is "
         "not kept).",
+    ]
+    steps = [
+        *pixels,
         f"Encode with the VAE in {spec['dtype']}: {posterior}then normalise: `{spec['latent_norm']}` "
         "(latents_mean / latents_std from the VAE config).",
         f"Store `x0` as {spec['store_dtype']}{_shape_note(record, 'x0')}.",
@@ -164,6 +168,23 @@ def _recipe(spec: dict[str, Any], record: dict[str, Any] | None) -> str:
         f"`text_embeds` as {spec['store_dtype']}{_shape_note(record, 'text_embeds')}.",
     ]
     return "## Recipe\n\n" + "\n".join(f"{n}. {step}" for n, step in enumerate(steps, 1))
+
+
+def _image_pixels(spec: dict[str, Any]) -> list[str]:
+    """The pixel steps of an image cache made by torchvision's transforms or the family's own preprocess ([]: none
+    of these; the other policies are told by the steps above)."""
+    upright = "Open the image, turn it upright (EXIF orientation), make it RGB with transparency over white."
+    size = f"{spec['height']}×{spec['width']} (H×W)"
+    if spec.get("preprocess"):
+        return [upright, f"The family's own preprocessing `{spec['preprocess']}` makes {size} pixels in [-1, 1]."]
+    if spec["resize"] != RESIZE_POLICIES["torchvision"]:
+        return []
+    return [
+        upright,
+        "torchvision's transforms on the PIL image, bit for bit: `Resize(size, InterpolationMode.BICUBIC, "
+        f"antialias=True)` (size: the short side, the smallest that covers {size}; H for a square), "
+        f"`CenterCrop(({spec['height']}, {spec['width']}))`, `ToTensor()`, `Normalize(0.5, 0.5)`.",
+    ]
 
 
 def _shape_note(record: dict[str, Any] | None, key: str) -> str:
