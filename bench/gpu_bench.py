@@ -36,6 +36,7 @@ import argparse
 import gc
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -153,12 +154,14 @@ def make_source(root: Path, samples: int, shards: int, clip_names: Sequence[str]
 
 
 def common_flags(args: argparse.Namespace, src: Path) -> list[str]:
-    """The flags every leg shares: the source, the geometry, the device and dtype, the decode threads."""
+    """The flags every leg shares: the source, the geometry, the device and dtype, the decode threads, and
+    ``--build-flags``."""
     return [
         *("--source", f"vbvr:{src}", "--frames", str(args.frames), "--height", str(args.height)),
         *("--width", str(args.width), "--device", args.device, "--dtype", args.dtype),
         *("--decode-workers", str(args.decode_workers), "--decode-samples", "0"),
         *("--on-loss", "accept", "--on-conflict", "abort"),
+        *shlex.split(args.build_flags),
     ]
 
 
@@ -276,6 +279,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=832)
     parser.add_argument("--video-batches", type=int, nargs="+", default=list(VIDEO_BATCHES))
     parser.add_argument("--decode-workers", type=int, default=8)
+    parser.add_argument("--build-flags", default="", help='more flags for every leg\'s build, e.g. "--workers 1"')
     parser.add_argument("--extra-leg", action="append", default=[], choices=sorted(EXTRA_LEGS))
     parser.add_argument("--model", help="the snapshot folder: reused when it holds one, else built there")
     parser.add_argument("--work", help="where the snapshot is kept between runs (default: a temporary folder)")

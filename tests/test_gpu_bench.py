@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bench.gpu_bench import main
+from bench.gpu_bench import main, union_within
+from infra.preprocess.timing import ENV, encode_timing, read_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 LEG = re.compile(
@@ -33,3 +34,21 @@ def test_the_gpu_bench_runs_the_build_on_cpu_with_the_tiny_snapshot(tmp_path) ->
     assert (tmp_path / "model-tiny" / "model_index.json").exists()  # the snapshot is kept for the next run
     assert not list(tmp_path.glob("run-*"))  # the run's own clips and caches are not
     assert (ROOT / "bench" / "gpu.sh").stat().st_mode & 0o111
+
+
+def test_overlapping_encoder_spans_count_once_and_only_inside_the_window() -> None:
+    spans = [(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (9.0, 12.0)]  # two shard threads' spans overlap on [1, 2]
+    assert union_within(spans, 1.5, 10.0) == 1.5 + 1.0 + 1.0
+
+
+def test_the_timing_hook_records_only_when_asked(tmp_path, monkeypatch) -> None:
+    log = tmp_path / "spans"
+    monkeypatch.delenv(ENV, raising=False)
+    with encode_timing("cpu"):
+        pass
+    assert not log.exists()
+    monkeypatch.setenv(ENV, str(log))
+    with encode_timing("cpu"):
+        pass
+    (span,) = read_timings(log)
+    assert span["clock"] == "host" and span["start"] <= span["end"] and span["peak_bytes"] is None
