@@ -63,7 +63,9 @@ GENERATORS = ("G-11_handle_object_reappearance_data-generator", "O-21_ball_traje
 PROMPTS_PER_GROUP = 2
 VIDEO_BATCHES = (1, 2, 4)
 BUSY_TARGET, BUDGET_S = 0.95, 480.0
-SMI_QUERY = ("nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits", "-lms", "200")
+SMI_QUERY = ("nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits")
+#: The GPU the builds run on (cuda:0): the first of CUDA_VISIBLE_DEVICES (an index or a UUID), else 0.
+SMI_GPU = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
 
 
 @dataclass(frozen=True)
@@ -82,34 +84,41 @@ EXTRA_LEGS: dict[str, Callable[[argparse.Namespace, Path], Leg]] = {}
 
 @dataclass
 class SmiSampler:
-    """``nvidia-smi``'s utilization.gpu (%) and memory.used (MiB) every 200 ms, stamped with ``time.time`` as they
-    arrive, read by a background thread; nothing where there is no ``nvidia-smi``."""
+    """``nvidia-smi``'s utilization.gpu (%) and memory.used (MiB) of the builds' GPU, polled every `interval_s` by a
+    background thread, each stamped with ``time.time`` (one call per sample: a looping ``nvidia-smi -lms`` writes
+    into a pipe in buffered blocks, so its lines arrive late and its last ones are lost when it is stopped); nothing
+    where there is no ``nvidia-smi``."""
 
+    interval_s: float = 0.2
     samples: list[tuple[float, float, float]] = field(default_factory=list)
-    _proc: subprocess.Popen | None = None
-    _reader: threading.Thread | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _poller: threading.Thread | None = None
 
     def __enter__(self) -> SmiSampler:
         if shutil.which(SMI_QUERY[0]) is not None:
-            self._proc = subprocess.Popen(SMI_QUERY, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            self._reader = threading.Thread(target=self._read, daemon=True)
-            self._reader.start()
+            self._poller = threading.Thread(target=self._poll, name="nvidia-smi", daemon=True)
+            self._poller.start()
         return self
 
-    def _read(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        for line in self._proc.stdout:
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            began = time.time()
             try:
-                util, used = (float(v) for v in line.split(",")[:2])  # first GPU only: the build runs on it
-            except ValueError:
-                continue
-            self.samples.append((time.time(), util, used))
+                done = subprocess.run([*SMI_QUERY, "--id", SMI_GPU], capture_output=True, text=True, timeout=10)
+                util, used = (float(v) for v in done.stdout.splitlines()[0].split(",")[:2])
+            except (OSError, subprocess.TimeoutExpired, IndexError, ValueError):
+                pass  # a sample missed: the mean is over the samples taken
+            else:
+                self.samples.append(((began + time.time()) / 2, util, used))
+            self._stop.wait(self.interval_s)
 
     def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            self._proc.wait(timeout=10)
-            self._reader.join(timeout=10)  # type: ignore[union-attr]
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.join(timeout=15)
+
+    def max_used_gib(self) -> float | None:
+        return max(used for _, _, used in self.samples) / 1024 if self.samples else None
 
     def mean_util(self, start: float, end: float) -> float | None:
         inside = [util for at, util, _ in self.samples if start <= at <= end]
@@ -203,6 +212,7 @@ def measure(leg: Leg, common: list[str], work: Path, home: Path, timeout: float)
         "clock": spans[-1]["clock"],
         "calls": len(spans),
         "smi": smi.mean_util(start, end),
+        "smi_used": smi.max_used_gib(),
         "peak": max(peaks) if peaks else None,
         "seconds": seconds,
     }
@@ -246,7 +256,7 @@ def run(args: argparse.Namespace, root: Path, work: Path) -> tuple[list[dict | s
 def leg_text(result: dict | str) -> str:
     if isinstance(result, str):
         return result
-    smi = f"{result['smi']:.0f}%" if result["smi"] is not None else "n/a"
+    smi = f"{result['smi']:.0f}%,{result['smi_used']:.1f}GiB" if result["smi"] is not None else "n/a"
     peak = f"{result['peak'] / 2**30:.1f}GiB" if result["peak"] is not None else "n/a"
     return (
         f"{result['leg']}: s/sample={result['s_per_sample']:.3f} busy={result['busy']:.1%} "

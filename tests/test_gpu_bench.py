@@ -4,10 +4,12 @@ the build's own timing hook (``LATENTFORGE_ENCODE_TIMING``)."""
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from pathlib import Path
 
-from bench.gpu_bench import main, union_within
+from bench.gpu_bench import SmiSampler, main, union_within
 from infra.preprocess.timing import ENV, encode_timing, read_timings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,3 +54,17 @@ def test_the_timing_hook_records_only_when_asked(tmp_path, monkeypatch) -> None:
         pass
     (span,) = read_timings(log)
     assert span["clock"] == "host" and span["start"] <= span["end"] and span["peak_bytes"] is None
+
+
+def test_the_nvidia_smi_sampler_reads_each_poll(tmp_path, monkeypatch) -> None:
+    # No GPU here: an `nvidia-smi` on PATH that answers as the real one does to the sampler's query.
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho '57, 2048'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    start = time.time()
+    with SmiSampler(interval_s=0.05) as smi:
+        time.sleep(0.5)
+    assert len(smi.samples) >= 2
+    assert smi.mean_util(start, time.time()) == 57.0 and smi.max_used_gib() == 2.0
+    assert smi.mean_util(0.0, 1.0) is None  # no sample in that window
