@@ -145,7 +145,8 @@ def make_snapshot(args: argparse.Namespace, root: Path) -> tuple[Path, bool]:
 
 
 def make_source(root: Path, samples: int, shards: int, clip_names: Sequence[str]) -> Path:
-    """`samples` VBVR samples of the real clips, cycled, in `shards` shards; a few prompts per task family."""
+    """`samples` VBVR samples of the real clips, cycled (every shard a mix of them), in `shards` shards of
+    consecutive samples; a few prompts per task family."""
     data = [real_clip(name).read_bytes() for name in clip_names]
     src = root / "src"
     src.mkdir(parents=True)
@@ -156,7 +157,7 @@ def make_source(root: Path, samples: int, shards: int, clip_names: Sequence[str]
         task = generator.split("_", 1)[1].removesuffix("_data-generator")
         prompt = f"task {group}: the object moves and comes back (template {i // 2 % PROMPTS_PER_GROUP})"
         files = {"ground_truth.mp4": data[i % len(data)], "prompt.txt": prompt.encode()}
-        rows[i % shards].append(DemoSample(generator=generator, task=task, index=i, files=files))
+        rows[i * shards // samples].append(DemoSample(generator=generator, task=task, index=i, files=files))
     for shard, shard_samples in enumerate(rows):
         write_vbvr_tar(src / f"gpu_part-{shard:05d}.tar", shard_samples)
     return src
