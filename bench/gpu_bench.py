@@ -14,7 +14,7 @@ written to the last, as `bench/throughput_bench.py` measures it):
 * s/sample: the window over the samples written after the first;
 * busy: the union of the encoder spans inside the window over the window. The spans come from the build process
   itself (``LATENTFORGE_ENCODE_TIMING``, `infra.preprocess.timing`: CUDA events around each sample's encoder calls;
-  on a CPU the calls' wall time);
+  on a CPU the calls' wall time); enc = s/sample × busy, the encoder's own seconds per sample (the encode bound);
 * smi: the mean of ``nvidia-smi``'s utilization.gpu sampled every 200 ms in a background thread over the window;
 * peak: ``torch.cuda.max_memory_allocated`` of the build process (from the same spans).
 
@@ -261,7 +261,8 @@ def leg_text(result: dict | str) -> str:
     peak = f"{result['peak'] / 2**30:.1f}GiB" if result["peak"] is not None else "n/a"
     return (
         f"{result['leg']}: s/sample={result['s_per_sample']:.3f} busy={result['busy']:.1%} "
-        f"(hook: {result['clock']}, {result['calls']} calls) smi={smi} peak={peak} run={result['seconds']:.0f}s"
+        f"(hook: {result['clock']}, {result['calls']} calls) enc={result['s_per_sample'] * result['busy']:.3f}s "
+        f"smi={smi} peak={peak} run={result['seconds']:.0f}s"
     )
 
 

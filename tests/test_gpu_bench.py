@@ -15,7 +15,7 @@ from infra.preprocess.timing import ENV, encode_timing, read_timings
 ROOT = Path(__file__).resolve().parents[1]
 LEG = re.compile(
     r"\| vb2: s/sample=(?P<s>[\d.]+) busy=(?P<busy>[\d.]+)% \(hook: (?P<clock>[\w-]+), (?P<calls>\d+) calls\) "
-    r"smi=(?P<smi>\S+) peak=(?P<peak>\S+) run=\d+s \|"
+    r"enc=(?P<enc>[\d.]+)s smi=(?P<smi>\S+) peak=(?P<peak>\S+) run=\d+s \|"
 )
 SAMPLES = 4
 
@@ -30,6 +30,7 @@ def test_the_gpu_bench_runs_the_build_on_cpu_with_the_tiny_snapshot(tmp_path) ->
     assert float(leg["s"]) > 0
     assert leg["clock"] == "host"  # the hook's spans: on a CPU, the encode calls' wall time
     assert 0 < float(leg["busy"]) <= 100
+    assert abs(float(leg["enc"]) - float(leg["s"]) * float(leg["busy"]) / 100) < 0.002  # the encode bound
     assert int(leg["calls"]) == SAMPLES + 1  # every sample's encode, and the one-sample sanity's
     assert (leg["smi"], leg["peak"]) == ("n/a", "n/a")  # no nvidia-smi, no CUDA here
     assert re.search(r"\| setup=\d+s total=\d+s ", line)
