@@ -131,12 +131,13 @@ def make_snapshot(args: argparse.Namespace, root: Path) -> tuple[Path, bool]:
     import torch  # noqa: PLC0415 - heavy: only for the snapshot, after the arguments are read
 
     from infra.demo.tiny import make_wan22  # noqa: PLC0415 - imports torch, diffusers and transformers
-    from infra.devices import resolve_dtype  # noqa: PLC0415 - imports torch
+    from infra.devices import resolve_device, resolve_dtype  # noqa: PLC0415 - imports torch
 
     model = Path(args.model) if args.model else root / f"model-{args.size}"
     if (model / "model_index.json").exists():
         return model, False
-    device = None if args.device == "cpu" else args.device
+    device = resolve_device(args.device)  # the weights are made where the builds will run (the CPU: the default)
+    device = None if device.type == "cpu" else str(device)
     make_wan22(model, size=args.size, device=device, dtype=resolve_dtype(args.dtype), seed=0)
     gc.collect()
     if torch.cuda.is_available():
