@@ -136,8 +136,8 @@ def make_snapshot(args: argparse.Namespace, root: Path) -> tuple[Path, bool]:
     model = Path(args.model) if args.model else root / f"model-{args.size}"
     if (model / "model_index.json").exists():
         return model, False
-    device = resolve_device(args.device)  # the weights are made where the builds will run (the CPU: the default)
-    device = None if device.type == "cpu" else str(device)
+    where = resolve_device(args.device)  # the weights are made where the builds will run (the CPU: the default)
+    device = None if where.type == "cpu" else str(where)
     make_wan22(model, size=args.size, device=device, dtype=resolve_dtype(args.dtype), seed=0)
     gc.collect()
     if torch.cuda.is_available():
