@@ -6,6 +6,9 @@ on the device in the compute dtype and saved with ``save_pretrained``, reused wh
 real clips from the test-media cache (`infra.demo.testmedia`: 1920×1080, 1280×720, 640×272, 176×144) cycled into
 ``--shards`` VBVR shards, prompts repeating within two task families.
 
+Before the legs, ``decode=``: the CPU seconds one core spends making one clip's pixels at the bench's geometry (the
+pipeline's own read and `prepare`, one torch thread; `decode_cost`), the decode bound's cost on this host's CPUs.
+
 Each leg is one fresh ``latentforge build --device cuda --dtype bf16`` at 33×832² (the CLI as a user runs it: the
 embedded Prefect API, every gate, PyAV decode, writes, journal and ledger; decode-and-verify off, as in the other
 throughput benches), ``--video-batch`` 1, 2 and 4. Per leg, over its steady state (from the first sample file
@@ -47,14 +50,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.feed_family import make_model  # noqa: E402
 from bench.throughput_bench import migrated_home  # noqa: E402
+from infra.config import BuildConfig  # noqa: E402
 from infra.demo.data import DemoSample, write_vbvr_tar  # noqa: E402
 from infra.demo.testmedia import real_clip  # noqa: E402
+from infra.devices import resolve_device, resolve_dtype  # noqa: E402
+from infra.plan import make_plan  # noqa: E402
+from infra.preprocess.prepare import prepare  # noqa: E402
+from infra.preprocess.read import read  # noqa: E402
 from infra.preprocess.timing import ENV as TIMING_ENV  # noqa: E402
 from infra.preprocess.timing import read_timings  # noqa: E402
+from infra.sources import open_source  # noqa: E402
 
 logger = logging.getLogger("gpu_bench")
 
@@ -128,10 +140,7 @@ class SmiSampler:
 def make_snapshot(args: argparse.Namespace, root: Path) -> tuple[Path, bool]:
     """(the Wan2.2 snapshot, whether it was built now): ``--model`` (default: ROOT/model-SIZE) when it already holds
     one, else built there."""
-    import torch  # noqa: PLC0415 - heavy: only for the snapshot, after the arguments are read
-
-    from infra.demo.tiny import make_wan22  # noqa: PLC0415 - imports torch, diffusers and transformers
-    from infra.devices import resolve_device, resolve_dtype  # noqa: PLC0415 - imports torch
+    from infra.demo.tiny import make_wan22  # noqa: PLC0415 - heavy: diffusers and transformers, not when reused
 
     model = Path(args.model) if args.model else root / f"model-{args.size}"
     if (model / "model_index.json").exists():
@@ -162,6 +171,26 @@ def make_source(root: Path, samples: int, shards: int, clip_names: Sequence[str]
     for shard, shard_samples in enumerate(rows):
         write_vbvr_tar(src / f"gpu_part-{shard:05d}.tar", shard_samples)
     return src
+
+
+def decode_cost(work: Path, src: Path, args: argparse.Namespace, clips: int) -> float:
+    """CPU seconds one core spends making one clip's pixels at the bench's geometry (the pipeline's own read and
+    `prepare`: decode, temporal sampling, resize), the mean over the source's first `clips` samples after one
+    untimed warm-up, on one torch thread: the decode bound's cost per clip, measured on this host's CPUs. The plan
+    is made with the bench-only stand-in family (`bench.feed_family`: the same span sampling and stretch resize as
+    Wan2.2), so nothing of the snapshot is read."""
+    torch.set_num_threads(1)  # this process runs no build: the legs are their own processes
+    model = make_model(work / "decode-probe", 0.0, work / "decode-probe.busy")
+    cfg = BuildConfig(source=f"vbvr:{src}", model=str(model), out=str(work / "decode-probe-out"),
+                      family="bench.feed_family:FeedFamily", frames=args.frames, height=args.height,
+                      width=args.width, device="cpu", dtype="fp32")  # fmt: skip
+    plan, source = make_plan(cfg), open_source(cfg.source)
+    raws = [read(ref) for shard in plan.shards for ref in source.samples(shard.shard)][:clips]
+    prepare(raws[0], plan)  # the codecs' and the resize's first-call costs
+    began = time.process_time()  # every thread of this process: PyAV's decoding threads too
+    for raw in raws:
+        prepare(raw, plan)
+    return (time.process_time() - began) / len(raws)
 
 
 def common_flags(args: argparse.Namespace, src: Path) -> list[str]:
@@ -226,15 +255,16 @@ def legs(args: argparse.Namespace, model: Path, work: Path) -> list[Leg]:
     return wan + [EXTRA_LEGS[name](args, work) for name in args.extra_leg]
 
 
-def run(args: argparse.Namespace, root: Path, work: Path) -> tuple[list[dict | str], float]:
-    """(each leg's figures, or why it was not run; the set-up's seconds): the snapshot under `root` (kept), the
-    clips, the Prefect home and the legs' caches under `work` (this run's own)."""
+def run(args: argparse.Namespace, root: Path, work: Path) -> tuple[list[dict | str], float, float]:
+    """(each leg's figures, or why it was not run; the set-up's seconds; the decode cost, `decode_cost`): the
+    snapshot under `root` (kept), the clips, the Prefect home and the legs' caches under `work` (this run's own)."""
     started = time.perf_counter()
     model, built = make_snapshot(args, root)
     src = make_source(work, args.samples, args.shards, args.clips)
     home = migrated_home(work / "prefect-home")  # untimed in a user's run: a Prefect home is migrated once
     setup = time.perf_counter() - started
     logger.info("set-up %.1f s (snapshot %s)", setup, "built" if built else f"reused from {model}")
+    decode = decode_cost(work, src, args, clips=len(args.clips))
     common, results, last = common_flags(args, src), [], 0.0
     for leg in legs(args, model, work):
         left = args.budget_s - (time.perf_counter() - started)
@@ -252,7 +282,7 @@ def run(args: argparse.Namespace, root: Path, work: Path) -> tuple[list[dict | s
             continue
         last = results[-1]["seconds"]
         logger.info("%s", results[-1])
-    return results, setup
+    return results, setup, decode
 
 
 def leg_text(result: dict | str) -> str:
@@ -267,10 +297,11 @@ def leg_text(result: dict | str) -> str:
     )
 
 
-def summary(args: argparse.Namespace, results: list[dict | str], setup: float, total: float) -> str:
+def summary(args: argparse.Namespace, results: list[dict | str], setup: float, decode: float, total: float) -> str:
     head = (
         f"gpu-bench: device={args.device} size={args.size} geometry={args.frames}x{args.height}x{args.width} "
-        f"samples={args.samples} shards={args.shards} decode-workers={args.decode_workers}"
+        f"samples={args.samples} shards={args.shards} decode-workers={args.decode_workers} "
+        f"decode={decode:.3f}core-s/clip"
     )
     tail = (
         f"setup={setup:.0f}s total={total:.0f}s (targets: busy >= {BUSY_TARGET:.0%}, "
@@ -310,10 +341,10 @@ def main(argv: list[str] | None = None) -> str:
         root.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix="run-", dir=root))
         try:
-            results, setup = run(args, root, work)
+            results, setup, decode = run(args, root, work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    line = summary(args, results, setup, time.perf_counter() - started)
+    line = summary(args, results, setup, decode, time.perf_counter() - started)
     print(line)  # the bench's one summary line
     return line
 

@@ -25,6 +25,7 @@ def test_the_gpu_bench_runs_the_build_on_cpu_with_the_tiny_snapshot(tmp_path) ->
     argv += ["--width", "32", "--samples", str(SAMPLES), "--shards", "2", "--video-batches", "2"]
     line = main([*argv, "--decode-workers", "1", "--clips", "sample_1080p", "carphone", "--work", str(tmp_path)])
     assert line.startswith("gpu-bench: device=cpu size=tiny geometry=5x32x32 samples=4 shards=2 decode-workers=1 ")
+    assert float(re.search(r" decode=([\d.]+)core-s/clip \|", line)[1]) > 0  # the decode bound, measured here
     leg = LEG.search(line)
     assert leg is not None, line
     assert float(leg["s"]) > 0
