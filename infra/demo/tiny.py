@@ -4,6 +4,10 @@
 ``text_encoder/``, ``tokenizer/``, ``scheduler/``; no ``transformer/``) with the real Wan2.2 VAE geometry
 (z_dim 48, 16x spatial / 4x temporal compression, real latent statistics) but random, very small weights.
 Nothing is downloaded. The same seed gives byte-identical files.
+
+``make_wan22(size="full")`` writes the same layout at the real sizes (the Wan2.2 VAE's own config, a UMT5-XXL
+text encoder), random weights from the same seed: the FLOPs and memory of the real models, for
+`bench/gpu_bench.py`. On an accelerator it builds them there, in its dtype (seconds, not the minutes of a CPU).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import logging
 import math
 import string
 from collections import Counter
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import diffusers
@@ -30,6 +36,17 @@ from infra.storage import staged_dir
 logger = logging.getLogger(__name__)
 
 TINY_VAE_OVERRIDES = {"base_dim": 8, "decoder_base_dim": 8, "num_res_blocks": 1}
+SIZES = ("tiny", "full")
+#: UMT5-XXL (google/umt5-xxl, Wan2.2's text encoder) as its config gives it: 5.7 B parameters.
+UMT5_XXL = {
+    "vocab_size": 256384,
+    "d_model": 4096,
+    "d_kv": 64,
+    "d_ff": 10240,
+    "num_layers": 24,
+    "num_decoder_layers": 24,
+    "num_heads": 64,
+}
 TOKENIZER_VOCAB_SIZE = 2000
 SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")  # ids 0, 1, 2 as in T5/UMT5
 _MAX_PIECE_CHARS = 8
@@ -137,10 +154,30 @@ def _load_local_tokenizer(tokenizer_dir: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
-def _write_vae(out: Path, seed: int, fit_to: list[torch.Tensor] | None, settings: FitSettings | None) -> None:
-    kwargs = {k: v for k, v in WAN22_VAE_CONFIG.items() if k != "clip_output"} | TINY_VAE_OVERRIDES
+@dataclass(frozen=True)
+class _Build:
+    """What `make_wan22` builds: the size, the device its weights are made on (None: the CPU), their dtype."""
+
+    size: str = "tiny"
+    device: str | None = None
+    dtype: torch.dtype = torch.float32
+
+
+def _on(device: str | None) -> AbstractContextManager:
+    """Where new weights are made: the default (CPU) when None, else `device` (the random init runs there)."""
+    return torch.device(device) if device is not None else nullcontext()
+
+
+def _write_vae(
+    out: Path, seed: int, fit_to: list[torch.Tensor] | None, settings: FitSettings | None, build: _Build
+) -> None:
+    kwargs = {k: v for k, v in WAN22_VAE_CONFIG.items() if k != "clip_output"}
+    kwargs |= TINY_VAE_OVERRIDES if build.size == "tiny" else {}
     torch.manual_seed(seed)
-    vae = AutoencoderKLWan(**kwargs)
+    with _on(build.device):
+        vae = AutoencoderKLWan(**kwargs)
+    if build.dtype != torch.float32:  # made in float32 (diffusers warns on any cast, wanted or not)
+        vae = vae.to(build.dtype)
     if fit_to:
         result = fit_vae(vae, fit_to, settings or FitSettings(seed=seed))
         logger.info(
@@ -153,18 +190,21 @@ def _write_vae(out: Path, seed: int, fit_to: list[torch.Tensor] | None, settings
         )
     vae.register_to_config(clip_output=WAN22_VAE_CONFIG["clip_output"])  # as in the real vae/config.json
     vae.save_pretrained(out, safe_serialization=True)
-    logger.info("tiny vae: %d parameters", sum(p.numel() for p in vae.parameters()))
+    logger.info("%s vae: %d parameters", build.size, sum(p.numel() for p in vae.parameters()))
 
 
-def _write_text_encoder(out: Path, seed: int, vocab_size: int) -> None:
+def _write_text_encoder(out: Path, seed: int, vocab_size: int, build: _Build) -> None:
+    tiny = {
+        "vocab_size": -(-vocab_size // 128) * 128,
+        "d_model": 64,
+        "d_kv": 16,
+        "d_ff": 128,
+        "num_layers": 2,
+        "num_decoder_layers": 2,
+        "num_heads": 4,
+    }
     config = UMT5Config(
-        vocab_size=-(-vocab_size // 128) * 128,
-        d_model=64,
-        d_kv=16,
-        d_ff=128,
-        num_layers=2,
-        num_decoder_layers=2,
-        num_heads=4,
+        **(tiny if build.size == "tiny" else UMT5_XXL),
         relative_attention_num_buckets=32,
         relative_attention_max_distance=128,
         feed_forward_proj="gated-gelu",
@@ -176,9 +216,10 @@ def _write_text_encoder(out: Path, seed: int, vocab_size: int) -> None:
         decoder_start_token_id=0,
     )
     torch.manual_seed(seed)
-    model = UMT5EncoderModel(config).to(torch.float32).eval()
+    with _on(build.device):
+        model = UMT5EncoderModel(config).to(build.dtype).eval()
     model.save_pretrained(out, safe_serialization=True)
-    logger.info("tiny text encoder: %d parameters, vocab %d", model.num_parameters(), config.vocab_size)
+    logger.info("%s text encoder: %d parameters, vocab %d", build.size, model.num_parameters(), config.vocab_size)
 
 
 def _write_model_index(out_dir: Path) -> None:
@@ -205,7 +246,25 @@ def make_tiny_wan22(
     fit_to: list[torch.Tensor] | None = None,
     fit_settings: FitSettings | None = None,
 ) -> Path:
-    """Write a tiny Wan2.2-TI2V-5B-Diffusers-layout pipeline (without transformer) into ``out_dir``.
+    """Write a tiny Wan2.2-TI2V-5B-Diffusers-layout pipeline (without transformer) into ``out_dir``: `make_wan22`
+    at ``size="tiny"`` on the CPU in float32."""
+    return make_wan22(out_dir, seed=seed, tokenizer_dir=tokenizer_dir, fit_to=fit_to, fit_settings=fit_settings)
+
+
+def make_wan22(
+    out_dir: Path,
+    *,
+    size: str = "tiny",
+    device: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    tokenizer_dir: Path | None = None,
+    fit_to: list[torch.Tensor] | None = None,
+    fit_settings: FitSettings | None = None,
+) -> Path:
+    """Write a Wan2.2-TI2V-5B-Diffusers-layout pipeline (without transformer) into ``out_dir``: ``size`` tiny
+    (small weights, the real VAE geometry) or full (the real sizes), random weights made on `device` (None: the
+    CPU) and saved in `dtype`.
 
     ``fit_to`` (clips as pixels in [-1, 1], one geometry) fits the VAE to them (`infra.demo.vae_fit`) so that
     it reconstructs them recognisably; otherwise its weights are the seed's random ones.
@@ -215,15 +274,19 @@ def make_tiny_wan22(
     Files are built in a sibling temporary folder and moved into place at the end, so a failure leaves no
     partial pipeline. Returns ``out_dir``.
     """
-    out_dir = Path(out_dir)
-    with staged_dir(out_dir, "the tiny Wan2.2 pipeline") as staging:
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {SIZES}, got {size!r}")
+    if fit_to and size != "tiny":
+        raise ValueError("fit_to fits the tiny VAE only")
+    build, out_dir = _Build(size, device, dtype), Path(out_dir)
+    with staged_dir(out_dir, f"the {size} Wan2.2 pipeline") as staging:
         tokenizer = build_tokenizer() if tokenizer_dir is None else _load_local_tokenizer(Path(tokenizer_dir))
         tokenizer.save_pretrained(staging / "tokenizer")
-        _write_vae(staging / "vae", seed, fit_to, fit_settings)
-        _write_text_encoder(staging / "text_encoder", seed, len(tokenizer))
+        _write_vae(staging / "vae", seed, fit_to, fit_settings, build)
+        _write_text_encoder(staging / "text_encoder", seed, len(tokenizer), build)
         UniPCMultistepScheduler(
             prediction_type="flow_prediction", use_flow_sigmas=True, num_train_timesteps=1000, flow_shift=5.0
         ).save_pretrained(staging / "scheduler")
         _write_model_index(staging)
-    logger.info("wrote tiny Wan2.2 pipeline to %s (seed %d, %d tokens)", out_dir, seed, len(tokenizer))
+    logger.info("wrote %s Wan2.2 pipeline to %s (seed %d, %d tokens)", size, out_dir, seed, len(tokenizer))
     return out_dir

@@ -27,6 +27,7 @@ from infra.preprocess.prepare import PreparedSample, prepare
 from infra.preprocess.read import read
 from infra.preprocess.state import RunState, ShardState
 from infra.preprocess.texts import TextCache
+from infra.preprocess.timing import encode_timing
 from infra.sources import SampleRef
 
 #: The frame rate the LTX-2 trainer divides its longest bucket's frames by for a separate audio file's length.
@@ -84,8 +85,9 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
     pin_cpu_threads(plan.config.run.device)  # the same kernels, so the same bytes, on every runner
     store = STORE_DTYPES[spec.store_dtype]
     consumer_view = latent_encoder(encoder, spec)  # latents as the format's consumer reads them
-    latents = videos.latents(consumer_view, prepared, plan, state.ahead, state.vae).to(store)
-    text = encode_text(encoder, prepared.prompt, plan, state) if "text_embeddings" in plan.kinds else None
+    with encode_timing(plan.config.run.device):  # opt-in, for bench/gpu_bench.py; off: one environment lookup
+        latents = videos.latents(consumer_view, prepared, plan, state.ahead, state.vae).to(store)
+        text = encode_text(encoder, prepared.prompt, plan, state) if "text_embeddings" in plan.kinds else None
     fault_point("encode")
     extras: dict[str, Any] = dict(text.extras) if text is not None else {}
     info: dict[str, Any] = {"fps": video.clip.fps, "geometry": tuple(int(n) for n in video.pixels.shape[2:])}
