@@ -2,11 +2,13 @@
 ``error: ...`` line and exit 2, in a second, instead of a failed flow run's tracebacks.
 
 Only what is cheap and certain: where OUT is, that the source kind exists and lists shards, that the shard
-filter keeps one, that a named device is there. The geometry and the model are checked by `make_spec`.
+filter keeps one, that a named device is there, that the 8-bit text encoder has bitsandbytes and CUDA. The
+geometry and the model are checked by `make_spec`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from infra.cache.cachedir import CACHE_JSON
@@ -55,8 +57,30 @@ def check_device(device: str) -> None:
     resolve_device(device)
 
 
+def check_text_8bit(config: BuildConfig) -> None:
+    """``--load-text-encoder-in-8bit`` has what it runs on: bitsandbytes importable and a CUDA device (the run's,
+    ``auto`` resolved). Both reasons are named when both are missing."""
+    if not config.encoding.load_text_encoder_in_8bit:
+        return
+    from infra.devices import resolve_device  # noqa: PLC0415 - torch only when the 8-bit text encoder is asked for
+
+    missing = []
+    if importlib.util.find_spec("bitsandbytes") is None:
+        missing.append("bitsandbytes is not installed (pip install bitsandbytes)")
+    try:
+        resolved = resolve_device(config.run.device).type
+    except ConfigError:  # a named device that is not there: check_device says so on its own
+        resolved = "absent"
+    if resolved != "cuda":
+        shown = config.run.device if resolved == config.run.device else f"{config.run.device}, that is {resolved}"
+        missing.append(f"it runs on CUDA only, and this run's device is {shown}")
+    if missing:
+        raise ConfigError(f"--load-text-encoder-in-8bit (bitsandbytes' 8-bit Gemma): {'; '.join(missing)}")
+
+
 def check_build(config: BuildConfig) -> None:
     """Everything above, for a build or a sanity run."""
     check_out(Path(config.out).expanduser())
     check_source(config)
+    check_text_8bit(config)
     check_device(config.run.device)
