@@ -33,10 +33,10 @@ class LoadOptions:
     vae_tiling: bool = False
     vae_slicing: bool = False
     text_quantize: str = "none"
-    #: Gemma loaded in 8-bit by bitsandbytes (the family's `load` does it: the weights are quantized as they load).
-    text_8bit: bool = False
     #: A family whose text encoder may be parked is its own instance (parking frees it on CPU).
     text_offload: bool = False
+    #: Gemma loaded in 8-bit by bitsandbytes (the family's `load` does it: the weights are quantized as they load).
+    text_8bit: bool = False
 
 
 def apply(loaded: LoadedFamily, options: LoadOptions) -> None:
