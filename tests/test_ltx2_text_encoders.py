@@ -192,3 +192,16 @@ def test_the_8bit_text_encoder_is_refused_for_other_families_through_the_cli(tin
     assert result.exit_code == 2, result.output
     assert "family wan22 has no 8-bit text encoder" in result.stderr
     assert not out.exists()
+
+
+def test_the_8bit_gpu_bench_runs_its_refusal_path_off_cuda(tmp_path):
+    """bench/gpu_ltx2_8bit.py (bench/gpu.sh runs it on a GPU host) on this machine: its build is refused, one line."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "gpu_ltx2_8bit.py"
+    spec = importlib.util.spec_from_file_location("gpu_ltx2_8bit", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if torch.cuda.is_available() and importlib.util.find_spec("bitsandbytes") is not None:
+        pytest.skip("CUDA and bitsandbytes are here: the bench runs the 8-bit path itself")
+    line = module.main(["--device", "cpu", "--work", str(tmp_path)])
+    assert line.startswith("ltx2-8bit: version=2.5 device=cpu refused exit=2 error: --load-text-encoder-in-8bit")
+    assert "runs on CUDA only" in line
