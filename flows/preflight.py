@@ -8,13 +8,20 @@ geometry and the model are checked by `make_spec`.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from pathlib import Path
+
+from packaging.version import Version
 
 from infra.cache.cachedir import CACHE_JSON
 from infra.config import BuildConfig
 from infra.errors import ConfigError
 from infra.sources import open_source
+
+#: The oldest bitsandbytes transformers 5 loads 8-bit models with (its BITSANDBYTES_MIN_VERSION); the [int8] extra's.
+BNB_MIN = "0.46.1"
+BNB_REQUIREMENT = f"bitsandbytes>={BNB_MIN}"
 
 
 def check_out(out: Path) -> None:
@@ -66,14 +73,19 @@ def check_text_8bit(config: BuildConfig) -> None:
 
     missing = []
     if importlib.util.find_spec("bitsandbytes") is None:
-        missing.append("bitsandbytes is not installed (pip install bitsandbytes)")
+        missing.append(f"bitsandbytes is not installed (pip install 'latentforge[int8]': {BNB_REQUIREMENT})")
+    elif Version(importlib.metadata.version("bitsandbytes")) < Version(BNB_MIN):
+        found = importlib.metadata.version("bitsandbytes")
+        missing.append(f"bitsandbytes {found} is older than transformers takes ({BNB_REQUIREMENT})")
+    device = config.run.device
     try:
-        resolved = resolve_device(config.run.device).type
-    except ConfigError:  # a named device that is not there: check_device says so on its own
-        resolved = "absent"
-    if resolved != "cuda":
-        shown = config.run.device if resolved == config.run.device else f"{config.run.device}, that is {resolved}"
-        missing.append(f"it runs on CUDA only, and this run's device is {shown}")
+        found = resolve_device(device).type
+    except ConfigError:  # a named device that is not there
+        found = "not there"
+    if found != "cuda":
+        missing.append(
+            f"it runs on CUDA only, and this run's device is {device}{'' if found == device else f' ({found})'}"
+        )
     if missing:
         raise ConfigError(f"--load-text-encoder-in-8bit (bitsandbytes' 8-bit Gemma): {'; '.join(missing)}")
 

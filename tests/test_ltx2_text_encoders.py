@@ -178,7 +178,7 @@ def test_the_8bit_text_encoder_is_refused_off_cuda_through_the_cli(snapshots, da
     assert result.exit_code == 2, result.output
     message = result.stderr.strip()
     assert message.startswith("error: --load-text-encoder-in-8bit") and "\n" not in message
-    assert "runs on CUDA only, and this run's device is auto, that is cpu" in message
+    assert "runs on CUDA only, and this run's device is auto (cpu)" in message
     no_bnb = importlib.util.find_spec("bitsandbytes") is None
     assert ("bitsandbytes is not installed" in message) == no_bnb
     assert not out.exists()
@@ -204,4 +204,4 @@ def test_the_8bit_gpu_bench_runs_its_refusal_path_off_cuda(tmp_path):
         pytest.skip("CUDA and bitsandbytes are here: the bench runs the 8-bit path itself")
     line = module.main(["--device", "cpu", "--work", str(tmp_path)])
     assert line.startswith("ltx2-8bit: version=2.5 device=cpu refused exit=2 error: --load-text-encoder-in-8bit")
-    assert "runs on CUDA only" in line
+    assert "runs on CUDA only, and this run's device is cpu" in line
