@@ -620,9 +620,8 @@ class CacheSpec(StrictModel):
     load_text_encoder_in_8bit: bool = Field(False, description="Gemma loaded in 8-bit (bitsandbytes LLM.int8())")
     model_version: str | None = Field(
         None,
-        description="The model's version where detection tells it and the version came after the field (ltx2: 2.5, "
-        "Gemma 4); None for LTX-2.0 and 2.3, so their caches keep their fingerprints (the model identity tells them "
-        "apart)",
+        description="The model's version, where the family records one (ltx2: 2.5, a Gemma 4 text encoder). LTX-2.0 "
+        "and 2.3 record none, so caches made before the field keep their fingerprints (their model identity differs)",
     )
     latent_norm: str = Field(description="How latents are normalised before storing")
     text_stage: str = "last_hidden_state"

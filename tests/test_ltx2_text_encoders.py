@@ -127,6 +127,18 @@ def test_the_version_is_read_from_the_snapshot_and_2_5_is_recorded_in_the_spec(s
     assert widths == {"2.0": (MAX_LENGTH, 64), "2.3": (MAX_LENGTH, 64), "2.5": (MAX_LENGTH, 64)}
 
 
+def test_make_tiny_model_writes_the_version_asked_for(snapshots, tmp_path):
+    args = ["make-tiny-model", str(tmp_path / "m"), "--family", "ltx2", "--ltx-version", "2.5"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert ltx2_version(tmp_path / "m") == "2.5"
+    index = json.loads((tmp_path / "m" / "model_index.json").read_text())
+    assert index["text_encoder"] == ["transformers", "Gemma4UnifiedForConditionalGeneration"]
+    same = (snapshots["2.5"] / "text_encoder" / "model.safetensors").read_bytes()
+    assert (tmp_path / "m" / "text_encoder" / "model.safetensors").read_bytes() == same  # seed 0, byte for byte
+    assert runner.invoke(app, [*args[:-1], "3.0"]).exit_code == 2
+
+
 def test_a_text_encoder_ltx2_does_not_take_is_refused_at_the_plan(snapshots, dataset, tmp_path):
     model = tmp_path / "odd"
     shutil.copytree(snapshots["2.0"], model)
