@@ -84,7 +84,9 @@ def build(dataset: Path, model: Path, out: Path, device: str) -> subprocess.Comp
     args = ["build", "--source", f"meta:{dataset}", "--model", str(model), "--out", str(out), "--format", "ltx"]
     args += ["--buckets", BUCKET, "--device", device, "--load-text-encoder-in-8bit", "--no-audio"]
     args += ["--on-conflict", "abort", "--on-loss", "abort", "--decode-samples", "0"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(out.parent / "prefect")}
+    # this tree first, then what the caller's PYTHONPATH holds (bitsandbytes may be installed there, not in the venv)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "PREFECT_HOME": str(out.parent / "prefect")}
     command = [sys.executable, "-m", "flows.cli", *args]
     return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=540, check=False)
 

@@ -201,7 +201,7 @@ class Ltx2Encoder(LoadedFamily):
             path,
             torch_dtype=self.dtype,
             quantization_config=quantization,
-            device_map={"": self.device},
+            device_map={"": torch.cuda.current_device() if self.device.index is None else self.device.index},
             local_files_only=True,
         )
         return model.eval()
