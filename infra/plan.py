@@ -181,8 +181,7 @@ def text_8bit_setting(config: BuildConfig, family: FamilySpec) -> dict[str, bool
     """The spec's ``load_text_encoder_in_8bit``; ConfigError for a family without it or a setting it cannot go with.
     Whether bitsandbytes and a CUDA device are there is checked where the run encodes (`flows.preflight`), not here:
     verifying an 8-bit cache needs neither."""
-    on = config.encoding.load_text_encoder_in_8bit
-    if not on:
+    if not config.encoding.load_text_encoder_in_8bit:
         return {"load_text_encoder_in_8bit": False}
     if not family.text_8bit:
         raise ConfigError(

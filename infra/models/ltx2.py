@@ -45,7 +45,7 @@ NORM_SCALE = 8  # LTX-2.0's per-layer masked mean/range normalisation scale
 
 #: The text encoder classes diffusers' LTX2Pipeline takes, by the ``model_type`` of ``text_encoder/config.json``.
 TEXT_ENCODERS = {"gemma3": "Gemma3ForConditionalGeneration", "gemma4_unified": "Gemma4UnifiedForConditionalGeneration"}
-#: The LTX-2 version a text encoder model_type means (2.0 and 2.3 share Gemma 3; the connectors tell them apart).
+#: The LTX-2 version of a Gemma 4 text encoder (2.0 and 2.3 share Gemma 3; their connectors tell them apart).
 GEMMA4_VERSION = "2.5"
 #: Versions detected before `CacheSpec.model_version` existed: recorded as None, so their caches keep fingerprints.
 UNRECORDED_VERSIONS = ("2.0", "2.3")
