@@ -26,7 +26,7 @@ from infra.demo.testmedia import real_clip
 from infra.demo.tiny_ltx2 import make_tiny_ltx2
 from infra.errors import ConfigError
 from infra.models import get_family
-from infra.models.ltx2 import ltx2_version
+from infra.models.ltx2_text import ltx2_version
 from infra.plan import make_spec, spec_settings
 from tests.conftest import config
 

@@ -36,39 +36,13 @@ from infra.models.base import (
     TextSettings,
     read_json,
 )
+from infra.models.ltx2_text import UNRECORDED_VERSIONS, load_gemma, ltx2_version, trainer_tokens
 
 logger = logging.getLogger(__name__)
 
 STORE_DTYPE = torch.bfloat16
 PAD_SIDE = "left"
 NORM_SCALE = 8  # LTX-2.0's per-layer masked mean/range normalisation scale
-
-#: The text encoder classes diffusers' LTX2Pipeline takes, by the ``model_type`` of ``text_encoder/config.json``.
-TEXT_ENCODERS = {"gemma3": "Gemma3ForConditionalGeneration", "gemma4_unified": "Gemma4UnifiedForConditionalGeneration"}
-#: The LTX-2 version of a Gemma 4 text encoder (2.0 and 2.3 share Gemma 3; their connectors tell them apart).
-GEMMA4_VERSION = "2.5"
-#: Versions detected before `CacheSpec.model_version` existed: recorded as None, so their caches keep fingerprints.
-UNRECORDED_VERSIONS = ("2.0", "2.3")
-
-
-def text_encoder_type(model_dir: Path) -> str:
-    """The ``model_type`` of the snapshot's text encoder; ConfigError for one LTX2Pipeline does not take."""
-    model_type = str(read_json(model_dir / "text_encoder" / "config.json").get("model_type"))
-    if model_type not in TEXT_ENCODERS:
-        raise ConfigError(
-            f"{model_dir}/text_encoder: model_type {model_type!r}; LTX-2 encodes with "
-            + " or ".join(f"{cls} ({kind})" for kind, cls in TEXT_ENCODERS.items())
-        )
-    return model_type
-
-
-def ltx2_version(model_dir: Path) -> str:
-    """2.5 for a Gemma 4 text encoder; else 2.3 where the connectors project per modality (2.3's feature extractor);
-    else 2.0."""
-    if text_encoder_type(model_dir) == "gemma4_unified":
-        return GEMMA4_VERSION
-    connectors = read_json(model_dir / "connectors" / "config.json")
-    return "2.3" if connectors.get("per_modality_projections") else "2.0"
 
 
 class Ltx2Spec(FamilySpec):
@@ -184,27 +158,7 @@ class Ltx2Encoder(LoadedFamily):
         return pixels.float().cpu()[0].clamp(-1, 1)
 
     def load_text_encoder(self) -> torch.nn.Module:
-        """The snapshot's Gemma (`TEXT_ENCODERS`), on the device; in 8-bit, quantized by bitsandbytes as it loads."""
-        import transformers  # noqa: PLC0415 - heavy import, only when loading
-
-        model_class = getattr(transformers, TEXT_ENCODERS[text_encoder_type(self.model_dir)])
-        path = self.model_dir / "text_encoder"
-        if not self.text_8bit:
-            model = model_class.from_pretrained(path, torch_dtype=self.dtype, local_files_only=True)
-            return model.to(self.device).eval()
-        if self.device.type != "cuda":
-            raise ConfigError(f"--load-text-encoder-in-8bit: bitsandbytes' 8-bit Gemma runs on CUDA, not {self.device}")
-        # LLM.int8() with its default outlier threshold (6.0), lm_head kept in full precision: what the trainer's
-        # ltx_trainer.gemma_8bit does by hand; bitsandbytes quantizes each Linear as it is moved onto the GPU
-        quantization = transformers.BitsAndBytesConfig(load_in_8bit=True)
-        model = model_class.from_pretrained(
-            path,
-            torch_dtype=self.dtype,
-            quantization_config=quantization,
-            device_map={"": torch.cuda.current_device() if self.device.index is None else self.device.index},
-            local_files_only=True,
-        )
-        return model.eval()
+        return load_gemma(self.model_dir, self.device, self.dtype, self.text_8bit)
 
     def encode_text(self, prompt: str, settings: TextSettings) -> TextEmbedding:
         return self.encode_texts([prompt], settings)[0]
@@ -214,7 +168,7 @@ class Ltx2Encoder(LoadedFamily):
         """One Gemma (and connectors) call for every prompt, each left-padded to max_length on its own."""
         from diffusers.pipelines.ltx2.connectors import per_layer_masked_mean_norm  # noqa: PLC0415 - heavy: diffusers
 
-        tokens, totals = self._tokenize(prompts, settings.max_length)
+        tokens, totals = trainer_tokens(self.tokenizer, prompts, settings.max_length)
         mask = tokens.attention_mask
         with self._lock:
             out = self.text_encoder(
@@ -238,26 +192,6 @@ class Ltx2Encoder(LoadedFamily):
             }
             result.append(TextEmbedding(embeds, int(mask[row].sum()), total, extras))
         return result
-
-    def _tokenize(self, prompts: Sequence[str], max_length: int) -> tuple[Any, list[int]]:
-        """ltx-core's ``LTXGemmaTokenizer``: the stripped prompt truncated to max_length, ``<bos>`` prepended where
-        the tokenizer did not put one (Gemma 4's does not; Gemma 3's does) and the result cut to max_length again,
-        left-padded to max_length. Returns the padded batch and each prompt's untruncated token count."""
-        bos = self.tokenizer.bos_token_id
-        if bos is None:
-            raise ConfigError(f"{self.model_dir}/tokenizer has no bos_token: LTX-2 prompts begin with <bos>")
-
-        def with_bos(ids: list[int]) -> list[int]:
-            return ids if ids and ids[0] == bos else [bos, *ids]
-
-        stripped = [prompt.strip() for prompt in prompts]
-        cut = self.tokenizer(stripped, padding=False, truncation=True, max_length=max_length).input_ids
-        rows = [with_bos(ids)[:max_length] for ids in cut]
-        padded = self.tokenizer.pad(
-            {"input_ids": rows}, padding="max_length", max_length=max_length, return_tensors="pt"
-        )
-        totals = [len(with_bos(ids)) for ids in self.tokenizer(stripped, truncation=False).input_ids]
-        return padded, totals
 
     def _pre_connector(self, stacked: torch.Tensor, mask: torch.Tensor, norm: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """What the connectors' own forward feeds their transformers (LTX-2.0: one projection for both streams;
