@@ -9,5 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+# the 8-bit Gemma path (bitsandbytes): a tiny LTX-2.5 snapshot built and encoded with --load-text-encoder-in-8bit
+"$PY" bench/gpu_ltx2_8bit.py --device cuda --ltx-version 2.5 || echo "gpu-ltx2-8bit: failed (see above)"
 exec "$PY" bench/gpu_bench.py --size full --device cuda --dtype bf16 --samples "${SAMPLES:-16}" \
     --work "${WORK:-/tmp/lf-gpu-bench}" "$@"

@@ -253,6 +253,7 @@ def make_tiny_model(
     vae: Annotated[str, Opt(help="image: kl (AutoencoderKL, Flux's factors) | dc (AutoencoderDC)")] = "kl",
     text: Annotated[str, Opt(help="image: clip | t5 | none (captions stored as text only)")] = "clip",
     seed: Annotated[int, Opt()] = 0,
+    ltx_version: Annotated[str, Opt(help="ltx2: 2.0 | 2.3 | 2.5 (Gemma 4)")] = "2.0",
     tokenizer: Annotated[Path | None, Opt(help="copy this tokenizer instead of building one")] = None,
     train_on: Annotated[
         str | None, Opt(help="fit the VAE to this source's clips (a --source spec, e.g. vbvr:DIR; wan22 only)")
@@ -270,7 +271,8 @@ def make_tiny_model(
     from infra.demo.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415 - demo material: this command only
 
     image = functools.partial(make_tiny_image, vae=vae, text=text)
-    makers = {"wan22": make_tiny_wan22, "ltx2": make_tiny_ltx2, "image": image}
+    ltx2 = functools.partial(make_tiny_ltx2, version=ltx_version)
+    makers = {"wan22": make_tiny_wan22, "ltx2": ltx2, "image": image}
     if family not in makers:
         raise ConfigError(f"make-tiny-model knows {', '.join(makers)}, not {family!r}")
     if train_on is not None and family != "wan22":

@@ -2,17 +2,26 @@
 ``error: ...`` line and exit 2, in a second, instead of a failed flow run's tracebacks.
 
 Only what is cheap and certain: where OUT is, that the source kind exists and lists shards, that the shard
-filter keeps one, that a named device is there. The geometry and the model are checked by `make_spec`.
+filter keeps one, that a named device is there, that the 8-bit text encoder has bitsandbytes and CUDA. The
+geometry and the model are checked by `make_spec`.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 from pathlib import Path
+
+from packaging.version import Version
 
 from infra.cache.cachedir import CACHE_JSON
 from infra.config import BuildConfig
 from infra.errors import ConfigError
 from infra.sources import open_source
+
+#: The oldest bitsandbytes transformers 5 loads 8-bit models with (its BITSANDBYTES_MIN_VERSION); the [int8] extra's.
+BNB_MIN = "0.46.1"
+BNB_REQUIREMENT = f"bitsandbytes>={BNB_MIN}"
 
 
 def check_out(out: Path) -> None:
@@ -55,8 +64,35 @@ def check_device(device: str) -> None:
     resolve_device(device)
 
 
+def check_text_8bit(config: BuildConfig) -> None:
+    """``--load-text-encoder-in-8bit`` has what it runs on: bitsandbytes importable and a CUDA device (the run's,
+    ``auto`` resolved). Both reasons are named when both are missing."""
+    if not config.encoding.load_text_encoder_in_8bit:
+        return
+    from infra.devices import resolve_device  # noqa: PLC0415 - torch only when the 8-bit text encoder is asked for
+
+    missing = []
+    if importlib.util.find_spec("bitsandbytes") is None:
+        missing.append(f"bitsandbytes is not installed (pip install 'latentforge[int8]': {BNB_REQUIREMENT})")
+    elif Version(importlib.metadata.version("bitsandbytes")) < Version(BNB_MIN):
+        found = importlib.metadata.version("bitsandbytes")
+        missing.append(f"bitsandbytes {found} is older than transformers takes ({BNB_REQUIREMENT})")
+    device = config.run.device
+    try:
+        found = resolve_device(device).type
+    except ConfigError:  # a named device that is not there
+        found = "not there"
+    if found != "cuda":
+        missing.append(
+            f"it runs on CUDA only, and this run's device is {device}{'' if found == device else f' ({found})'}"
+        )
+    if missing:
+        raise ConfigError(f"--load-text-encoder-in-8bit (bitsandbytes' 8-bit Gemma): {'; '.join(missing)}")
+
+
 def check_build(config: BuildConfig) -> None:
     """Everything above, for a build or a sanity run."""
     check_out(Path(config.out).expanduser())
     check_source(config)
+    check_text_8bit(config)
     check_device(config.run.device)

@@ -287,6 +287,12 @@ class EncodingConfig(StrictModel):
         description="Text encoder weights: none, or int8-dynamic (torch dynamic int8 quantization of its Linear "
         "layers, CPU only; changes the numbers, so it is in the fingerprint)",
     )
+    load_text_encoder_in_8bit: bool = Field(
+        False,
+        description="ltx2: load Gemma in 8-bit (bitsandbytes LLM.int8() through transformers' BitsAndBytesConfig), "
+        "the LTX-2 trainer's --load-text-encoder-in-8bit: about half its GPU memory. CUDA and bitsandbytes only; "
+        "changes the numbers, so it is in the fingerprint",
+    )
     dtype: ComputeDtype = Field("bf16", description="Compute dtype; stored tensors are bf16 either way")
     store_dtype: StoreDtype = Field(
         "bf16", description="Stored dtype of latents and text embeddings: bf16, or fp16 (the image family)"
@@ -557,6 +563,8 @@ ADDED_LATER: dict[str, Any] = {
     "video_batch": 1,
     "vae_tiling": False,
     "text_quantize": "none",
+    "load_text_encoder_in_8bit": False,
+    "model_version": None,
     "layout": None,
     "mode": "t2v",
     "audio_file_length": "clip",
@@ -611,6 +619,12 @@ class CacheSpec(StrictModel):
     video_batch: int = Field(1, description="Clips per VAE call (short batches padded to it)")
     vae_tiling: bool = Field(False, description="VAE tiled encoding (diffusers enable_tiling, its default tiles)")
     text_quantize: Literal["none", "int8-dynamic"] = "none"
+    load_text_encoder_in_8bit: bool = Field(False, description="Gemma loaded in 8-bit (bitsandbytes LLM.int8())")
+    model_version: str | None = Field(
+        None,
+        description="The model's version, where the family records one (ltx2: 2.5, a Gemma 4 text encoder). LTX-2.0 "
+        "and 2.3 record none, so caches made before the field keep their fingerprints (their model identity differs)",
+    )
     latent_norm: str = Field(description="How latents are normalised before storing")
     text_stage: str = "last_hidden_state"
     layout: str | None = Field(

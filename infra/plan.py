@@ -196,6 +196,25 @@ def memory_settings(config: BuildConfig, temporal: str) -> dict[str, Any]:
     }
 
 
+def text_8bit_setting(config: BuildConfig, family: FamilySpec) -> dict[str, bool]:
+    """The spec's ``load_text_encoder_in_8bit``; ConfigError for a family without it or a setting it cannot go with.
+    Whether bitsandbytes and a CUDA device are there is checked where the run encodes (`flows.preflight`), not here:
+    verifying an 8-bit cache needs neither."""
+    if not config.encoding.load_text_encoder_in_8bit:
+        return {"load_text_encoder_in_8bit": False}
+    if not family.text_8bit:
+        raise ConfigError(
+            f"--load-text-encoder-in-8bit is the LTX-2 trainer's 8-bit Gemma (family ltx2); family {family.name} "
+            "has no 8-bit text encoder"
+        )
+    if config.encoding.text_quantize != "none":
+        raise ConfigError("--load-text-encoder-in-8bit and --text-quantize are two quantizations: give one")
+    if config.run.text_offload:
+        # bitsandbytes' int8 weights live on the GPU they were quantized on: parking them on the host is not offered
+        raise ConfigError("--text-offload cannot park an 8-bit text encoder (bitsandbytes keeps it on its GPU)")
+    return {"load_text_encoder_in_8bit": True}
+
+
 def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tuple[int, ...]]:
     """Resolve the family, check geometry and format, hash the model: (family, spec, latent, text shape). With
     buckets, the latent shape is the first bucket's (each sample's is its own bucket's). The recipe `config` names
@@ -243,6 +262,8 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
         layout=layout_for(config),
         **caption_settings(config),
         **memory_settings(config, chosen["temporal"]),
+        **text_8bit_setting(config, family),
+        model_version=family.model_version(model_dir),
         **shard_settings(config),
     )
     if unplaced := [kind for kind in family.kinds(spec) if kind not in get_format(config.encoding.format).keys]:
@@ -389,7 +410,7 @@ def spec_settings(spec: CacheSpec) -> dict[str, Any]:
     for name in (
         "video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips", "mode", "lora_trigger",
         "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column", "caption_column",
-        "audio_file_length",
+        "audio_file_length", "load_text_encoder_in_8bit",
     ):  # fmt: skip
         if getattr(spec, name) != ADDED_LATER[name]:
             settings[name] = getattr(spec, name)

@@ -8,6 +8,11 @@ is the real one (128 latent channels, 32x spatial / 8x temporal video compressio
 stereo mel audio with 4x time and mel compression, 8 audio latent channels, 1024-token left-padded prompts,
 per-layer normalised Gemma hidden states into the connectors) with random, very small weights and
 non-identity latent statistics. Nothing is downloaded. The same seed gives byte-identical files.
+
+``version`` picks the text side: ``2.0`` (Gemma 3, one shared ``text_proj_in``), ``2.3`` (Gemma 3, per-modality
+projections: 2.3's feature extractor) or ``2.5`` (Gemma 4, ``Gemma4UnifiedForConditionalGeneration`` without vision
+or audio towers, a tokenizer that does not add ``<bos>`` as Gemma 4's does not, and 2.3's projections). The video and
+audio VAEs are the same tiny ones for every version.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from transformers import (
     AutoTokenizer,
     Gemma3Config,
     Gemma3ForConditionalGeneration,
+    Gemma4UnifiedConfig,
+    Gemma4UnifiedForConditionalGeneration,
     GemmaTokenizer,
     PreTrainedTokenizerBase,
 )
@@ -140,6 +147,32 @@ TINY_CONNECTORS_CONFIG: dict[str, Any] = {
     "per_modality_projections": False,
 }
 
+#: LTX-2.3 / 2.5 connectors: a projection per modality (with bias, as ltx-core's FeatureExtractorV2), each into its
+#: connector's width (heads x head_dim): video 4 x 16, audio 2 x 16.
+TINY_PER_MODALITY_CONNECTORS: dict[str, Any] = {
+    **TINY_CONNECTORS_CONFIG,
+    "audio_connector_num_attention_heads": 2,
+    "per_modality_projections": True,
+    "proj_bias": True,
+    "video_hidden_dim": 64,
+    "audio_hidden_dim": 32,
+}
+
+#: The tiny Gemma-4 (``gemma4_unified``) text model: the Gemma-3 sizes; its full-attention layers' head_dim
+#: (``global_head_dim``, 512 by default) set to the same 16.
+TINY_GEMMA4_TEXT_CONFIG: dict[str, Any] = {
+    **{k: v for k, v in TINY_TEXT_CONFIG.items() if k != "query_pre_attn_scalar"},
+    "global_head_dim": TINY_TEXT_CONFIG["head_dim"],
+}
+
+#: The versions ``make_tiny_ltx2`` writes; the text encoder class each one's model_index.json names.
+VERSIONS = ("2.0", "2.3", "2.5")
+TEXT_ENCODER_CLASSES = {
+    "2.0": "Gemma3ForConditionalGeneration",
+    "2.3": "Gemma3ForConditionalGeneration",
+    "2.5": "Gemma4UnifiedForConditionalGeneration",
+}
+
 #: The scheduler diffusers' convert_ltx2_to_diffusers.py saves into the real snapshot.
 SCHEDULER_CONFIG: dict[str, Any] = {
     "use_dynamic_shifting": True,
@@ -170,12 +203,13 @@ MODEL_INDEX = {
 _SEED_VAE, _SEED_AUDIO_VAE, _SEED_TEXT, _SEED_CONNECTORS, _SEED_STATS = 0, 1, 2, 3, 4
 
 
-def build_tokenizer() -> PreTrainedTokenizerBase:
+def build_tokenizer(add_bos: bool = True) -> PreTrainedTokenizerBase:
     """A small Gemma tokenizer built offline: BPE without merges over bytes and printable characters.
 
     ids 0-4 are ``<pad> <eos> <bos> <unk> <mask>`` as in Gemma, 5-9 the chat/image markers (special tokens),
     then the 256 byte-fallback tokens ``<0x00>``..``<0xFF>``, ``▁`` and the printable ASCII characters; every
-    other character is spelt in UTF-8 bytes. ``<bos>`` is prepended, padding is on the left (Gemma's default).
+    other character is spelt in UTF-8 bytes. ``<bos>`` is prepended (``add_bos``: Gemma 3's; Gemma 4's tokenizer adds
+    none), padding is on the left (Gemma's default).
     ``save_pretrained`` output reloads with ``AutoTokenizer`` as ``GemmaTokenizerFast`` (= ``GemmaTokenizer`` in
     transformers 5).
     """
@@ -185,7 +219,11 @@ def build_tokenizer() -> PreTrainedTokenizerBase:
     for char in ["▁", *(c for c in string.printable if not c.isspace())]:
         vocab.setdefault(char, len(vocab))
     return GemmaTokenizer(
-        vocab=vocab, merges=[], add_bos_token=True, add_eos_token=False, extra_special_tokens=list(EXTRA_SPECIAL_TOKENS)
+        vocab=vocab,
+        merges=[],
+        add_bos_token=add_bos,
+        add_eos_token=False,
+        extra_special_tokens=list(EXTRA_SPECIAL_TOKENS),
     )
 
 
@@ -257,35 +295,59 @@ def _write_text_encoder(out: Path, seed: int, tokenizer: PreTrainedTokenizerBase
     logger.info("tiny Gemma-3 text encoder: %d parameters, vocab %d", model.num_parameters(), vocab_size)
 
 
-def _write_connectors(out: Path, seed: int) -> None:
+def _write_gemma4(out: Path, seed: int, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Gemma 4 (``gemma4_unified``) without its vision and audio towers: LTX-2 feeds it text only."""
+    vocab_size = -(-len(tokenizer) // 128) * 128
+    text_config = {
+        **TINY_GEMMA4_TEXT_CONFIG,
+        "vocab_size": vocab_size,
+        "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        "eos_token_id": tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 1,
+        "bos_token_id": tokenizer.bos_token_id if tokenizer.bos_token_id is not None else 2,
+    }
+    config = Gemma4UnifiedConfig(text_config=text_config, vision_config=None, audio_config=None)
+    torch.manual_seed(seed + _SEED_TEXT)
+    model = Gemma4UnifiedForConditionalGeneration(config).to(torch.float32).eval()
+    model.save_pretrained(out, safe_serialization=True)
+    logger.info("tiny Gemma-4 text encoder: %d parameters, vocab %d", model.num_parameters(), vocab_size)
+
+
+def _write_connectors(out: Path, seed: int, version: str) -> None:
     torch.manual_seed(seed + _SEED_CONNECTORS)
-    connectors = LTX2TextConnectors(**TINY_CONNECTORS_CONFIG).eval()
+    config = TINY_CONNECTORS_CONFIG if version == "2.0" else TINY_PER_MODALITY_CONNECTORS
+    connectors = LTX2TextConnectors(**config).eval()
     connectors.save_pretrained(out, safe_serialization=True)
     logger.info("tiny LTX-2 text connectors: %d parameters", sum(p.numel() for p in connectors.parameters()))
 
 
-def _write_model_index(out_dir: Path) -> None:
-    index = {**MODEL_INDEX, "_diffusers_version": diffusers.__version__}
+def _write_model_index(out_dir: Path, version: str) -> None:
+    text_encoder = ["transformers", TEXT_ENCODER_CLASSES[version]]
+    index = {**MODEL_INDEX, "text_encoder": text_encoder, "_diffusers_version": diffusers.__version__}
     (out_dir / "model_index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
-def make_tiny_ltx2(out_dir: Path, *, seed: int = 0, tokenizer_dir: Path | None = None) -> Path:
-    """Write a tiny Lightricks/LTX-2-layout pipeline (without transformer and vocoder) into ``out_dir``.
+def make_tiny_ltx2(out_dir: Path, *, seed: int = 0, tokenizer_dir: Path | None = None, version: str = "2.0") -> Path:
+    """Write a tiny Lightricks/LTX-2-layout pipeline (without transformer and vocoder) of LTX `version` (`VERSIONS`)
+    into ``out_dir``.
 
     ``tokenizer_dir`` (a local tokenizer folder, e.g. a real Gemma-3 one) replaces the built-in tokenizer; the
     text encoder's vocabulary is sized to it. ``out_dir`` must be absent or empty: nothing is overwritten.
     Files are built in a sibling temporary folder and moved into place at the end, so a failure leaves no
     partial pipeline. The caller's torch RNG state is left as it was. Returns ``out_dir``.
     """
+    if version not in VERSIONS:
+        raise ValueError(f"tiny LTX-2 versions: {', '.join(VERSIONS)}, not {version!r}")
     out_dir = Path(out_dir)
     with staged_dir(out_dir, "the tiny LTX-2 pipeline") as staging, torch.random.fork_rng(devices=[]):
-        tokenizer = build_tokenizer() if tokenizer_dir is None else _load_local_tokenizer(Path(tokenizer_dir))
+        gemma4 = version == "2.5"
+        local = tokenizer_dir is not None
+        tokenizer = _load_local_tokenizer(Path(tokenizer_dir)) if local else build_tokenizer(add_bos=not gemma4)
         tokenizer.save_pretrained(staging / "tokenizer")
         _write_vae(staging / "vae", seed)
         _write_audio_vae(staging / "audio_vae", seed)
-        _write_text_encoder(staging / "text_encoder", seed, tokenizer)
-        _write_connectors(staging / "connectors", seed)
+        (_write_gemma4 if gemma4 else _write_text_encoder)(staging / "text_encoder", seed, tokenizer)
+        _write_connectors(staging / "connectors", seed, version)
         FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG).save_pretrained(staging / "scheduler")
-        _write_model_index(staging)
-    logger.info("wrote tiny LTX-2 pipeline to %s (seed %d, %d tokens)", out_dir, seed, len(tokenizer))
+        _write_model_index(staging, version)
+    logger.info("wrote tiny LTX-%s pipeline to %s (seed %d, %d tokens)", version, out_dir, seed, len(tokenizer))
     return out_dir

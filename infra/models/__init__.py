@@ -105,7 +105,9 @@ LOAD_LOG_ENV = "LATENTFORGE_LOAD_LOG"
 def _load(
     model_dir: str, family: str, device: str, dtype: torch.dtype, files: tuple, options: LoadOptions
 ) -> LoadedFamily:
-    loaded = get_family(family).load(Path(model_dir), torch.device(device), dtype)
+    # only a family declaring `text_8bit` takes the keyword (the plan refuses the setting for the others)
+    extra = {"text_encoder_8bit": True} if options.text_8bit else {}
+    loaded = get_family(family).load(Path(model_dir), torch.device(device), dtype, **extra)
     memory.apply(loaded, options)
     if log := os.environ.get(LOAD_LOG_ENV):
         with open(Path(log) / f"{os.getpid()}.loads", "a", encoding="utf-8") as fh:

@@ -187,6 +187,8 @@ class FamilySpec(ABC):
     #: Whether ``--text-padding zeros`` makes every row past seq_len zero (right padding): then
     #: ``--text-storage trimmed`` can keep the prompt's rows only and restore the padded tensor exactly.
     text_trimmable: ClassVar[bool] = True
+    #: Whether `load` takes ``text_encoder_8bit=True`` (``--load-text-encoder-in-8bit``: bitsandbytes, CUDA).
+    text_8bit: ClassVar[bool] = False
 
     def kinds(self, spec: Any) -> tuple[str, ...]:
         """The output kinds of a cache of this family made with `spec` (a CacheSpec: audio adds a kind; an LTX-2
@@ -204,6 +206,10 @@ class FamilySpec(ABC):
         """The components of this model directory the cache depends on (default: `components_for`); a family
         whose parts are optional (the image family's text encoder) looks at the directory."""
         return self.components_for(audio)
+
+    def model_version(self, model_dir: Path) -> str | None:
+        """The version the spec records (`CacheSpec.model_version`); None: nothing beyond the model identity."""
+        return None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -1,9 +1,11 @@
-"""LTX-2 (diffusers' LTX-2.0 layout) from a local snapshot: the video VAE, Gemma 3 and the text connectors, and
-the audio VAE for an audio run. What is cached is what the LTX-2 trainer's ``process_dataset.py`` caches:
+"""LTX-2 (diffusers' LTX-2 layout: 2.0, 2.3 and 2.5) from a local snapshot: the video VAE, the Gemma text encoder
+(Gemma 3; Gemma 4 for LTX-2.5) and the text connectors, and the audio VAE for an audio run. What is cached is what
+the LTX-2 trainer's ``process_dataset.py`` caches:
 
 * video: the posterior **mean**, normalised as ``LTX2Pipeline`` does: ``(z - latents_mean) * scaling_factor /
   latents_std``, bf16 ``[128, F', H', W']``;
-* text: Gemma with left padding to 1024 tokens, every hidden state (embeddings and each layer) stacked, then the
+* text: Gemma with left padding to 1024 tokens, a ``<bos>`` first (ltx-core's ``LTXGemmaTokenizer`` prepends it
+  where the tokenizer does not: Gemma 4's), every hidden state (embeddings and each layer) stacked, then the
   connectors' own per-layer masked normalisation and ``text_proj_in``: the **pre-connector** tensor (the
   connectors' transformers run at training time), bf16 ``[1024, D]``, with the int64 attention mask (left
   padding, 1 = real) and the audio prompt embedding (the same tensor for LTX-2.0). ``post_connector`` stores the
@@ -34,6 +36,7 @@ from infra.models.base import (
     TextSettings,
     read_json,
 )
+from infra.models.ltx2_text import UNRECORDED_VERSIONS, load_gemma, ltx2_version, trainer_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ class Ltx2Spec(FamilySpec):
     text_stages = ("pre_connector", "post_connector")
     has_audio = True
     text_trimmable = False  # left padding; the pre-connector pad rows are the projection's bias, not zeros
+    text_8bit = True
 
     def components_for(self, audio: bool) -> tuple[str, ...]:
         return (*self.components, "audio_vae") if audio else self.components
@@ -91,25 +95,33 @@ class Ltx2Spec(FamilySpec):
             width = int(cfg["caption_channels"])
         return (settings.max_length, width)
 
-    def load(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> Ltx2Encoder:
-        return Ltx2Encoder(model_dir, device, dtype)
+    def model_version(self, model_dir: Path) -> str | None:
+        version = ltx2_version(model_dir)
+        return None if version in UNRECORDED_VERSIONS else version
+
+    def load(
+        self, model_dir: Path, device: torch.device, dtype: torch.dtype, text_encoder_8bit: bool = False
+    ) -> Ltx2Encoder:
+        return Ltx2Encoder(model_dir, device, dtype, text_encoder_8bit)
 
 
 class Ltx2Encoder(LoadedFamily):
-    """Loaded video VAE, Gemma 3, tokenizer and connectors; the audio VAE loads on first use. Calls are
-    serialised (shards run in threads; the models keep state while they run)."""
+    """Loaded video VAE, Gemma (3 or 4), tokenizer and connectors; the audio VAE loads on first use. Calls are
+    serialised (shards run in threads; the models keep state while they run). ``text_8bit``: Gemma loaded in 8-bit
+    by bitsandbytes (CUDA only)."""
 
     name = "ltx2"
 
-    def __init__(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, model_dir: Path, device: torch.device, dtype: torch.dtype, text_8bit: bool = False) -> None:
         from diffusers import AutoencoderKLLTX2Video  # noqa: PLC0415 - heavy imports, only when loading
         from diffusers.pipelines.ltx2 import LTX2TextConnectors  # noqa: PLC0415
         from transformers import AutoTokenizer  # noqa: PLC0415
 
-        self.model_dir, self.device, self.dtype = model_dir, device, dtype
+        self.model_dir, self.device, self.dtype, self.text_8bit = model_dir, device, dtype, text_8bit
+        self.version = ltx2_version(model_dir)
         self.vae = AutoencoderKLLTX2Video.from_pretrained(model_dir / "vae", torch_dtype=dtype, local_files_only=True)
         self.vae.to(device).eval()
-        self.text_encoder = self.load_text_encoder().to(device)
+        self.text_encoder = self.load_text_encoder()
         self.connectors = LTX2TextConnectors.from_pretrained(
             model_dir / "connectors", torch_dtype=dtype, local_files_only=True
         )
@@ -123,7 +135,9 @@ class Ltx2Encoder(LoadedFamily):
         self.scale = float(self.vae.config.scaling_factor)
         self._audio_vae: Any = None
         self._lock = threading.Lock()
-        logger.info("loaded ltx2 from %s on %s (%s)", model_dir, device, dtype)
+        logger.info(
+            "loaded ltx2 %s from %s on %s (%s%s)", self.version, model_dir, device, dtype, text_8bit * ", 8-bit text"
+        )
 
     def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.encode_videos([pixels])[0]
@@ -144,11 +158,7 @@ class Ltx2Encoder(LoadedFamily):
         return pixels.float().cpu()[0].clamp(-1, 1)
 
     def load_text_encoder(self) -> torch.nn.Module:
-        from transformers import Gemma3ForConditionalGeneration  # noqa: PLC0415 - heavy import, only when loading
-
-        path = self.model_dir / "text_encoder"
-        model = Gemma3ForConditionalGeneration.from_pretrained(path, torch_dtype=self.dtype, local_files_only=True)
-        return model.eval()
+        return load_gemma(self.model_dir, self.device, self.dtype, self.text_8bit)
 
     def encode_text(self, prompt: str, settings: TextSettings) -> TextEmbedding:
         return self.encode_texts([prompt], settings)[0]
@@ -158,17 +168,8 @@ class Ltx2Encoder(LoadedFamily):
         """One Gemma (and connectors) call for every prompt, each left-padded to max_length on its own."""
         from diffusers.pipelines.ltx2.connectors import per_layer_masked_mean_norm  # noqa: PLC0415 - heavy: diffusers
 
-        prompts = [prompt.strip() for prompt in prompts]
-        tokens = self.tokenizer(
-            prompts,
-            padding="max_length",
-            max_length=settings.max_length,
-            truncation=True,
-            add_special_tokens=True,
-            return_tensors="pt",
-        )
+        tokens, totals = trainer_tokens(self.tokenizer, prompts, settings.max_length)
         mask = tokens.attention_mask
-        totals = [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=True, truncation=False).input_ids]
         with self._lock:
             out = self.text_encoder(
                 input_ids=tokens.input_ids.to(self.device),
@@ -194,7 +195,8 @@ class Ltx2Encoder(LoadedFamily):
 
     def _pre_connector(self, stacked: torch.Tensor, mask: torch.Tensor, norm: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """What the connectors' own forward feeds their transformers (LTX-2.0: one projection for both streams;
-        LTX-2.3: one per modality, after a per-token RMS norm, as `LTX2TextConnectors.forward` computes them)."""
+        LTX-2.3 and 2.5: one per modality, after a per-token RMS norm, as `LTX2TextConnectors.forward` computes
+        them; ltx-core's ``FeatureExtractorV2``)."""
         cfg = self.connectors.config
         if not cfg.per_modality_projections:
             normed = norm(

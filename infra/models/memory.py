@@ -35,6 +35,8 @@ class LoadOptions:
     text_quantize: str = "none"
     #: A family whose text encoder may be parked is its own instance (parking frees it on CPU).
     text_offload: bool = False
+    #: Gemma loaded in 8-bit by bitsandbytes (the family's `load` does it: the weights are quantized as they load).
+    text_8bit: bool = False
 
 
 def apply(loaded: LoadedFamily, options: LoadOptions) -> None:

@@ -57,7 +57,11 @@ def load_encoder(plan: BuildPlan) -> LoadedFamily:
 def load_options(cfg: BuildConfig) -> LoadOptions:
     """The memory options a build loads its family with (the decode step reuses that same loaded family)."""
     return LoadOptions(
-        cfg.encoding.vae_tiling, cfg.encoding.vae_slicing, cfg.encoding.text_quantize, cfg.run.text_offload
+        vae_tiling=cfg.encoding.vae_tiling,
+        vae_slicing=cfg.encoding.vae_slicing,
+        text_quantize=cfg.encoding.text_quantize,
+        text_offload=cfg.run.text_offload,
+        text_8bit=cfg.encoding.load_text_encoder_in_8bit,
     )
 
 
