@@ -70,7 +70,7 @@ ROLE_KINDS: dict[str, str] = {
     "audio_mask": "audio_masks",
 }
 #: The modes whose every role latentforge reads (``audio``: the clip's own track or a metadata file's audio column).
-IMPLEMENTED_MODES: tuple[str, ...] = ("t2v", "i2v", "a2v", "v2a")
+IMPLEMENTED_MODES: tuple[str, ...] = ("t2v", "i2v", "a2v", "v2a", "v2v-ic-lora", "video-inpaint")
 
 
 def mode_kinds(mode: str, audio: bool) -> tuple[str, ...]:
@@ -241,6 +241,18 @@ class EncodingConfig(StrictModel):
         description="meta sources: a media file listed twice: refuse (the first row is the sample, the later ones "
         "are ledger rows, bad_layout) or last (the last row's caption is the sample's, as the LTX-2 trainer keeps "
         "it; the earlier rows are ledger rows, superseded)",
+    )
+    reference_downscale_factor: int = Field(
+        1,
+        ge=1,
+        description="LTX-2 IC-LoRA (--mode v2v-ic-lora, av2av-ic-lora): the reference video is encoded at the bucket's "
+        "height and width divided by this, as the trainer's --reference-downscale-factor (> 1: one bucket only)",
+    )
+    reference_temporal_scale_factor: int = Field(
+        1,
+        ge=1,
+        description="LTX-2 IC-LoRA: the reference keeps frame 0, then every Nth frame of the bucket's frames (stored "
+        "fps divided by N), as the trainer's --reference-temporal-scale-factor (> 1: one bucket only)",
     )
     video_column: str | None = Field(
         None, description="meta sources: the column read as the video (default: video, else media_path, else path)"
@@ -565,6 +577,8 @@ ADDED_LATER: dict[str, Any] = {
     "duplicate_rows": "refuse",
     "video_column": None,
     "caption_column": None,
+    "reference_downscale_factor": 1,
+    "reference_temporal_scale_factor": 1,
 }
 
 
@@ -622,6 +636,8 @@ class CacheSpec(StrictModel):
     duplicate_rows: Literal["refuse", "last"] = "refuse"
     video_column: str | None = None
     caption_column: str | None = None
+    reference_downscale_factor: int = Field(1, description="IC-LoRA: the reference's height and width over this")
+    reference_temporal_scale_factor: int = Field(1, description="IC-LoRA: frame 0, then every Nth reference frame")
 
     def canonical(self) -> dict[str, Any]:
         """What the fingerprint hashes: the spec's JSON under latentforge 0.1's names (`FINGERPRINT_NAMES`), without

@@ -28,11 +28,11 @@ from infra.formats import get_format
 from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes
 from infra.formats.ltx import SUBFOLDERS
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
-from infra.media.buckets import parse_buckets
+from infra.media.buckets import Bucket, check_reference_buckets, parse_buckets
 from infra.media.temporal import DEFAULT_SHORT, make_policy
 from infra.media.video import RESIZE_POLICIES, resize_policy_of
 from infra.models import FamilySpec, get_family, model_identity, resolve_family
-from infra.models.base import TextSettings
+from infra.models.base import GeometryRules, TextSettings
 from infra.recipes import apply_recipe
 from infra.sources import Shard, ShardReadError, Source, open_source
 
@@ -164,6 +164,31 @@ def check_mode(config: BuildConfig) -> None:
         raise ConfigError(f"--mode {mode} trains on audio: drop --skip-audio / --no-audio (or give --audio)")
 
 
+def check_reference(config: BuildConfig, buckets: list[Bucket], rules: GeometryRules) -> None:
+    """ConfigError for reference factors the run cannot use: given without a mode that reads a reference video, or
+    breaking the trainer's rules for its reference buckets (`infra.media.buckets.check_reference_buckets`)."""
+    enc = config.encoding
+    factors = {
+        "--reference-downscale-factor": enc.reference_downscale_factor,
+        "--reference-temporal-scale-factor": enc.reference_temporal_scale_factor,
+    }
+    if "reference_video" not in MODE_ROLES[enc.mode]:
+        for flag, factor in factors.items():
+            if factor != 1:
+                raise ConfigError(
+                    f"{flag} {factor} scales the reference video of --mode v2v-ic-lora or av2av-ic-lora "
+                    f"(this run: --mode {enc.mode})"
+                )
+        return
+    check_reference_buckets(
+        buckets,
+        enc.reference_downscale_factor,
+        enc.reference_temporal_scale_factor,
+        rules.spatial_multiple,
+        rules.frame_multiple,
+    )
+
+
 def memory_settings(config: BuildConfig, temporal: str) -> dict[str, Any]:
     """The spec's video batch (1 with --vae-slicing: the VAE then encodes each clip alone), tiling and text
     quantization; ConfigError for a batch the shard cannot gather (``windows:K`` has no read-ahead)."""
@@ -196,6 +221,7 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
     rules = family.rules(model_dir)
     for frames, height, width in geometry:
         rules.check(family.name, frames, height, width)
+    check_reference(config, [Bucket(w, h, f) for f, h, w in geometry], rules)
     get_format(config.encoding.format)
     frames, height, width = geometry[0]
     spec = CacheSpec(
@@ -238,7 +264,7 @@ def caption_settings(config: BuildConfig) -> dict[str, Any]:
     """The spec's mode, caption handling and metadata columns, as given (their defaults keep old fingerprints)."""
     names = (
         "mode", "lora_trigger", "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column",
-        "caption_column", "audio_file_length",
+        "caption_column", "audio_file_length", "reference_downscale_factor", "reference_temporal_scale_factor",
     )  # fmt: skip
     return {name: getattr(config.encoding, name) for name in names}
 
@@ -369,7 +395,7 @@ def spec_settings(spec: CacheSpec) -> dict[str, Any]:
     for name in (
         "video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips", "mode", "lora_trigger",
         "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column", "caption_column",
-        "audio_file_length",
+        "audio_file_length", "reference_downscale_factor", "reference_temporal_scale_factor",
     ):  # fmt: skip
         if getattr(spec, name) != ADDED_LATER[name]:
             settings[name] = getattr(spec, name)

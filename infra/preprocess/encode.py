@@ -15,7 +15,7 @@ from infra.devices import pin_cpu_threads, resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, EncodedSample, textpad
-from infra.formats.base import STORE_DTYPES
+from infra.formats.base import REFERENCE_KIND, STORE_DTYPES
 from infra.formats.consumers import latent_encoder
 from infra.media.prompts import CaptionRules
 from infra.models import LoadedFamily, load_family, memory
@@ -90,6 +90,13 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
     extras: dict[str, Any] = dict(text.extras) if text is not None else {}
     info: dict[str, Any] = {"fps": video.clip.fps, "geometry": tuple(int(n) for n in video.pixels.shape[2:])}
     info["sampling"] = prepared.sampling
+    if prepared.reference is not None:  # IC-LoRA: the reference through the same VAE view, at the spec's batch size
+        (reference,) = videos.encode_group(consumer_view, [prepared.reference.pixels], spec.video_batch, state.vae)
+        if isinstance(reference, Exception):
+            raise reference
+        extras[REFERENCE_KIND] = reference.to(store)
+        info["reference_fps"] = prepared.reference.clip.fps / spec.reference_temporal_scale_factor  # the trainer's
+    extras.update(prepared.masks)
     if spec.audio:
         audio, facts = _audio(encoder, ref, prepared.media, video.pixels.shape[2] / video.clip.fps, spec)
         extras.update(audio)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from infra.config import MODE_ROLES
 from infra.errors import InputError, SourceError
 from infra.sources.base import SampleRef, Shard, Source, is_safe_name, mark_duplicate, register_source
 from infra.sources.identity import MemberIdentity, SourceIdentity
@@ -40,17 +41,27 @@ logger = logging.getLogger(__name__)
 ROWS_PER_SHARD = 1000
 VIDEO_COLUMNS = ("video", "media_path", "path")
 CAPTION_COLUMNS = ("caption", "cap")
+#: The LTX-2 trainer's other roles (`infra.config.MODE_ROLES`) → their columns, the trainer's legacy alias after
+#: the role's own name. A sample reads those its mode needs (`SampleRef.read_roles`).
+ROLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "reference_video": ("reference_video", "ref_media_path"),
+    "reference_audio": ("reference_audio",),
+    "video_mask": ("video_mask",),
+    "audio_mask": ("audio_mask",),
+}
 SUFFIXES = (".csv", ".json", ".jsonl")
 
 
 @dataclass(frozen=True)
 class Row:
-    """One listed sample: its media path as written, the caption (None: no caption), the audio path."""
+    """One listed sample: its media path as written, the caption (None: no caption), the audio path, and the paths
+    of its other roles (`ROLE_COLUMNS`) as written."""
 
     index: int
     media: str
     caption: str | None
     audio: str | None
+    roles: tuple[tuple[str, str], ...] = ()
 
 
 def _first(entry: dict[str, Any], names: tuple[str, ...]) -> Any:
@@ -72,7 +83,11 @@ def _row(index: int, entry: Any, columns: tuple[tuple[str, ...], tuple[str, ...]
     if isinstance(caption, list):  # FastVideo: several captions; the first is the sample's
         caption = caption[0] if caption else None
     audio = entry.get("audio") or None
-    return Row(index, str(media).strip() if media is not None else "", None if caption is None else str(caption), audio)
+    roles = tuple(
+        (role, str(path).strip()) for role, names in ROLE_COLUMNS.items() if (path := _first(entry, names)) is not None
+    )
+    text = None if caption is None else str(caption)
+    return Row(index, str(media).strip() if media is not None else "", text, audio, roles)
 
 
 @functools.lru_cache(maxsize=4)
@@ -116,7 +131,7 @@ def sample_id(media: str) -> str | None:
 class MetaSource(Source):
     """A metadata file (csv, json, jsonl; the LTX-2 trainer's or FastVideo's columns) listing media and captions."""
 
-    settings = ("video_column", "caption_column", "duplicate_rows")
+    settings = ("video_column", "caption_column", "duplicate_rows", "mode")
 
     def __init__(
         self,
@@ -124,6 +139,7 @@ class MetaSource(Source):
         video_column: str | None = None,
         caption_column: str | None = None,
         duplicate_rows: str = "refuse",
+        mode: str = "t2v",
     ) -> None:
         self.path = Path(path).expanduser()
         if self.path.suffix.lower() not in SUFFIXES:
@@ -131,6 +147,8 @@ class MetaSource(Source):
         self.root = self.path.parent
         self.columns = (video_column, caption_column)
         self.duplicate_rows = duplicate_rows
+        #: The roles past video, audio and caption that the mode reads (a reference video, a mask ...).
+        self.roles = tuple(role for role in MODE_ROLES[mode] if role in ROLE_COLUMNS)
 
     def rows(self) -> tuple[Row, ...]:
         try:
@@ -145,6 +163,12 @@ class MetaSource(Source):
         rows = self.rows()
         if not rows:
             raise SourceError(f"meta source {self.path}: lists no sample")
+        for role in self.roles:
+            if not any(role in dict(row.roles) for row in rows):
+                raise SourceError(
+                    f"meta source {self.path}: the mode reads the role {role} (column "
+                    f"{' or '.join(ROLE_COLUMNS[role])}), which no row has"
+                )
         size, stem = self.path.stat().st_size, self.path.stem
         count = -(-len(rows) // ROWS_PER_SHARD)
         return [Shard(id=f"{stem}-{i:05d}", path=str(self.path), size=size) for i in range(count)]
@@ -177,8 +201,10 @@ class MetaSource(Source):
         seen.add(key)
         media = self.root / row.media if sid is not None else None
         audio = self.root / row.audio if row.audio else None
+        listed = dict(row.roles)
+        roles = {role: self.root / listed[role] if listed.get(role) else None for role in self.roles}
         caption = None if row.caption is None else row.caption.encode("utf-8")
-        identity = SourceIdentity(members=_members(media, caption, audio))
+        identity = SourceIdentity(members=_members({"video": media, "audio": audio, **roles}, caption))
         parts = (sid or key).split("/")
         return SampleRef(
             id=sid or key,
@@ -187,16 +213,18 @@ class MetaSource(Source):
             read_media=functools.partial(_read, media, "video", identity),
             read_prompt=lambda: caption,
             read_audio=functools.partial(_read, audio, "audio", identity) if audio is not None else None,
+            read_roles={role: functools.partial(_read, path, role, identity) for role, path in roles.items()},
             extra=extra,
             identity=identity,
             stem=str(PurePosixPath(sid).with_suffix("")) if sid is not None and not extra else "",
         )
 
 
-def _members(media: Path | None, caption: bytes | None, audio: Path | None) -> dict[str, MemberIdentity]:
-    """The sample's members as listed: media and audio files by size and mtime, the caption by its hash."""
+def _members(files: dict[str, Path | None], caption: bytes | None) -> dict[str, MemberIdentity]:
+    """The sample's members as listed: media files (video, audio, the mode's other roles) by size and mtime, the
+    caption by its hash."""
     members = {}
-    for name, path in (("video", media), ("audio", audio)):
+    for name, path in files.items():
         if path is not None:
             try:
                 st = path.stat()
