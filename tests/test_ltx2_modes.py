@@ -216,7 +216,7 @@ def test_each_mode_requires_its_subfolders_and_unimplemented_ones_are_refused(tm
     for mode in ("i2v", "a2v", "v2a"):
         spec = make_spec(_config(dataset, ltx2_model, tmp_path / "o", mode=mode))[1]
         assert family.kinds(spec) == ("latents", "text_embeddings", "audio_latents"), mode
-    needed = {"v2v-ic-lora": "reference_latents/", "t2a": "audio_latents/", "audio-inpaint": "audio_masks/"}
+    needed = {"av2av-ic-lora": "reference_audio_latents/", "t2a": "audio_latents/", "audio-inpaint": "audio_masks/"}
     for mode, needs in needed.items():
         with pytest.raises(ConfigError, match=f"--mode {mode} reads the roles .* {needs}.*implemented modes: t2v"):
             make_spec(_config(dataset, ltx2_model, tmp_path / "o", mode=mode))
