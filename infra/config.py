@@ -70,7 +70,7 @@ ROLE_KINDS: dict[str, str] = {
     "audio_mask": "audio_masks",
 }
 #: The modes whose every role latentforge reads (``audio``: the clip's own track or a metadata file's audio column).
-IMPLEMENTED_MODES: tuple[str, ...] = ("t2v", "i2v", "a2v", "v2a", "v2v-ic-lora", "video-inpaint")
+IMPLEMENTED_MODES: tuple[str, ...] = ("t2v", "i2v", "a2v", "v2a", "v2v-ic-lora", "video-inpaint", "av2av-ic-lora")
 
 
 def mode_kinds(mode: str, audio: bool) -> tuple[str, ...]:

@@ -310,3 +310,77 @@ def test_video_inpaint_loads_in_the_trainers_dataset(inpaint):
     for sample in loaded:  # the strategy's reshape: one mask value per video token
         _, frames, height, width = sample["latents"]["latents"].shape
         assert sample["video_masks"]["mask"].reshape(1, frames * height * width).shape == (1, frames * height * width)
+
+
+# --- av2av-ic-lora: reference_audio → reference_audio_latents/ -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def av2av(tmp_path_factory: pytest.TempPathFactory, ltx2_model: Path) -> tuple[Path, object, dict]:
+    """One av2av-ic-lora cache at 64x64x9 under the ltx2-trainer recipe (audio on, the trainer's audio length):
+    bigbuckbunny (AAC 5.1, 48 kHz) and audio_only (46 ms) as audio and reference audio, and a reference audio file
+    without an audio track."""
+    root = tmp_path_factory.mktemp("av2av")
+    names = ("carphone", "bikes", "bigbuckbunny", "audio_only")
+    media = {name: real_clip(name).read_bytes() for name in names}
+    files = {f"clips/{name}.mp4": data for name, data in media.items()} | {"clips/silent.mp4": media["carphone"]}
+    rows = [
+        {
+            "video": "clips/carphone.mp4",
+            "audio": "clips/bigbuckbunny.mp4",
+            "reference_video": "clips/bikes.mp4",
+            "reference_audio": "clips/audio_only.mp4",
+            "caption": "a call",
+        },
+        {
+            "video": "clips/bikes.mp4",
+            "audio": "clips/audio_only.mp4",
+            "reference_video": "clips/carphone.mp4",
+            "reference_audio": "clips/bigbuckbunny.mp4",
+            "caption": "bikes",
+        },
+        {
+            "video": "clips/silent.mp4",
+            "audio": "clips/bigbuckbunny.mp4",
+            "reference_video": "clips/bikes.mp4",
+            "reference_audio": "clips/carphone.mp4",
+            "caption": "a reference without sound",
+        },
+    ]
+    dataset = _dataset(root / "data", rows, files)
+    cfg = _config(dataset, ltx2_model, root / "out", mode="av2av-ic-lora", buckets="64x64x9", audio=True)
+    ok, result = run_build(cfg)
+    assert ok and result["done"] == 3, result
+    return root / "out", make_plan(cfg), files
+
+
+def test_av2av_writes_the_reference_audio_as_the_trainer_does(av2av):
+    out, plan, _ = av2av
+    kinds = ("latents", "text_embeddings", "audio_latents", "reference_latents", "reference_audio_latents")
+    assert plan.kinds == kinds
+    pre = out / ".precomputed"
+    assert sorted(p.name for p in pre.iterdir()) == sorted(["conditions", *kinds[:1], *kinds[2:]])
+    reference = torch.load(pre / "reference_audio_latents/clips/bikes.pt", weights_only=True)
+    assert set(reference) == {"latents", "num_time_steps", "frequency_bins", "duration"}
+    assert reference["latents"].dtype == torch.float32 and reference["latents"].shape[::2] == (8, 16)
+    assert reference["num_time_steps"] == reference["latents"].shape[1] and reference["frequency_bins"] == 16
+    # the audio column's rule (compute_audio_latents, max_duration = the longest bucket's F / 25): 9 / 25 s trimmed
+    assert reference["duration"] == int(9 / 25 * 48000) / 48000
+    # the same file as another sample's audio column: the same latents (one encoder, one rule, any role)
+    audio = torch.load(pre / "audio_latents/clips/carphone.pt", weights_only=True)
+    assert torch.equal(reference["latents"], audio["latents"]) and reference["duration"] == audio["duration"]
+    short = torch.load(pre / "reference_audio_latents/clips/carphone.pt", weights_only=True)
+    assert short["duration"] < 0.1  # the 46 ms file: trimmed only, never padded
+    video = torch.load(pre / "reference_latents/clips/carphone.pt", weights_only=True)
+    assert list(video["latents"].shape) == [128, 2, 2, 2] and video["fps"] == 25.0  # bikes, full size and rate
+
+
+def test_av2av_loads_in_the_trainers_dataset_and_a_reference_without_sound_is_named(av2av):
+    out, plan, _ = av2av
+    sources = ["conditions", "latents", "audio_latents", "reference_latents", "reference_audio_latents"]
+    loaded = precomputed(out, sources)
+    report = reconcile(plan)
+    assert len(loaded) == report.produced == 2
+    (missing,) = report.missing
+    assert (missing.id, missing.reason) == ("clips/silent.mp4", "no_audio_track")
+    assert "reference_audio_latents" in missing.detail

@@ -15,7 +15,7 @@ from infra.devices import pin_cpu_threads, resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, EncodedSample, textpad
-from infra.formats.base import REFERENCE_KIND, STORE_DTYPES
+from infra.formats.base import REFERENCE_AUDIO_KIND, REFERENCE_KIND, STORE_DTYPES
 from infra.formats.consumers import latent_encoder
 from infra.media.prompts import CaptionRules
 from infra.models import LoadedFamily, load_family, memory
@@ -31,6 +31,8 @@ from infra.sources import SampleRef
 
 #: The frame rate the LTX-2 trainer divides its longest bucket's frames by for a separate audio file's length.
 TRAINER_AUDIO_FPS = 25.0
+#: Where an audio kind's duration (seconds) goes in ``EncodedSample.info``, for the writer.
+DURATION_KEYS = {AUDIO_KIND: "audio_duration", REFERENCE_AUDIO_KIND: "reference_audio_duration"}
 
 
 @dataclass(frozen=True)
@@ -97,10 +99,16 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
         extras[REFERENCE_KIND] = reference.to(store)
         info["reference_fps"] = prepared.reference.clip.fps / spec.reference_temporal_scale_factor  # the trainer's
     extras.update(prepared.masks)
-    if spec.audio:
-        audio, facts = _audio(encoder, ref, prepared.media, video.pixels.shape[2] / video.clip.fps, spec)
-        extras.update(audio)
-        info.update(facts)
+    seconds = video.pixels.shape[2] / video.clip.fps
+    made = [_audio(encoder, ref, prepared.media, seconds, spec)] if spec.audio else []
+    if "reference_audio" in prepared.audio_roles:  # IC-LoRA: the reference's audio, by the audio column's rule
+        made.append(
+            _audio_file(encoder, prepared.audio_roles["reference_audio"], REFERENCE_AUDIO_KIND, seconds, True, spec)
+        )
+    for tensors, facts in made:
+        extras.update(tensors)
+        missing = {**info.get("missing_outputs", {}), **facts.pop("missing_outputs", {})}
+        info.update(facts, **({"missing_outputs": missing} if missing else {}))
     embeds = None
     if text is not None:
         trimmed = spec.text_storage == "trimmed"
@@ -145,14 +153,22 @@ def _audio(
     data = ref.read_audio() if ref.read_audio is not None else media
     if data is None:
         return {}, {"missing_outputs": {AUDIO_KIND: "missing_audio: the sample's audio file is not there"}}
+    return _audio_file(encoder, data, AUDIO_KIND, seconds, ref.read_audio is not None, spec)
+
+
+def _audio_file(
+    encoder: LoadedFamily, data: bytes, kind: str, seconds: float, separate: bool, spec: CacheSpec
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """({kind: latents}, {duration: {kind: seconds}}) of one audio file (`separate`: a file of its own, under the
+    length rule of ``--audio-file-length``), or ({}, {missing_outputs: {kind: why}})."""
     pad = True
-    if ref.read_audio is not None and spec.audio_file_length == "trainer":  # an audio column, the trainer's rule
+    if separate and spec.audio_file_length == "trainer":  # an audio column, the trainer's rule
         longest = max(bucket[2] for bucket in spec.buckets) if spec.buckets else spec.frames
         seconds, pad = longest / TRAINER_AUDIO_FPS, False
     try:
         audio = encoder.encode_audio(data, seconds, pad)
     except InputError as exc:
-        return {}, {"missing_outputs": {AUDIO_KIND: f"{exc.reason}: {exc.detail}"}}
+        return {}, {"missing_outputs": {kind: f"{exc.reason}: {exc.detail}"}}
     if audio is None:
-        return {}, {"missing_outputs": {AUDIO_KIND: "no_audio_track: the file has no audio stream"}}
-    return {AUDIO_KIND: audio.latents}, {"audio_duration": audio.duration}
+        return {}, {"missing_outputs": {kind: "no_audio_track: the file has no audio stream"}}
+    return {kind: audio.latents}, {DURATION_KEYS[kind]: audio.duration}

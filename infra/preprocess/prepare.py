@@ -39,6 +39,9 @@ from infra.plan import BuildPlan
 from infra.preprocess.read import RawSample
 from infra.sources import SampleRef
 
+#: The roles whose bytes go to the audio encoder (`PreparedSample.audio_roles`).
+AUDIO_ROLES = ("reference_audio",)
+
 
 @dataclass(frozen=True)
 class PreparedVideo:
@@ -64,6 +67,8 @@ class PreparedSample:
     reference: PreparedVideo | None = None
     #: An inpainting sample's masks by output kind: ``video_masks`` on the latents' grid (`infra.media.masks`).
     masks: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: The bytes of the sample's audio roles (``reference_audio``), encoded with its audio.
+    audio_roles: dict[str, bytes] = field(default_factory=dict)
 
 
 def media_limits(plan: BuildPlan) -> MediaLimits:
@@ -86,7 +91,9 @@ def prepare(raw: RawSample, plan: BuildPlan) -> PreparedSample:
         frames, height, width = video.pixels.shape[2:]
         grid = ((frames - 1) // time + 1, height // spatial, width // spatial)
         masks["video_masks"] = video_mask(raw.roles["video_mask"], grid, spatial, time, limits)
-    return PreparedSample(raw.ref, raw.prompt, raw.media, video, sampling_record(video.clip), reference, masks)
+    audio_roles = {role: data for role, data in raw.roles.items() if role in AUDIO_ROLES}
+    record = sampling_record(video.clip)
+    return PreparedSample(raw.ref, raw.prompt, raw.media, video, record, reference, masks, audio_roles)
 
 
 def _without_frames(video: PreparedVideo) -> PreparedVideo:
