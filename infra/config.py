@@ -70,7 +70,11 @@ ROLE_KINDS: dict[str, str] = {
     "audio_mask": "audio_masks",
 }
 #: The modes whose every role latentforge reads (``audio``: the clip's own track or a metadata file's audio column).
-IMPLEMENTED_MODES: tuple[str, ...] = ("t2v", "i2v", "a2v", "v2a", "v2v-ic-lora", "video-inpaint", "av2av-ic-lora")
+IMPLEMENTED_MODES: tuple[str, ...] = (
+    "t2v", "i2v", "t2a", "v2v-ic-lora", "av2av-ic-lora", "a2a-ic-lora", "a2v", "v2a", "video-inpaint", "audio-inpaint"
+)  # fmt: skip
+#: The audio-only modes: no video, no ``latents/``; a sample is its ``audio`` file (named by it).
+AUDIO_ONLY_MODES: tuple[str, ...] = tuple(mode for mode, roles in MODE_ROLES.items() if "video" not in roles)
 
 
 def mode_kinds(mode: str, audio: bool) -> tuple[str, ...]:
@@ -253,6 +257,12 @@ class EncodingConfig(StrictModel):
         ge=1,
         description="LTX-2 IC-LoRA: the reference keeps frame 0, then every Nth frame of the bucket's frames (stored "
         "fps divided by N), as the trainer's --reference-temporal-scale-factor (> 1: one bucket only)",
+    )
+    audio_durations: str | None = Field(
+        None,
+        description="LTX-2 audio-only modes (t2a, a2a-ic-lora, audio-inpaint): duration buckets in seconds, "
+        "'2.0;4.0;8.0', as the trainer's --audio-durations: each audio file trimmed to the longest that fits, one "
+        "shorter than all skipped (audio_too_short); none: the whole file",
     )
     video_column: str | None = Field(
         None, description="meta sources: the column read as the video (default: video, else media_path, else path)"
@@ -579,6 +589,7 @@ ADDED_LATER: dict[str, Any] = {
     "caption_column": None,
     "reference_downscale_factor": 1,
     "reference_temporal_scale_factor": 1,
+    "audio_durations": None,
 }
 
 
@@ -638,6 +649,7 @@ class CacheSpec(StrictModel):
     caption_column: str | None = None
     reference_downscale_factor: int = Field(1, description="IC-LoRA: the reference's height and width over this")
     reference_temporal_scale_factor: int = Field(1, description="IC-LoRA: frame 0, then every Nth reference frame")
+    audio_durations: list[float] | None = Field(None, description="Audio-only modes: duration buckets (seconds)")
 
     def canonical(self) -> dict[str, Any]:
         """What the fingerprint hashes: the spec's JSON under latentforge 0.1's names (`FINGERPRINT_NAMES`), without

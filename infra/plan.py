@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from infra.cache.cachedir import read_cache_json
 from infra.config import (
     ADDED_LATER,
+    AUDIO_ONLY_MODES,
     IMPLEMENTED_MODES,
     MODE_ROLES,
     TEMPORAL_ALIASES,
@@ -219,7 +220,7 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
     if family.media == "image":  # a still is one frame, whatever --frames says (the default is a video's 33)
         geometry = [(1, height, width) for _, height, width in geometry]
     rules = family.rules(model_dir)
-    for frames, height, width in geometry:
+    for frames, height, width in geometry if config.encoding.mode not in AUDIO_ONLY_MODES else ():  # no video there
         rules.check(family.name, frames, height, width)
     check_reference(config, [Bucket(w, h, f) for f, h, w in geometry], rules)
     get_format(config.encoding.format)
@@ -260,13 +261,33 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
     return family.name, spec, latent_shape, family.text_shape(model_dir, TextSettings.of(spec))
 
 
+def audio_durations(config: BuildConfig) -> list[float] | None:
+    """``--audio-durations`` as seconds (given in the order given, as the trainer parses them); ConfigError for a
+    value that is not a positive number or a mode that is not audio-only."""
+    text, mode = config.encoding.audio_durations, config.encoding.mode
+    if text is None:
+        return None
+    if mode not in AUDIO_ONLY_MODES:
+        raise ConfigError(
+            f"--audio-durations: for the audio-only modes ({', '.join(AUDIO_ONLY_MODES)}); in --mode {mode} a "
+            "clip's audio follows its video"
+        )
+    try:
+        durations = [float(part) for part in text.split(";")]
+    except ValueError as exc:
+        raise ConfigError(f"--audio-durations {text!r}: expected seconds like 2.0;4.0;8.0") from exc
+    if any(not d > 0 for d in durations):
+        raise ConfigError(f"--audio-durations {text!r}: all audio durations must be positive")
+    return durations
+
+
 def caption_settings(config: BuildConfig) -> dict[str, Any]:
     """The spec's mode, caption handling and metadata columns, as given (their defaults keep old fingerprints)."""
     names = (
         "mode", "lora_trigger", "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column",
         "caption_column", "audio_file_length", "reference_downscale_factor", "reference_temporal_scale_factor",
     )  # fmt: skip
-    return {name: getattr(config.encoding, name) for name in names}
+    return {name: getattr(config.encoding, name) for name in names} | {"audio_durations": audio_durations(config)}
 
 
 def shard_settings(config: BuildConfig) -> dict[str, Any]:
@@ -395,12 +416,14 @@ def spec_settings(spec: CacheSpec) -> dict[str, Any]:
     for name in (
         "video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips", "mode", "lora_trigger",
         "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column", "caption_column",
-        "audio_file_length", "reference_downscale_factor", "reference_temporal_scale_factor",
+        "audio_file_length", "reference_downscale_factor", "reference_temporal_scale_factor", "audio_durations",
     ):  # fmt: skip
         if getattr(spec, name) != ADDED_LATER[name]:
             settings[name] = getattr(spec, name)
     if spec.buckets:
         settings["buckets"] = ";".join(f"{w}x{h}x{f}" for w, h, f in spec.buckets)
+    if spec.audio_durations:
+        settings["audio_durations"] = ";".join(repr(d) for d in spec.audio_durations)
     for name in ("shard_samples", "shard_bytes", "parquet_dtype"):
         if getattr(spec, name) is not None:
             settings[name] = getattr(spec, name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import wave
 from pathlib import Path
 
 import av
@@ -384,3 +385,132 @@ def test_av2av_loads_in_the_trainers_dataset_and_a_reference_without_sound_is_na
     (missing,) = report.missing
     assert (missing.id, missing.reason) == ("clips/silent.mp4", "no_audio_track")
     assert "reference_audio_latents" in missing.detail
+
+
+# --- audio-only modes: t2a (--audio-durations), a2a-ic-lora, audio-inpaint -------------------------------------------
+
+
+def _wav(samples: np.ndarray, rate: int) -> bytes:
+    """int16 PCM WAV bytes of float samples (channels, n) in [-1, 1]."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as file:
+        file.setnchannels(samples.shape[0])
+        file.setsampwidth(2)
+        file.setframerate(rate)
+        file.writeframes((np.clip(samples, -1, 1) * 32767).round().astype("<i2").T.tobytes())
+    return out.getvalue()
+
+
+def _bunny_wav(seconds: float) -> bytes:
+    """The first `seconds` of bigbuckbunny's real soundtrack (its front left and right channels) as a WAV."""
+    chunks, rate = [], 48000
+    with av.open(str(real_clip("bigbuckbunny"))) as container:
+        for frame in container.decode(audio=0):
+            chunks.append(frame.to_ndarray()[:2])
+            rate = frame.sample_rate
+    samples = np.concatenate(chunks, axis=1)[:, : int(seconds * rate)]
+    return _wav(samples, rate)
+
+
+def _audio_build(root: Path, model: Path, mode: str, rows: list[dict], files: dict, **overrides: object) -> tuple:
+    dataset = _dataset(root / "data", rows, files)
+    cfg = _config(dataset, model, root / "out", mode=mode, audio=True, **overrides)
+    ok, result = run_build(cfg)
+    assert ok, result
+    return root / "out", make_plan(cfg), result
+
+
+@pytest.fixture(scope="module")
+def audio_files() -> dict[str, bytes]:
+    return {
+        "clips/bunny.wav": _bunny_wav(2.5),
+        "clips/bigbuckbunny.mp4": real_clip("bigbuckbunny").read_bytes(),
+        "clips/audio_only.mp4": real_clip("audio_only").read_bytes(),
+        "clips/carphone.mp4": real_clip("carphone").read_bytes(),
+    }
+
+
+def test_t2a_from_audio_and_captions_with_duration_buckets(tmp_path, ltx2_model, audio_files):
+    rows = [
+        {"audio": "clips/bunny.wav", "caption": "a meadow"},
+        {"audio": "clips/bigbuckbunny.mp4", "caption": "a rabbit"},
+        {"audio": "clips/audio_only.mp4", "caption": "46 ms"},
+        {"audio": "clips/carphone.mp4", "caption": "no sound"},
+    ]
+    out, plan, result = _audio_build(
+        tmp_path, ltx2_model, "t2a", rows, audio_files, audio_durations="4.0;1.0", decode_samples=2
+    )
+    assert plan.kinds == ("text_embeddings", "audio_latents") and plan.spec.audio_durations == [4.0, 1.0]
+    assert result["done"] == 2 and result["skipped"] == 2, result
+    pre = out / ".precomputed"
+    assert sorted(p.name for p in pre.iterdir()) == ["audio_latents", "conditions"]  # no latents/
+    expected = {"bunny": (1.0, "clips/bunny.wav"), "bigbuckbunny": (4.0, "clips/bigbuckbunny.mp4")}
+    encoder = load_encoder(plan)
+    for stem, (seconds, name) in expected.items():  # the longest bucket that fits: 2.5 s → 1.0, 5.3 s → 4.0
+        record = torch.load(pre / f"audio_latents/clips/{stem}.pt", weights_only=True)
+        assert set(record) == {"latents", "num_time_steps", "frequency_bins", "duration"}
+        assert record["latents"].dtype == torch.float32 and record["duration"] == seconds, stem
+        assert torch.equal(record["latents"], encoder.encode_audio(audio_files[name], seconds, False).latents), stem
+        assert (pre / f"conditions/clips/{stem}.pt").is_file()  # named by the audio file, as the trainer names it
+    loaded = precomputed(out, ["conditions", "audio_latents"])  # no latents/: the first source leads
+    report = reconcile(plan)
+    assert len(loaded) == report.produced == 2
+    reasons = {m.id: m.reason for m in report.missing}
+    assert reasons == {"clips/audio_only.mp4": "audio_too_short", "clips/carphone.mp4": "no_audio_track"}
+    refused = {
+        "for the audio-only modes": {"audio_durations": "1.0", "buckets": "64x64x9"},
+        "must be positive": {"audio_durations": "1;0", "mode": "t2a", "audio": True},
+    }
+    for message, overrides in refused.items():
+        with pytest.raises(ConfigError, match=message):
+            make_spec(_config(tmp_path / "data/dataset.json", ltx2_model, tmp_path / "o", **overrides))
+
+
+def test_a2a_reference_audio_is_named_by_the_sample(tmp_path, ltx2_model, audio_files):
+    rows = [
+        {"audio": "clips/bunny.wav", "reference_audio": "clips/bigbuckbunny.mp4", "caption": "a meadow"},
+        {"audio": "clips/bigbuckbunny.mp4", "reference_audio": "clips/carphone.mp4", "caption": "no reference sound"},
+    ]
+    out, plan, result = _audio_build(tmp_path, ltx2_model, "a2a-ic-lora", rows, audio_files)
+    assert result["done"] == 2, result
+    pre = out / ".precomputed"
+    assert sorted(p.name for p in pre.iterdir()) == ["audio_latents", "conditions", "reference_audio_latents"]
+    target = torch.load(pre / "audio_latents/clips/bunny.pt", weights_only=True)
+    reference = torch.load(pre / "reference_audio_latents/clips/bunny.pt", weights_only=True)
+    assert target["duration"] == 2.5 and reference["duration"] == pytest.approx(5.28, abs=0.05)  # whole files
+    whole = load_encoder(plan).encode_audio(audio_files["clips/bigbuckbunny.mp4"], 60.0, False)
+    assert torch.equal(reference["latents"], whole.latents) and reference["duration"] == whole.duration
+    loaded = precomputed(out, ["conditions", "audio_latents", "reference_audio_latents"])
+    report = reconcile(plan)
+    assert len(loaded) == report.produced == 1
+    (missing,) = report.missing
+    assert missing.id == "clips/bigbuckbunny.mp4" and missing.reason == "no_audio_track"
+    assert "reference_audio_latents" in missing.detail
+
+
+def test_audio_masks_are_the_trainers_on_the_audio_latents_steps(tmp_path, ltx2_model, audio_files):
+    tensor_mask = torch.cat([torch.ones(30), torch.zeros(70)])
+    buffer = io.BytesIO()
+    torch.save({"mask": tensor_mask}, buffer)
+    square = np.zeros((1, 48000), dtype=np.float32)
+    square[:, 12000:30000] = 0.9  # a gate signal: loud from 0.25 s to 0.625 s
+    files = {**audio_files, "masks/bunny.pt": buffer.getvalue(), "masks/gate.wav": _wav(square, 48000)}
+    rows = [
+        {"audio": "clips/bunny.wav", "audio_mask": "masks/bunny.pt", "caption": "a meadow"},
+        {"audio": "clips/bigbuckbunny.mp4", "audio_mask": "masks/gate.wav", "caption": "a rabbit"},
+    ]
+    out, plan, result = _audio_build(tmp_path, ltx2_model, "audio-inpaint", rows, files, audio_durations="2.0")
+    assert result["done"] == 2, result
+    pre = out / ".precomputed"
+    assert sorted(p.name for p in pre.iterdir()) == ["audio_latents", "audio_masks", "conditions"]
+    raw = {"bunny": tensor_mask, "bigbuckbunny": torch.from_numpy(square).abs().mean(dim=0)}  # torchaudio's /32768
+    raw["bigbuckbunny"] = torch.from_numpy(np.round(square * 32767) / 32768).abs().mean(dim=0)
+    for stem, signal in raw.items():
+        mask = torch.load(pre / f"audio_masks/clips/{stem}.pt", weights_only=True)
+        steps = torch.load(pre / f"audio_latents/clips/{stem}.pt", weights_only=True)["num_time_steps"]
+        assert set(mask) == {"mask"} and mask["mask"].dtype == torch.float32 and mask["mask"].shape == (steps,)
+        expected = F.interpolate(signal.float().unsqueeze(0).unsqueeze(0), size=steps, mode="nearest").squeeze()
+        assert torch.equal(mask["mask"], (expected > 0.5).float()), stem
+        assert 0 < int(mask["mask"].sum()) < steps, stem
+    loaded = precomputed(out, ["conditions", "audio_latents", "audio_masks"])
+    assert len(loaded) == reconcile(plan).produced == 2

@@ -56,7 +56,7 @@ class EncodedSample:
     group: str
     stem: str  # OUT-relative name of its outputs, without a suffix (mirrors the source: ``group/id``, ``dir/clip``)
     prompt: str
-    latents: torch.Tensor  # (C, F', H', W') bf16 (the image family: (C, H', W'), bf16 or fp16)
+    latents: torch.Tensor | None  # (C, F', H', W') bf16 (image family: (C, H', W')); None: an audio-only sample
     text_embeds: torch.Tensor | None  # (max_length, D) bf16; None: a family without a text encoder
     seq_len: int
     source_shape: list[int]  # [T, H, W, C]
@@ -65,15 +65,16 @@ class EncodedSample:
     info: dict[str, Any] = field(default_factory=dict)  # facts a format may store: fps, frames, audio_duration
 
     @property
-    def latent_shape(self) -> list[int]:
-        return list(self.latents.shape)
+    def latent_shape(self) -> list[int] | None:
+        return list(self.latents.shape) if self.latents is not None else None
 
     def outputs(self) -> dict[str, torch.Tensor]:
         """Each output kind's tensor: latents, text_embeddings, and those of the other kinds the sample has (audio
         latents where it has audio, a reference's latents, masks)."""
         extra = {kind: t for kind in KIND_DTYPES if isinstance(t := self.extras.get(kind), torch.Tensor)}
         text = {"text_embeddings": self.text_embeds} if self.text_embeds is not None else {}
-        return {"latents": self.latents, **text, **extra}
+        video = {"latents": self.latents} if self.latents is not None else {}
+        return {**video, **text, **extra}
 
 
 @dataclass(frozen=True)

@@ -90,16 +90,15 @@ class LtxWriter(PerSampleWriter):
     files of its mode's other kinds it has (a reference's latents, masks)."""
 
     def render(self, sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
-        latents = _video_record(sample.latents, sample.info["fps"])
         conditions = {
             "video_prompt_embeds": sample.text_embeds.contiguous(),
             "prompt_attention_mask": sample.extras["prompt_attention_mask"].to(torch.int64).contiguous(),
             "audio_prompt_embeds": sample.extras["audio_prompt_embeds"].contiguous(),
         }
-        files = [
-            (["latents"], relpath("latents", sample.stem), _save(latents)),
-            (["text_embeddings"], relpath("text_embeddings", sample.stem), _save(conditions)),
-        ]
+        files = [(["text_embeddings"], relpath("text_embeddings", sample.stem), _save(conditions))]
+        if sample.latents is not None:  # none in an audio-only mode (t2a ...), as the trainer writes none
+            latents = _video_record(sample.latents, sample.info["fps"])
+            files.insert(0, (["latents"], relpath("latents", sample.stem), _save(latents)))
         audio = sample.extras.get(AUDIO_KIND)
         if isinstance(audio, torch.Tensor):
             record = _audio_record(audio, sample.info["audio_duration"])

@@ -15,8 +15,10 @@ from infra.devices import pin_cpu_threads, resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, EncodedSample, textpad
-from infra.formats.base import REFERENCE_AUDIO_KIND, REFERENCE_KIND, STORE_DTYPES
+from infra.formats.base import AUDIO_MASK_KIND, REFERENCE_AUDIO_KIND, REFERENCE_KIND, STORE_DTYPES
 from infra.formats.consumers import latent_encoder
+from infra.media.audio import decode_audio
+from infra.media.masks import audio_mask
 from infra.media.prompts import CaptionRules
 from infra.models import LoadedFamily, load_family, memory
 from infra.models.base import TextEmbedding, TextSettings
@@ -82,6 +84,8 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
     A clip without an audio track (or whose audio cannot be decoded) in an audio run is still encoded: its row
     records the missing audio with the reason (``extras["missing_outputs"]``), and reconciliation and the audio
     gate count it as a loss."""
+    if prepared.video is None:
+        return encode_audio_only(prepared, plan, encoder, state)
     spec, video, ref = plan.spec, prepared.video, prepared.ref
     pin_cpu_threads(plan.config.run.device)  # the same kernels, so the same bytes, on every runner
     store = STORE_DTYPES[spec.store_dtype]
@@ -127,6 +131,70 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
         info=info,
     )
     return Encoded(sample, text.tokens_total, text.truncated) if text is not None else Encoded(sample)
+
+
+def encode_audio_only(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, state: ShardState) -> Encoded:
+    """An audio-only mode's sample (t2a, a2a-ic-lora, audio-inpaint), as the trainer's ``compute_audio_latents``
+    with ``--audio-durations`` or without: its prompt, its audio file's latents (InputError when the file has no
+    audio track or is shorter than every duration bucket: the sample has nothing to train on), a reference audio
+    file's by the same rule (recorded missing when it has no track), an audio mask on the audio latents' steps."""
+    spec, ref = plan.spec, prepared.ref
+    pin_cpu_threads(plan.config.run.device)
+    text = encode_text(encoder, prepared.prompt, plan, state)
+    fault_point("encode")
+    extras: dict[str, Any] = dict(text.extras)
+    info: dict[str, Any] = {"sampling": prepared.sampling}
+    seconds = trainer_audio_seconds(prepared.media, spec.audio_durations)
+    audio = encoder.encode_audio(prepared.media, seconds, False)
+    if audio is None:  # decoded once already: not reached unless the file changed in between
+        raise InputError("no_audio_track", "the audio file has no audio stream")
+    extras[AUDIO_KIND], info["audio_duration"] = audio.latents, audio.duration
+    if prepared.audio_mask is not None:
+        extras[AUDIO_MASK_KIND] = audio_mask(prepared.audio_mask, int(audio.latents.shape[1]))
+    if "reference_audio" in prepared.audio_roles:
+        data = prepared.audio_roles["reference_audio"]
+        try:  # its own bucket, as the trainer runs compute_audio_latents over each audio column alone
+            reference = encoder.encode_audio(data, trainer_audio_seconds(data, spec.audio_durations), False)
+        except InputError as exc:  # the reference shorter than every bucket, without a track, undecodable
+            reference, missing = None, f"{exc.reason}: {exc.detail}"
+        else:
+            missing = "no_audio_track: the file has no audio stream"
+        if reference is None:
+            info["missing_outputs"] = {REFERENCE_AUDIO_KIND: missing}
+        else:
+            extras[REFERENCE_AUDIO_KIND], info["reference_audio_duration"] = reference.latents, reference.duration
+    sample = EncodedSample(
+        id=ref.id,
+        group=ref.group,
+        stem=ref.stem,
+        prompt=prepared.prompt,
+        latents=None,
+        text_embeds=text.embeds.to(STORE_DTYPES[spec.store_dtype]),
+        seq_len=text.seq_len,
+        source_shape=[],
+        fingerprint=plan.fingerprint,
+        extras=extras,
+        info=info,
+    )
+    return Encoded(sample, text.tokens_total, text.truncated)
+
+
+def trainer_audio_seconds(data: bytes, durations: list[float] | None) -> float:
+    """How long the trainer's ``compute_audio_latents`` keeps an audio-only sample's file: the longest of
+    `durations` that fits in it, else (no durations) all of it; InputError ``no_audio_track``, ``audio_too_short``
+    (shorter than every duration)."""
+    wave = decode_audio(data)
+    if wave is None:
+        raise InputError("no_audio_track", "the audio file has no audio stream")
+    if not durations:
+        return (wave.samples.shape[-1] + 1) / wave.rate  # past its last sample: trimmed to nothing less
+    fitting = [d for d in sorted(durations, reverse=True) if d <= wave.seconds]
+    if not fitting:
+        raise InputError(
+            "audio_too_short",
+            f"{wave.seconds:.3f} s of audio; the shortest --audio-durations bucket is {min(durations)} s",
+        )
+    return fitting[0]
 
 
 def encode_text(encoder: LoadedFamily, prompt: str, plan: BuildPlan, state: ShardState) -> TextEmbedding:

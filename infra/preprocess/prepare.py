@@ -21,7 +21,7 @@ from infra.config import CacheSpec
 from infra.errors import InputError
 from infra.media.buckets import Bucket, choose_bucket, reference_buckets
 from infra.media.image import is_image, load_rgb, prepare_image
-from infra.media.masks import video_mask
+from infra.media.masks import audio_mask_signal, video_mask
 from infra.media.temporal import TemporalPolicy, choose_windows, effective_fps, vae_aligned_indices
 from infra.media.video import (
     DEFAULT_LIMITS,
@@ -61,7 +61,7 @@ class PreparedSample:
     ref: SampleRef
     prompt: str
     media: bytes
-    video: PreparedVideo
+    video: PreparedVideo | None  # None: an audio-only mode's sample (its media is the audio file)
     sampling: dict[str, Any]
     #: An IC-LoRA sample's reference video, prepared as the trainer does (`prepare_reference`).
     reference: PreparedVideo | None = None
@@ -69,6 +69,8 @@ class PreparedSample:
     masks: dict[str, torch.Tensor] = field(default_factory=dict)
     #: The bytes of the sample's audio roles (``reference_audio``), encoded with its audio.
     audio_roles: dict[str, bytes] = field(default_factory=dict)
+    #: An audio-inpainting sample's raw mask signal, resized to its audio latents' steps once they are made.
+    audio_mask: torch.Tensor | None = None
 
 
 def media_limits(plan: BuildPlan) -> MediaLimits:
@@ -80,6 +82,10 @@ def prepare(raw: RawSample, plan: BuildPlan) -> PreparedSample:
     """The sample's pixels under the plan, without the source-resolution frames (the encoder needs the pixels; a
     sample waiting in the read-ahead's queue holds only them)."""
     limits = media_limits(plan)
+    audio_roles = {role: data for role, data in raw.roles.items() if role in AUDIO_ROLES}
+    if "latents" not in plan.kinds:  # an audio-only mode: no video to prepare
+        signal = audio_mask_signal(raw.roles["audio_mask"]) if "audio_mask" in raw.roles else None
+        return PreparedSample(raw.ref, raw.prompt, raw.media, None, {}, audio_roles=audio_roles, audio_mask=signal)
     video = _without_frames(prepare_video(raw.media, plan.spec, raw.ref.window, limits))
     reference = None
     if "reference_video" in raw.roles:
@@ -91,7 +97,6 @@ def prepare(raw: RawSample, plan: BuildPlan) -> PreparedSample:
         frames, height, width = video.pixels.shape[2:]
         grid = ((frames - 1) // time + 1, height // spatial, width // spatial)
         masks["video_masks"] = video_mask(raw.roles["video_mask"], grid, spatial, time, limits)
-    audio_roles = {role: data for role, data in raw.roles.items() if role in AUDIO_ROLES}
     record = sampling_record(video.clip)
     return PreparedSample(raw.ref, raw.prompt, raw.media, video, record, reference, masks, audio_roles)
 

@@ -3,8 +3,10 @@ media files and their captions, as the LTX-2 trainer and FastVideo read them.
 
 Columns, named as the LTX-2 trainer detects them: ``video`` (legacy alias ``media_path``; FastVideo's
 ``videos2caption.json``: ``path``), ``caption`` (FastVideo: ``cap``, a string or a list: its first entry is taken),
-optional ``audio`` (a separate audio file); ``--video-column`` / ``--caption-column`` name others (a name the file
-does not have is an error here, where the trainer ignores it). A caption given as ``""`` is the empty caption
+optional ``audio`` (a separate audio file; in an audio-only mode, t2a ..., the sample itself), and the roles its
+LTX-2 mode reads (`ROLE_COLUMNS`: ``reference_video`` or the legacy ``ref_media_path``, ``reference_audio``,
+``video_mask``, ``audio_mask``); ``--video-column`` / ``--caption-column`` name others (a name the file does not
+have is an error here, where the trainer ignores it). A caption given as ``""`` is the empty caption
 (``--empty-captions`` decides it); a row without one is ``missing_prompt``. A media file listed twice: the first
 row is the sample (the later ones are ``bad_layout`` rows), or with ``--duplicate-rows last`` the last row, as the
 trainer keeps its caption (the earlier ones are ``superseded`` rows).
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from infra.config import MODE_ROLES
+from infra.config import AUDIO_ONLY_MODES, MODE_ROLES
 from infra.errors import InputError, SourceError
 from infra.sources.base import SampleRef, Shard, Source, is_safe_name, mark_duplicate, register_source
 from infra.sources.identity import MemberIdentity, SourceIdentity
@@ -145,7 +147,9 @@ class MetaSource(Source):
         if self.path.suffix.lower() not in SUFFIXES:
             raise SourceError(f"meta source {path!r}: expected a {', '.join(SUFFIXES)} file")
         self.root = self.path.parent
-        self.columns = (video_column, caption_column)
+        #: An audio-only mode (t2a ...): a sample is its ``audio`` file, named by it, as the trainer names it.
+        self.audio_only = mode in AUDIO_ONLY_MODES
+        self.columns = (video_column or ("audio" if self.audio_only else None), caption_column)
         self.duplicate_rows = duplicate_rows
         #: The roles past video, audio and caption that the mode reads (a reference video, a mask ...).
         self.roles = tuple(role for role in MODE_ROLES[mode] if role in ROLE_COLUMNS)
@@ -200,7 +204,7 @@ class MetaSource(Source):
         key = sid if sid is not None and not extra else f"row-{row.index + 1:08d}"
         seen.add(key)
         media = self.root / row.media if sid is not None else None
-        audio = self.root / row.audio if row.audio else None
+        audio = self.root / row.audio if row.audio and not self.audio_only else None
         listed = dict(row.roles)
         roles = {role: self.root / listed[role] if listed.get(role) else None for role in self.roles}
         caption = None if row.caption is None else row.caption.encode("utf-8")
