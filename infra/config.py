@@ -69,10 +69,6 @@ ROLE_KINDS: dict[str, str] = {
     "video_mask": "video_masks",
     "audio_mask": "audio_masks",
 }
-#: The modes whose every role latentforge reads (``audio``: the clip's own track or a metadata file's audio column).
-IMPLEMENTED_MODES: tuple[str, ...] = (
-    "t2v", "i2v", "t2a", "v2v-ic-lora", "av2av-ic-lora", "a2a-ic-lora", "a2v", "v2a", "video-inpaint", "audio-inpaint"
-)  # fmt: skip
 #: The audio-only modes: no video, no ``latents/``; a sample is its ``audio`` file (named by it).
 AUDIO_ONLY_MODES: tuple[str, ...] = tuple(mode for mode, roles in MODE_ROLES.items() if "video" not in roles)
 

@@ -17,17 +17,14 @@ from infra.cache.cachedir import read_cache_json
 from infra.config import (
     ADDED_LATER,
     AUDIO_ONLY_MODES,
-    IMPLEMENTED_MODES,
     MODE_ROLES,
     TEMPORAL_ALIASES,
     BuildConfig,
     CacheSpec,
-    mode_kinds,
 )
 from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes
-from infra.formats.ltx import SUBFOLDERS
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
 from infra.media.buckets import Bucket, check_reference_buckets, parse_buckets
 from infra.media.temporal import DEFAULT_SHORT, make_policy
@@ -144,22 +141,14 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
 
 
 def check_mode(config: BuildConfig) -> None:
-    """ConfigError for a mode this run cannot make: one whose roles latentforge does not read yet (never a cache
-    silently short of a subfolder the trainer needs), a mode outside the LTX-2 layout, an audio mode without audio."""
+    """ConfigError for a mode this run cannot make: a mode outside the LTX-2 layout, an audio mode without audio.
+    (Every mode's roles are read; a dataset without a role the mode needs is refused when its source is listed.)"""
     mode = config.encoding.mode
     if mode == "t2v":
         return
     if config.encoding.format != "ltx":
         raise ConfigError(
             f"--mode {mode}: modes are the LTX-2 trainer's, for --format ltx (this run: {config.encoding.format})"
-        )
-    if mode not in IMPLEMENTED_MODES:
-        roles = ", ".join(MODE_ROLES[mode])
-        dirs = ", ".join(f"{SUBFOLDERS[kind]}/" for kind in mode_kinds(mode, config.encoding.audio))
-        raise ConfigError(
-            f"--mode {mode} reads the roles {roles} and writes {dirs}: latentforge does not read all of these roles "
-            f"yet, so it refuses rather than write a cache the trainer would find short; implemented modes: "
-            f"{', '.join(IMPLEMENTED_MODES)}"
         )
     if "audio" in MODE_ROLES[mode] and not config.encoding.audio:
         raise ConfigError(f"--mode {mode} trains on audio: drop --skip-audio / --no-audio (or give --audio)")

@@ -48,8 +48,6 @@ DIRS: dict[str, str] = {
     VIDEO_MASK_KIND: "video_masks",
     AUDIO_MASK_KIND: "audio_masks",
 }
-#: The same table under the name the plan's refusals use.
-SUBFOLDERS = DIRS
 
 
 def _save(record: dict[str, Any]) -> bytes:

@@ -94,7 +94,12 @@ def _row(index: int, entry: Any, columns: tuple[tuple[str, ...], tuple[str, ...]
 
 @functools.lru_cache(maxsize=4)
 def _parse(
-    path: str, size: int, mtime_ns: int, video_column: str | None = None, caption_column: str | None = None
+    path: str,
+    size: int,
+    mtime_ns: int,
+    video_column: str | None = None,
+    caption_column: str | None = None,
+    video_flag: str = "--video-column",
 ) -> tuple[Row, ...]:
     """Every row of the metadata file (cached per process by path, size, mtime and the columns asked for)."""
     text = Path(path).read_text(encoding="utf-8")
@@ -113,7 +118,7 @@ def _parse(
             raise SourceError(f"{path}: a .json metadata file holds a list of objects")
     else:
         entries = [json.loads(line) for line in text.splitlines() if line.strip()]
-    for given, flag in ((video_column, "--video-column"), (caption_column, "--caption-column")):
+    for given, flag in ((video_column, video_flag), (caption_column, "--caption-column")):
         if given and not any(isinstance(e, dict) and given in e for e in entries):
             raise SourceError(f"{path}: {flag} {given!r}: no row has that column")
     return tuple(_row(i, entry, (video_names, caption_names)) for i, entry in enumerate(entries))
@@ -150,6 +155,8 @@ class MetaSource(Source):
         #: An audio-only mode (t2a ...): a sample is its ``audio`` file, named by it, as the trainer names it.
         self.audio_only = mode in AUDIO_ONLY_MODES
         self.columns = (video_column or ("audio" if self.audio_only else None), caption_column)
+        own = self.audio_only and not video_column
+        self.video_flag = f"--mode {mode} reads its samples from the column" if own else "--video-column"
         self.duplicate_rows = duplicate_rows
         #: The roles past video, audio and caption that the mode reads (a reference video, a mask ...).
         self.roles = tuple(role for role in MODE_ROLES[mode] if role in ROLE_COLUMNS)
@@ -157,7 +164,7 @@ class MetaSource(Source):
     def rows(self) -> tuple[Row, ...]:
         try:
             st = self.path.stat()
-            return _parse(str(self.path.resolve()), st.st_size, st.st_mtime_ns, *self.columns)
+            return _parse(str(self.path.resolve()), st.st_size, st.st_mtime_ns, *self.columns, self.video_flag)
         except FileNotFoundError as exc:
             raise SourceError(f"meta source {self.path}: no such file") from exc
         except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
