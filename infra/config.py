@@ -221,7 +221,8 @@ class EncodingConfig(StrictModel):
     mode: Mode = Field(
         "t2v",
         description="LTX-2 training mode (format ltx): which .precomputed/ subfolders every sample must have "
-        "(README: the table of modes). Modes whose roles are not implemented are refused at plan time",
+        "(README: the table of modes) and which dataset roles are read; a dataset without a role it reads is "
+        "refused at plan time",
     )
     lora_trigger: str | None = Field(
         None, description="Text prepended to every caption with one space, as the LTX-2 trainer's --lora-trigger"

@@ -33,7 +33,7 @@ def test_fingerprint_is_sha256_of_canonical_json():
     added |= {"video_batch": 2, "vae_tiling": True, "text_quantize": "int8-dynamic", "layout": "cc12m"}
     added |= {"mode": "i2v", "lora_trigger": "sks", "remove_llm_prefixes": True, "empty_captions": "encode"}
     added |= {"duplicate_rows": "last", "video_column": "v", "caption_column": "c", "audio_file_length": "trainer"}
-    added |= {"reference_downscale_factor": 2, "reference_temporal_scale_factor": 2}
+    added |= {"reference_downscale_factor": 2, "reference_temporal_scale_factor": 2, "audio_durations": [2.0, 4.0]}
     spec = CacheSpec(**{**BASE, **added, "window_step": 5, "short_clips": "skip", "text_storage": "trimmed"})
     as_0_1_named = {FINGERPRINT_NAMES.get(k, k): v for k, v in spec.model_dump(mode="json").items()}
     canonical = json.dumps(as_0_1_named, sort_keys=True, separators=(",", ":"))
