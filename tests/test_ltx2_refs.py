@@ -24,7 +24,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from typer.testing import CliRunner
 
+from flows.cli import app
 from flows.run import run_build
 from infra.audit.reconcile import reconcile
 from infra.cache import ledger
@@ -38,6 +40,8 @@ from infra.preprocess.encode import load_encoder
 from infra.sources import open_source
 from tests.conftest import config
 from tests.media_utils import cut_clip
+
+runner = CliRunner()
 
 # --- a loader with PrecomputedDataset's rules -----------------------------------------------------------------------
 
@@ -191,11 +195,14 @@ def test_v2v_writes_the_reference_as_the_trainer_does(v2v, ltx2_model):
     assert torch.equal(encoder.encode_videos([pixels])[0].to(torch.bfloat16), reference["latents"])
 
 
-def test_v2v_loads_in_the_trainers_dataset_and_reconciles_by_subfolder(v2v):
+def test_v2v_loads_in_the_trainers_dataset_verifies_and_reconciles_by_subfolder(v2v, ltx2_model):
     out, plan, _ = v2v
     loaded = precomputed(out, ["conditions", "latents", "reference_latents"])  # FlexibleStrategyConfig's sources
     report = reconcile(plan)
     assert len(loaded) == report.produced == 2
+    verified = runner.invoke(app, ["verify", str(out), "--model", str(ltx2_model), "--json"])
+    assert verified.exit_code == 0, verified.output
+    assert json.loads(verified.output)["outputs"] == dict.fromkeys(plan.kinds, "present")
     reasons = {m.id: m.reason for m in report.missing}
     assert reasons == {
         "clips/lonely.mp4": "missing_reference_video",
@@ -455,6 +462,8 @@ def test_t2a_from_audio_and_captions_with_duration_buckets(tmp_path, ltx2_model,
     loaded = precomputed(out, ["conditions", "audio_latents"])  # no latents/: the first source leads
     report = reconcile(plan)
     assert len(loaded) == report.produced == 2
+    verified = runner.invoke(app, ["verify", str(out), "--model", str(ltx2_model), "--json"])
+    assert verified.exit_code == 0 and json.loads(verified.output)["outputs"] == dict.fromkeys(plan.kinds, "present")
     reasons = {m.id: m.reason for m in report.missing}
     assert reasons == {"clips/audio_only.mp4": "audio_too_short", "clips/carphone.mp4": "no_audio_track"}
     refused = {
