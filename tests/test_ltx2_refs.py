@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import wave
 from pathlib import Path
 
@@ -218,6 +219,16 @@ def test_v2v_loads_in_the_trainers_dataset_verifies_and_reconciles_by_subfolder(
         assert len(precomputed(out, ["conditions", "latents", "reference_latents"])) == 1
     finally:
         (out / "moved.pt").rename(out / ".precomputed/reference_latents/clips/bikes.pt")
+    # a reference changed in the source makes its sample stale, as a changed video does
+    reference = Path(plan.config.source.partition(":")[2]).parent / "refs/bikes.mp4"
+    before, stat = reference.read_bytes(), reference.stat()
+    reference.write_bytes(before + b"\0")
+    try:
+        changed = runner.invoke(app, ["verify", str(out), "--model", str(ltx2_model), "--json"])
+        assert [s["id"] for s in json.loads(changed.output)["stale"]] == ["clips/carphone.mp4"], changed.output
+    finally:
+        reference.write_bytes(before)
+        os.utime(reference, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def test_the_legacy_reference_column_and_a_file_without_one(tmp_path):
