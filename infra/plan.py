@@ -135,6 +135,12 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
     )
     if config.encoding.buckets is not None and policy.kind != "head":
         raise ConfigError("--buckets choose among the first frames of a clip: use them with --temporal head")
+    aligned = [role for role in ("reference_video", "video_mask") if role in MODE_ROLES[config.encoding.mode]]
+    if aligned and policy.kind != "head":
+        raise ConfigError(
+            f"--mode {config.encoding.mode}: its {aligned[0]} is read from its first frames, as the trainer reads "
+            f"every clip: use --temporal head (this run: {policy.name})"
+        )
     chosen["temporal"] = policy.spec_value
     chosen["short_clips"] = None if policy.short == DEFAULT_SHORT[policy.kind] else policy.short
     return chosen

@@ -255,6 +255,15 @@ def test_the_trainers_reference_rules_are_refused_at_plan_time(tmp_path, ltx2_mo
         "17 frames do not subsample evenly": {**V2V, "reference_temporal_scale_factor": 3},
         "subsample to 5, not 8·k \\+ 1": {**V2V, "reference_temporal_scale_factor": 4},
         "scales the reference video of --mode v2v-ic-lora": {"buckets": "64x64x17", "reference_downscale_factor": 2},
+        "its reference_video is read from its first frames.*--temporal head": {
+            "mode": "v2v-ic-lora",
+            "buckets": None,
+            "temporal": "span",
+            "frames": 17,
+            "height": 64,
+            "width": 64,
+        },
+        "its video_mask is read from its first frames": {"mode": "video-inpaint", "temporal": "stride:2"},
     }
     for message, overrides in refused.items():
         with pytest.raises(ConfigError, match=message):
