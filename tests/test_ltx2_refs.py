@@ -231,6 +231,22 @@ def test_v2v_loads_in_the_trainers_dataset_verifies_and_reconciles_by_subfolder(
         os.utime(reference, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
+def test_the_overfit_export_of_a_v2v_cache_keeps_each_kind_in_its_subfolder(v2v, tmp_path):
+    out, _, _ = v2v
+    to = tmp_path / "overfit"
+    exported = runner.invoke(
+        app, ["overfit", str(out), "--ids", "clips/carphone.mp4", "--copies", "2", "--to", str(to)]
+    )
+    assert exported.exit_code == 0, exported.output
+    rows = [row for shard in ledger.read_all(to).values() for row in shard.values()]
+    assert len(rows) == 2
+    for row in rows:
+        assert row.file_of("reference_latents").path.startswith(".precomputed/reference_latents/clips/carphone-c")
+        assert row.file_of("latents").path.startswith(".precomputed/latents/")
+    loaded = precomputed(to, ["conditions", "latents", "reference_latents"])
+    assert len(loaded) == 2
+
+
 def test_the_legacy_reference_column_and_a_file_without_one(tmp_path):
     rows = [{"media_path": "clips/a.mp4", "ref_media_path": "refs/a.mp4", "caption": "a"}]
     dataset = _dataset(tmp_path, rows, {"clips/a.mp4": b"video", "refs/a.mp4": b"reference"})
@@ -484,6 +500,8 @@ def test_t2a_from_audio_and_captions_with_duration_buckets(tmp_path, ltx2_model,
     assert len(loaded) == report.produced == 2
     verified = runner.invoke(app, ["verify", str(out), "--model", str(ltx2_model), "--json"])
     assert verified.exit_code == 0 and json.loads(verified.output)["outputs"] == dict.fromkeys(plan.kinds, "present")
+    refused = runner.invoke(app, ["overfit", str(out), "--n", "1", "--to", str(tmp_path / "overfit")])
+    assert refused.exit_code == 2 and "holds no video latents" in refused.output, refused.output
     reasons = {m.id: m.reason for m in report.missing}
     assert reasons == {"clips/audio_only.mp4": "audio_too_short", "clips/carphone.mp4": "no_audio_track"}
     refused = {
