@@ -204,6 +204,8 @@ def test_v2v_loads_in_the_trainers_dataset_verifies_and_reconciles_by_subfolder(
     verified = runner.invoke(app, ["verify", str(out), "--model", str(ltx2_model), "--json"])
     assert verified.exit_code == 0, verified.output
     assert json.loads(verified.output)["outputs"] == dict.fromkeys(plan.kinds, "present")
+    inspected = runner.invoke(app, ["inspect", str(out)])
+    assert inspected.exit_code == 0, inspected.output
     reasons = {m.id: m.reason for m in report.missing}
     assert reasons == {
         "clips/lonely.mp4": "missing_reference_video",
@@ -502,6 +504,9 @@ def test_t2a_from_audio_and_captions_with_duration_buckets(tmp_path, ltx2_model,
     assert verified.exit_code == 0 and json.loads(verified.output)["outputs"] == dict.fromkeys(plan.kinds, "present")
     refused = runner.invoke(app, ["overfit", str(out), "--n", "1", "--to", str(tmp_path / "overfit")])
     assert refused.exit_code == 2 and "holds no video latents" in refused.output, refused.output
+    for step, code in (("inspect", 0), ("audio-check", 0), ("reconcile", 1)):  # reconcile: 2 of 4 missing
+        ran = runner.invoke(app, [step, str(out)])
+        assert ran.exit_code == code, (step, ran.output)
     reasons = {m.id: m.reason for m in report.missing}
     assert reasons == {"clips/audio_only.mp4": "audio_too_short", "clips/carphone.mp4": "no_audio_track"}
     refused = {
