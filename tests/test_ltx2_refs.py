@@ -34,6 +34,7 @@ from infra.cache import ledger
 from infra.demo.testmedia import real_clip
 from infra.errors import ConfigError, SourceError
 from infra.formats.consumers import latent_encoder
+from infra.media.masks import video_mask
 from infra.media.video import resize_pixels
 from infra.models import get_family
 from infra.plan import make_plan, make_spec
@@ -566,3 +567,17 @@ def test_audio_masks_are_the_trainers_on_the_audio_latents_steps(tmp_path, ltx2_
         assert 0 < int(mask["mask"].sum()) < steps, stem
     loaded = precomputed(out, ["conditions", "audio_latents", "audio_masks"])
     assert len(loaded) == reconcile(plan).produced == 2
+
+
+def test_a_still_mask_in_any_of_the_trainers_image_formats():
+    still = Image.new("RGB", (90, 50), (0, 0, 0))
+    still.paste((255, 255, 255), (10, 5, 60, 40))
+    masks = {}
+    for fmt in ("PNG", "BMP", "TIFF"):
+        data = io.BytesIO()
+        still.save(data, format=fmt)
+        masks[fmt] = video_mask(data.getvalue(), (2, 3, 4), 32, 8)
+    png = io.BytesIO()
+    still.save(png, format="PNG")
+    expected = _trainer_video_mask(png.getvalue(), True, (2, 3, 4))
+    assert all(torch.equal(mask, expected) for mask in masks.values()), masks

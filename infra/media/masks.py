@@ -4,9 +4,10 @@
 Video (``video_mask`` → ``video_masks/``): the mask video's first ``F`` frames (``F = (F' - 1)·t + 1``, the pixel
 frames of the sample's latents), each the mean of its RGB values in [0, 1], resized by nearest neighbour to the
 latents' pixel size ``(H'·s, W'·s)`` — stretched, not cover-cropped, as the trainer does; a still image (png, jpg,
-webp) is its channel mean resized bilinearly (antialiased: torchvision's tensor resize) and repeated over the
-``F`` frames. Then a mean over each ``s×s`` block, a max over each run of ``t`` frames (frames 0..t-1, t..2t-1, ...;
-the last run padded with zeros), the first ``F'`` kept, and ``> 0.5``: ``{"mask": float32 [F', H', W']}``.
+webp, bmp, tiff: `is_still`) is its channel mean resized bilinearly (antialiased: torchvision's tensor resize) and
+repeated over the ``F`` frames. Then a mean over each ``s×s`` block, a max over each run of ``t`` frames (frames
+0..t-1, t..2t-1, ...; the last run padded with zeros), the first ``F'`` kept, and ``> 0.5``:
+``{"mask": float32 [F', H', W']}``.
 
 Audio (``audio_mask`` → ``audio_masks/``): a ``.pt`` tensor (or a dict: its ``mask``, else its first value),
 flattened; else an audio file's mean absolute amplitude over channels. Resized by nearest neighbour to the audio
@@ -37,7 +38,7 @@ def video_mask(
     ``(F', H', W')`` from a VAE that compresses ``spatial`` × ``spatial`` pixels and ``time`` frames."""
     latent_f, latent_h, latent_w = latent_grid
     pixel_f, pixel_h, pixel_w = (latent_f - 1) * time + 1, latent_h * spatial, latent_w * spatial
-    if is_image(media):
+    if is_still(media):
         rgb = torch.from_numpy(np.array(load_rgb(media, limits), dtype=np.uint8)).permute(2, 0, 1)
         gray = rgb.float().div(255.0).mean(dim=0, keepdim=True)  # [1, H, W], as to_tensor(...).mean(dim=0)
         size = (pixel_h, pixel_w)  # torchvision's tensor resize: bilinear, antialiased
@@ -59,6 +60,12 @@ def video_mask(
         mask = F.pad(mask, (0, 0, 0, 0, 0, pad))
     mask = mask.reshape(-1, time, latent_h, latent_w).amax(dim=1)[:latent_f]
     return (mask > 0.5).float()
+
+
+def is_still(media: bytes) -> bool:
+    """A mask given as a still image: png, jpg, webp, and bmp or tiff (the trainer takes a mask by its file name's
+    extension, these among them; the bytes' signature says the same here)."""
+    return is_image(media) or media[:2] == b"BM" or media[:4] in (b"II*\x00", b"MM\x00*")
 
 
 def audio_mask_signal(media: bytes) -> torch.Tensor:
