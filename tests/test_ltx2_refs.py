@@ -505,6 +505,9 @@ def test_t2a_from_audio_and_captions_with_duration_buckets(tmp_path, ltx2_model,
     assert verified.exit_code == 0 and json.loads(verified.output)["outputs"] == dict.fromkeys(plan.kinds, "present")
     refused = runner.invoke(app, ["overfit", str(out), "--n", "1", "--to", str(tmp_path / "overfit")])
     assert refused.exit_code == 2 and "holds no video latents" in refused.output, refused.output
+    dataset = tmp_path / "data/dataset.json"
+    ok, dry = run_build(_config(dataset, ltx2_model, tmp_path / "dry", mode="t2a", audio=True, dry_run=True))
+    assert ok and "audio_latents" in dry["dry_run"] and "latents" not in dry["dry_run"], dry
     for step, code in (("inspect", 0), ("audio-check", 0), ("reconcile", 1)):  # reconcile: 2 of 4 missing
         ran = runner.invoke(app, [step, str(out)])
         assert ran.exit_code == code, (step, ran.output)
