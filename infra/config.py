@@ -69,8 +69,8 @@ ROLE_KINDS: dict[str, str] = {
     "video_mask": "video_masks",
     "audio_mask": "audio_masks",
 }
-#: The modes whose every role latentforge reads (``audio``: the clip's own track or a metadata file's audio column).
-IMPLEMENTED_MODES: tuple[str, ...] = ("t2v", "i2v", "a2v", "v2a")
+#: The audio-only modes: no video, no ``latents/``; a sample is its ``audio`` file (named by it).
+AUDIO_ONLY_MODES: tuple[str, ...] = tuple(mode for mode, roles in MODE_ROLES.items() if "video" not in roles)
 
 
 def mode_kinds(mode: str, audio: bool) -> tuple[str, ...]:
@@ -222,7 +222,8 @@ class EncodingConfig(StrictModel):
     mode: Mode = Field(
         "t2v",
         description="LTX-2 training mode (format ltx): which .precomputed/ subfolders every sample must have "
-        "(README: the table of modes). Modes whose roles are not implemented are refused at plan time",
+        "(README: the table of modes) and which dataset roles are read; a dataset without a role it reads is "
+        "refused at plan time",
     )
     lora_trigger: str | None = Field(
         None, description="Text prepended to every caption with one space, as the LTX-2 trainer's --lora-trigger"
@@ -242,6 +243,24 @@ class EncodingConfig(StrictModel):
         description="meta sources: a media file listed twice: refuse (the first row is the sample, the later ones "
         "are ledger rows, bad_layout) or last (the last row's caption is the sample's, as the LTX-2 trainer keeps "
         "it; the earlier rows are ledger rows, superseded)",
+    )
+    reference_downscale_factor: int = Field(
+        1,
+        ge=1,
+        description="LTX-2 IC-LoRA (--mode v2v-ic-lora, av2av-ic-lora): the reference video is encoded at the bucket's "
+        "height and width divided by this, as the trainer's --reference-downscale-factor (> 1: one bucket only)",
+    )
+    reference_temporal_scale_factor: int = Field(
+        1,
+        ge=1,
+        description="LTX-2 IC-LoRA: the reference keeps frame 0, then every Nth frame of the bucket's frames (stored "
+        "fps divided by N), as the trainer's --reference-temporal-scale-factor (> 1: one bucket only)",
+    )
+    audio_durations: str | None = Field(
+        None,
+        description="LTX-2 audio-only modes (t2a, a2a-ic-lora, audio-inpaint): duration buckets in seconds, "
+        "'2.0;4.0;8.0', as the trainer's --audio-durations: each audio file trimmed to the longest that fits, one "
+        "shorter than all skipped (audio_too_short); none: the whole file",
     )
     video_column: str | None = Field(
         None, description="meta sources: the column read as the video (default: video, else media_path, else path)"
@@ -575,6 +594,9 @@ ADDED_LATER: dict[str, Any] = {
     "video_column": None,
     "caption_column": None,
     "preprocess": None,
+    "reference_downscale_factor": 1,
+    "reference_temporal_scale_factor": 1,
+    "audio_durations": None,
 }
 
 
@@ -641,6 +663,9 @@ class CacheSpec(StrictModel):
     preprocess: str | None = Field(
         None, description="The family's own image preprocessing (module:qualname), in place of the resize policy"
     )
+    reference_downscale_factor: int = Field(1, description="IC-LoRA: the reference's height and width over this")
+    reference_temporal_scale_factor: int = Field(1, description="IC-LoRA: frame 0, then every Nth reference frame")
+    audio_durations: list[float] | None = Field(None, description="Audio-only modes: duration buckets (seconds)")
 
     def canonical(self) -> dict[str, Any]:
         """What the fingerprint hashes: the spec's JSON under latentforge 0.1's names (`FINGERPRINT_NAMES`), without

@@ -16,24 +16,22 @@ from pydantic import BaseModel, ConfigDict
 from infra.cache.cachedir import read_cache_json
 from infra.config import (
     ADDED_LATER,
-    IMPLEMENTED_MODES,
+    AUDIO_ONLY_MODES,
     MODE_ROLES,
     TEMPORAL_ALIASES,
     BuildConfig,
     CacheSpec,
-    mode_kinds,
 )
 from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes
-from infra.formats.ltx import SUBFOLDERS
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
-from infra.media.buckets import parse_buckets
+from infra.media.buckets import Bucket, check_reference_buckets, parse_buckets
 from infra.media.image import IMAGE_POLICIES
 from infra.media.temporal import DEFAULT_SHORT, make_policy
 from infra.media.video import IMAGE_ONLY_POLICIES, RESIZE_POLICIES, resize_policy_of
 from infra.models import FamilySpec, get_family, model_identity, resolve_family
-from infra.models.base import TextSettings, preprocess_name
+from infra.models.base import GeometryRules, TextSettings, preprocess_name
 from infra.recipes import apply_recipe
 from infra.sources import Shard, ShardReadError, Source, open_source
 
@@ -139,6 +137,12 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
     )
     if config.encoding.buckets is not None and policy.kind != "head":
         raise ConfigError("--buckets choose among the first frames of a clip: use them with --temporal head")
+    aligned = [role for role in ("reference_video", "video_mask") if role in MODE_ROLES[config.encoding.mode]]
+    if aligned and policy.kind != "head":
+        raise ConfigError(
+            f"--mode {config.encoding.mode}: its {aligned[0]} is read from its first frames, as the trainer reads "
+            f"every clip: use --temporal head (this run: {policy.name})"
+        )
     chosen["temporal"] = policy.spec_value
     chosen["short_clips"] = None if policy.short == DEFAULT_SHORT[policy.kind] else policy.short
     return chosen
@@ -162,8 +166,8 @@ def check_image_resize(config: BuildConfig, family: FamilySpec, resize: str) -> 
 
 
 def check_mode(config: BuildConfig) -> None:
-    """ConfigError for a mode this run cannot make: one whose roles latentforge does not read yet (never a cache
-    silently short of a subfolder the trainer needs), a mode outside the LTX-2 layout, an audio mode without audio."""
+    """ConfigError for a mode this run cannot make: a mode outside the LTX-2 layout, an audio mode without audio.
+    (Every mode's roles are read; a dataset without a role the mode needs is refused when its source is listed.)"""
     mode = config.encoding.mode
     if mode == "t2v":
         return
@@ -171,16 +175,33 @@ def check_mode(config: BuildConfig) -> None:
         raise ConfigError(
             f"--mode {mode}: modes are the LTX-2 trainer's, for --format ltx (this run: {config.encoding.format})"
         )
-    if mode not in IMPLEMENTED_MODES:
-        roles = ", ".join(MODE_ROLES[mode])
-        dirs = ", ".join(f"{SUBFOLDERS[kind]}/" for kind in mode_kinds(mode, config.encoding.audio))
-        raise ConfigError(
-            f"--mode {mode} reads the roles {roles} and writes {dirs}: latentforge does not read all of these roles "
-            f"yet, so it refuses rather than write a cache the trainer would find short; implemented modes: "
-            f"{', '.join(IMPLEMENTED_MODES)}"
-        )
     if "audio" in MODE_ROLES[mode] and not config.encoding.audio:
         raise ConfigError(f"--mode {mode} trains on audio: drop --skip-audio / --no-audio (or give --audio)")
+
+
+def check_reference(config: BuildConfig, buckets: list[Bucket], rules: GeometryRules) -> None:
+    """ConfigError for reference factors the run cannot use: given without a mode that reads a reference video, or
+    breaking the trainer's rules for its reference buckets (`infra.media.buckets.check_reference_buckets`)."""
+    enc = config.encoding
+    factors = {
+        "--reference-downscale-factor": enc.reference_downscale_factor,
+        "--reference-temporal-scale-factor": enc.reference_temporal_scale_factor,
+    }
+    if "reference_video" not in MODE_ROLES[enc.mode]:
+        for flag, factor in factors.items():
+            if factor != 1:
+                raise ConfigError(
+                    f"{flag} {factor} scales the reference video of --mode v2v-ic-lora or av2av-ic-lora "
+                    f"(this run: --mode {enc.mode})"
+                )
+        return
+    check_reference_buckets(
+        buckets,
+        enc.reference_downscale_factor,
+        enc.reference_temporal_scale_factor,
+        rules.spatial_multiple,
+        rules.frame_multiple,
+    )
 
 
 def memory_settings(config: BuildConfig, temporal: str) -> dict[str, Any]:
@@ -232,8 +253,9 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
     if family.media == "image":  # a still is one frame, whatever --frames says (the default is a video's 33)
         geometry = [(1, height, width) for _, height, width in geometry]
     rules = family.rules(model_dir)
-    for frames, height, width in geometry:
+    for frames, height, width in geometry if config.encoding.mode not in AUDIO_ONLY_MODES else ():  # no video there
         rules.check(family.name, frames, height, width)
+    check_reference(config, [Bucket(w, h, f) for f, h, w in geometry], rules)
     get_format(config.encoding.format)
     frames, height, width = geometry[0]
     spec = CacheSpec(
@@ -275,13 +297,33 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
     return family.name, spec, latent_shape, family.text_shape(model_dir, TextSettings.of(spec))
 
 
+def audio_durations(config: BuildConfig) -> list[float] | None:
+    """``--audio-durations`` as seconds (given in the order given, as the trainer parses them); ConfigError for a
+    value that is not a positive number or a mode that is not audio-only."""
+    text, mode = config.encoding.audio_durations, config.encoding.mode
+    if text is None:
+        return None
+    if mode not in AUDIO_ONLY_MODES:
+        raise ConfigError(
+            f"--audio-durations: for the audio-only modes ({', '.join(AUDIO_ONLY_MODES)}); in --mode {mode} a "
+            "clip's audio follows its video"
+        )
+    try:
+        durations = [float(part) for part in text.split(";")]
+    except ValueError as exc:
+        raise ConfigError(f"--audio-durations {text!r}: expected seconds like 2.0;4.0;8.0") from exc
+    if any(not d > 0 for d in durations):
+        raise ConfigError(f"--audio-durations {text!r}: all audio durations must be positive")
+    return durations
+
+
 def caption_settings(config: BuildConfig) -> dict[str, Any]:
     """The spec's mode, caption handling and metadata columns, as given (their defaults keep old fingerprints)."""
     names = (
         "mode", "lora_trigger", "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column",
-        "caption_column", "audio_file_length",
+        "caption_column", "audio_file_length", "reference_downscale_factor", "reference_temporal_scale_factor",
     )  # fmt: skip
-    return {name: getattr(config.encoding, name) for name in names}
+    return {name: getattr(config.encoding, name) for name in names} | {"audio_durations": audio_durations(config)}
 
 
 def shard_settings(config: BuildConfig) -> dict[str, Any]:
@@ -410,12 +452,15 @@ def spec_settings(spec: CacheSpec) -> dict[str, Any]:
     for name in (
         "video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips", "mode", "lora_trigger",
         "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column", "caption_column",
-        "audio_file_length", "load_text_encoder_in_8bit",
+        "audio_file_length", "load_text_encoder_in_8bit", "reference_downscale_factor",
+        "reference_temporal_scale_factor", "audio_durations",
     ):  # fmt: skip
         if getattr(spec, name) != ADDED_LATER[name]:
             settings[name] = getattr(spec, name)
     if spec.buckets:
         settings["buckets"] = ";".join(f"{w}x{h}x{f}" for w, h, f in spec.buckets)
+    if spec.audio_durations:
+        settings["audio_durations"] = ";".join(repr(d) for d in spec.audio_durations)
     for name in ("shard_samples", "shard_bytes", "parquet_dtype"):
         if getattr(spec, name) is not None:
             settings[name] = getattr(spec, name)

@@ -1,7 +1,7 @@
 """The LTX-2 trainer's behaviour, through the public interface, with the tiny LTX-2 model and real clips: audio by
 default in the `ltx2-trainer` recipe (`--skip-audio` / `--no-audio`), its caption handling (`--lora-trigger`,
 `--remove-llm-prefixes`, empty captions, a media file listed twice, column overrides), and `--mode` (the output
-kinds each mode requires; modes whose roles are not implemented refused at plan time).
+kinds each mode requires; a dataset without a role its mode reads refused at plan time).
 
 Clips: bigbuckbunny (AAC 5.1) has an audio track, bikes has none; carphone is used video-only.
 """
@@ -205,7 +205,7 @@ def test_column_overrides_and_an_unknown_column(tmp_path):
 # --- (1) modes ---------------------------------------------------------------------------------------------------
 
 
-def test_each_mode_requires_its_subfolders_and_unimplemented_ones_are_refused(tmp_path, ltx2_model):
+def test_each_mode_requires_its_subfolders_and_a_dataset_without_a_role_is_refused(tmp_path, ltx2_model):
     dataset = _dataset(tmp_path / "data", [{"video": "clips/bikes.mp4", "caption": "bikes"}], ())
     family = get_family("ltx2")
     kinds = {mode: family.kinds(CacheSpec.model_construct(mode=mode, audio=False)) for mode in MODE_ROLES}
@@ -216,16 +216,19 @@ def test_each_mode_requires_its_subfolders_and_unimplemented_ones_are_refused(tm
     for mode in ("i2v", "a2v", "v2a"):
         spec = make_spec(_config(dataset, ltx2_model, tmp_path / "o", mode=mode))[1]
         assert family.kinds(spec) == ("latents", "text_embeddings", "audio_latents"), mode
-    needed = {"v2v-ic-lora": "reference_latents/", "t2a": "audio_latents/", "audio-inpaint": "audio_masks/"}
-    for mode, needs in needed.items():
-        with pytest.raises(ConfigError, match=f"--mode {mode} reads the roles .* {needs}.*implemented modes: t2v"):
-            make_spec(_config(dataset, ltx2_model, tmp_path / "o", mode=mode))
     with pytest.raises(ConfigError, match="for --format ltx"):
         make_spec(_config(dataset, ltx2_model, tmp_path / "o", mode="i2v", format="pt"))
+    # every mode plans; a dataset without a column its mode reads is refused when the plan lists it (exit 2)
+    for mode in MODE_ROLES:
+        assert make_spec(_config(dataset, ltx2_model, tmp_path / "o", mode=mode))[1].mode == mode
+    needed = {"v2v-ic-lora": "reference_video", "video-inpaint": "video_mask", "t2a": "column 'audio'"}
+    for mode, needs in needed.items():
+        with pytest.raises(SourceError, match=needs):
+            make_plan(_config(dataset, ltx2_model, tmp_path / "o", mode=mode))
     where = ["--source", f"meta:{dataset}", "--model", str(ltx2_model), "--out", str(tmp_path / "cli")]
-    flags = ["--recipe", "ltx2-trainer", "--buckets", BUCKETS, "--device", "cpu", "--mode", "a2a-ic-lora"]
+    flags = ["--recipe", "ltx2-trainer", "--buckets", BUCKETS, "--device", "cpu", "--mode", "av2av-ic-lora"]
     refused = runner.invoke(app, ["build", *where, *flags])
-    assert refused.exit_code == 2 and "reference_audio" in refused.output, refused.output
+    assert refused.exit_code == 2 and "reference_video" in refused.output, refused.output
     assert not (tmp_path / "cli").exists()
 
 

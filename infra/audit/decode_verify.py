@@ -37,7 +37,7 @@ from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, Format, get_format
 from infra.formats.consumers import normalised
 from infra.media.audio import trainer_audio
-from infra.models import LoadedFamily, load_family
+from infra.models import LoadedFamily, get_family, load_family
 from infra.models.identity import component_identity
 from infra.models.memory import LoadOptions
 from infra.preprocess.prepare import prepare_video
@@ -402,6 +402,9 @@ def decode_and_verify(
         raise ConfigError(f"{out}/cache.json records no model path or source: pass model_dir and source")
     model = Path(model_path)
     chosen = choose_samples((r for rows in ledger.read_all(out).values() for r in rows.values()), n)
+    if "latents" not in get_family(spec.family).kinds(spec):  # an audio-only mode: no video to decode
+        logger.info("decode-verify: --mode %s has no video latents; nothing decoded", spec.mode)
+        chosen = []
     fmt = get_format(spec.format)
     folder = _run_folder(Path(report_dir) if report_dir else reports.reports_dir(out) / DECODE_DIR, chosen, fmt)
     report = DecodeReport(str(out), str(model), source_spec, str(folder), min_psnr)

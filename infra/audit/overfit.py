@@ -32,6 +32,7 @@ from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.media.mp4 import mp4_bytes
 from infra.media.prompts import CaptionRules, caption_prompt
+from infra.models import get_family
 from infra.preprocess.prepare import prepare_video
 from infra.sources import SampleRef, open_source
 from infra.storage import staged_dir
@@ -73,6 +74,11 @@ def export_overfit(
         raise ConfigError(
             f"overfit: the {spec.format} format keeps samples inside shard files; export from a pt or ltx build of "
             "the same samples (the overfit export copies per-sample files)"
+        )
+    if "latents" not in get_family(spec.family).kinds(spec):
+        raise ConfigError(
+            f"overfit: a --mode {spec.mode} cache holds no video latents, and the export's references are the "
+            "pixels video latents were made from"
         )
     rows = _choose(out, ids, n)
     spec_source = source or meta.get("provenance", {}).get("source")
@@ -173,7 +179,8 @@ def _copy(out: Path, staging: Path, fmt_name: str, row: LedgerRow, copy: int) ->
             data = src.read_bytes()
         (staging / rel).parent.mkdir(parents=True, exist_ok=True)
         (staging / rel).write_bytes(data)
-        records.append(FileRecord(path=rel, bytes=len(data), sha256=hashlib.sha256(data).hexdigest()))
+        digest = hashlib.sha256(data).hexdigest()
+        records.append(FileRecord(path=rel, bytes=len(data), sha256=digest, kinds=file.kinds))  # kinds kept
     return row.model_copy(
         update={
             "key": row.key + suffix,

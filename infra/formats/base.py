@@ -21,19 +21,31 @@ from infra.storage import Written, atomic_write
 
 #: The output kind a family with audio adds (LTX-2): its tensor travels in ``EncodedSample.extras``.
 AUDIO_KIND = "audio_latents"
-#: The dtype each output kind is stored in (the LTX-2 trainer keeps audio latents in float32).
+#: The LTX-2 modes' other output kinds (`infra.config.MODE_ROLES`), also in ``EncodedSample.extras``: an IC-LoRA
+#: sample's reference video and audio latents, an inpainting sample's masks.
+REFERENCE_KIND = "reference_latents"
+REFERENCE_AUDIO_KIND = "reference_audio_latents"
+VIDEO_MASK_KIND = "video_masks"
+AUDIO_MASK_KIND = "audio_masks"
+#: The dtype each output kind is stored in (the LTX-2 trainer keeps audio latents and masks in float32).
 KIND_DTYPES: dict[str, torch.dtype] = {
     "latents": torch.bfloat16,
     "text_embeddings": torch.bfloat16,
     AUDIO_KIND: torch.float32,
+    REFERENCE_KIND: torch.bfloat16,
+    REFERENCE_AUDIO_KIND: torch.float32,
+    VIDEO_MASK_KIND: torch.float32,
+    AUDIO_MASK_KIND: torch.float32,
 }
+#: The kinds stored in ``--store-dtype`` (the others keep their `KIND_DTYPES`).
+STORED_AS_SPEC = ("latents", "text_embeddings", REFERENCE_KIND)
 #: ``--store-dtype`` → the dtype of the latents and text embeddings (audio latents stay float32).
 STORE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def kind_dtype(kind: str, store_dtype: str = "bf16") -> torch.dtype:
     """The dtype an output kind is stored in under a spec's ``store_dtype``."""
-    return STORE_DTYPES[store_dtype] if kind in ("latents", "text_embeddings") else KIND_DTYPES[kind]
+    return STORE_DTYPES[store_dtype] if kind in STORED_AS_SPEC else KIND_DTYPES[kind]
 
 
 @dataclass
@@ -44,7 +56,7 @@ class EncodedSample:
     group: str
     stem: str  # OUT-relative name of its outputs, without a suffix (mirrors the source: ``group/id``, ``dir/clip``)
     prompt: str
-    latents: torch.Tensor  # (C, F', H', W') bf16 (the image family: (C, H', W'), bf16 or fp16)
+    latents: torch.Tensor | None  # (C, F', H', W') bf16 (image family: (C, H', W')); None: an audio-only sample
     text_embeds: torch.Tensor | None  # (max_length, D) bf16; None: a family without a text encoder
     seq_len: int
     source_shape: list[int]  # [T, H, W, C]
@@ -53,15 +65,16 @@ class EncodedSample:
     info: dict[str, Any] = field(default_factory=dict)  # facts a format may store: fps, frames, audio_duration
 
     @property
-    def latent_shape(self) -> list[int]:
-        return list(self.latents.shape)
+    def latent_shape(self) -> list[int] | None:
+        return list(self.latents.shape) if self.latents is not None else None
 
     def outputs(self) -> dict[str, torch.Tensor]:
-        """Each output kind's tensor: latents, text_embeddings, and audio_latents where the sample has audio."""
-        audio = self.extras.get(AUDIO_KIND)
-        extra = {AUDIO_KIND: audio} if isinstance(audio, torch.Tensor) else {}
+        """Each output kind's tensor: latents, text_embeddings, and those of the other kinds the sample has (audio
+        latents where it has audio, a reference's latents, masks)."""
+        extra = {kind: t for kind in KIND_DTYPES if isinstance(t := self.extras.get(kind), torch.Tensor)}
         text = {"text_embeddings": self.text_embeds} if self.text_embeds is not None else {}
-        return {"latents": self.latents, **text, **extra}
+        video = {"latents": self.latents} if self.latents is not None else {}
+        return {**video, **text, **extra}
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,11 @@ left by an interrupted run is adopted only when it holds exactly the bytes this 
 * ``conditions/``: ``video_prompt_embeds`` bf16 ``[1024, D]``, ``prompt_attention_mask`` int64 ``[1024]`` (left
   padding, 1 = real token), ``audio_prompt_embeds`` (for LTX-2.0 the same tensor as the video one);
 * ``audio_latents/``: ``latents`` float32 ``[8, T', 16]``, ``num_time_steps``, ``frequency_bins`` (int),
-  ``duration`` (float, seconds).
+  ``duration`` (float, seconds);
+* ``reference_latents/`` (IC-LoRA): a ``latents/`` record of the reference video, named by the sample's video,
+  its ``fps`` the source's divided by ``--reference-temporal-scale-factor``;
+* ``video_masks/`` (video inpainting): ``mask`` float32 ``[F', H', W']`` of 0.0 / 1.0 on the latents' grid
+  (`infra.media.masks`).
 """
 
 from __future__ import annotations
@@ -24,20 +28,28 @@ from typing import Any, ClassVar
 
 import torch
 
-from infra.formats.base import AUDIO_KIND, EncodedSample, Format, PerSampleWriter
+from infra.formats.base import (
+    AUDIO_KIND,
+    AUDIO_MASK_KIND,
+    REFERENCE_AUDIO_KIND,
+    REFERENCE_KIND,
+    VIDEO_MASK_KIND,
+    EncodedSample,
+    Format,
+    PerSampleWriter,
+)
 from infra.media.temporal import effective_fps
 
 PRECOMPUTED = ".precomputed"
-#: Output kind → the trainer's directory for it.
-DIRS: dict[str, str] = {"latents": "latents", "text_embeddings": "conditions", AUDIO_KIND: "audio_latents"}
-#: Every subfolder the trainer's modes name (`infra.config.MODE_ROLES`), by output kind: what a mode requires, in
-#: the trainer's words. Those past `DIRS` belong to modes latentforge refuses at plan time.
-SUBFOLDERS: dict[str, str] = {
-    **DIRS,
-    "reference_latents": "reference_latents",
-    "reference_audio_latents": "reference_audio_latents",
-    "video_masks": "video_masks",
-    "audio_masks": "audio_masks",
+#: Output kind → the trainer's directory for it: every subfolder the trainer's modes name (`infra.config.MODE_ROLES`).
+DIRS: dict[str, str] = {
+    "latents": "latents",
+    "text_embeddings": "conditions",
+    AUDIO_KIND: "audio_latents",
+    REFERENCE_KIND: "reference_latents",
+    REFERENCE_AUDIO_KIND: "reference_audio_latents",
+    VIDEO_MASK_KIND: "video_masks",
+    AUDIO_MASK_KIND: "audio_masks",
 }
 
 
@@ -67,40 +79,60 @@ def trainer_fps(temporal: str | None, info: dict[str, Any]) -> float:
     return effective_fps(indices, native)
 
 
+def _video_record(latents: torch.Tensor, fps: float) -> dict[str, Any]:
+    """A video latents file as ``compute_latents`` saves it (the sample's, or an IC-LoRA reference's)."""
+    _, frames, height, width = latents.shape
+    return {
+        "latents": latents.contiguous(),
+        "num_frames": int(frames),
+        "height": int(height),
+        "width": int(width),
+        "fps": float(fps),
+    }
+
+
+def _audio_record(latents: torch.Tensor, duration: float) -> dict[str, Any]:
+    """An audio latents file as ``compute_latents`` / ``compute_audio_latents`` save it."""
+    return {
+        "latents": latents.to(torch.float32).contiguous(),
+        "num_time_steps": int(latents.shape[1]),
+        "frequency_bins": int(latents.shape[2]),
+        "duration": float(duration),
+    }
+
+
 class LtxWriter(PerSampleWriter):
-    """Writes a sample's latents, conditions and (for an audio run with an audio track) audio latents."""
+    """Writes a sample's latents, conditions and (for an audio run with an audio track) audio latents, and the
+    files of its mode's other kinds it has (a reference's latents, masks)."""
 
     def __init__(self, out: Path, fmt: Format, temporal: str | None = None) -> None:
         super().__init__(out, fmt)
         self.temporal = temporal  # the spec's temporal policy: what fps the stored frames play at
 
     def render(self, sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
-        _, frames, height, width = sample.latents.shape
-        latents = {
-            "latents": sample.latents.contiguous(),
-            "num_frames": int(frames),
-            "height": int(height),
-            "width": int(width),
-            "fps": trainer_fps(self.temporal, sample.info),
-        }
         conditions = {
             "video_prompt_embeds": sample.text_embeds.contiguous(),
             "prompt_attention_mask": sample.extras["prompt_attention_mask"].to(torch.int64).contiguous(),
             "audio_prompt_embeds": sample.extras["audio_prompt_embeds"].contiguous(),
         }
-        files = [
-            (["latents"], relpath("latents", sample.stem), _save(latents)),
-            (["text_embeddings"], relpath("text_embeddings", sample.stem), _save(conditions)),
-        ]
+        files = [(["text_embeddings"], relpath("text_embeddings", sample.stem), _save(conditions))]
+        if sample.latents is not None:  # none in an audio-only mode (t2a ...), as the trainer writes none
+            latents = _video_record(sample.latents, trainer_fps(self.temporal, sample.info))
+            files.insert(0, (["latents"], relpath("latents", sample.stem), _save(latents)))
         audio = sample.extras.get(AUDIO_KIND)
         if isinstance(audio, torch.Tensor):
-            record = {
-                "latents": audio.to(torch.float32).contiguous(),
-                "num_time_steps": int(audio.shape[1]),
-                "frequency_bins": int(audio.shape[2]),
-                "duration": float(sample.info["audio_duration"]),
-            }
+            record = _audio_record(audio, sample.info["audio_duration"])
             files.append(([AUDIO_KIND], relpath(AUDIO_KIND, sample.stem), _save(record)))
+        records = {
+            REFERENCE_KIND: lambda t: _video_record(t, sample.info["reference_fps"]),
+            REFERENCE_AUDIO_KIND: lambda t: _audio_record(t, sample.info["reference_audio_duration"]),
+            VIDEO_MASK_KIND: lambda t: {"mask": t.to(torch.float32).contiguous()},
+            AUDIO_MASK_KIND: lambda t: {"mask": t.to(torch.float32).contiguous()},
+        }
+        for kind, make in records.items():
+            tensor = sample.extras.get(kind)
+            if isinstance(tensor, torch.Tensor):
+                files.append(([kind], relpath(kind, sample.stem), _save(make(tensor))))
         return files
 
 
@@ -112,6 +144,10 @@ class LtxFormat(Format):
         "latents": "latents",
         "text_embeddings": "video_prompt_embeds",
         AUDIO_KIND: "latents",
+        REFERENCE_KIND: "latents",
+        REFERENCE_AUDIO_KIND: "latents",
+        VIDEO_MASK_KIND: "mask",
+        AUDIO_MASK_KIND: "mask",
     }
 
     def writer(self, out: Path) -> LtxWriter:

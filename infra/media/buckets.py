@@ -59,3 +59,41 @@ def choose_bucket(buckets: list[Bucket], frames: int, height: int, width: int) -
         return abs(ratio - math.log(b.width / b.height)), -b.frames, -(b.width * b.height)
 
     return min(fitting, key=key)
+
+
+def reference_buckets(buckets: list[Bucket], downscale: int) -> list[Bucket]:
+    """The LTX-2 trainer's buckets of an IC-LoRA sample's reference video: each bucket's width and height divided by
+    `downscale`, its frames kept (the reference is read at the bucket's frames, then subsampled in time)."""
+    return [Bucket(b.width // downscale, b.height // downscale, b.frames) for b in buckets]
+
+
+def check_reference_buckets(buckets: list[Bucket], downscale: int, temporal: int, spatial: int, time: int) -> None:
+    """ConfigError, as the trainer's ``process_dataset.py`` refuses them: a factor > 1 with more than one bucket, a
+    size the downscale factor does not divide or leaves off the VAE's `spatial` multiple, a frame count whose
+    subsampled count (frame 0, then every `temporal`-th) is not ``1 mod time``."""
+    for flag, factor in (("--reference-downscale-factor", downscale), ("--reference-temporal-scale-factor", temporal)):
+        if factor > 1 and len(buckets) > 1:
+            raise ConfigError(
+                f"{flag} {factor}: with a factor > 1 the LTX-2 trainer supports a single resolution bucket only "
+                f"({len(buckets)} given: {';'.join(map(str, buckets))})"
+            )
+    for bucket in buckets:
+        for name, size in (("height", bucket.height), ("width", bucket.width)):
+            if size % downscale:
+                raise ConfigError(f"--reference-downscale-factor {downscale} does not divide the {name} {size}")
+            if (size // downscale) % spatial:
+                raise ConfigError(
+                    f"--reference-downscale-factor {downscale}: the reference {name} {size // downscale} (from "
+                    f"{size}) is not a multiple of {spatial}"
+                )
+        if (bucket.frames - 1) % temporal:
+            raise ConfigError(
+                f"--reference-temporal-scale-factor {temporal}: {bucket.frames} frames do not subsample evenly "
+                f"(frames - 1 must be divisible by {temporal})"
+            )
+        kept = 1 + (bucket.frames - 1) // temporal
+        if (kept - 1) % time:
+            raise ConfigError(
+                f"--reference-temporal-scale-factor {temporal}: {bucket.frames} frames subsample to {kept}, "
+                f"not {time}·k + 1 as the VAE needs"
+            )

@@ -126,3 +126,9 @@ def effective_fps(indices: tuple[int, ...], native_fps: float) -> float:
     if len(indices) < 2 or indices[-1] == indices[0]:
         return native_fps
     return native_fps * (len(indices) - 1) / (indices[-1] - indices[0])
+
+
+def vae_aligned_indices(frames: int, factor: int) -> list[int]:
+    """The LTX-2 trainer's temporal subsampling of a reference video: frame 0 (the VAE's first latent frame stands
+    alone), then every `factor`-th frame from frame 1 on."""
+    return list(range(frames)) if factor == 1 else [0, *range(1, frames, factor)]

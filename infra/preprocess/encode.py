@@ -15,8 +15,10 @@ from infra.devices import pin_cpu_threads, resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, EncodedSample, textpad
-from infra.formats.base import STORE_DTYPES
+from infra.formats.base import AUDIO_MASK_KIND, REFERENCE_AUDIO_KIND, REFERENCE_KIND, STORE_DTYPES
 from infra.formats.consumers import latent_encoder
+from infra.media.audio import decode_audio
+from infra.media.masks import audio_mask
 from infra.media.prompts import CaptionRules
 from infra.models import LoadedFamily, load_family, memory
 from infra.models.base import TextEmbedding, TextSettings
@@ -32,6 +34,8 @@ from infra.sources import SampleRef
 
 #: The frame rate the LTX-2 trainer divides its longest bucket's frames by for a separate audio file's length.
 TRAINER_AUDIO_FPS = 25.0
+#: Where an audio kind's duration (seconds) goes in ``EncodedSample.info``, for the writer.
+DURATION_KEYS = {AUDIO_KIND: "audio_duration", REFERENCE_AUDIO_KIND: "reference_audio_duration"}
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
     A clip without an audio track (or whose audio cannot be decoded) in an audio run is still encoded: its row
     records the missing audio with the reason (``extras["missing_outputs"]``), and reconciliation and the audio
     gate count it as a loss."""
+    if prepared.video is None:
+        return encode_audio_only(prepared, plan, encoder, state)
     spec, video, ref = plan.spec, prepared.video, prepared.ref
     pin_cpu_threads(plan.config.run.device)  # the same kernels, so the same bytes, on every runner
     store = STORE_DTYPES[spec.store_dtype]
@@ -96,10 +102,23 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
     extras: dict[str, Any] = dict(text.extras) if text is not None else {}
     info: dict[str, Any] = {"fps": video.clip.fps, "geometry": tuple(int(n) for n in video.pixels.shape[2:])}
     info["sampling"] = prepared.sampling
-    if spec.audio:
-        audio, facts = _audio(encoder, ref, prepared.media, video.pixels.shape[2] / video.clip.fps, spec)
-        extras.update(audio)
-        info.update(facts)
+    if prepared.reference is not None:  # IC-LoRA: the reference through the same VAE view, at the spec's batch size
+        (reference,) = videos.encode_group(consumer_view, [prepared.reference.pixels], spec.video_batch, state.vae)
+        if isinstance(reference, Exception):
+            raise reference
+        extras[REFERENCE_KIND] = reference.to(store)
+        info["reference_fps"] = prepared.reference.clip.fps / spec.reference_temporal_scale_factor  # the trainer's
+    extras.update(prepared.masks)
+    seconds = video.pixels.shape[2] / video.clip.fps
+    made = [_audio(encoder, ref, prepared.media, seconds, spec)] if spec.audio else []
+    if "reference_audio" in prepared.audio_roles:  # IC-LoRA: the reference's audio, by the audio column's rule
+        made.append(
+            _audio_file(encoder, prepared.audio_roles["reference_audio"], REFERENCE_AUDIO_KIND, seconds, True, spec)
+        )
+    for tensors, facts in made:
+        extras.update(tensors)
+        missing = {**info.get("missing_outputs", {}), **facts.pop("missing_outputs", {})}
+        info.update(facts, **({"missing_outputs": missing} if missing else {}))
     embeds = None
     if text is not None:
         trimmed = spec.text_storage == "trimmed"
@@ -118,6 +137,70 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
         info=info,
     )
     return Encoded(sample, text.tokens_total, text.truncated) if text is not None else Encoded(sample)
+
+
+def encode_audio_only(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, state: ShardState) -> Encoded:
+    """An audio-only mode's sample (t2a, a2a-ic-lora, audio-inpaint), as the trainer's ``compute_audio_latents``
+    with ``--audio-durations`` or without: its prompt, its audio file's latents (InputError when the file has no
+    audio track or is shorter than every duration bucket: the sample has nothing to train on), a reference audio
+    file's by the same rule (recorded missing when it has no track), an audio mask on the audio latents' steps."""
+    spec, ref = plan.spec, prepared.ref
+    pin_cpu_threads(plan.config.run.device)
+    text = encode_text(encoder, prepared.prompt, plan, state)
+    fault_point("encode")
+    extras: dict[str, Any] = dict(text.extras)
+    info: dict[str, Any] = {"sampling": prepared.sampling}
+    seconds = trainer_audio_seconds(prepared.media, spec.audio_durations)
+    audio = encoder.encode_audio(prepared.media, seconds, False)
+    if audio is None:  # decoded once already: not reached unless the file changed in between
+        raise InputError("no_audio_track", "the audio file has no audio stream")
+    extras[AUDIO_KIND], info["audio_duration"] = audio.latents, audio.duration
+    if prepared.audio_mask is not None:
+        extras[AUDIO_MASK_KIND] = audio_mask(prepared.audio_mask, int(audio.latents.shape[1]))
+    if "reference_audio" in prepared.audio_roles:
+        data = prepared.audio_roles["reference_audio"]
+        try:  # its own bucket, as the trainer runs compute_audio_latents over each audio column alone
+            reference = encoder.encode_audio(data, trainer_audio_seconds(data, spec.audio_durations), False)
+        except InputError as exc:  # the reference shorter than every bucket, without a track, undecodable
+            reference, missing = None, f"{exc.reason}: {exc.detail}"
+        else:
+            missing = "no_audio_track: the file has no audio stream"
+        if reference is None:
+            info["missing_outputs"] = {REFERENCE_AUDIO_KIND: missing}
+        else:
+            extras[REFERENCE_AUDIO_KIND], info["reference_audio_duration"] = reference.latents, reference.duration
+    sample = EncodedSample(
+        id=ref.id,
+        group=ref.group,
+        stem=ref.stem,
+        prompt=prepared.prompt,
+        latents=None,
+        text_embeds=text.embeds.to(STORE_DTYPES[spec.store_dtype]),
+        seq_len=text.seq_len,
+        source_shape=[],
+        fingerprint=plan.fingerprint,
+        extras=extras,
+        info=info,
+    )
+    return Encoded(sample, text.tokens_total, text.truncated)
+
+
+def trainer_audio_seconds(data: bytes, durations: list[float] | None) -> float:
+    """How long the trainer's ``compute_audio_latents`` keeps an audio-only sample's file: the longest of
+    `durations` that fits in it, else (no durations) all of it; InputError ``no_audio_track``, ``audio_too_short``
+    (shorter than every duration)."""
+    wave = decode_audio(data)
+    if wave is None:
+        raise InputError("no_audio_track", "the audio file has no audio stream")
+    if not durations:
+        return (wave.samples.shape[-1] + 1) / wave.rate  # past its last sample: trimmed to nothing less
+    fitting = [d for d in sorted(durations, reverse=True) if d <= wave.seconds]
+    if not fitting:
+        raise InputError(
+            "audio_too_short",
+            f"{wave.seconds:.3f} s of audio; the shortest --audio-durations bucket is {min(durations)} s",
+        )
+    return fitting[0]
 
 
 def encode_text(encoder: LoadedFamily, prompt: str, plan: BuildPlan, state: ShardState) -> TextEmbedding:
@@ -144,14 +227,22 @@ def _audio(
     data = ref.read_audio() if ref.read_audio is not None else media
     if data is None:
         return {}, {"missing_outputs": {AUDIO_KIND: "missing_audio: the sample's audio file is not there"}}
+    return _audio_file(encoder, data, AUDIO_KIND, seconds, ref.read_audio is not None, spec)
+
+
+def _audio_file(
+    encoder: LoadedFamily, data: bytes, kind: str, seconds: float, separate: bool, spec: CacheSpec
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """({kind: latents}, {duration: {kind: seconds}}) of one audio file (`separate`: a file of its own, under the
+    length rule of ``--audio-file-length``), or ({}, {missing_outputs: {kind: why}})."""
     pad = True
-    if ref.read_audio is not None and spec.audio_file_length == "trainer":  # an audio column, the trainer's rule
+    if separate and spec.audio_file_length == "trainer":  # an audio column, the trainer's rule
         longest = max(bucket[2] for bucket in spec.buckets) if spec.buckets else spec.frames
         seconds, pad = longest / TRAINER_AUDIO_FPS, False
     try:
         audio = encoder.encode_audio(data, seconds, pad)
     except InputError as exc:
-        return {}, {"missing_outputs": {AUDIO_KIND: f"{exc.reason}: {exc.detail}"}}
+        return {}, {"missing_outputs": {kind: f"{exc.reason}: {exc.detail}"}}
     if audio is None:
-        return {}, {"missing_outputs": {AUDIO_KIND: "no_audio_track: the file has no audio stream"}}
-    return {AUDIO_KIND: audio.latents}, {"audio_duration": audio.duration}
+        return {}, {"missing_outputs": {kind: "no_audio_track: the file has no audio stream"}}
+    return {kind: audio.latents}, {DURATION_KEYS[kind]: audio.duration}

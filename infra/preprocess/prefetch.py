@@ -145,7 +145,7 @@ class Prefetcher:
                 prepared = entry.future.result()
             except Exception:  # noqa: BLE001 - raised again by `take` at its turn
                 continue
-            if tuple(prepared.video.pixels.shape) == shape:
+            if prepared.video is not None and tuple(prepared.video.pixels.shape) == shape:
                 found.append(prepared)
         return found
 

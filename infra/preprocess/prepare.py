@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,9 +19,10 @@ import torch
 
 from infra.config import CacheSpec
 from infra.errors import ConfigError, InputError
-from infra.media.buckets import Bucket, choose_bucket
+from infra.media.buckets import Bucket, choose_bucket, reference_buckets
 from infra.media.image import is_image, load_rgb, prepare_image
-from infra.media.temporal import TemporalPolicy, choose_windows, effective_fps
+from infra.media.masks import audio_mask_signal, video_mask
+from infra.media.temporal import TemporalPolicy, choose_windows, effective_fps, vae_aligned_indices
 from infra.media.video import (
     DEFAULT_LIMITS,
     MediaLimits,
@@ -37,6 +39,9 @@ from infra.models.base import preprocess_name, preprocess_of
 from infra.plan import BuildPlan
 from infra.preprocess.read import RawSample
 from infra.sources import SampleRef
+
+#: The roles whose bytes go to the audio encoder (`PreparedSample.audio_roles`).
+AUDIO_ROLES = ("reference_audio",)
 
 
 @dataclass(frozen=True)
@@ -57,8 +62,16 @@ class PreparedSample:
     ref: SampleRef
     prompt: str
     media: bytes
-    video: PreparedVideo
+    video: PreparedVideo | None  # None: an audio-only mode's sample (its media is the audio file)
     sampling: dict[str, Any]
+    #: An IC-LoRA sample's reference video, prepared as the trainer does (`prepare_reference`).
+    reference: PreparedVideo | None = None
+    #: An inpainting sample's masks by output kind: ``video_masks`` on the latents' grid (`infra.media.masks`).
+    masks: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: The bytes of the sample's audio roles (``reference_audio``), encoded with its audio.
+    audio_roles: dict[str, bytes] = field(default_factory=dict)
+    #: An audio-inpainting sample's raw mask signal, resized to its audio latents' steps once they are made.
+    audio_mask: torch.Tensor | None = None
 
 
 def media_limits(plan: BuildPlan) -> MediaLimits:
@@ -69,9 +82,56 @@ def media_limits(plan: BuildPlan) -> MediaLimits:
 def prepare(raw: RawSample, plan: BuildPlan) -> PreparedSample:
     """The sample's pixels under the plan, without the source-resolution frames (the encoder needs the pixels; a
     sample waiting in the read-ahead's queue holds only them)."""
-    video = prepare_video(raw.media, plan.spec, raw.ref.window, media_limits(plan))
-    video = dataclasses.replace(video, clip=dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy()))
-    return PreparedSample(raw.ref, raw.prompt, raw.media, video, sampling_record(video.clip))
+    limits = media_limits(plan)
+    audio_roles = {role: data for role, data in raw.roles.items() if role in AUDIO_ROLES}
+    if "latents" not in plan.kinds:  # an audio-only mode: no video to prepare
+        signal = audio_mask_signal(raw.roles["audio_mask"]) if "audio_mask" in raw.roles else None
+        return PreparedSample(raw.ref, raw.prompt, raw.media, None, {}, audio_roles=audio_roles, audio_mask=signal)
+    video = _without_frames(prepare_video(raw.media, plan.spec, raw.ref.window, limits))
+    reference = None
+    if "reference_video" in raw.roles:
+        reference = _without_frames(prepare_reference(raw.roles["reference_video"], plan.spec, limits))
+    masks = {}
+    if "video_mask" in raw.roles:
+        rules = get_family(plan.family).rules(Path(plan.config.model).expanduser())
+        time, spatial = rules.frame_multiple, rules.spatial_multiple
+        frames, height, width = video.pixels.shape[2:]
+        grid = ((frames - 1) // time + 1, height // spatial, width // spatial)
+        masks["video_masks"] = video_mask(raw.roles["video_mask"], grid, spatial, time, limits)
+    record = sampling_record(video.clip)
+    return PreparedSample(raw.ref, raw.prompt, raw.media, video, record, reference, masks, audio_roles)
+
+
+def _without_frames(video: PreparedVideo) -> PreparedVideo:
+    """`video` without its source-resolution frames (the encoder needs the pixels only)."""
+    return dataclasses.replace(video, clip=dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy()))
+
+
+def reference_spec(spec: CacheSpec) -> CacheSpec:
+    """`spec` with the reference video's geometry: the buckets (or the fixed height and width) divided by
+    ``reference_downscale_factor``, as the trainer's ``compute_scaled_resolution_buckets``."""
+    factor = spec.reference_downscale_factor
+    if factor == 1:
+        return spec
+    buckets = [Bucket(*b) for b in spec.buckets] if spec.buckets else None
+    scaled = [tuple(b) for b in reference_buckets(buckets, factor)] if buckets else None
+    return spec.model_copy(update={"buckets": scaled, "height": spec.height // factor, "width": spec.width // factor})
+
+
+def prepare_reference(media: bytes, spec: CacheSpec, limits: MediaLimits = DEFAULT_LIMITS) -> PreparedVideo:
+    """An IC-LoRA sample's reference video as the LTX-2 trainer prepares it: its own bucket among the sample's
+    buckets scaled by ``reference_downscale_factor`` (chosen by the reference's own shape and frames), resized as a
+    clip, then frame 0 and every ``reference_temporal_scale_factor``-th frame from frame 1 on. Its InputErrors are
+    the clip's, named ``reference_<reason>``."""
+    try:
+        video = prepare_video(media, reference_spec(spec), None, limits)
+    except InputError as exc:
+        raise InputError(f"reference_{exc.reason}", f"the reference video: {exc.detail}") from exc
+    keep = vae_aligned_indices(video.pixels.shape[2], spec.reference_temporal_scale_factor)
+    if len(keep) == video.pixels.shape[2]:
+        return video
+    clip = dataclasses.replace(video.clip, indices=tuple(video.clip.indices[i] for i in keep))
+    return PreparedVideo(video.pixels[:, :, keep].contiguous(), clip, video.bucket)
 
 
 def prepare_video(

@@ -7,7 +7,7 @@ ledger row records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from infra.errors import InputError
 from infra.media.prompts import CaptionRules, caption_prompt
@@ -21,12 +21,15 @@ class RawSample:
     ref: SampleRef
     prompt: str
     media: bytes
+    #: The bytes of the sample's other roles its mode reads (a reference video, a mask ...), by role.
+    roles: dict[str, bytes] = field(default_factory=dict)
 
 
 def read(ref: SampleRef, captions: CaptionRules | None = None) -> RawSample:
-    """The sample's prompt (its caption through `captions`, the spec's caption handling: `CaptionRules.of`) and
-    video bytes; InputError for what cannot be encoded (a layout error, a duplicate id, a row superseded by a later
-    one, no video)."""
+    """The sample's prompt (its caption through `captions`, the spec's caption handling: `CaptionRules.of`), video
+    bytes and the bytes of its mode's other roles; InputError for what cannot be encoded (a layout error, a
+    duplicate id, a row superseded by a later one, no video, a role's file not listed or not there:
+    ``missing_<role>``)."""
     if "layout_error" in ref.extra:
         raise InputError("bad_layout", ref.extra["layout_error"])
     if "duplicate_of" in ref.extra:
@@ -39,4 +42,10 @@ def read(ref: SampleRef, captions: CaptionRules | None = None) -> RawSample:
     media = ref.read_media()
     if media is None:
         raise InputError("missing_video", "the sample has no video file")
-    return RawSample(ref, prompt, media)
+    roles = {}
+    for role, reader in ref.read_roles.items():
+        data = reader()
+        if data is None:
+            raise InputError(f"missing_{role}", f"the sample's {role} file is not listed or not there")
+        roles[role] = data
+    return RawSample(ref, prompt, media, roles)

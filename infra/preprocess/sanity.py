@@ -185,15 +185,16 @@ def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, repor
     fmt = get_format(plan.spec.format)
     outputs = sample.outputs()
     latent = plan.latent_shape
-    if plan.spec.buckets:  # the planned shape is the sample's bucket's
+    if plan.spec.buckets and sample.latents is not None:  # the planned shape is the sample's bucket's
         frames, height, width = sample.info["geometry"]
         latent = get_family(plan.family).latent_shape(Path(plan.config.model).expanduser(), frames, height, width)
     planned = {"latents": list(latent), "text_embeddings": list(plan.text_shape)}
     if plan.spec.text_storage == "trimmed":  # the prompt's rows only
         planned["text_embeddings"] = [sample.seq_len, *plan.text_shape[1:]]
     text = sample.text_embeds
-    report.latent_shape, report.text_shape = list(sample.latents.shape), list(text.shape) if text is not None else []
-    report.latent_dtype, report.text_dtype = str(sample.latents.dtype), str(text.dtype) if text is not None else "-"
+    report.latent_shape, report.text_shape = sample.latent_shape or [], list(text.shape) if text is not None else []
+    report.latent_dtype = str(sample.latents.dtype) if sample.latents is not None else "-"  # "-": audio-only
+    report.text_dtype = str(text.dtype) if text is not None else "-"
     report.finite = all(bool(torch.isfinite(t).all()) for t in outputs.values())
     records = {str(w.path): fmt.read_file(w.path.parent, _record(w, written)) for _, w in written.files}
     same = []

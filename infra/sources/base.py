@@ -57,6 +57,9 @@ class SampleRef:
     identity: SourceIdentity = field(default_factory=SourceIdentity)
     #: The sample's audio, where it is a file of its own (a metadata file's ``audio`` column); None: the media's.
     read_audio: Callable[[], bytes | None] | None = None
+    #: The readers of the sample's other roles its LTX-2 mode needs (``reference_video``, ``video_mask``, ...: a
+    #: metadata file's columns, `infra.sources.meta.ROLE_COLUMNS`), by role; each returns None when not listed.
+    read_roles: dict[str, Callable[[], bytes | None]] = field(default_factory=dict)
     #: OUT-relative name of the sample's outputs without a suffix (``group/id`` for VBVR, the media path without
     #: its extension for a metadata file); "" when the sample cannot be named safely (a layout error).
     stem: str = ""

@@ -3,8 +3,10 @@ media files and their captions, as the LTX-2 trainer and FastVideo read them.
 
 Columns, named as the LTX-2 trainer detects them: ``video`` (legacy alias ``media_path``; FastVideo's
 ``videos2caption.json``: ``path``), ``caption`` (FastVideo: ``cap``, a string or a list: its first entry is taken),
-optional ``audio`` (a separate audio file); ``--video-column`` / ``--caption-column`` name others (a name the file
-does not have is an error here, where the trainer ignores it). A caption given as ``""`` is the empty caption
+optional ``audio`` (a separate audio file; in an audio-only mode, t2a ..., the sample itself), and the roles its
+LTX-2 mode reads (`ROLE_COLUMNS`: ``reference_video`` or the legacy ``ref_media_path``, ``reference_audio``,
+``video_mask``, ``audio_mask``); ``--video-column`` / ``--caption-column`` name others (a name the file does not
+have is an error here, where the trainer ignores it). A caption given as ``""`` is the empty caption
 (``--empty-captions`` decides it); a row without one is ``missing_prompt``. A media file listed twice: the first
 row is the sample (the later ones are ``bad_layout`` rows), or with ``--duplicate-rows last`` the last row, as the
 trainer keeps its caption (the earlier ones are ``superseded`` rows).
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from infra.config import AUDIO_ONLY_MODES, MODE_ROLES
 from infra.errors import InputError, SourceError
 from infra.sources.base import SampleRef, Shard, Source, is_safe_name, mark_duplicate, register_source
 from infra.sources.identity import MemberIdentity, SourceIdentity
@@ -40,17 +43,27 @@ logger = logging.getLogger(__name__)
 ROWS_PER_SHARD = 1000
 VIDEO_COLUMNS = ("video", "media_path", "path")
 CAPTION_COLUMNS = ("caption", "cap")
+#: The LTX-2 trainer's other roles (`infra.config.MODE_ROLES`) → their columns, the trainer's legacy alias after
+#: the role's own name. A sample reads those its mode needs (`SampleRef.read_roles`).
+ROLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "reference_video": ("reference_video", "ref_media_path"),
+    "reference_audio": ("reference_audio",),
+    "video_mask": ("video_mask",),
+    "audio_mask": ("audio_mask",),
+}
 SUFFIXES = (".csv", ".json", ".jsonl")
 
 
 @dataclass(frozen=True)
 class Row:
-    """One listed sample: its media path as written, the caption (None: no caption), the audio path."""
+    """One listed sample: its media path as written, the caption (None: no caption), the audio path, and the paths
+    of its other roles (`ROLE_COLUMNS`) as written."""
 
     index: int
     media: str
     caption: str | None
     audio: str | None
+    roles: tuple[tuple[str, str], ...] = ()
 
 
 def _first(entry: dict[str, Any], names: tuple[str, ...]) -> Any:
@@ -72,12 +85,21 @@ def _row(index: int, entry: Any, columns: tuple[tuple[str, ...], tuple[str, ...]
     if isinstance(caption, list):  # FastVideo: several captions; the first is the sample's
         caption = caption[0] if caption else None
     audio = entry.get("audio") or None
-    return Row(index, str(media).strip() if media is not None else "", None if caption is None else str(caption), audio)
+    roles = tuple(
+        (role, str(path).strip()) for role, names in ROLE_COLUMNS.items() if (path := _first(entry, names)) is not None
+    )
+    text = None if caption is None else str(caption)
+    return Row(index, str(media).strip() if media is not None else "", text, audio, roles)
 
 
 @functools.lru_cache(maxsize=4)
 def _parse(
-    path: str, size: int, mtime_ns: int, video_column: str | None = None, caption_column: str | None = None
+    path: str,
+    size: int,
+    mtime_ns: int,
+    video_column: str | None = None,
+    caption_column: str | None = None,
+    video_flag: str = "--video-column",
 ) -> tuple[Row, ...]:
     """Every row of the metadata file (cached per process by path, size, mtime and the columns asked for)."""
     text = Path(path).read_text(encoding="utf-8")
@@ -96,7 +118,7 @@ def _parse(
             raise SourceError(f"{path}: a .json metadata file holds a list of objects")
     else:
         entries = [json.loads(line) for line in text.splitlines() if line.strip()]
-    for given, flag in ((video_column, "--video-column"), (caption_column, "--caption-column")):
+    for given, flag in ((video_column, video_flag), (caption_column, "--caption-column")):
         if given and not any(isinstance(e, dict) and given in e for e in entries):
             raise SourceError(f"{path}: {flag} {given!r}: no row has that column")
     return tuple(_row(i, entry, (video_names, caption_names)) for i, entry in enumerate(entries))
@@ -116,7 +138,7 @@ def sample_id(media: str) -> str | None:
 class MetaSource(Source):
     """A metadata file (csv, json, jsonl; the LTX-2 trainer's or FastVideo's columns) listing media and captions."""
 
-    settings = ("video_column", "caption_column", "duplicate_rows")
+    settings = ("video_column", "caption_column", "duplicate_rows", "mode")
 
     def __init__(
         self,
@@ -124,18 +146,25 @@ class MetaSource(Source):
         video_column: str | None = None,
         caption_column: str | None = None,
         duplicate_rows: str = "refuse",
+        mode: str = "t2v",
     ) -> None:
         self.path = Path(path).expanduser()
         if self.path.suffix.lower() not in SUFFIXES:
             raise SourceError(f"meta source {path!r}: expected a {', '.join(SUFFIXES)} file")
         self.root = self.path.parent
-        self.columns = (video_column, caption_column)
+        #: An audio-only mode (t2a ...): a sample is its ``audio`` file, named by it, as the trainer names it.
+        self.audio_only = mode in AUDIO_ONLY_MODES
+        self.columns = (video_column or ("audio" if self.audio_only else None), caption_column)
+        own = self.audio_only and not video_column
+        self.video_flag = f"--mode {mode} reads its samples from the column" if own else "--video-column"
         self.duplicate_rows = duplicate_rows
+        #: The roles past video, audio and caption that the mode reads (a reference video, a mask ...).
+        self.roles = tuple(role for role in MODE_ROLES[mode] if role in ROLE_COLUMNS)
 
     def rows(self) -> tuple[Row, ...]:
         try:
             st = self.path.stat()
-            return _parse(str(self.path.resolve()), st.st_size, st.st_mtime_ns, *self.columns)
+            return _parse(str(self.path.resolve()), st.st_size, st.st_mtime_ns, *self.columns, self.video_flag)
         except FileNotFoundError as exc:
             raise SourceError(f"meta source {self.path}: no such file") from exc
         except (OSError, ValueError) as exc:  # unreadable, not UTF-8, not JSON
@@ -145,6 +174,12 @@ class MetaSource(Source):
         rows = self.rows()
         if not rows:
             raise SourceError(f"meta source {self.path}: lists no sample")
+        for role in self.roles:
+            if not any(role in dict(row.roles) for row in rows):
+                raise SourceError(
+                    f"meta source {self.path}: the mode reads the role {role} (column "
+                    f"{' or '.join(ROLE_COLUMNS[role])}), which no row has"
+                )
         size, stem = self.path.stat().st_size, self.path.stem
         count = -(-len(rows) // ROWS_PER_SHARD)
         return [Shard(id=f"{stem}-{i:05d}", path=str(self.path), size=size) for i in range(count)]
@@ -176,9 +211,11 @@ class MetaSource(Source):
         key = sid if sid is not None and not extra else f"row-{row.index + 1:08d}"
         seen.add(key)
         media = self.root / row.media if sid is not None else None
-        audio = self.root / row.audio if row.audio else None
+        audio = self.root / row.audio if row.audio and not self.audio_only else None
+        listed = dict(row.roles)
+        roles = {role: self.root / listed[role] if listed.get(role) else None for role in self.roles}
         caption = None if row.caption is None else row.caption.encode("utf-8")
-        identity = SourceIdentity(members=_members(media, caption, audio))
+        identity = SourceIdentity(members=_members({"video": media, "audio": audio, **roles}, caption))
         parts = (sid or key).split("/")
         return SampleRef(
             id=sid or key,
@@ -187,16 +224,18 @@ class MetaSource(Source):
             read_media=functools.partial(_read, media, "video", identity),
             read_prompt=lambda: caption,
             read_audio=functools.partial(_read, audio, "audio", identity) if audio is not None else None,
+            read_roles={role: functools.partial(_read, path, role, identity) for role, path in roles.items()},
             extra=extra,
             identity=identity,
             stem=str(PurePosixPath(sid).with_suffix("")) if sid is not None and not extra else "",
         )
 
 
-def _members(media: Path | None, caption: bytes | None, audio: Path | None) -> dict[str, MemberIdentity]:
-    """The sample's members as listed: media and audio files by size and mtime, the caption by its hash."""
+def _members(files: dict[str, Path | None], caption: bytes | None) -> dict[str, MemberIdentity]:
+    """The sample's members as listed: media files (video, audio, the mode's other roles) by size and mtime, the
+    caption by its hash."""
     members = {}
-    for name, path in (("video", media), ("audio", audio)):
+    for name, path in files.items():
         if path is not None:
             try:
                 st = path.stat()
