@@ -41,6 +41,7 @@ from infra.plan import make_plan, make_spec
 from infra.preprocess.encode import load_encoder
 from infra.sources import open_source
 from tests.conftest import config
+from tests.ltx_precomputed import PrecomputedReader
 from tests.media_utils import cut_clip
 
 runner = CliRunner()
@@ -49,22 +50,11 @@ runner = CliRunner()
 
 
 def precomputed(root: Path, sources: list[str]) -> list[dict[str, dict]]:
-    """Every sample the trainer's ``PrecomputedDataset(root, sources)`` yields: the primary source is ``latents``
-    when asked for, else the first; its ``**/*.pt`` files, sorted; a sample is kept only when every other source
-    has a file at the same relative path (else silently dropped); each file loaded with ``weights_only=True``."""
-    root = root / ".precomputed" if (root / ".precomputed").exists() else root
-    for source in sources:
-        if not (root / source).exists():
-            raise FileNotFoundError(f"Required {source} directory does not exist: {root / source}")
-    primary = "latents" if "latents" in sources else sources[0]
-    samples = []
-    for data_file in sorted((root / primary).glob("**/*.pt")):
-        rel = data_file.relative_to(root / primary)
-        if all((root / source / rel).is_file() for source in sources):
-            samples.append({s: torch.load(root / s / rel, map_location="cpu", weights_only=True) for s in sources})
-    if not samples:
-        raise ValueError(f"No valid samples found in {root}")
-    return samples
+    """Every sample the trainer's ``PrecomputedDataset(root, sources)`` yields (`tests.ltx_precomputed`'s reader of
+    its rules: the primary source ``latents`` when asked for, else the first; a sample kept only when every other
+    source has a file at the same relative path), as {source: record}."""
+    reader = PrecomputedReader(root, sources)
+    return [{source: reader[i][source] for source in sources} for i in range(len(reader))]
 
 
 # --- media ------------------------------------------------------------------------------------------------------------
