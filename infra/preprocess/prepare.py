@@ -3,7 +3,7 @@ resized), a `PreparedSample`.
 
 The same `prepare_video` serves the preprocess, the one-sample sanity, the dry run and the decode-and-verify
 re-derivation of source frames, so every step sees the recipe's exact numbers. The shard's read-ahead
-(`infra.preprocess.prefetch`) runs `prepare` in its threads.
+(`infra.preprocess.prefetch`) runs `prepare` on its decoders (`infra.preprocess.decoders`: threads or processes).
 """
 
 from __future__ import annotations
@@ -68,8 +68,18 @@ def media_limits(plan: BuildPlan) -> MediaLimits:
 def prepare(raw: RawSample, plan: BuildPlan) -> PreparedSample:
     """The sample's pixels under the plan, without the source-resolution frames (the encoder needs the pixels; a
     sample waiting in the read-ahead's queue holds only them)."""
-    video = prepare_video(raw.media, plan.spec, raw.ref.window, media_limits(plan))
-    video = dataclasses.replace(video, clip=dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy()))
+    return prepared_sample(raw, prepare_pixels(raw.media, plan.spec, raw.ref.window, media_limits(plan)))
+
+
+def prepare_pixels(media: bytes, spec: CacheSpec, window: int | None, limits: MediaLimits) -> PreparedVideo:
+    """`prepare_video` without the source-resolution frames: what `prepare` keeps of a clip (and what a decoder
+    process, `infra.preprocess.decoders`, sends back)."""
+    video = prepare_video(media, spec, window, limits)
+    return dataclasses.replace(video, clip=dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy()))
+
+
+def prepared_sample(raw: RawSample, video: PreparedVideo) -> PreparedSample:
+    """The sample `raw` with its prepared `video`."""
     return PreparedSample(raw.ref, raw.prompt, raw.media, video, sampling_record(video.clip))
 
 
