@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import psutil
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,6 +51,13 @@ def _cpu() -> tuple[float, float]:
             continue
         children += times.user + times.system
     return time.process_time(), children
+
+
+def _touch(pixels: torch.Tensor) -> int:
+    """Read one value of every page of the pixels here (as the encoder will: pixels mapped from a decoder process's
+    shared memory are paged in on first touch, a cost of this process)."""
+    float(pixels.reshape(-1)[:: 4096 // pixels.element_size()].sum())
+    return pixels.nbytes
 
 
 def _pass(plan: BuildPlan, pool, clips: int, workers: int) -> tuple[float, float, float]:
