@@ -398,7 +398,7 @@ class RunConfig(StrictModel):
     decode_pool: Literal["thread", "process"] = Field(
         "thread",
         description="What the decode workers are: threads of the shard task (they share the GIL: ~1.6x on 2) or "
-        "processes started once per shard task (spawned; pixels sent back). Same bytes either way",
+        "processes started once per shard task (spawned; pixels back in shared memory). Same bytes either way",
     )
     text_batch: int = Field(
         8,
