@@ -5,16 +5,20 @@ costing no sample, a stop between samples still honoured, prompts encoded once."
 from __future__ import annotations
 
 import pickle
+import signal
+import time
 
+import psutil
 import pytest
+import torch
 
 from infra.cache import ledger
 from infra.faults import KILL_FILE_ENV
 from infra.ops.progress import RunState
 from infra.plan import make_plan
-from infra.preprocess.decoders import DECODER_POINT, ThreadDecoders
+from infra.preprocess.decoders import DECODER_POINT, ProcessDecoders, ThreadDecoders
 from infra.preprocess.prefetch import Prefetcher
-from infra.preprocess.prepare import prepare
+from infra.preprocess.prepare import media_limits, prepare
 from infra.preprocess.read import RawSample
 from infra.preprocess.shard import process_shard
 from infra.sources import SampleRef
@@ -96,6 +100,30 @@ def test_a_killed_decoder_process_costs_no_sample(tmp_path, tiny_model, source, 
     assert not kill.exists() and list(tmp_path.glob("kill.*")), "no decoder process was killed"
     assert _facts(rows) == _facts(serial)
     assert _pt_files(tmp_path / "killed") == _pt_files(tmp_path / "serial") and result.counts["done"] >= 5
+
+
+def test_decoder_processes_leave_a_stop_to_the_shard(tmp_path, tiny_model, clips, source) -> None:
+    """A Ctrl-C reaches the terminal's whole process group, a SIGTERM may: the decoder processes ignore both (the
+    shard stops between samples and shuts them down); the same processes decode the next sample."""
+    plan = make_plan(config(source, tiny_model, tmp_path / "out"))
+    ref = SampleRef(id="1", group="g", key="g/1", read_media=lambda: None, read_prompt=lambda: None)
+    raw = RawSample(ref, "p", clips["carphone"])
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    pool = ProcessDecoders(plan.spec, media_limits(plan), workers=1)
+    try:
+        first = pool.submit(raw).result(timeout=120)
+        decoders = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        decoders = [p for p in decoders if "spawn_main" in " ".join(p.cmdline())]
+        assert len(decoders) == 1
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            decoders[0].send_signal(signum)
+        time.sleep(0.5)
+        assert decoders[0].is_running() and decoders[0].status() != psutil.STATUS_ZOMBIE
+        again = pool.submit(raw).result(timeout=120)
+    finally:
+        pool.shutdown()
+    assert torch.equal(again.video.pixels, first.video.pixels)
+    assert torch.equal(first.video.pixels, prepare(raw, plan).video.pixels)  # the threads' pixels, bit for bit
 
 
 def test_a_stop_between_samples_ends_the_shard_with_prefetch(tmp_path, tiny_model, source) -> None:

@@ -2,11 +2,11 @@
 default), or `workers` decoder processes started once for the shard task and kept for all its samples.
 
 Threads share the GIL: PyAV releases it while FFmpeg decodes, but the Python-side frame work (picking, converting,
-the resize calls) holds it, so threads stop scaling after a couple of cores (README "Throughput"). Processes do
-not share it. A process is started with the spawn context (no fork of a process that holds torch's and Prefect's
-threads), its torch on one intra-op thread (the parallelism is across samples; the resize computes each output
-value alone, so its bytes do not depend on the thread count), and it takes the spec and limits once, at start.
-Each sample ships its media bytes there and its pixels back in shared memory: the pool's context is
+the resize calls) holds it, so threads stop scaling after a couple of cores (README "Throughput and memory").
+Processes do not share it. A process is started with the spawn context (no fork of a process that holds torch's and
+Prefect's threads), its torch on one intra-op thread (the parallelism is across samples; the resize computes each
+output value alone, so its bytes do not depend on the thread count), and it takes the spec and limits once, at
+start. Each sample ships its media bytes there and its pixels back in shared memory: the pool's context is
 `torch.multiprocessing`'s, whose reducers move a returned tensor's storage to a shared-memory file and pass its
 descriptor, so the pixels are copied once, in the decoder, and mapped here (through a pipe, as pickled numpy bytes,
 the 274 MB of a 33×832² clip cost this process 0.43 CPU-s a clip: more than the decode saved).
@@ -14,7 +14,8 @@ the 274 MB of a 33×832² clip cost this process 0.43 CPU-s a clip: more than th
 Both kinds hand back the same `PreparedSample` for the same bytes. A sample's error comes back as its own: an
 `InputError` as itself (its reason and detail), anything else that cannot cross the pipe as a RuntimeError
 naming it. A decoder process that dies (a crash in FFmpeg, the kernel's OOM killer) breaks its pool; the samples
-that were in it are decoded once more in a fresh pool, and one that breaks that one too fails with the error.
+that were in it are decoded once more in a fresh pool, and one that breaks that one too fails with the error. A
+decoder ignores the signals that stop a run (SIGTERM, SIGINT, SIGHUP): stopping is the shard's to do.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import pickle
+import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -166,7 +168,16 @@ def decoders(kind: PoolKind, workers: int, decode: Callable[[RawSample], Prepare
 _job: dict[str, object] = {}
 
 
+#: What stops a run (`infra.ops.preempt`): a decoder ignores them. A Ctrl-C reaches the terminal's whole process group
+#: and a SIGTERM may (`timeout`, a container's stop); the shard stops between samples and shuts its decoders down
+#: (a decoder killed by the signal would break the pool and fail the sample in flight). A decoder whose shard task
+#: is gone (SIGKILL) ends on its pipe's end.
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def _start_decoder(spec: CacheSpec, limits: MediaLimits) -> None:
+    for signum in _STOPS:
+        signal.signal(signum, signal.SIG_IGN)
     torch.set_num_threads(1)  # the parallelism is across samples: one decode, one core
     _job.update(spec=spec, limits=limits)
 
