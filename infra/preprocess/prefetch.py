@@ -1,11 +1,12 @@
 """Run ahead of the encoder inside a shard: the next samples are read, decoded, sampled and resized while the
-current one is encoded (``--prefetch N`` samples ahead, ``--decode-workers`` threads).
+current one is encoded (``--prefetch N`` samples ahead, on ``--decode-workers`` threads or, with ``--decode-pool
+process``, processes: `infra.preprocess.decoders`).
 
 The shard loop iterates a `Prefetcher` instead of the source's samples; it yields the same refs in the same order.
 The shard's state (`infra.preprocess.state.ShardState`) carries it to the stages that batch with what it holds
 (`infra.preprocess.texts`, `infra.preprocess.videos`).
 Reading a sample's bytes (prompt, video) happens on the loop's own thread, as the source's readers expect (a tar is
-one file position); only decoding and resizing run in the pool. The shard loop takes what was prepared for its ref
+one file position); only decoding and resizing run on the decoders. The shard loop takes what was prepared for its ref
 (`take`), or reads and prepares it itself when nothing was (a sample kept from the ledger is never read ahead). What
 a sample raises while prepared ahead (an InputError, a decode error) is raised when its turn comes, so its ledger
 row is the one it gets without prefetching; a source that fails mid-shard (ShardReadError) fails at the same point.
@@ -17,14 +18,14 @@ packet's error); the parallelism is across samples.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from infra.preprocess.decoders import Decoders
 from infra.preprocess.prepare import PreparedSample
 from infra.preprocess.read import RawSample
 from infra.sources import SampleRef
@@ -32,7 +33,6 @@ from infra.sources import SampleRef
 logger = logging.getLogger(__name__)
 
 Reader = Callable[[SampleRef], RawSample]
-Decoder = Callable[[RawSample], PreparedSample]
 
 
 @dataclass
@@ -52,22 +52,22 @@ class _End:
 
 class Prefetcher:
     """The refs of `refs`, in order; those `wanted` are read `lookahead` ahead (their prompts known for text
-    batching) and the first `depth` of them decoded ahead by `decode` on `workers` threads."""
+    batching) and the first `depth` of them decoded ahead on `decoders` (shut down by `close`; None when `depth`
+    is 0)."""
 
     def __init__(
         self,
         refs: Iterator[SampleRef],
         *,
         read: Reader,
-        decode: Decoder,
+        decoders: Decoders | None,
         wanted: Callable[[SampleRef], bool],
         depth: int,
         lookahead: int,
-        workers: int = 1,
     ) -> None:
-        self._refs, self._read, self._decode, self._wanted = refs, read, decode, wanted
+        self._refs, self._read, self._wanted = refs, read, wanted
         self.depth, self.lookahead = depth, max(depth, lookahead)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lf-decode") if depth else None
+        self._pool = decoders if depth else None
         self._queue: deque[_Entry | _End] = deque()
         self._current: _Entry | None = None
         self._done = False
@@ -118,7 +118,7 @@ class Prefetcher:
             return
         for entry in list(self._queue)[: self.depth]:
             if isinstance(entry, _Entry) and entry.raw is not None and entry.future is None:
-                entry.future = self._pool.submit(contextvars.copy_context().run, self._decode, entry.raw)
+                entry.future = self._pool.submit(entry.raw)
 
     def take(self, ref: SampleRef) -> PreparedSample | RawSample | None:
         """What was made ahead of the ref being visited: prepared, or only read (not decoded ahead); None when it
@@ -167,7 +167,7 @@ class Prefetcher:
         self._queue.clear()
         self._held.clear()
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown()
         close = getattr(self._refs, "close", None)
         if close is not None:
             close()

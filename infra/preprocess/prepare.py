@@ -3,7 +3,7 @@ resized), a `PreparedSample`.
 
 The same `prepare_video` serves the preprocess, the one-sample sanity, the dry run and the decode-and-verify
 re-derivation of source frames, so every step sees the recipe's exact numbers. The shard's read-ahead
-(`infra.preprocess.prefetch`) runs `prepare` in its threads.
+(`infra.preprocess.prefetch`) runs `prepare` on its decoders (`infra.preprocess.decoders`: threads or processes).
 """
 
 from __future__ import annotations
@@ -83,11 +83,11 @@ def prepare(raw: RawSample, plan: BuildPlan) -> PreparedSample:
     """The sample's pixels under the plan, without the source-resolution frames (the encoder needs the pixels; a
     sample waiting in the read-ahead's queue holds only them)."""
     limits = media_limits(plan)
-    audio_roles = {role: data for role, data in raw.roles.items() if role in AUDIO_ROLES}
     if "latents" not in plan.kinds:  # an audio-only mode: no video to prepare
         signal = audio_mask_signal(raw.roles["audio_mask"]) if "audio_mask" in raw.roles else None
+        audio_roles = {role: data for role, data in raw.roles.items() if role in AUDIO_ROLES}
         return PreparedSample(raw.ref, raw.prompt, raw.media, None, {}, audio_roles=audio_roles, audio_mask=signal)
-    video = _without_frames(prepare_video(raw.media, plan.spec, raw.ref.window, limits))
+    video = prepare_pixels(raw.media, plan.spec, raw.ref.window, limits)
     reference = None
     if "reference_video" in raw.roles:
         reference = _without_frames(prepare_reference(raw.roles["reference_video"], plan.spec, limits))
@@ -98,8 +98,26 @@ def prepare(raw: RawSample, plan: BuildPlan) -> PreparedSample:
         frames, height, width = video.pixels.shape[2:]
         grid = ((frames - 1) // time + 1, height // spatial, width // spatial)
         masks["video_masks"] = video_mask(raw.roles["video_mask"], grid, spatial, time, limits)
+    return prepared_sample(raw, video, reference, masks)
+
+
+def prepare_pixels(media: bytes, spec: CacheSpec, window: int | None, limits: MediaLimits) -> PreparedVideo:
+    """`prepare_video` without the source-resolution frames: what `prepare` keeps of a clip (and what a decoder
+    process, `infra.preprocess.decoders`, sends back)."""
+    return _without_frames(prepare_video(media, spec, window, limits))
+
+
+def prepared_sample(
+    raw: RawSample,
+    video: PreparedVideo,
+    reference: PreparedVideo | None = None,
+    masks: dict[str, torch.Tensor] | None = None,
+) -> PreparedSample:
+    """The sample `raw` with its prepared `video` (and its mode's reference and masks, where it reads them); its
+    audio roles' bytes go along as read (the encoder decodes them)."""
+    audio_roles = {role: data for role, data in raw.roles.items() if role in AUDIO_ROLES}
     record = sampling_record(video.clip)
-    return PreparedSample(raw.ref, raw.prompt, raw.media, video, record, reference, masks, audio_roles)
+    return PreparedSample(raw.ref, raw.prompt, raw.media, video, record, reference, masks or {}, audio_roles)
 
 
 def _without_frames(video: PreparedVideo) -> PreparedVideo:

@@ -33,9 +33,10 @@ from infra.ops import preempt
 from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess import phases, record, resume, write
 from infra.preprocess.chunks import Chunk
+from infra.preprocess.decoders import decoders
 from infra.preprocess.encode import encode, load_encoder, shard_state
 from infra.preprocess.prefetch import Prefetcher
-from infra.preprocess.prepare import PreparedSample, prepare
+from infra.preprocess.prepare import PreparedSample, media_limits, prepare
 from infra.preprocess.read import read
 from infra.preprocess.result import ShardResult
 from infra.preprocess.state import RunState, ShardState
@@ -234,14 +235,17 @@ def _prefetcher(plan: BuildPlan, refs: Iterator[SampleRef], wanted: Callable[[Sa
     serial = cfg.run.prefetch == 0 and cfg.run.text_batch == 1 and cfg.encoding.video_batch == 1
     if serial or TemporalPolicy.of(plan.spec).kind == "windows":
         return None
+    depth = max(cfg.run.prefetch, cfg.encoding.video_batch - 1)  # a batch is made of samples already prepared
+    run = cfg.run
+    pool = decoders(run.decode_pool, run.decode_workers, functools.partial(prepare, plan=plan), plan.spec,
+                    media_limits(plan)) if depth else None  # fmt: skip
     return Prefetcher(
         refs,
         read=functools.partial(read, captions=CaptionRules.of(plan.spec)),
-        decode=functools.partial(prepare, plan=plan),
+        decoders=pool,
         wanted=wanted,
-        depth=max(cfg.run.prefetch, cfg.encoding.video_batch - 1),  # a batch is made of samples already prepared
+        depth=depth,
         lookahead=cfg.run.text_batch - 1,
-        workers=cfg.run.decode_workers,
     )
 
 

@@ -1,0 +1,203 @@
+"""Where the shard's read-ahead decodes (``--decode-pool``): `workers` threads of the shard task's process (the
+default), or `workers` decoder processes started once for the shard task and kept for all its samples.
+
+Threads share the GIL: PyAV releases it while FFmpeg decodes, but the Python-side frame work (picking, converting,
+the resize calls) holds it, so threads stop scaling after a couple of cores (README "Throughput and memory").
+Processes do not share it. A process is started with the spawn context (no fork of a process that holds torch's and
+Prefect's threads), its torch on one intra-op thread (the parallelism is across samples; the resize computes each
+output value alone, so its bytes do not depend on the thread count), and it takes the spec and limits once, at
+start. Each sample ships its media bytes there and its pixels back in shared memory: the pool's context is
+`torch.multiprocessing`'s, whose reducers move a returned tensor's storage to a shared-memory file and pass its
+descriptor, so the pixels are copied once, in the decoder, and mapped here (through a pipe, as pickled numpy bytes,
+the 274 MB of a 33×832² clip cost this process 0.43 CPU-s a clip: more than the decode saved).
+
+Both kinds hand back the same `PreparedSample` for the same bytes. A sample's error comes back as its own: an
+`InputError` as itself (its reason and detail), anything else that cannot cross the pipe as a RuntimeError
+naming it. A decoder process that dies (a crash in FFmpeg, the kernel's OOM killer) breaks its pool; the samples
+that were in it are decoded once more in a fresh pool, and one that breaks that one too fails with the error. A
+decoder ignores the signals that stop a run (SIGTERM, SIGINT, SIGHUP): stopping is the shard's to do.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import pickle
+import signal
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+import torch.multiprocessing
+
+from infra.config import CacheSpec
+from infra.faults import fault_point
+from infra.media.buckets import Bucket
+from infra.media.video import MediaLimits, SampledClip
+from infra.preprocess.prepare import PreparedSample, PreparedVideo, prepare_pixels, prepared_sample
+from infra.preprocess.read import RawSample
+
+logger = logging.getLogger(__name__)
+
+PoolKind = Literal["thread", "process"]
+#: The fault point a decoder process reaches before each decode (``LATENTFORGE_KILL_FILE``: how a test kills one).
+DECODER_POINT = "decoder"
+
+
+class Decoders(Protocol):
+    """The read-ahead's decoders: `submit` a sample's bytes, get its future `PreparedSample`."""
+
+    def submit(self, raw: RawSample) -> Future[PreparedSample]: ...
+
+    def shutdown(self) -> None:
+        """Cancel the queued decodes; wait for the running ones (one sample each)."""
+
+
+class ThreadDecoders:
+    """`decode` on `workers` threads of this process."""
+
+    def __init__(self, decode: Callable[[RawSample], PreparedSample], workers: int) -> None:
+        self._decode = decode
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lf-decode")
+
+    def submit(self, raw: RawSample) -> Future[PreparedSample]:
+        return self._pool.submit(contextvars.copy_context().run, self._decode, raw)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class _Shipped:
+    """A prepared clip as it crosses: the pixels (their storage in shared memory), the clip's record without frames."""
+
+    pixels: torch.Tensor
+    clip: SampledClip
+    bucket: Bucket | None
+
+
+class ProcessDecoders:
+    """`prepare` (the recipe's pixels under `spec` and `limits`) in `workers` spawned processes, kept until
+    `shutdown`; a pool broken by a dead process is replaced, and its samples decoded once more."""
+
+    def __init__(self, spec: CacheSpec, limits: MediaLimits, workers: int) -> None:
+        self._spec, self._limits, self._workers = spec, limits, workers
+        self._lock = threading.Lock()
+        self._pool = self._start()
+        self._closed = False
+
+    def _start(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            max_workers=self._workers,
+            mp_context=torch.multiprocessing.get_context("spawn"),  # its reducers: a tensor crosses in shared memory
+            initializer=_start_decoder,
+            initargs=(self._spec, self._limits),
+        )
+
+    def submit(self, raw: RawSample) -> Future[PreparedSample]:
+        out: Future[PreparedSample] = Future()
+        self._send(raw, out, tries=1)
+        return out
+
+    def _send(self, raw: RawSample, out: Future[PreparedSample], tries: int) -> None:
+        with self._lock:
+            pool = self._pool
+        try:
+            child = pool.submit(_decode_in_child, raw.media, raw.ref.window)
+        except BrokenProcessPool as exc:  # broken before its samples landed: this one is sent to a fresh pool
+            self._again(raw, out, tries, pool, exc)
+            return
+        except RuntimeError as exc:  # shut down by a stop: nothing more is decoded
+            out.set_exception(exc)
+            return
+        child.add_done_callback(lambda done: self._landed(raw, out, tries, pool, done))
+
+    def _landed(
+        self, raw: RawSample, out: Future[PreparedSample], tries: int, pool: ProcessPoolExecutor, done: Future
+    ) -> None:
+        """The child's answer → the sample's future (called on the pool's own thread as the answer lands)."""
+        if done.cancelled():
+            out.cancel()
+            return
+        error = done.exception()
+        if isinstance(error, BrokenProcessPool):
+            self._again(raw, out, tries, pool, error)
+        elif error is not None:
+            out.set_exception(error)
+        else:
+            shipped: _Shipped = done.result()
+            video = PreparedVideo(shipped.pixels, shipped.clip, shipped.bucket)
+            out.set_result(prepared_sample(raw, video))
+
+    def _again(
+        self, raw: RawSample, out: Future[PreparedSample], tries: int, pool: ProcessPoolExecutor, error: Exception
+    ) -> None:
+        """A sample caught in a broken pool: decoded once more in a fresh one, or failed with `error`."""
+        with self._lock:
+            again = tries == 1 and not self._closed
+            if again and self._pool is pool:  # the first of its samples back replaces it; the broken one ends itself
+                self._pool = self._start()
+        if not again:
+            out.set_exception(error)
+            return
+        logger.warning("a decoder process died (%s): decoding %s again in a fresh pool", error, raw.ref.key)
+        self._send(raw, out, tries + 1)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            pool = self._pool
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def decoders(kind: PoolKind, workers: int, decode: Callable[[RawSample], PreparedSample], spec: CacheSpec,
+             limits: MediaLimits) -> Decoders:  # fmt: skip
+    """The read-ahead's decoders of `kind`: threads running `decode`, or processes preparing under `spec` and
+    `limits` (what `decode` does, in another interpreter)."""
+    if kind == "process":
+        return ProcessDecoders(spec, limits, workers)
+    return ThreadDecoders(decode, workers)
+
+
+# A decoder process's own state, set once by its initializer (the pool's way to hand every task the same
+# arguments without sending them with each): the spec and limits every sample of the shard is prepared under.
+_job: dict[str, object] = {}
+
+
+#: What stops a run (`infra.ops.preempt`): a decoder ignores them. A Ctrl-C reaches the terminal's whole process group
+#: and a SIGTERM may (`timeout`, a container's stop); the shard stops between samples and shuts its decoders down
+#: (a decoder killed by the signal would break the pool and fail the sample in flight). A decoder whose shard task
+#: is gone (SIGKILL) ends on its pipe's end.
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _start_decoder(spec: CacheSpec, limits: MediaLimits) -> None:
+    for signum in _STOPS:
+        signal.signal(signum, signal.SIG_IGN)
+    torch.set_num_threads(1)  # the parallelism is across samples: one decode, one core
+    _job.update(spec=spec, limits=limits)
+
+
+def _decode_in_child(media: bytes, window: int | None) -> _Shipped:
+    fault_point(DECODER_POINT)
+    try:
+        video = prepare_pixels(media, _job["spec"], window, _job["limits"])  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - the sample's own error, sent back as itself where it can cross
+        raise _crossable(exc) from None
+    return _Shipped(video.pixels.contiguous(), video.clip, video.bucket)  # only the pixels go to shared memory
+
+
+def _crossable(exc: Exception) -> Exception:
+    """`exc` if it survives the pipe as itself, else a RuntimeError naming it (an unpicklable error would break
+    the pool, failing every sample in it)."""
+    try:
+        back = pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any failure to cross is answered the same way
+        back = None
+    if type(back) is type(exc) and str(back) == str(exc):
+        return exc
+    return RuntimeError(f"{type(exc).__name__}: {exc}")
