@@ -191,6 +191,23 @@ def test_the_builds_sanity_takes_the_first_sample_it_would_encode(tmp_path, tiny
     assert ok and summary["encoded"] == 0 and summary["sanity"]["nothing_to_encode"], summary
 
 
+def test_a_resume_with_only_unusable_samples_left_passes_a_fresh_one_does_not(tmp_path, tiny_model, short_clips):
+    """The samples a resume has left are the ones skipped before (a corrupt clip): the build skips them again, so
+    the sanity passes, saying so; a fresh OUT whose every sample is unusable still fails."""
+    good, other = short_clips[0], short_clips[1]
+    samples = [sample(0, 0, good, b"good"), sample(0, 1, None, b"no video"), sample(1, 2, other, b"ok")]
+    src = make_shards(tmp_path / "src", {"mixed": samples})
+    out = tmp_path / "out"
+    ok, summary = run_build(config(src, tiny_model, out))
+    assert ok and (summary["encoded"], summary["skipped"]) == (2, 1), summary
+    report = run_sanity(make_plan(config(src, tiny_model, out)), pending_only=True)
+    assert report.ok and report.nothing_to_encode and [r for _, r in report.skipped_before] == ["missing_video"]
+    assert "none usable left to encode" in report.text()
+    bad = make_shards(tmp_path / "bad", {"bad": [sample(0, 0, None, b"no video")]})
+    fresh = run_sanity(make_plan(config(bad, tiny_model, tmp_path / "fresh")), pending_only=True)
+    assert not fresh.ok and fresh.problems == ["no usable sample in the plan (1 skipped)"]
+
+
 def test_check_disk(tmp_path):
     out = tmp_path / "cache"
     (out / "g").mkdir(parents=True)

@@ -85,6 +85,8 @@ class SanityReport:
 
     def _rows(self) -> list[tuple[str, str]]:
         projected = human_bytes(self.projected_bytes)
+        if self.nothing_to_encode and self.skipped_before:
+            return [("sample", f"none usable left to encode: the others of the {self.total_samples} are done")]
         if self.nothing_to_encode:
             return [("sample", f"none to encode: all {self.total_samples} planned samples are done")]
         return [
@@ -302,6 +304,17 @@ def nothing_pending(plan: BuildPlan) -> bool:
     return True
 
 
+def _keeps_done(plan: BuildPlan) -> bool:
+    """Whether OUT's ledger keeps a done sample of this plan's fingerprint (a resume, not a fresh build)."""
+    if not plan.out.is_dir():
+        return False
+    return any(
+        row.status == "done" and row.fingerprint == plan.fingerprint
+        for shard_id in ledger.shard_ids(plan.out)
+        for row in ledger.read_shard(plan.out, shard_id).values()
+    )
+
+
 def dry_run(plan: BuildPlan) -> dict[str, Any]:
     """The first usable sample encoded in memory (nothing written): its shapes, dtypes and token counts."""
     encoder = load_encoder(plan)
@@ -352,6 +365,10 @@ def run_sanity(plan: BuildPlan, repeats: int = 1, *, pending_only: bool = False)
     report.peak_memory_bytes = peak[0]
     if found is None:
         report.sample_key = None
+        if pending_only and _keeps_done(plan):  # a resume whose samples left are all unusable: the build skips them
+            report.nothing_to_encode = report.ok = True
+            logger.info("sanity: no usable sample left to encode (%d skipped)", len(report.skipped_before))
+            return report
         report.problems.append(f"no usable sample in the plan ({len(report.skipped_before)} skipped)")
         return report
     ref, (sample, written) = found
