@@ -272,15 +272,20 @@ def _token_id(tokenizer: PreTrainedTokenizerBase, token: str, default: int) -> i
     return tokenizer.get_vocab().get(token, default)
 
 
-def _write_text_encoder(out: Path, seed: int, tokenizer: PreTrainedTokenizerBase) -> None:
-    vocab_size = -(-len(tokenizer) // 128) * 128
-    text_config = {
-        **TINY_TEXT_CONFIG,
-        "vocab_size": vocab_size,
+def _text_config(base: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    """A Gemma text config over `base`: the tokenizer's vocabulary (rounded up to 128) and special token ids."""
+    return {
+        **base,
+        "vocab_size": -(-len(tokenizer) // 128) * 128,
         "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         "eos_token_id": tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 1,
         "bos_token_id": tokenizer.bos_token_id if tokenizer.bos_token_id is not None else 2,
     }
+
+
+def _write_text_encoder(out: Path, seed: int, tokenizer: PreTrainedTokenizerBase) -> None:
+    text_config = _text_config(TINY_TEXT_CONFIG, tokenizer)
+    vocab_size = text_config["vocab_size"]
     config = Gemma3Config(
         text_config=text_config,
         vision_config=dict(TINY_VISION_CONFIG),
@@ -297,14 +302,8 @@ def _write_text_encoder(out: Path, seed: int, tokenizer: PreTrainedTokenizerBase
 
 def _write_gemma4(out: Path, seed: int, tokenizer: PreTrainedTokenizerBase) -> None:
     """Gemma 4 (``gemma4_unified``) without its vision and audio towers: LTX-2 feeds it text only."""
-    vocab_size = -(-len(tokenizer) // 128) * 128
-    text_config = {
-        **TINY_GEMMA4_TEXT_CONFIG,
-        "vocab_size": vocab_size,
-        "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-        "eos_token_id": tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 1,
-        "bos_token_id": tokenizer.bos_token_id if tokenizer.bos_token_id is not None else 2,
-    }
+    text_config = _text_config(TINY_GEMMA4_TEXT_CONFIG, tokenizer)
+    vocab_size = text_config["vocab_size"]
     config = Gemma4UnifiedConfig(text_config=text_config, vision_config=None, audio_config=None)
     torch.manual_seed(seed + _SEED_TEXT)
     model = Gemma4UnifiedForConditionalGeneration(config).to(torch.float32).eval()
