@@ -125,7 +125,7 @@ def _build_locked(plan: BuildPlan, decided: list[Decision]) -> dict[str, Any]:
 def _gates(plan: BuildPlan) -> SanityReport:
     """One-sample sanity and the disk check: hard stops before the full preprocess."""
     set_step("sanity")
-    sanity = one_sample_sanity(plan)
+    sanity = one_sample_sanity(plan, pending_only=True)  # a resume's: a sample it will encode
     get_run_logger().info("%s", sanity.text())
     create_markdown_artifact(sanity.markdown(), key="sanity", description=f"one sample of {plan.out}")
     if not sanity.ok:

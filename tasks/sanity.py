@@ -13,10 +13,11 @@ from infra.preprocess.sanity import SanityReport, run_sanity
 
 
 @task(name="one-sample-sanity", cache_policy=NO_CACHE)
-def one_sample_sanity(plan: BuildPlan) -> SanityReport:
-    """Encode the first sample the build would encode into OUT.sanity/, check it, time it, project the full run
-    (nothing to encode: a finished cache's resume loads no model and reads no media)."""
-    return run_sanity(plan, pending_only=True)
+def one_sample_sanity(plan: BuildPlan, *, pending_only: bool = False) -> SanityReport:
+    """Encode the plan's first usable sample (`pending_only`, the build's gate: the first one the build would
+    encode; nothing to encode, a finished cache's resume, loads no model and reads no media) into OUT.sanity/,
+    check it, time it, project the full run."""
+    return run_sanity(plan, pending_only=pending_only)
 
 
 @task(name="disk-check", cache_policy=NO_CACHE)

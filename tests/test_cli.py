@@ -200,6 +200,9 @@ def test_the_single_steps_take_the_builds_options(tmp_path, tiny_model, clips):
     assert sane.exit_code == 0, sane.output
     built = runner.invoke(app, ["build", *where, "--out", str(out), "--device", "cpu", *spec, "--decode-samples", "0"])
     assert built.exit_code == 0, built.output
+    again = runner.invoke(app, ["sanity", *where, "--out", str(out), "--device", "cpu", *spec])  # a finished cache:
+    assert again.exit_code == 0 and "_00000000" in again.output, again.output  # the step itself still encodes one
+    assert "none to encode" not in again.output
     same = runner.invoke(app, ["verify", str(out), *spec])
     assert same.exit_code == 0 and "COMPATIBLE" in same.output, same.output
     other = runner.invoke(app, ["verify", str(out), *spec, "--text-padding", "zeros"])

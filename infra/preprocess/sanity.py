@@ -8,7 +8,6 @@ Check failures come back as ``ok=False`` with problems; a model that cannot load
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import logging
 import shutil
@@ -34,7 +33,7 @@ from infra.formats.shards import SHARDS_DIR
 from infra.models import LoadedFamily, get_family
 from infra.plan import BuildPlan, parse_only
 from infra.preprocess.encode import encode_sample, load_encoder
-from infra.preprocess.resume import wanted
+from infra.preprocess.resume import reusable, selected
 from infra.reports import human_bytes
 from infra.sources import SampleRef, ShardReadError, open_source
 from infra.storage import Written, atomic_write
@@ -248,78 +247,58 @@ def _timed(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, out: Path, re
     return (sample, written), statistics.median(times)
 
 
-def first_usable(
-    plan: BuildPlan,
-    attempt: Callable[[SampleRef], T],
-    skipped: list[tuple[str, str]],
-    *,
-    pending_only: bool = False,
-) -> tuple[SampleRef, T] | None:
-    """`attempt` on the plan's samples in plan order (within each shard's quota) until one does not raise
-    InputError: (that sample, what `attempt` returned), or None. Skipped samples and unreadable shards are
-    added to `skipped` as (key, reason). Any other error of `attempt` propagates. `pending_only`: only the
-    samples the build would encode (`pending`), not those OUT's ledger keeps."""
+@dataclass
+class Scan:
+    """What a pass over the plan's samples met before the one it stopped at: samples skipped (key, reason) and
+    unreadable shards, and how many samples OUT's ledger keeps (a resume's done samples, passed over)."""
+
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    kept: int = 0
+
+
+def candidates(plan: BuildPlan, scan: Scan, *, pending_only: bool = False) -> Iterator[SampleRef]:
+    """The plan's samples in plan order (within each shard's quota), listed lazily; `pending_only`: only those the
+    build would encode (the shard loop's rule, `resume.wanted`: selected by ``--only`` and not kept from OUT's
+    ledger, those counted in `scan.kept`). An unreadable shard is added to `scan.skipped`."""
     source = open_source(plan.config.source, plan.spec)
+    selection = parse_only(plan.config.selection.only) if pending_only else None
     for shard in plan.shards:
-        wanted = pending(plan, shard.id) if pending_only else None
+        keys = selection.get(shard.id) if selection is not None else None
+        previous = ledger.read_shard(plan.out, shard.id) if pending_only and plan.out.is_dir() else {}
         try:
             with contextlib.closing(source.samples(shard.shard)) as samples:
                 for ref in itertools.islice(samples, shard.quota):
-                    if wanted is not None and not wanted(ref):
+                    if keys is not None and not selected(ref.key, keys):
                         continue
-                    try:
-                        return ref, attempt(ref)
-                    except InputError as exc:
-                        logger.info("skipping %s (%s)", ref.key, exc)
-                        skipped.append((ref.key, exc.reason))
+                    if pending_only and reusable(previous.get(ref.key), plan):
+                        scan.kept += 1
+                        continue
+                    yield ref
         except ShardReadError as exc:
             logger.warning("%s", exc)
-            skipped.append((shard.id, f"shard_unreadable: {exc}"))
-    return None
+            scan.skipped.append((shard.id, f"shard_unreadable: {exc}"))
 
 
-def pending(plan: BuildPlan, shard_id: str) -> Callable[[SampleRef], bool]:
-    """Whether the build would encode a sample of shard `shard_id`: selected (``--only``) and not kept from OUT's
-    ledger (the shard loop's own rule, `resume.reusable`)."""
-    previous = ledger.read_shard(plan.out, shard_id) if plan.out.is_dir() else {}
-    selection = parse_only(plan.config.selection.only)
-    keys = selection.get(shard_id) if selection is not None else None
-    return functools.partial(wanted, plan=plan, previous=previous, keys=keys)
-
-
-def nothing_pending(plan: BuildPlan) -> bool:
-    """Every sample of the plan is kept from OUT's ledger (a finished cache's resume): a listing and the
-    ledgers, no media read."""
-    if not plan.out.is_dir():
-        return False
-    source = open_source(plan.config.source, plan.spec)
-    for shard in plan.shards:
-        wanted = pending(plan, shard.id)
+def first_usable(
+    refs: Iterator[SampleRef], attempt: Callable[[SampleRef], T], skipped: list[tuple[str, str]]
+) -> tuple[SampleRef, T] | None:
+    """`attempt` on `refs` in order until one does not raise InputError: (that sample, what `attempt` returned),
+    or None. Skipped samples are added to `skipped` as (key, reason). Any other error of `attempt` propagates."""
+    for ref in refs:
         try:
-            with contextlib.closing(source.samples(shard.shard)) as samples:
-                if any(wanted(ref) for ref in itertools.islice(samples, shard.quota)):
-                    return False
-        except ShardReadError:
-            return False  # the sanity reports the unreadable shard
-    return True
-
-
-def _keeps_done(plan: BuildPlan) -> bool:
-    """Whether OUT's ledger keeps a done sample of this plan's fingerprint (a resume, not a fresh build)."""
-    if not plan.out.is_dir():
-        return False
-    return any(
-        row.status == "done" and row.fingerprint == plan.fingerprint
-        for shard_id in ledger.shard_ids(plan.out)
-        for row in ledger.read_shard(plan.out, shard_id).values()
-    )
+            return ref, attempt(ref)
+        except InputError as exc:
+            logger.info("skipping %s (%s)", ref.key, exc)
+            skipped.append((ref.key, exc.reason))
+    return None
 
 
 def dry_run(plan: BuildPlan) -> dict[str, Any]:
     """The first usable sample encoded in memory (nothing written): its shapes, dtypes and token counts."""
     encoder = load_encoder(plan)
-    skipped: list[tuple[str, str]] = []
-    found = first_usable(plan, lambda ref: encode_sample(ref, plan, encoder), skipped)
+    scan = Scan()
+    found = first_usable(candidates(plan, scan), lambda ref: encode_sample(ref, plan, encoder), scan.skipped)
+    skipped = scan.skipped
     if found is None:
         raise InputError("no_usable_sample", f"no sample could be encoded; skipped: {skipped}")
     _, encoded = found
@@ -347,7 +326,10 @@ def run_sanity(plan: BuildPlan, repeats: int = 1, *, pending_only: bool = False)
     scratch = sanity_dir(plan.out)
     device = resolve_device(plan.config.run.device)
     report = SanityReport(device=str(device), total_samples=sum(s.samples for s in plan.shards))
-    if pending_only and nothing_pending(plan):
+    scan = Scan(skipped=report.skipped_before)
+    refs = candidates(plan, scan, pending_only=pending_only)
+    first = next(refs, None)  # a listing and the ledgers: on a finished cache, no media read and no model loaded
+    if pending_only and first is None and scan.kept and not scan.skipped:
         report.nothing_to_encode = report.ok = True
         logger.info("sanity: all %d planned samples are done; nothing to encode", report.total_samples)
         return report
@@ -357,7 +339,8 @@ def run_sanity(plan: BuildPlan, repeats: int = 1, *, pending_only: bool = False)
     try:
         with peak_memory(device) as peak:
             attempt = _trying(report, plan, encoder, scratch, max(1, repeats))
-            found = first_usable(plan, attempt, report.skipped_before, pending_only=pending_only)
+            todo = itertools.chain([first] if first is not None else [], refs)
+            found = first_usable(todo, attempt, report.skipped_before)
     except Exception as exc:  # a sample that cannot be encoded or written is the sanity's finding, not a crash
         logger.exception("sanity: %s could not be encoded or written", report.sample_key)
         report.problems.append(f"encode_error on {report.sample_key}: {type(exc).__name__}: {exc}")
@@ -365,7 +348,7 @@ def run_sanity(plan: BuildPlan, repeats: int = 1, *, pending_only: bool = False)
     report.peak_memory_bytes = peak[0]
     if found is None:
         report.sample_key = None
-        if pending_only and _keeps_done(plan):  # a resume whose samples left are all unusable: the build skips them
+        if pending_only and scan.kept:  # a resume whose samples left are all unusable: the build skips them again
             report.nothing_to_encode = report.ok = True
             logger.info("sanity: no usable sample left to encode (%d skipped)", len(report.skipped_before))
             return report
