@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import functools
 import io
+import json
+import shutil
 import tempfile
 from fractions import Fraction
 from pathlib import Path
 
 import av
+
+from infra.demo.testmedia import real_clip
 
 
 @functools.lru_cache(maxsize=64)
@@ -79,3 +83,18 @@ def faststart(video: bytes) -> bytes:
 def annexb(video: bytes) -> bytes:
     """The H.264 video packets as a raw Annex B elementary stream (what ``ffmpeg -c copy x.h264`` writes)."""
     return remux(video, "h264")
+
+
+def trainer_dataset(
+    root: Path, clips: dict[str, str] | tuple[str, ...], rows: list[dict] | None = None, name: str = "dataset.json"
+) -> Path:
+    """An LTX-2 trainer dataset file at `root`/`name` over real clips copied to ``clips/<clip>.mp4``: `rows` as
+    given, or one ``{"video", "caption"}`` row per clip of `clips` (clip → caption)."""
+    (root / "clips").mkdir(parents=True, exist_ok=True)
+    for clip in clips:
+        shutil.copy(real_clip(clip), root / "clips" / f"{clip}.mp4")
+    if rows is None:
+        rows = [{"video": f"clips/{clip}.mp4", "caption": caption} for clip, caption in dict(clips).items()]
+    path = root / name
+    path.write_text(json.dumps(rows))
+    return path

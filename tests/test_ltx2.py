@@ -25,7 +25,6 @@ from infra.audit.decode_verify import decode_and_verify
 from infra.audit.reconcile import reconcile
 from infra.audit.run_report import latest_run_report
 from infra.cache import ledger
-from infra.demo.testmedia import real_clip
 from infra.errors import InputError
 from infra.gates.conflicts import overwrite_token
 from infra.gates.verify import verify_plan
@@ -36,7 +35,7 @@ from infra.preprocess.prepare import prepare_video
 from infra.publish.manifest import gate_problems
 from tests import s3_server
 from tests.conftest import config, tree_hashes
-from tests.media_utils import cut_clip
+from tests.media_utils import cut_clip, trainer_dataset
 
 moto_server, s3_env = s3_server.moto_server, s3_server.s3_env
 BUCKETS = "96x64x9;64x64x9"
@@ -48,15 +47,6 @@ KEYS = {
 }
 
 
-def _dataset(root: Path, clips: dict[str, str]) -> Path:
-    (root / "clips").mkdir(parents=True, exist_ok=True)
-    for name in clips:
-        shutil.copy(real_clip(name), root / "clips" / f"{name}.mp4")
-    path = root / "dataset.json"
-    path.write_text(json.dumps([{"video": f"clips/{n}.mp4", "caption": c} for n, c in clips.items()]))
-    return path
-
-
 def _config(dataset: Path, model: Path, out: Path, **overrides: object):
     values = {"source": f"meta:{dataset}", "format": "ltx", "audio": True, "buckets": BUCKETS, **overrides}
     return config(dataset.parent, model, out, **values)
@@ -65,7 +55,7 @@ def _config(dataset: Path, model: Path, out: Path, **overrides: object):
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory, ltx2_model: Path) -> tuple[Path, Path, dict]:
     root = tmp_path_factory.mktemp("ltx2")
-    dataset = _dataset(root / "data", CLIPS)
+    dataset = trainer_dataset(root / "data", CLIPS)
     out = root / "out"
     ok, result = run_build(_config(dataset, ltx2_model, out, decode_samples=2))
     assert ok, result
@@ -210,7 +200,7 @@ def test_the_layout_uploads_and_verifies(built, s3_env, tmp_path):
 
 
 def test_an_audio_run_over_silent_clips_stops_at_the_gate_even_when_losses_are_accepted(tmp_path, ltx2_model):
-    dataset = _dataset(tmp_path / "data", {"bikes": "cyclists in traffic"})
+    dataset = trainer_dataset(tmp_path / "data", {"bikes": "cyclists in traffic"})
     out = tmp_path / "out"
     ok, result = run_build(_config(dataset, ltx2_model, out, on_loss="accept"))
     assert not ok and "audio gate: FAILED" in result and "audio decode path" in result

@@ -9,7 +9,6 @@ Clips: bigbuckbunny (AAC 5.1) has an audio track, bikes has none; carphone is us
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,6 @@ from infra.audit.audio_gate import audio_check
 from infra.audit.reconcile import reconcile
 from infra.cache import ledger
 from infra.config import MODE_ROLES, CacheSpec
-from infra.demo.testmedia import real_clip
 from infra.errors import ConfigError, InputError, SourceError
 from infra.media.prompts import LLM_START_PHRASES, CaptionRules
 from infra.media.video import resize_pixels
@@ -34,18 +32,10 @@ from infra.preprocess.read import read
 from infra.sources import open_source
 from tests.conftest import config
 from tests.image_media import small
+from tests.media_utils import trainer_dataset
 
 runner = CliRunner()
 BUCKETS = "64x64x9"
-
-
-def _dataset(root: Path, rows: list[dict], clips: tuple[str, ...], name: str = "dataset.json") -> Path:
-    (root / "clips").mkdir(parents=True, exist_ok=True)
-    for clip in clips:
-        shutil.copy(real_clip(clip), root / "clips" / f"{clip}.mp4")
-    path = root / name
-    path.write_text(json.dumps(rows))
-    return path
 
 
 def _config(dataset: Path, model: Path, out: Path, **overrides: object):
@@ -69,7 +59,7 @@ def test_the_trainer_recipe_encodes_audio_wherever_a_clip_has_a_track(tmp_path, 
         {"video": "clips/bigbuckbunny.mp4", "caption": "a rabbit"},
         {"video": "clips/bikes.mp4", "caption": "bikes"},
     ]
-    dataset = _dataset(tmp_path / "data", rows, ("bigbuckbunny", "bikes"))
+    dataset = trainer_dataset(tmp_path / "data", ("bigbuckbunny", "bikes"), rows)
     out = tmp_path / "out"
     plan = make_plan(_config(dataset, ltx2_model, out))
     assert plan.spec.audio and plan.kinds == ("latents", "text_embeddings", "audio_latents")  # no --audio given
@@ -97,7 +87,7 @@ def test_the_trainer_recipe_encodes_audio_wherever_a_clip_has_a_track(tmp_path, 
 
 
 def test_skip_audio_writes_no_audio_and_the_gate_holds_for_every_mode_with_audio(tmp_path, ltx2_model):
-    dataset = _dataset(tmp_path / "data", [{"video": "clips/bikes.mp4", "caption": "bikes"}], ("bikes",))
+    dataset = trainer_dataset(tmp_path / "data", ("bikes",), [{"video": "clips/bikes.mp4", "caption": "bikes"}])
     skipped = _config(dataset, ltx2_model, tmp_path / "skip", audio=False)
     assert not make_plan(skipped).spec.audio
     ok, result = run_build(skipped)
@@ -124,7 +114,7 @@ def test_trigger_prefixes_empty_captions_and_the_last_of_duplicated_rows_as_the_
         {"video": "clips/bikes.mp4", "caption": ""},
         {"video": "clips/carphone.mp4", "caption": "  The video shows a man on the phone "},
     ]
-    dataset = _dataset(tmp_path / "trainer", trainer_rows, ("carphone", "bikes"))
+    dataset = trainer_dataset(tmp_path / "trainer", ("carphone", "bikes"), trainer_rows)
     options = {
         "lora_trigger": " sks ",
         "remove_llm_prefixes": True,
@@ -151,7 +141,7 @@ def test_trigger_prefixes_empty_captions_and_the_last_of_duplicated_rows_as_the_
         {"video": "clips/carphone.mp4", "caption": "sks a man on the phone"},
         {"video": "clips/bikes.mp4", "caption": "sks"},
     ]
-    plain = _dataset(tmp_path / "plain", plain_rows, ("carphone", "bikes"))
+    plain = trainer_dataset(tmp_path / "plain", ("carphone", "bikes"), plain_rows)
     ok, result = run_build(_config(plain, ltx2_model, tmp_path / "plain-out", audio=False))
     assert ok, result
     for stem in ("carphone", "bikes"):
@@ -161,7 +151,7 @@ def test_trigger_prefixes_empty_captions_and_the_last_of_duplicated_rows_as_the_
 
 
 def test_caption_settings_are_in_the_fingerprint_and_their_defaults_keep_old_ones(tmp_path, ltx2_model):
-    dataset = _dataset(tmp_path / "data", [{"video": "clips/bikes.mp4", "caption": "bikes"}], ())
+    dataset = trainer_dataset(tmp_path / "data", (), [{"video": "clips/bikes.mp4", "caption": "bikes"}])
     base = make_spec(_config(dataset, ltx2_model, tmp_path / "o"))[1]
     canonical = base.canonical()
     new = ("mode", "lora_trigger", "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column")
@@ -206,7 +196,7 @@ def test_column_overrides_and_an_unknown_column(tmp_path):
 
 
 def test_each_mode_requires_its_subfolders_and_a_dataset_without_a_role_is_refused(tmp_path, ltx2_model):
-    dataset = _dataset(tmp_path / "data", [{"video": "clips/bikes.mp4", "caption": "bikes"}], ())
+    dataset = trainer_dataset(tmp_path / "data", (), [{"video": "clips/bikes.mp4", "caption": "bikes"}])
     family = get_family("ltx2")
     kinds = {mode: family.kinds(CacheSpec.model_construct(mode=mode, audio=False)) for mode in MODE_ROLES}
     assert kinds["t2v"] == kinds["i2v"] == ("latents", "text_embeddings")
@@ -237,7 +227,7 @@ def test_an_image_among_clips_is_a_one_frame_sample_at_fps_one(tmp_path, ltx2_mo
     (tmp_path / "data/stills").mkdir(parents=True)
     image.save(tmp_path / "data/stills/astronaut.png")
     rows = [{"video": "stills/astronaut.png", "caption": "an astronaut"}]
-    dataset = _dataset(tmp_path / "data", rows, ())
+    dataset = trainer_dataset(tmp_path / "data", (), rows)
     cfg = _config(dataset, ltx2_model, tmp_path / "out", buckets="64x64x9;64x64x1", audio=False)
     spec = make_plan(cfg).spec
     prepared = prepare_video((tmp_path / "data/stills/astronaut.png").read_bytes(), spec)
@@ -260,7 +250,7 @@ def test_a_separate_audio_file_follows_the_trainers_length_rule(tmp_path, ltx2_m
         {"video": "clips/carphone.mp4", "audio": "clips/bigbuckbunny.mp4", "caption": "a call"},  # 29.97 fps video
         {"video": "clips/bikes.mp4", "audio": "clips/audio_only.mp4", "caption": "bikes"},  # 46 ms of audio
     ]
-    dataset = _dataset(tmp_path / "data", rows, ("carphone", "bigbuckbunny", "bikes", "audio_only"))
+    dataset = trainer_dataset(tmp_path / "data", ("carphone", "bigbuckbunny", "bikes", "audio_only"), rows)
     assert make_plan(_config(dataset, ltx2_model, tmp_path / "o")).spec.audio_file_length == "trainer"
     ok, result = run_build(_config(dataset, ltx2_model, tmp_path / "out"))
     assert ok and result["done"] == 2, result

@@ -22,13 +22,13 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.run import run_build
 from infra.config import CacheSpec
-from infra.demo.testmedia import real_clip
 from infra.demo.tiny_ltx2 import make_tiny_ltx2
 from infra.errors import ConfigError
 from infra.models import get_family
 from infra.models.ltx2_text import ltx2_version
 from infra.plan import make_spec, spec_settings
 from tests.conftest import config
+from tests.media_utils import trainer_dataset
 
 runner = CliRunner()
 BUCKET = "64x64x9"
@@ -45,13 +45,7 @@ def snapshots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("ltx2-text-data")
-    (root / "clips").mkdir()
-    for name in CLIPS:
-        shutil.copy(real_clip(name), root / "clips" / f"{name}.mp4")
-    path = root / "dataset.json"
-    path.write_text(json.dumps([{"video": f"clips/{n}.mp4", "caption": c} for n, c in CLIPS.items()]))
-    return path
+    return trainer_dataset(tmp_path_factory.mktemp("ltx2-text-data"), CLIPS)
 
 
 def _config(dataset: Path, model: Path, out: Path, **overrides: object):
