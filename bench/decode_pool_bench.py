@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 import logging
 import os
@@ -26,7 +25,7 @@ from bench.feed_family import make_model  # noqa: E402
 from infra.config import BuildConfig  # noqa: E402
 from infra.plan import BuildPlan, make_plan  # noqa: E402
 from infra.preprocess.decoders import PoolKind, decoders  # noqa: E402
-from infra.preprocess.prepare import media_limits, prepare  # noqa: E402
+from infra.preprocess.prepare import decode_job  # noqa: E402
 from infra.preprocess.read import read  # noqa: E402
 from infra.sources import open_source  # noqa: E402
 
@@ -81,7 +80,7 @@ def _pass(plan: BuildPlan, pool, clips: int, workers: int) -> tuple[float, float
 def measure(plan: BuildPlan, kind: PoolKind, workers: int, clips: int, repeat: int) -> dict:
     """Start-up (pool made to first pixels of a warm-up pass over the distinct clips) and clips/s per repeat."""
     start = time.perf_counter()
-    pool = decoders(kind, workers, functools.partial(prepare, plan=plan), plan.spec, media_limits(plan))
+    pool = decoders(kind, workers, decode_job(plan))
     try:
         _pass(plan, pool, min(clips, len(CLIP_NAMES) * workers), workers)  # every worker started and warmed
         warm = time.perf_counter() - start

@@ -172,7 +172,7 @@ def bounds(src: Path, model: Path, out: Path, opts: dict) -> dict:
     from infra.plan import make_plan  # noqa: PLC0415 - the pipeline, in the bounds' child only
     from infra.preprocess.decoders import decoders  # noqa: PLC0415 - the pipeline, in the bounds' child only
     from infra.preprocess.encode import encode, load_encoder, shard_state  # noqa: PLC0415 - the pipeline
-    from infra.preprocess.prepare import media_limits, prepare  # noqa: PLC0415 - the pipeline
+    from infra.preprocess.prepare import decode_job  # noqa: PLC0415 - the pipeline
     from infra.preprocess.read import read  # noqa: PLC0415 - the pipeline
     from infra.preprocess.state import RunState  # noqa: PLC0415 - the pipeline
     from infra.sources import open_source  # noqa: PLC0415 - the pipeline
@@ -181,7 +181,7 @@ def bounds(src: Path, model: Path, out: Path, opts: dict) -> dict:
     cfg = BuildConfig(source=f"vbvr:{src}", model=str(model), out=str(out), frames=FRAMES, height=size, width=size,
                       device="cpu", dtype="fp32", decode_pool=kind, decode_workers=workers)  # fmt: skip
     plan = make_plan(cfg)
-    pool = decoders(kind, workers, lambda raw: prepare(raw, plan), plan.spec, media_limits(plan))
+    pool = decoders(kind, workers, decode_job(plan))
     in_flight = cfg.run.prefetch + workers
 
     def decode_pass(count: int) -> list:

@@ -177,13 +177,6 @@ def check_mode(config: BuildConfig) -> None:
         )
     if "audio" in MODE_ROLES[mode] and not config.encoding.audio:
         raise ConfigError(f"--mode {mode} trains on audio: drop --skip-audio / --no-audio (or give --audio)")
-    decoded = [role for role in MODE_ROLES[mode] if role in ("reference_video", "video_mask")]
-    if config.run.decode_pool == "process" and (decoded or "video" not in MODE_ROLES[mode]):
-        what = f"decodes its {' and '.join(decoded)} beside the video" if decoded else "has no video (audio only)"
-        raise ConfigError(
-            f"--decode-pool process decodes each sample's video only, and --mode {mode} {what}: "
-            "use --decode-pool thread (the default)"
-        )
 
 
 def check_reference(config: BuildConfig, buckets: list[Bucket], rules: GeometryRules) -> None:

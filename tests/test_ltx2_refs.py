@@ -40,7 +40,7 @@ from infra.models import get_family
 from infra.plan import make_plan, make_spec
 from infra.preprocess.encode import load_encoder
 from infra.sources import open_source
-from tests.conftest import config
+from tests.conftest import config, tree_hashes
 from tests.ltx_precomputed import PrecomputedReader
 from tests.media_utils import cut_clip
 
@@ -273,14 +273,6 @@ def test_the_trainers_reference_rules_are_refused_at_plan_time(tmp_path, ltx2_mo
             "width": 64,
         },
         "its video_mask is read from its first frames": {"mode": "video-inpaint", "temporal": "stride:2"},
-        "--decode-pool process decodes each sample's video only, and --mode v2v-ic-lora decodes its reference_video": {
-            **V2V,
-            "decode_pool": "process",
-        },
-        "--mode video-inpaint decodes its video_mask beside the video: use --decode-pool thread": {
-            "mode": "video-inpaint",
-            "decode_pool": "process",
-        },
     }
     for message, overrides in refused.items():
         with pytest.raises(ConfigError, match=message):
@@ -358,6 +350,21 @@ def test_video_inpaint_loads_in_the_trainers_dataset(inpaint):
 
 
 # --- av2av-ic-lora: reference_audio → reference_audio_latents/ -------------------------------------------------------
+
+
+@pytest.mark.parametrize("made", ["v2v", "inpaint"])
+def test_decoder_processes_decode_references_and_masks_as_threads_do(made, request, ltx2_model, tmp_path):
+    """`--decode-pool process` runs the same decoding as the threads (`decode_media`): a v2v and a video-inpaint
+    build on two decoder processes write the thread build's files byte for byte, and skip the same samples."""
+    out, plan, _ = request.getfixturevalue(made)
+    overrides = {**V2V} if made == "v2v" else {"mode": "video-inpaint", "buckets": "128x96x9"}
+    dataset = out.parent / "data" / "dataset.json"
+    cfg = _config(dataset, ltx2_model, tmp_path / "out", **overrides, decode_pool="process", decode_workers=2)
+    ok, result = run_build(cfg)
+    assert ok, result
+    assert (result["done"], result["skipped"]) == (reconcile(plan).produced, 2 if made == "v2v" else 1)
+    ours = {k: v for k, v in tree_hashes(tmp_path / "out").items() if k.startswith(".precomputed")}
+    assert ours and ours == {k: v for k, v in tree_hashes(out).items() if k.startswith(".precomputed")}
 
 
 @pytest.fixture(scope="module")
@@ -514,7 +521,6 @@ def test_t2a_from_audio_and_captions_with_duration_buckets(tmp_path, ltx2_model,
     refused = {
         "for the audio-only modes": {"audio_durations": "1.0", "buckets": "64x64x9"},
         "must be positive": {"audio_durations": "1;0", "mode": "t2a", "audio": True},
-        "--mode t2a has no video \\(audio only\\)": {"mode": "t2a", "audio": True, "decode_pool": "process"},
     }
     for message, overrides in refused.items():
         with pytest.raises(ConfigError, match=message):

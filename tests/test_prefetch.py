@@ -18,7 +18,7 @@ from infra.ops.progress import RunState
 from infra.plan import make_plan
 from infra.preprocess.decoders import DECODER_POINT, ProcessDecoders, ThreadDecoders
 from infra.preprocess.prefetch import Prefetcher
-from infra.preprocess.prepare import media_limits, prepare
+from infra.preprocess.prepare import decode_job, prepare
 from infra.preprocess.read import RawSample
 from infra.preprocess.shard import process_shard
 from infra.sources import SampleRef
@@ -109,7 +109,7 @@ def test_decoder_processes_leave_a_stop_to_the_shard(tmp_path, tiny_model, clips
     ref = SampleRef(id="1", group="g", key="g/1", read_media=lambda: None, read_prompt=lambda: None)
     raw = RawSample(ref, "p", clips["carphone"])
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    pool = ProcessDecoders(plan.spec, media_limits(plan), workers=1)
+    pool = ProcessDecoders(decode_job(plan), workers=1)
     try:
         first = pool.submit(raw).result(timeout=120)
         decoders = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]

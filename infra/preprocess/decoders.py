@@ -21,6 +21,7 @@ decoder ignores the signals that stop a run (SIGTERM, SIGINT, SIGHUP): stopping 
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import pickle
 import signal
@@ -28,17 +29,13 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
 import torch.multiprocessing
 
-from infra.config import CacheSpec
 from infra.faults import fault_point
-from infra.media.buckets import Bucket
-from infra.media.video import MediaLimits, SampledClip
-from infra.preprocess.prepare import PreparedSample, PreparedVideo, prepare_pixels, prepared_sample
+from infra.preprocess.prepare import Decoded, DecodeJob, PreparedSample, decode_media, prepare_with, prepared_sample
 from infra.preprocess.read import RawSample
 
 logger = logging.getLogger(__name__)
@@ -71,21 +68,12 @@ class ThreadDecoders:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-@dataclass(frozen=True)
-class _Shipped:
-    """A prepared clip as it crosses: the pixels (their storage in shared memory), the clip's record without frames."""
-
-    pixels: torch.Tensor
-    clip: SampledClip
-    bucket: Bucket | None
-
-
 class ProcessDecoders:
-    """`prepare` (the recipe's pixels under `spec` and `limits`) in `workers` spawned processes, kept until
-    `shutdown`; a pool broken by a dead process is replaced, and its samples decoded once more."""
+    """`decode_media` under `job` (what `prepare` decodes) in `workers` spawned processes, kept until `shutdown`; a
+    pool broken by a dead process is replaced, and its samples decoded once more."""
 
-    def __init__(self, spec: CacheSpec, limits: MediaLimits, workers: int) -> None:
-        self._spec, self._limits, self._workers = spec, limits, workers
+    def __init__(self, job: DecodeJob, workers: int) -> None:
+        self._job, self._workers = job, workers
         self._lock = threading.Lock()
         self._pool = self._start()
         self._closed = False
@@ -95,7 +83,7 @@ class ProcessDecoders:
             max_workers=self._workers,
             mp_context=torch.multiprocessing.get_context("spawn"),  # its reducers: a tensor crosses in shared memory
             initializer=_start_decoder,
-            initargs=(self._spec, self._limits),
+            initargs=(self._job,),
         )
 
     def submit(self, raw: RawSample) -> Future[PreparedSample]:
@@ -107,7 +95,7 @@ class ProcessDecoders:
         with self._lock:
             pool = self._pool
         try:
-            child = pool.submit(_decode_in_child, raw.media, raw.ref.window)
+            child = pool.submit(_decode_in_child, raw.media, raw.roles, raw.ref.window)
         except BrokenProcessPool as exc:  # broken before its samples landed: this one is sent to a fresh pool
             self._again(raw, out, tries, pool, exc)
             return
@@ -129,9 +117,7 @@ class ProcessDecoders:
         elif error is not None:
             out.set_exception(error)
         else:
-            shipped: _Shipped = done.result()
-            video = PreparedVideo(shipped.pixels, shipped.clip, shipped.bucket)
-            out.set_result(prepared_sample(raw, video))
+            out.set_result(prepared_sample(raw, done.result()))
 
     def _again(
         self, raw: RawSample, out: Future[PreparedSample], tries: int, pool: ProcessPoolExecutor, error: Exception
@@ -154,18 +140,17 @@ class ProcessDecoders:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def decoders(kind: PoolKind, workers: int, decode: Callable[[RawSample], PreparedSample], spec: CacheSpec,
-             limits: MediaLimits) -> Decoders:  # fmt: skip
-    """The read-ahead's decoders of `kind`: threads running `decode`, or processes preparing under `spec` and
-    `limits` (what `decode` does, in another interpreter)."""
+def decoders(kind: PoolKind, workers: int, job: DecodeJob) -> Decoders:
+    """The read-ahead's decoders of `kind`, preparing each sample under `job` (`prepare_with`): on threads of this
+    process, or in decoder processes (the same code in another interpreter)."""
     if kind == "process":
-        return ProcessDecoders(spec, limits, workers)
-    return ThreadDecoders(decode, workers)
+        return ProcessDecoders(job, workers)
+    return ThreadDecoders(functools.partial(prepare_with, job=job), workers)
 
 
 # A decoder process's own state, set once by its initializer (the pool's way to hand every task the same
-# arguments without sending them with each): the spec and limits every sample of the shard is prepared under.
-_job: dict[str, object] = {}
+# arguments without sending them with each): the job every sample of the shard is decoded under.
+_job: dict[str, DecodeJob] = {}
 
 
 #: What stops a run (`infra.ops.preempt`): a decoder ignores them. A Ctrl-C reaches the terminal's whole process group
@@ -175,20 +160,19 @@ _job: dict[str, object] = {}
 _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _start_decoder(spec: CacheSpec, limits: MediaLimits) -> None:
+def _start_decoder(job: DecodeJob) -> None:
     for signum in _STOPS:
         signal.signal(signum, signal.SIG_IGN)
     torch.set_num_threads(1)  # the parallelism is across samples: one decode, one core
-    _job.update(spec=spec, limits=limits)
+    _job["job"] = job
 
 
-def _decode_in_child(media: bytes, window: int | None) -> _Shipped:
+def _decode_in_child(media: bytes, roles: dict[str, bytes], window: int | None) -> Decoded:
     fault_point(DECODER_POINT)
     try:
-        video = prepare_pixels(media, _job["spec"], window, _job["limits"])  # type: ignore[arg-type]
+        return decode_media(media, roles, window, _job["job"])  # its tensors cross in shared memory
     except Exception as exc:  # noqa: BLE001 - the sample's own error, sent back as itself where it can cross
         raise _crossable(exc) from None
-    return _Shipped(video.pixels.contiguous(), video.clip, video.bucket)  # only the pixels go to shared memory
 
 
 def _crossable(exc: Exception) -> Exception:

@@ -79,50 +79,83 @@ def media_limits(plan: BuildPlan) -> MediaLimits:
     return MediaLimits(max_pixels=plan.config.limits.max_pixels, max_frames=plan.config.limits.max_frames)
 
 
+@dataclass(frozen=True)
+class DecodeJob:
+    """What decoding a sample's media needs of its plan, plain and picklable (a decoder process takes it once):
+    the spec and limits, whether the mode has a video, and the VAE's (frames, pixels) per latent step where a video
+    mask is laid on the latents' grid."""
+
+    spec: CacheSpec
+    limits: MediaLimits
+    video: bool = True
+    multiples: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """What decoding makes of a sample's media, without its source-resolution frames: its video's pixels (None in an
+    audio-only mode), an IC-LoRA reference's, inpainting masks by output kind, an audio mask's raw signal."""
+
+    video: PreparedVideo | None
+    reference: PreparedVideo | None = None
+    masks: dict[str, torch.Tensor] = field(default_factory=dict)
+    audio_mask: torch.Tensor | None = None
+
+
+def decode_job(plan: BuildPlan) -> DecodeJob:
+    """The plan's `DecodeJob` (the family's geometry rules read only where the mode has a video mask)."""
+    multiples = None
+    if "video_masks" in plan.kinds:
+        rules = get_family(plan.family).rules(Path(plan.config.model).expanduser())
+        multiples = (rules.frame_multiple, rules.spatial_multiple)
+    return DecodeJob(plan.spec, media_limits(plan), "latents" in plan.kinds, multiples)
+
+
+def decode_media(media: bytes, roles: dict[str, bytes], window: int | None, job: DecodeJob) -> Decoded:
+    """A sample's media (and its mode's other roles: a reference video, masks) decoded under `job`: the same code
+    on a decoder thread, in a decoder process and for the sanity. InputError for bad input."""
+    if not job.video:  # an audio-only mode: no video to prepare; the audio itself is decoded by its encoder
+        return Decoded(None, audio_mask=audio_mask_signal(roles["audio_mask"]) if "audio_mask" in roles else None)
+    video = _without_frames(prepare_video(media, job.spec, window, job.limits))
+    reference = None
+    if "reference_video" in roles:
+        reference = _without_frames(prepare_reference(roles["reference_video"], job.spec, job.limits))
+    masks = {}
+    if "video_mask" in roles and job.multiples is not None:
+        time, spatial = job.multiples
+        frames, height, width = video.pixels.shape[2:]
+        grid = ((frames - 1) // time + 1, height // spatial, width // spatial)
+        masks["video_masks"] = video_mask(roles["video_mask"], grid, spatial, time, job.limits)
+    return Decoded(video, reference, masks)
+
+
 def prepare(raw: RawSample, plan: BuildPlan) -> PreparedSample:
     """The sample's pixels under the plan, without the source-resolution frames (the encoder needs the pixels; a
     sample waiting in the read-ahead's queue holds only them)."""
-    limits = media_limits(plan)
-    if "latents" not in plan.kinds:  # an audio-only mode: no video to prepare
-        signal = audio_mask_signal(raw.roles["audio_mask"]) if "audio_mask" in raw.roles else None
-        audio_roles = {role: data for role, data in raw.roles.items() if role in AUDIO_ROLES}
-        return PreparedSample(raw.ref, raw.prompt, raw.media, None, {}, audio_roles=audio_roles, audio_mask=signal)
-    video = prepare_pixels(raw.media, plan.spec, raw.ref.window, limits)
-    reference = None
-    if "reference_video" in raw.roles:
-        reference = _without_frames(prepare_reference(raw.roles["reference_video"], plan.spec, limits))
-    masks = {}
-    if "video_mask" in raw.roles:
-        rules = get_family(plan.family).rules(Path(plan.config.model).expanduser())
-        time, spatial = rules.frame_multiple, rules.spatial_multiple
-        frames, height, width = video.pixels.shape[2:]
-        grid = ((frames - 1) // time + 1, height // spatial, width // spatial)
-        masks["video_masks"] = video_mask(raw.roles["video_mask"], grid, spatial, time, limits)
-    return prepared_sample(raw, video, reference, masks)
+    return prepare_with(raw, decode_job(plan))
 
 
-def prepare_pixels(media: bytes, spec: CacheSpec, window: int | None, limits: MediaLimits) -> PreparedVideo:
-    """`prepare_video` without the source-resolution frames: what `prepare` keeps of a clip (and what a decoder
-    process, `infra.preprocess.decoders`, sends back)."""
-    return _without_frames(prepare_video(media, spec, window, limits))
+def prepare_with(raw: RawSample, job: DecodeJob) -> PreparedSample:
+    """`prepare` under a `job` made once (a shard's decoder threads share one)."""
+    return prepared_sample(raw, decode_media(raw.media, raw.roles, raw.ref.window, job))
 
 
-def prepared_sample(
-    raw: RawSample,
-    video: PreparedVideo,
-    reference: PreparedVideo | None = None,
-    masks: dict[str, torch.Tensor] | None = None,
-) -> PreparedSample:
-    """The sample `raw` with its prepared `video` (and its mode's reference and masks, where it reads them); its
-    audio roles' bytes go along as read (the encoder decodes them)."""
+def prepared_sample(raw: RawSample, decoded: Decoded) -> PreparedSample:
+    """The sample `raw` with what decoding made of it; its audio roles' bytes go along as read (the encoder decodes
+    them)."""
     audio_roles = {role: data for role, data in raw.roles.items() if role in AUDIO_ROLES}
-    record = sampling_record(video.clip)
-    return PreparedSample(raw.ref, raw.prompt, raw.media, video, record, reference, masks or {}, audio_roles)
+    video = decoded.video
+    record = sampling_record(video.clip) if video is not None else {}
+    return PreparedSample(
+        raw.ref, raw.prompt, raw.media, video, record, decoded.reference, decoded.masks, audio_roles, decoded.audio_mask
+    )
 
 
 def _without_frames(video: PreparedVideo) -> PreparedVideo:
-    """`video` without its source-resolution frames (the encoder needs the pixels only)."""
-    return dataclasses.replace(video, clip=dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy()))
+    """`video` without its source-resolution frames (the encoder needs the pixels only; contiguous, so a decoder
+    process sends them in one shared-memory block)."""
+    clip = dataclasses.replace(video.clip, frames=video.clip.frames[:0].copy())
+    return dataclasses.replace(video, pixels=video.pixels.contiguous(), clip=clip)
 
 
 def reference_spec(spec: CacheSpec) -> CacheSpec:

@@ -36,7 +36,7 @@ from infra.preprocess.chunks import Chunk
 from infra.preprocess.decoders import decoders
 from infra.preprocess.encode import encode, load_encoder, shard_state
 from infra.preprocess.prefetch import Prefetcher
-from infra.preprocess.prepare import PreparedSample, media_limits, prepare
+from infra.preprocess.prepare import PreparedSample, decode_job, prepare
 from infra.preprocess.read import read
 from infra.preprocess.result import ShardResult
 from infra.preprocess.state import RunState, ShardState
@@ -237,8 +237,7 @@ def _prefetcher(plan: BuildPlan, refs: Iterator[SampleRef], wanted: Callable[[Sa
         return None
     depth = max(cfg.run.prefetch, cfg.encoding.video_batch - 1)  # a batch is made of samples already prepared
     run = cfg.run
-    pool = decoders(run.decode_pool, run.decode_workers, functools.partial(prepare, plan=plan), plan.spec,
-                    media_limits(plan)) if depth else None  # fmt: skip
+    pool = decoders(run.decode_pool, run.decode_workers, decode_job(plan)) if depth else None
     return Prefetcher(
         refs,
         read=functools.partial(read, captions=CaptionRules.of(plan.spec)),
