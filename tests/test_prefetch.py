@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import signal
+import threading
 import time
 
 import psutil
@@ -175,3 +176,31 @@ def test_a_waiting_sample_holds_its_pixels_once(tmp_path, tiny_model, clips, sou
     assert prepared.video.clip.frames.size == 0 and prepared.video.clip.pixels is None
     size = len(pickle.dumps(prepared.video, protocol=pickle.HIGHEST_PROTOCOL))
     assert prepared.video.pixels.nbytes < size < prepared.video.pixels.nbytes + 64 * 1024
+
+
+def _in_a_new_thread(call):
+    got = []
+    thread = threading.Thread(target=lambda: got.append(call()))
+    thread.start()
+    thread.join()
+    return got[0]
+
+
+def test_decoder_threads_share_the_intra_op_threads_and_leave_the_rest_theirs() -> None:
+    """Each of `workers` decoder threads computes with its share of the intra-op threads torch gives a new thread
+    here (not a whole team each, whose waiting threads spin on the cores the others decode on); the calling thread,
+    and a thread started afterwards (an encoder's), keep theirs."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(4)  # what a new thread starts with (a pinned CPU build's, a host's cores)
+    try:
+        for workers, team in ((1, 4), (2, 2), (3, 1), (8, 1)):
+            pool = ThreadDecoders(lambda _raw: torch.get_num_threads(), workers)
+            try:
+                teams = {pool.submit(None).result() for _ in range(3 * workers)}
+            finally:
+                pool.shutdown()
+            assert teams == {team}, workers
+            assert torch.get_num_threads() == 4
+            assert _in_a_new_thread(torch.get_num_threads) == 4
+    finally:
+        torch.set_num_threads(before)

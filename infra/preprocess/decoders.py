@@ -33,6 +33,7 @@ from typing import Literal, Protocol
 
 import torch
 import torch.multiprocessing
+from threadpoolctl import threadpool_limits
 
 from infra.faults import fault_point
 from infra.preprocess.prepare import Decoded, DecodeJob, PreparedSample, decode_media, prepare_with, prepared_sample
@@ -55,11 +56,13 @@ class Decoders(Protocol):
 
 
 class ThreadDecoders:
-    """`decode` on `workers` threads of this process."""
+    """`decode` on `workers` threads of this process, each computing with its share of torch's intra-op threads."""
 
     def __init__(self, decode: Callable[[RawSample], PreparedSample], workers: int) -> None:
         self._decode = decode
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lf-decode")
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="lf-decode", initializer=_start_decoder_thread, initargs=(workers,)
+        )
 
     def submit(self, raw: RawSample) -> Future[PreparedSample]:
         return self._pool.submit(contextvars.copy_context().run, self._decode, raw)
@@ -138,6 +141,24 @@ class ProcessDecoders:
             self._closed = True
             pool = self._pool
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def decoder_team(default: int, workers: int) -> int:
+    """The intra-op threads one of `workers` decoder threads computes with: torch's `default` for a thread of this
+    process, shared among them (a 16-core host's 8 decoders: 2 each; one decoder keeps them all)."""
+    return max(1, default // workers)
+
+
+def _start_decoder_thread(workers: int) -> None:
+    """A decoder thread's OpenMP team: its share, not torch's whole default each. An OpenMP team's size is the
+    calling thread's own setting, which torch gives a thread the first time it computes there (from the process's
+    `torch.set_num_threads`, else the cores): 8 decoder threads on 16 cores would each start teams of 16 whose
+    waiting threads spin on the cores the others decode on. Set here for this thread alone (threadpoolctl's
+    `omp_set_num_threads`), after torch's first setting: `torch.set_num_threads` would also change what every new
+    thread starts with, the encoder's included. The resize computes each output value alone: the same bytes on
+    any team."""
+    team = decoder_team(torch.get_num_threads(), workers)  # the first call in a thread gives it torch's setting
+    threadpool_limits(limits=team, user_api="openmp")
 
 
 def decoders(kind: PoolKind, workers: int, job: DecodeJob) -> Decoders:
