@@ -31,12 +31,19 @@ MISS). The pipeline's two bounds are measured in the same run, in a fresh proces
 The steady state's target is within 10% of the slower bound: the encoder hidden behind decoding, or decoding behind
 the encoder. (On one CPU host both bounds use the same cores, so it measures how well they share them.)
 
+``--stand-in SECONDS``: both sides encode with the stand-in accelerator of `bench/feed_bench.py` instead
+(``bench.feed_family``: a fixed latency per clip with the GIL released, then the pixels average-pooled; no text): the
+plain loop sleeps that long per sample where it called the VAE and UMT5, the build runs with ``--family
+bench.feed_family:FeedFamily``. The CPU is then left to decoding, as on a GPU host, and the ratios are what a run
+whose accelerator takes that long per clip would see (the model's own memory, on the device there, is not in them).
+
 Also: peak memory of preparing one 1080p clip's pixels, whole-tensor (before) and in chunks (after), and bytes per
 sample, padded and trimmed text, at the real dims (48×9×52×52 latents, 512×4096 text, bf16; 200-token prompts).
 
     python bench/throughput_bench.py            # quick: 8 clips, 2 runs each (a few minutes on 2 cores)
     python bench/throughput_bench.py --clips 28 --repeats 3
     python bench/throughput_bench.py --size 832 --clips 6 --repeats 1   # the default geometry (~10 min here)
+    python bench/throughput_bench.py --size 832 --stand-in 0.5 --decode-workers 2   # an accelerator of 0.5 s a clip
 """
 
 from __future__ import annotations
@@ -54,7 +61,9 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -67,6 +76,8 @@ PROMPTS_PER_GROUP = 2
 FRAMES, SIZE = 33, 128
 #: The real dims: Wan2.2 latents of 33×832² ([48, 9, 52, 52]) and UMT5-XXL text ([512, 4096]), bf16.
 REAL_LATENTS, REAL_TEXT, REAL_PROMPT_TOKENS = (48, 9, 52, 52), (512, 4096), 200
+#: ``--stand-in``'s family: the stand-in accelerator of `bench/feed_bench.py`.
+STAND_IN_FAMILY = "bench.feed_family:FeedFamily"
 TEXT_WORK = re.compile(r"^text +(\d+) prompt\(s\) encoded in (\d+) text-encoder call", re.MULTILINE)
 
 logger = logging.getLogger("throughput_bench")
@@ -97,21 +108,16 @@ def make_workload(root: Path, clips: int) -> tuple[Path, Path, int]:
 # ----------------------------------------------------------------------------- the children
 
 
-def plain_loop(src: Path, model: Path, out: Path, size: int) -> dict:
-    """The recipe as a straight script: everything decoded, every prompt encoded."""
+def plain_loop(src: Path, model: Path, out: Path, size: int, stand_in: float | None = None) -> dict:
+    """The recipe as a straight script: everything decoded, every prompt encoded (`stand_in`: the stand-in
+    accelerator instead of the VAE and the text encoder, as ``bench.feed_family`` encodes)."""
     import av  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415
-    from diffusers import AutoencoderKLWan  # noqa: PLC0415
-    from transformers import AutoTokenizer, UMT5EncoderModel  # noqa: PLC0415
 
-    vae = AutoencoderKLWan.from_pretrained(model / "vae", torch_dtype=torch.float32).eval()
-    text_encoder = UMT5EncoderModel.from_pretrained(model / "text_encoder", torch_dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model / "tokenizer")
-    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
-    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
     out.mkdir(parents=True)
+    encode = _stand_in_encoder(stand_in) if stand_in is not None else _plain_encoder(model)
     calls = samples = 0
     for tar_path in sorted(src.glob("*.tar")):
         with tarfile.open(tar_path) as tf:
@@ -125,18 +131,48 @@ def plain_loop(src: Path, model: Path, out: Path, size: int) -> dict:
                 x = torch.from_numpy(frames[idx]).float() / 127.5 - 1.0
                 x = F.interpolate(x.permute(0, 3, 1, 2), size=(size, size), mode="bilinear", align_corners=False)
                 pixels = x.permute(1, 0, 2, 3).unsqueeze(0).contiguous()
-                with torch.inference_mode():
-                    z = vae.encode(pixels).latent_dist.mode()
-                    latents = ((z - mean) / std).to(torch.bfloat16)[0]
-                    tokens = tokenizer(
-                        [prompt], padding="max_length", max_length=512, truncation=True, return_tensors="pt"
-                    )
-                    embeds = text_encoder(tokens.input_ids, tokens.attention_mask).last_hidden_state[0]
-                    calls += 1
-                record = {"x0": latents, "text_embeds": embeds.to(torch.bfloat16), "prompt": prompt}
+                record, called = encode(pixels, prompt)
                 torch.save(record, out / f"{samples:06d}.pt")
-                samples += 1
+                samples, calls = samples + 1, calls + called
     return {"samples": samples, "text_calls": calls, "prompts_encoded": calls}
+
+
+def _plain_encoder(model: Path) -> Callable[[Any, str], tuple[dict, int]]:
+    """The recipe's encode of one sample: VAE posterior mode, ``(z-mean)/std``, bf16; UMT5 padded to 512."""
+    import torch  # noqa: PLC0415
+    from diffusers import AutoencoderKLWan  # noqa: PLC0415
+    from transformers import AutoTokenizer, UMT5EncoderModel  # noqa: PLC0415
+
+    vae = AutoencoderKLWan.from_pretrained(model / "vae", torch_dtype=torch.float32).eval()
+    text_encoder = UMT5EncoderModel.from_pretrained(model / "text_encoder", torch_dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model / "tokenizer")
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+
+    def encode(pixels: torch.Tensor, prompt: str) -> tuple[dict, int]:
+        with torch.inference_mode():
+            z = vae.encode(pixels).latent_dist.mode()
+            latents = ((z - mean) / std).to(torch.bfloat16)[0]
+            tokens = tokenizer([prompt], padding="max_length", max_length=512, truncation=True, return_tensors="pt")
+            embeds = text_encoder(tokens.input_ids, tokens.attention_mask).last_hidden_state[0]
+        return {"x0": latents, "text_embeds": embeds.to(torch.bfloat16), "prompt": prompt}, 1
+
+    return encode
+
+
+def _stand_in_encoder(latency: float) -> Callable[[Any, str], tuple[dict, int]]:
+    """What `bench.feed_family.FeedEncoder` does per clip: `latency` seconds with the GIL released, then the pixels
+    average-pooled (no text: that family stores none)."""
+    import torch  # noqa: PLC0415
+
+    from bench.feed_family import DOWN  # noqa: PLC0415
+
+    def encode(pixels: torch.Tensor, prompt: str) -> tuple[dict, int]:
+        time.sleep(latency)
+        latents = torch.nn.functional.avg_pool3d(pixels.float(), (1, DOWN, DOWN))[0]
+        return {"x0": latents.to(torch.bfloat16), "prompt": prompt}, 0
+
+    return encode
 
 
 def build_flags(src: Path, model: Path, out: Path, opts: dict) -> list[str]:
@@ -144,6 +180,8 @@ def build_flags(src: Path, model: Path, out: Path, opts: dict) -> list[str]:
     flags = ["--source", f"vbvr:{src}", "--model", str(model), "--out", str(out), "--frames", str(FRAMES)]
     flags += ["--height", str(opts["size"]), "--width", str(opts["size"]), "--device", "cpu", "--dtype", "fp32"]
     flags += ["--decode-pool", opts["decode_pool"], "--decode-workers", str(opts["decode_workers"])]
+    if opts.get("stand_in") is not None:
+        flags += ["--family", STAND_IN_FAMILY]
     return [*flags, "--decode-samples", "0", "--on-loss", "accept", "--on-conflict", "abort"]
 
 
@@ -178,8 +216,9 @@ def bounds(src: Path, model: Path, out: Path, opts: dict) -> dict:
     from infra.sources import open_source  # noqa: PLC0415 - the pipeline
 
     size, kind, workers = opts["size"], opts["decode_pool"], opts["decode_workers"]
+    family = {"family": STAND_IN_FAMILY} if opts.get("stand_in") is not None else {}
     cfg = BuildConfig(source=f"vbvr:{src}", model=str(model), out=str(out), frames=FRAMES, height=size, width=size,
-                      device="cpu", dtype="fp32", decode_pool=kind, decode_workers=workers)  # fmt: skip
+                      device="cpu", dtype="fp32", decode_pool=kind, decode_workers=workers, **family)  # fmt: skip
     plan = make_plan(cfg)
     pool = decoders(kind, workers, decode_job(plan))
     in_flight = cfg.run.prefetch + workers
@@ -212,7 +251,7 @@ def bounds(src: Path, model: Path, out: Path, opts: dict) -> dict:
 
 def child(which: str, src: Path, model: Path, out: Path, report: Path, opts: dict) -> None:
     if which == "plain":
-        report.write_text(json.dumps(plain_loop(src, model, out, opts["size"])))
+        report.write_text(json.dumps(plain_loop(src, model, out, opts["size"], opts.get("stand_in"))))
     elif which == "bounds":
         report.write_text(json.dumps(bounds(src, model, out, opts)))
     else:
@@ -348,18 +387,27 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=SIZE, help="height and width (832: the default geometry)")
     parser.add_argument("--decode-pool", choices=("thread", "process"), default="thread")
     parser.add_argument("--decode-workers", type=int, default=1)
+    parser.add_argument(
+        "--stand-in", type=float, metavar="SECONDS", help="encode with the stand-in accelerator (bench.feed_family) of "
+        "this latency per clip, in both the plain loop and the build, instead of the tiny model on the CPU"
+    )  # fmt: skip
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         which, *paths, opts = args.child
         child(which, *(Path(p) for p in paths), json.loads(opts))
         return
-    opts = {"size": args.size, "decode_pool": args.decode_pool, "decode_workers": args.decode_workers}
+    opts = {"size": args.size, "decode_pool": args.decode_pool, "decode_workers": args.decode_workers,
+            "stand_in": args.stand_in}  # fmt: skip
     logging.basicConfig(level=logging.WARNING)
     logger.setLevel(logging.INFO)
     with tempfile.TemporaryDirectory(prefix="lf-throughput-") as tmp:
         root = Path(tmp)
         src, model, unique = make_workload(root, args.clips)
+        if args.stand_in is not None:
+            from bench.feed_family import make_model  # noqa: PLC0415 - the stand-in only
+
+            model = make_model(root / "stand-in", args.stand_in, root / "busy.log")
         home = migrated_home(root / "prefect-home") if args.home == "reused" else None
         runs: dict[str, list[dict]] = {"plain": [], "latentforge": []}
         for attempt in range(args.repeats):
@@ -384,8 +432,9 @@ def main() -> None:
     whole, chunked, streamed = pixel_peak("whole"), pixel_peak("chunked"), pixel_peak("streamed")
     sizes = bytes_per_sample()
     text_ratio, sample_ratio = sizes["text_trimmed"] / sizes["text_padded"], sizes["trimmed"] / sizes["padded"]
+    encoder = "tiny wan22, fp32 CPU" if args.stand_in is None else f"the stand-in accelerator, {args.stand_in} s a clip"
     print(f"\nworkload: {args.clips} real clips (23-250 frames, up to 1920x1080) at {FRAMES}x{args.size}x{args.size}, "
-          f"tiny wan22, fp32 CPU, {unique} unique prompts; decoders: {args.decode_workers} {args.decode_pool}(s); "
+          f"{encoder}, {unique} unique prompts; decoders: {args.decode_workers} {args.decode_pool}(s); "
           f"medians of {args.repeats} runs each, {args.home} Prefect home; {os.cpu_count()} CPUs, load average "
           f"{os.getloadavg()[0]:.1f}")  # fmt: skip
     for which in ("plain", "latentforge"):
@@ -407,8 +456,9 @@ def main() -> None:
         f"(the whole tree's PSS + its /dev/shm files; the largest single process's RSS: {largest:.2f}x)"
     )
     calls, encoded = med["latentforge"]["text_calls"], med["latentforge"]["prompts_encoded"]
-    print(f"  prompts encoded {encoded:.0f} in {calls:.0f} call(s), unique prompts {unique} (target: calls <= unique, "
-          f"each prompt once): {_verdict(calls <= unique and encoded == unique)}")  # fmt: skip
+    if args.stand_in is None:  # the stand-in stores no text
+        print(f"  prompts encoded {encoded:.0f} in {calls:.0f} call(s), unique prompts {unique} (target: calls <= "
+              f"unique, each prompt once): {_verdict(calls <= unique and encoded == unique)}")  # fmt: skip
     print(f"pixels of one 1080p clip (33 frames -> 128x128): peak growth whole-tensor {whole / 2**20:.0f} MiB, "
           f"frames kept then chunked {chunked / 2**20:.0f} MiB ({chunked / whole:.2f}x), made while decoding "
           f"{streamed / 2**20:.0f} MiB ({streamed / whole:.2f}x)")  # fmt: skip

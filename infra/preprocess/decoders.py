@@ -3,6 +3,8 @@ default), or `workers` decoder processes started once for the shard task and kep
 
 Threads share the GIL: PyAV releases it while FFmpeg decodes, but the Python-side frame work (picking, converting,
 the resize calls) holds it, so threads stop scaling after a couple of cores (README "Throughput and memory").
+Each thread computes with its share of the intra-op threads torch gives a thread here (`decoder_team`), not a whole
+team each.
 Processes do not share it. A process is started with the spawn context (no fork of a process that holds torch's and
 Prefect's threads), its torch on one intra-op thread (the parallelism is across samples; the resize computes each
 output value alone, so its bytes do not depend on the thread count), and it takes the spec and limits once, at
