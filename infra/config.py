@@ -419,7 +419,11 @@ class RunConfig(StrictModel):
         description="Samples decoded, sampled and resized ahead of the encoder, per shard (0: one at a time)",
     )
     decode_workers: int = Field(
-        1, ge=1, le=32, description="Decoders of the prefetched samples, per shard task (threads or processes)"
+        1,
+        ge=1,
+        le=32,
+        description="Decoders of the prefetched samples, per shard task (threads, each computing with its share of "
+        "torch's intra-op threads, or processes, one intra-op thread each)",
     )
     decode_pool: Literal["thread", "process"] = Field(
         "thread",
