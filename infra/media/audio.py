@@ -20,7 +20,6 @@ import av
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers.audio_utils import mel_filter_bank
 
 from infra.errors import InputError
 
@@ -215,6 +214,9 @@ def _sinc_resample_kernel(orig: int, new: int, dtype: torch.dtype) -> tuple[torc
 @lru_cache(maxsize=8)
 def _mel_bank(n_freqs: int, mel_bins: int, rate: int) -> torch.Tensor:
     """Slaney filter bank (n_freqs, mel_bins) float32 from 0 Hz to rate / 2, Slaney area-normalised."""
+    # where audio is encoded only: a decoder process of a video build does not carry transformers (~60 MiB each)
+    from transformers.audio_utils import mel_filter_bank  # noqa: PLC0415 - heavy (STYLE 12): audio builds only
+
     bank = mel_filter_bank(
         num_frequency_bins=n_freqs,
         num_mel_filters=mel_bins,
