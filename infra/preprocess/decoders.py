@@ -5,7 +5,7 @@ Threads share the GIL: PyAV releases it while FFmpeg decodes, but the Python-sid
 the resize calls) holds it, so threads stop scaling after a couple of cores (README "Throughput and memory").
 Each thread computes with its share of the intra-op threads torch gives a thread here (`decoder_team`), not a whole
 team each.
-Processes do not share it. A process is started with the spawn context (no fork of a process that holds torch's and
+Processes do not share the GIL. A process is started with the spawn context (no fork of a process that holds torch's and
 Prefect's threads), its torch on one intra-op thread (the parallelism is across samples; the resize computes each
 output value alone, so its bytes do not depend on the thread count), and it takes the spec and limits once, at
 start. Each sample ships its media bytes there and its pixels back in shared memory: the pool's context is
