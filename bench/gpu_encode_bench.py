@@ -29,33 +29,38 @@ from transformers import UMT5Config, UMT5EncoderModel
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_TOKENS, PROMPT_TOKENS = 512, 200
-#: The tiny sizes (`infra.demo.tiny`'s), for the CPU path.
-TINY_VAE = {"base_dim": 8, "decoder_base_dim": 8, "num_res_blocks": 1}
-TINY_TEXT = {"vocab_size": 32128, "d_model": 64, "d_kv": 16, "d_ff": 128, "num_layers": 2, "num_heads": 4}
+TINY_VOCAB = 32128  # the CPU path's text vocabulary (a tokenizer's size does not change the timing's shape)
 
 logger = logging.getLogger("gpu_encode_bench")
 
 
-def project_configs() -> tuple[dict[str, Any], dict[str, Any]]:
-    """The Wan2.2 VAE config (`infra/models/wan_constants.py`, loaded alone) and UMT5-XXL's (`infra/demo/tiny.py`'s
-    literal), without importing their packages."""
+def _literals(path: Path, *names: str) -> list[Any]:
+    """The values of module-level literal assignments `names` in `path`, read without importing it."""
+    values = {
+        target.id: node.value
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    return [ast.literal_eval(values[name]) for name in names]
+
+
+def project_configs(size: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Wan2.2 VAE config (`infra/models/wan_constants.py`, loaded alone) and the UMT5 sizes of `infra/demo/tiny.py`
+    (UMT5-XXL, or the tiny model's), as `make_wan22` builds them, without importing their packages."""
     spec = importlib.util.spec_from_file_location("wan_constants", ROOT / "infra/models/wan_constants.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     vae = {k: v for k, v in module.WAN22_VAE_CONFIG.items() if k != "clip_output"}
-    tree = ast.parse((ROOT / "infra/demo/tiny.py").read_text())
-    text = next(
-        ast.literal_eval(node.value)
-        for node in tree.body
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "UMT5_XXL" for t in node.targets)
-    )
-    return vae, text
+    xxl, tiny_vae, tiny_text = _literals(ROOT / "infra/demo/tiny.py", "UMT5_XXL", "TINY_VAE_OVERRIDES", "TINY_UMT5")
+    if size == "tiny":
+        return vae | tiny_vae, {**tiny_text, "vocab_size": TINY_VOCAB}
+    return vae, xxl
 
 
 def build(size: str, device: torch.device, dtype: torch.dtype) -> tuple[AutoencoderKLWan, UMT5EncoderModel]:
-    vae_config, text_config = project_configs()
-    if size == "tiny":
-        vae_config, text_config = vae_config | TINY_VAE, TINY_TEXT
+    vae_config, text_config = project_configs(size)
     torch.manual_seed(0)
     with device:
         vae = AutoencoderKLWan(**vae_config).to(dtype).eval()
@@ -82,7 +87,8 @@ def timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
     return timed
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> str:
+    """Measure, print and return the summary line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--size", choices=("full", "tiny"), default="full")
@@ -90,7 +96,7 @@ def main() -> None:
     parser.add_argument("--video-batch", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--text-batch", type=int, default=8)
     parser.add_argument("--reps", type=int, default=3, help="timed calls per setting, after one untimed")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     device, dtype = torch.device(args.device), torch.bfloat16
     began = time.perf_counter()
@@ -126,12 +132,14 @@ def main() -> None:
     text_s = min(timed(encode_texts) for _ in range(args.reps)) / args.text_batch
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
     best = min(vae_s.values())
-    print(
+    line = (
         f"gpu-encode: device={device.type} size={args.size} geometry={frames}x{height}x{width} dtype=bf16 | "
         f"{' | '.join(parts)} | text: {text_s:.4f} s/prompt (batch {args.text_batch}, {TEXT_TOKENS} tokens) | "
         f"E={best + text_s:.3f} s/sample (best VAE batch + one unique prompt) peak={peak:.1f}GiB "
         f"setup={setup:.1f}s total={time.perf_counter() - began:.1f}s"
     )
+    print(line)
+    return line
 
 
 if __name__ == "__main__":

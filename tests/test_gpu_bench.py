@@ -1,6 +1,6 @@
 """bench/gpu.sh's script on its CPU path: the real `latentforge build` on real clips with the tiny snapshot (the same
 builder at its tiny size), tiny geometry; its summary line carries the leg's figures, the busy fraction taken from
-the build's own timing hook (``LATENTFORGE_ENCODE_TIMING``)."""
+the build's own timing hook (``LATENTFORGE_ENCODE_TIMING``). And bench/gpu_encode_bench.py's CPU path."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import re
 import time
 from pathlib import Path
 
+from bench import gpu_encode_bench
 from bench.gpu_bench import SmiSampler, main, union_within
+from infra.demo.tiny import TINY_UMT5, TINY_VAE_OVERRIDES, UMT5_XXL
+from infra.models.wan_constants import WAN22_VAE_CONFIG
 from infra.preprocess.timing import ENV, encode_timing, read_timings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,3 +73,18 @@ def test_the_nvidia_smi_sampler_reads_each_poll(tmp_path, monkeypatch) -> None:
     assert len(smi.samples) >= 2
     assert smi.mean_util(start, time.time()) == 57.0 and smi.max_used_gib() == 2.0
     assert smi.mean_util(0.0, 1.0) is None  # no sample in that window
+
+
+def test_the_gpu_encode_bench_times_the_builds_models_on_cpu() -> None:
+    """bench/gpu_encode_bench.py reads the configs `make_wan22` builds from (without importing their modules: a GPU
+    host may lack the project's other dependencies) and, on its CPU path, times every video batch and the text."""
+    vae, text = gpu_encode_bench.project_configs("full")
+    assert text == UMT5_XXL and vae == {k: v for k, v in WAN22_VAE_CONFIG.items() if k != "clip_output"}
+    vae, text = gpu_encode_bench.project_configs("tiny")
+    assert TINY_VAE_OVERRIDES.items() <= vae.items() and TINY_UMT5.items() <= text.items()
+    line = gpu_encode_bench.main(["--device", "cpu", "--size", "tiny", "--geometry", "9", "64", "64", "--reps", "1"])
+    assert line.startswith("gpu-encode: device=cpu size=tiny geometry=9x64x64 dtype=bf16 | vb1: ")
+    clips = [float(x) for x in re.findall(r"vb[124]: ([\d.]+) s/clip", line)]
+    text_s = float(re.search(r"text: ([\d.]+) s/prompt", line)[1])
+    assert len(clips) == 3 and all(s > 0 for s in clips) and text_s > 0
+    assert abs(float(re.search(r"E=([\d.]+) s/sample", line)[1]) - (min(clips) + text_s)) < 0.002

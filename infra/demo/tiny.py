@@ -36,6 +36,8 @@ from infra.storage import staged_dir
 logger = logging.getLogger(__name__)
 
 TINY_VAE_OVERRIDES = {"base_dim": 8, "decoder_base_dim": 8, "num_res_blocks": 1}
+#: The tiny UMT5's sizes (its vocabulary is the tokenizer's, rounded up to 128).
+TINY_UMT5 = {"d_model": 64, "d_kv": 16, "d_ff": 128, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4}
 SIZES = ("tiny", "full")
 #: UMT5-XXL (google/umt5-xxl, Wan2.2's text encoder) as its config gives it: 5.7 B parameters.
 UMT5_XXL = {
@@ -194,15 +196,7 @@ def _write_vae(
 
 
 def _write_text_encoder(out: Path, seed: int, vocab_size: int, build: _Build) -> None:
-    tiny = {
-        "vocab_size": -(-vocab_size // 128) * 128,
-        "d_model": 64,
-        "d_kv": 16,
-        "d_ff": 128,
-        "num_layers": 2,
-        "num_decoder_layers": 2,
-        "num_heads": 4,
-    }
+    tiny = {**TINY_UMT5, "vocab_size": -(-vocab_size // 128) * 128}
     config = UMT5Config(
         **(tiny if build.size == "tiny" else UMT5_XXL),
         relative_attention_num_buckets=32,
