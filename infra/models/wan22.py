@@ -18,6 +18,8 @@ from infra.models.wan_decode import DECODE_CHUNK, decode_in_chunks
 logger = logging.getLogger(__name__)
 
 STORE_DTYPE = torch.bfloat16
+#: The TI2V-5B VAE's latent channels (the Wan2.1 VAE's are 16: `infra.models.wan21`).
+Z_DIM = 48
 #: diffusers' logger that warns about config keys a class does not take.
 DIFFUSERS_CONFIG_LOGGER = "diffusers.configuration_utils"
 
@@ -53,18 +55,17 @@ class Wan22Spec(FamilySpec):
 
     def matches(self, model_dir: Path, index: dict[str, Any]) -> bool:
         vae = index.get("vae") or [None, None]
-        if vae[-1] != "AutoencoderKLWan":
-            return False
-        z_dim = read_json(model_dir / "vae" / "config.json").get("z_dim")
-        if z_dim != 48:
-            raise ConfigError(
-                f"{model_dir}: AutoencoderKLWan with z_dim={z_dim} is the Wan2.1 VAE (Wan2.1, Wan2.2-A14B); "
-                "the wan22 family is the TI2V-5B VAE with z_dim=48"
-            )
-        return True
+        return vae[-1] == "AutoencoderKLWan" and read_json(model_dir / "vae" / "config.json").get("z_dim") == Z_DIM
 
     def rules(self, model_dir: Path) -> GeometryRules:
+        """The VAE's factors; ConfigError for another VAE than the TI2V-5B's (a Wan2.1 snapshot named family wan22,
+        by --family or a recipe)."""
         cfg = read_json(model_dir / "vae" / "config.json")
+        if cfg.get("z_dim") != Z_DIM:
+            raise ConfigError(
+                f"{model_dir}: AutoencoderKLWan with z_dim={cfg.get('z_dim')} is the Wan2.1 VAE (Wan2.1, Wan2.2-A14B: "
+                f"family wan21); family wan22 is the Wan2.2-TI2V-5B VAE with z_dim={Z_DIM}"
+            )
         return GeometryRules(
             frame_multiple=int(cfg.get("scale_factor_temporal", 4)),
             frame_remainder=1,
@@ -103,7 +104,7 @@ class Wan22Encoder(LoadedFamily):
         self.mean = torch.tensor(self.vae.config.latents_mean, dtype=torch.float32).view(1, channels, 1, 1, 1)
         self.std = torch.tensor(self.vae.config.latents_std, dtype=torch.float32).view(1, channels, 1, 1, 1)
         self._lock = threading.Lock()
-        logger.info("loaded wan22 from %s on %s (%s)", model_dir, device, dtype)
+        logger.info("loaded %s from %s on %s (%s)", self.name, model_dir, device, dtype)
 
     def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.encode_videos([pixels])[0]
