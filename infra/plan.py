@@ -124,7 +124,7 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
         raise ConfigError(f"--text-storage trimmed keeps only the prompt's rows, restored exactly only as zeros: {why}")
     if config.encoding.audio and not family.has_audio:
         raise ConfigError(f"--audio: family {family.name} has no audio encoder")
-    check_mode(config)
+    check_mode(config, family)
     if config.encoding.store_dtype not in family.store_dtypes:
         raise ConfigError(
             f"--store-dtype {config.encoding.store_dtype}: family {family.name} stores {', '.join(family.store_dtypes)}"
@@ -165,11 +165,12 @@ def check_image_resize(config: BuildConfig, family: FamilySpec, resize: str) -> 
         )
 
 
-def check_mode(config: BuildConfig) -> None:
-    """ConfigError for a mode this run cannot make: a mode outside the LTX-2 layout, an audio mode without audio.
-    (Every mode's roles are read; a dataset without a role the mode needs is refused when its source is listed.)"""
+def check_mode(config: BuildConfig, family: FamilySpec | None = None) -> None:
+    """ConfigError for a mode this run cannot make: a mode outside the LTX-2 layout (but i2v of a family that stores
+    image conditioning: `FamilySpec.takes_image`), an audio mode without audio. (Every mode's roles are read; a
+    dataset without a role the mode needs is refused when its source is listed.)"""
     mode = config.encoding.mode
-    if mode == "t2v":
+    if mode == "t2v" or (mode == "i2v" and family is not None and family.takes_image):
         return
     if config.encoding.format != "ltx":
         raise ConfigError(
@@ -286,6 +287,7 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
         **memory_settings(config, chosen["temporal"]),
         **text_8bit_setting(config, family),
         model_version=family.model_version(model_dir),
+        conditioning=family.conditioning(model_dir, config.encoding.mode),
         **shard_settings(config),
     )
     if unplaced := [kind for kind in family.kinds(spec) if kind not in get_format(config.encoding.format).keys]:

@@ -27,6 +27,11 @@ REFERENCE_KIND = "reference_latents"
 REFERENCE_AUDIO_KIND = "reference_audio_latents"
 VIDEO_MASK_KIND = "video_masks"
 AUDIO_MASK_KIND = "audio_masks"
+#: An image-to-video sample's conditioning (`infra.models.base.ImageConditioning`, ``--mode i2v``): Wan I2V's ``y``
+#: (mask + first-frame latents), its CLIP features, TI2V-5B's first latent frame.
+IMAGE_LATENTS_KIND = "image_latents"
+CLIP_KIND = "clip_features"
+FIRST_FRAME_KIND = "first_frame_latents"
 #: The dtype each output kind is stored in (the LTX-2 trainer keeps audio latents and masks in float32).
 KIND_DTYPES: dict[str, torch.dtype] = {
     "latents": torch.bfloat16,
@@ -36,9 +41,12 @@ KIND_DTYPES: dict[str, torch.dtype] = {
     REFERENCE_AUDIO_KIND: torch.float32,
     VIDEO_MASK_KIND: torch.float32,
     AUDIO_MASK_KIND: torch.float32,
+    IMAGE_LATENTS_KIND: torch.bfloat16,
+    CLIP_KIND: torch.float16,  # musubi-tuner's clip_float16 (its CLIP runs in float16)
+    FIRST_FRAME_KIND: torch.bfloat16,
 }
 #: The kinds stored in ``--store-dtype`` (the others keep their `KIND_DTYPES`).
-STORED_AS_SPEC = ("latents", "text_embeddings", REFERENCE_KIND)
+STORED_AS_SPEC = ("latents", "text_embeddings", REFERENCE_KIND, IMAGE_LATENTS_KIND, FIRST_FRAME_KIND)
 #: ``--store-dtype`` → the dtype of the latents and text embeddings (audio latents stay float32).
 STORE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

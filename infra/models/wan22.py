@@ -12,7 +12,15 @@ from typing import Any
 import torch
 
 from infra.errors import ConfigError
-from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, TextSettings, read_json
+from infra.models.base import (
+    FamilySpec,
+    GeometryRules,
+    ImageConditioning,
+    LoadedFamily,
+    TextEmbedding,
+    TextSettings,
+    read_json,
+)
 from infra.models.wan_decode import DECODE_CHUNK, decode_in_chunks
 
 logger = logging.getLogger(__name__)
@@ -20,6 +28,9 @@ logger = logging.getLogger(__name__)
 STORE_DTYPE = torch.bfloat16
 #: The TI2V-5B VAE's latent channels (the Wan2.1 VAE's are 16: `infra.models.wan21`).
 Z_DIM = 48
+#: What the spec's ``conditioning`` says a TI2V-5B ``--mode i2v`` cache stores: DiffSynth's ``first_frame_latents``
+#: (``WanVideoUnit_ImageEmbedderFused`` encodes the first frame alone; the causal VAE gives the same latent frame).
+FIRST_FRAME_RECIPE = "first_frame_latents: the first latent frame of the normalised latents"
 #: diffusers' logger that warns about config keys a class does not take.
 DIFFUSERS_CONFIG_LOGGER = "diffusers.configuration_utils"
 
@@ -52,6 +63,7 @@ class Wan22Spec(FamilySpec):
     name = "wan22"
     components = ("vae", "text_encoder", "tokenizer")
     latent_norm = "(posterior.mode - latents_mean) / latents_std, fp32"  # parquet: consumers.RAW_MEAN
+    takes_image = True
 
     def matches(self, model_dir: Path, index: dict[str, Any]) -> bool:
         vae = index.get("vae") or [None, None]
@@ -79,6 +91,14 @@ class Wan22Spec(FamilySpec):
 
     def text_shape(self, model_dir: Path, settings: TextSettings) -> tuple[int, ...]:
         return (settings.max_length, int(read_json(model_dir / "text_encoder" / "config.json")["d_model"]))
+
+    def kinds(self, spec: Any) -> tuple[str, ...]:
+        if getattr(spec, "mode", "t2v") == "i2v":  # TI2V-5B: the first latent frame, which it keeps clean
+            return (*self.output_kinds, "first_frame_latents")
+        return super().kinds(spec)
+
+    def conditioning(self, model_dir: Path, mode: str) -> str | None:
+        return FIRST_FRAME_RECIPE if mode == "i2v" else None
 
     def load(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> Wan22Encoder:
         return Wan22Encoder(model_dir, device, dtype)
@@ -125,6 +145,10 @@ class Wan22Encoder(LoadedFamily):
         with self._lock:  # mode() is the mean of the diagonal Gaussian posterior
             z = self.vae.encode(torch.cat([p.to(self.device, self.dtype) for p in pixels])).latent_dist.mode()
         return z.float().cpu()
+
+    def encode_conditioning(self, pixels: torch.Tensor, latents: torch.Tensor) -> ImageConditioning:
+        """TI2V-5B: the first latent frame of the stored latents."""
+        return ImageConditioning(first_frame_latents=latents[:, :1].clone())
 
     def normalise(self, raw: torch.Tensor) -> torch.Tensor:
         """Raw posterior means (C, F', H', W') → the stored normalisation `decode` takes, float32."""
