@@ -610,6 +610,7 @@ ADDED_LATER: dict[str, Any] = {
     "reference_temporal_scale_factor": 1,
     "audio_durations": None,
     "conditioning": None,
+    "text_clean": None,
 }
 
 
@@ -679,6 +680,9 @@ class CacheSpec(StrictModel):
     reference_downscale_factor: int = Field(1, description="IC-LoRA: the reference's height and width over this")
     reference_temporal_scale_factor: int = Field(1, description="IC-LoRA: frame 0, then every Nth reference frame")
     audio_durations: list[float] | None = Field(None, description="Audio-only modes: duration buckets (seconds)")
+    text_clean: str | None = Field(
+        None, description="The cleaning the format's consumer applies to a prompt before its tokenizer (whitespace)"
+    )
     conditioning: str | None = Field(
         None,
         description="--mode i2v of an image-to-video model: what each sample stores of its first frame (the family's "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from infra.formats.base import AUDIO_KIND, EncodedSample, Format, PerSampleWriter, Writer, WrittenSample
 from infra.formats.ltx import LtxFormat
+from infra.formats.musubi import MusubiFormat
 from infra.formats.parquet import ParquetFormat
 from infra.formats.pt import PtFormat
 from infra.formats.shards import ShardFormat
@@ -15,6 +16,7 @@ FORMATS.add("pt", PtFormat())
 FORMATS.add("ltx", LtxFormat())
 FORMATS.add("webdataset", WebDatasetFormat())
 FORMATS.add("parquet", ParquetFormat())
+FORMATS.add("musubi", MusubiFormat())
 
 __all__ = [
     "AUDIO_KIND",

@@ -211,6 +211,19 @@ class Format(ABC):
         """OUT-relative path of the file holding each output kind of the sample named `stem` (kinds may share
         one file): deterministic, mirroring the source's names."""
 
+    def stored_dtype(self, kind: str, store_dtype: str) -> torch.dtype:
+        """The dtype this format stores an output kind in (default `kind_dtype`; a consumer's own may differ)."""
+        return kind_dtype(kind, store_dtype)
+
+    def derived_buckets(self, config: Any, temporal: str) -> list[Any] | None:
+        """The buckets a format whose consumer recomputes them from the resolution derives from the config's
+        ``width``/``height``/``frames`` (the spec keeps those as given), or None: the config's own ``--buckets``."""
+        return None
+
+    def check_out(self, out: Path, source: str) -> None:  # noqa: B027 - a hook: most formats share OUT freely
+        """ConfigError when OUT cannot take this source's samples as the format's consumer reads them (musubi: one
+        dataset per cache directory)."""
+
     #: True when `read` returns the cache's fingerprint under the key ``fingerprint`` (a file of another run can
     #: be told apart without re-encoding); formats that store exactly a trainer's keys have none.
     has_fingerprint: ClassVar[bool] = False

@@ -50,17 +50,19 @@ def _nearest(lower: int, upper: int) -> str:
 
 @dataclass(frozen=True)
 class TextSettings:
-    """How prompts are encoded: tokenizer max_length, what is stored at pad positions (``raw`` | ``zeros``) and
-    which tensor (``last_hidden_state``; LTX-2: ``pre_connector`` | ``post_connector``)."""
+    """How prompts are encoded: tokenizer max_length, what is stored at pad positions (``raw`` | ``zeros``), which
+    tensor (``last_hidden_state``; LTX-2: ``pre_connector`` | ``post_connector``) and the cleaning a trainer applies
+    before its tokenizer (the Wan trainers' ``whitespace``; families that read it: wan22, wan21)."""
 
     max_length: int
     padding: str = "raw"
     stage: str = "last_hidden_state"
+    clean: str | None = None  # what the tokenizer reads: the prompt cleaned by `infra.media.text_clean` (a trainer's)
 
     @classmethod
     def of(cls, spec: CacheSpec) -> TextSettings:
         """The text settings a spec was made with."""
-        return cls(spec.text_max_length, spec.text_padding, spec.text_stage)
+        return cls(spec.text_max_length, spec.text_padding, spec.text_stage, spec.text_clean)
 
 
 @dataclass(frozen=True)

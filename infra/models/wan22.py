@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from infra.errors import ConfigError
+from infra.media.text_clean import clean
 from infra.models.base import (
     FamilySpec,
     GeometryRules,
@@ -167,8 +168,9 @@ class Wan22Encoder(LoadedFamily):
     def encode_texts(self, prompts: Sequence[str], settings: TextSettings) -> list[TextEmbedding]:
         """One UMT5 call for every prompt: each is padded to max_length on its own, so a row's numbers do not depend
         on the others in the batch (tests/test_text_batch.py holds that bit for bit)."""
+        prompts = [clean(prompt, settings.clean) for prompt in prompts]  # as the consumer's tokenizer reads them
         tokens = self.tokenizer(
-            list(prompts),
+            prompts,
             padding="max_length",
             max_length=settings.max_length,
             truncation=True,
@@ -177,7 +179,7 @@ class Wan22Encoder(LoadedFamily):
             return_tensors="pt",
         )
         lengths = tokens.attention_mask.gt(0).sum(dim=1).tolist()
-        untruncated = self.tokenizer(list(prompts), add_special_tokens=True, truncation=False).input_ids
+        untruncated = self.tokenizer(prompts, add_special_tokens=True, truncation=False).input_ids
         totals = [len(ids) for ids in untruncated]
         with self._lock:
             out = self.text_encoder(
