@@ -25,6 +25,7 @@ from infra.media import text_clean
 RAW_MEAN = "posterior.mean, raw: the consumer applies (x - latents_mean) / latents_std at training time"
 FASTVIDEO = "FastVideo 0.2.1 (fastvideo/dataset/utils.py collate)"
 MUSUBI = "kohya-ss/musubi-tuner (commit 30c658c: wan_train_network.py)"
+DIFFSYNTH = "DiffSynth-Studio split training (diffsynth 2.1.12: --task sft:train on its data_process files)"
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,27 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
         "-",
         text_clean="whitespace",
     ),
+    **{
+        ("diffsynth", family): Expects(
+            DIFFSYNTH + ", WanVideoPipeline",
+            "normalised",
+            "all",
+            "right",
+            "last_hidden_state",
+            "bf16 .pth (a pickle its trainer loads with weights_only=False)",
+            "-",
+            (
+                (
+                    "text_padding",
+                    "raw",
+                    "its PromptEmbedder zeroes every row past the prompt's tokens, and its training step uses the "
+                    "context as stored: use --text-padding zeros (the diffsynth-wan recipe)",
+                ),
+            ),
+            text_clean="whitespace",
+        )
+        for family in ("wan21", "wan22")
+    },
     ("webdataset", "wan22"): Expects(
         "webdataset.WebDataset readers",
         "normalised",
@@ -158,6 +180,7 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
 #: Formats written for one trainer only: the families it trains (any other is refused at the plan), and in words.
 ONLY_FOR: dict[str, tuple[tuple[str, ...], str]] = {
     "musubi": (("wan21",), f"{MUSUBI} trains Wan2.1 and Wan2.2-A14B (family wan21), not Wan2.2-TI2V-5B"),
+    "diffsynth": (("wan21", "wan22"), f"{DIFFSYNTH}: these files are its Wan pipeline's (families wan21, wan22)"),
 }
 
 
