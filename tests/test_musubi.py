@@ -142,6 +142,26 @@ def test_verify_reconcile_inspect_decode_upload_and_a_resume_read_the_layout(tmp
     }
 
 
+def test_a_rerun_after_a_crash_keeps_the_files_it_left_with_the_same_bytes(tmp_path, cache, source, wan21_model):
+    out = tmp_path / "out"
+    shutil.copytree(cache, out)
+    data = {k: v for k, v in tree_hashes(out).items() if k.endswith(".safetensors")}
+    (ledger.ledger_dir(out) / "shard-1.jsonl").unlink()  # its files written, its ledger never sealed: a crash
+    ok, result = run_build(config(source, wan21_model, out, **GEOMETRY))
+    assert ok and (result["done"], result["encoded"], result["reused"]) == (3, 1, 2), result
+    assert {k: v for k, v in tree_hashes(out).items() if k.endswith(".safetensors")} == data  # the same bytes
+
+
+def test_a_one_frame_build_is_musubis_image_dataset(tmp_path, clips, wan21_model):
+    src = make_shards(tmp_path / "src", {"shard-0": _samples(clips)[1:2]})
+    ok, result = run_build(config(src, wan21_model, tmp_path / "out", **{**GEOMETRY, "frames": 1}))
+    assert ok and result["done"] == 1, result
+    assert (tmp_path / "out" / f"{flat_name(_stem(1))}_0176x0144_wan.safetensors").is_file()  # no frame range
+    (dataset,) = load_dataset_config(tmp_path / "out" / TOML_NAME)
+    assert not dataset.video and [item.item_key for item in dataset.items] == [flat_name(_stem(1))]
+    assert dataset[0]["latents"].shape == (1, 16, 1, 6, 8)  # 176x144 → musubi's 64x48 bucket
+
+
 @torch.no_grad()
 def test_i2v_stores_latents_image_and_clip_under_musubis_keys(tmp_path, clips, wan21_i2v_model):
     src = make_shards(tmp_path / "src", {"shard-0": _samples(clips)[:2]})

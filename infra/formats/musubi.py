@@ -27,11 +27,11 @@ from typing import Any, ClassVar
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save
 
 from infra.errors import ConfigError
 from infra.formats.base import CLIP_KIND, IMAGE_LATENTS_KIND, EncodedSample, Format, PerSampleWriter, WrittenSample
 from infra.formats.musubi_toml import TOML_NAME, check_cache_directory, write_toml
+from infra.formats.safetensors_bytes import safetensors_bytes
 from infra.media.buckets import Bucket, musubi_buckets, parse_buckets
 
 ARCHITECTURE = "wan"
@@ -96,9 +96,10 @@ def render(sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
     assert sample.text_embeds is not None
     text = {"varlen_t5_bfloat16": sample.text_embeds[: sample.seq_len].to(torch.bfloat16).contiguous()}
     caption = {"architecture": ARCHITECTURE, "caption1": sample.prompt, "format_version": FORMAT_VERSION}
+    caption[FINGERPRINT_KEY] = sample.fingerprint
     return [
-        (kinds, latent_name(sample.stem, start, frames, width, height), save(tensors, metadata)),
-        (["text_embeddings"], text_name(sample.stem), save(text, caption | {FINGERPRINT_KEY: sample.fingerprint})),
+        (kinds, latent_name(sample.stem, start, frames, width, height), safetensors_bytes(tensors, metadata)),
+        (["text_embeddings"], text_name(sample.stem), safetensors_bytes(text, caption)),
     ]
 
 
