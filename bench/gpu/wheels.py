@@ -213,18 +213,36 @@ def build(out: Path, max_mib: float = MAX_MIB, lock: Path = LOCK) -> str:
     return line
 
 
+def copy_media(dest: Path) -> str:
+    """The clips bench/gpu/shot.py reads (`bench.gpu_bench.CLIP_NAMES`, 1080p among them), copied from the test-media
+    cache into `dest` laid out as one (``LATENTFORGE_MEDIA_CACHE=dest`` on the host)."""
+    from bench.gpu_bench import CLIP_NAMES  # noqa: PLC0415 - imports torch: only for this option
+    from infra.demo.testmedia import real_clip  # noqa: PLC0415
+
+    (dest / "clips").mkdir(parents=True, exist_ok=True)
+    size = 0
+    for name in CLIP_NAMES:
+        clip = real_clip(name)
+        (dest / "clips" / clip.name).write_bytes(clip.read_bytes())
+        size += clip.stat().st_size
+    return f"media: {len(CLIP_NAMES)} clips, {size / 2**20:.2f} MiB in {dest / 'clips'}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", nargs="?", type=Path, help="the wheelhouse folder (ignored by git: e.g. .whl)")
     parser.add_argument("--lock", action="store_true", help="rewrite bench/gpu/wheels.txt from this environment")
     parser.add_argument("--max-mib", type=float, default=MAX_MIB)
+    parser.add_argument("--media", type=Path, help="also copy the shot's clips there (a test-media cache to carry)")
     args = parser.parse_args(argv)
     if args.lock:
         pins = write_lock()
         print(f"wheels: {len(pins)} pins written to {LOCK}")
+    if args.media is not None:
+        print(copy_media(args.media))
     if args.out is not None:
         build(args.out, args.max_mib)
-    elif not args.lock:
+    elif not args.lock and args.media is None:
         parser.error("give OUT, or --lock")
 
 

@@ -40,6 +40,7 @@ from infra.preprocess.prepare import PreparedSample, decode_job, prepare
 from infra.preprocess.read import read
 from infra.preprocess.result import ShardResult
 from infra.preprocess.state import RunState, ShardState
+from infra.preprocess.timing import stage_timing
 from infra.preprocess.windows import expand
 from infra.sources import SampleRef, ShardReadError, open_source
 
@@ -197,11 +198,13 @@ def process_sample(
     replace = replace_stale is not None or disk.overwrite
     outcome = record.Outcome()
     try:
-        prepared = _prepared(ref, plan, state.ahead)
+        with stage_timing("prepare"):  # opt-in (bench/gpu/shot.py): which stage holds the encoder back
+            prepared = _prepared(ref, plan, state.ahead)
         fault_point("decode")
         outcome.encoded = encode(prepared, plan, get_encoder(), state)
         overwrite = replace or plan.replace_from is not None
-        outcome.written = write.write(plan, writer, outcome.encoded.sample, disk.files, overwrite)
+        with stage_timing("write"):
+            outcome.written = write.write(plan, writer, outcome.encoded.sample, disk.files, overwrite)
         outcome.status = "done"
         if replace_stale is not None:
             outcome.extra["replaced_stale"] = replace_stale
