@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from infra.cache import ledger
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow
-from infra.devices import pin_cpu_threads
+from infra.devices import bind_thread, pin_cpu_threads
 from infra.errors import DiskFull, InputError, LatentforgeError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import Writer, get_format
@@ -90,9 +90,11 @@ def process_shard(
     a shard run alone gets its own."""
     start = time.perf_counter()
     pin_cpu_threads(plan.config.run.device)  # this thread encodes the shard (its text phase too): same bytes anywhere
+    bind_thread(plan.config.run.device)  # cuda:N placed: this thread's events and memory counters are that GPU's
     selection = parse_only(plan.config.selection.only)
     keys = selection.get(shard.id) if selection is not None else None
-    result = ShardResult(shard=shard.id)
+    result = ShardResult(shard=shard.id, device=plan.config.run.device)
+    logger.info("shard %s on device %s", shard.id, result.device)
     ledger_id = shard.id if chunk is None else chunk.ledger_id(shard.id)
     writer_id = shard.id if chunk is None else chunk.name(shard.id)
     previous = ledger.read_shard(plan.out, shard.id)
