@@ -150,7 +150,10 @@ def verify(
         _, spec, latent_shape, text_shape = make_spec(config)
         report = verify_out(out, spec, latent_shape=latent_shape, text_shape=text_shape, content=content)
     writable = report.kind in ("absent", "compatible")
-    token = None if writable else overwrite_token(out, report.existing_fingerprint, report.planned_fingerprint)
+    same = report.existing_fingerprint == report.planned_fingerprint
+    repairable = report.damaged and same  # an overwrite keeps done samples of the same spec: the repair is the way
+    overwrite = not writable and not repairable
+    token = overwrite_token(out, report.existing_fingerprint, report.planned_fingerprint) if overwrite else None
     if as_json:
         typer.echo(json.dumps({**report.to_dict(), "overwrite_token": token}, indent=2, default=str))
     else:

@@ -364,13 +364,13 @@ def _settle(report: VerifyReport) -> None:
     if report.problems and report.kind != "damaged":
         report.kind = "damaged"
         report.message = f"{report.out}: {len(report.problems)} problem(s), first: {report.problems[0]}{differs}"
-    if report.damaged:
-        report.message += f"; {len(report.damaged)} damaged sample(s), repaired as Repair says"
     elif report.kind == "compatible":
         gone = f", {len(report.missing)} of them missing on disk (re-encoded by the run)" if report.missing else ""
         report.message = f"{report.out} holds this cache, {counts}{gone}: a run resumes"
     elif report.kind == "incompatible":
         report.message = f"{report.out} holds another cache ({counts}){differs}"
+    if report.damaged:
+        report.message += f"; {len(report.damaged)} damaged sample(s): `latentforge verify OUT` prints their repair"
 
 
 def _flat(name: str, value: Any) -> list[tuple[str, str]]:
