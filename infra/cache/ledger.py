@@ -114,8 +114,10 @@ class LedgerRow(BaseModel):
 def bounded(text: str) -> str:
     """A reason or detail as a row keeps it: writable (lone surrogates shown escaped), at most `MAX_DETAIL_CHARS`."""
     text = safe_text(text)
-    cut = len(text) - MAX_DETAIL_CHARS
-    return text if cut <= 0 else f"{text[:MAX_DETAIL_CHARS]}… ({cut} more characters)"
+    if len(text) <= MAX_DETAIL_CHARS:
+        return text
+    keep = MAX_DETAIL_CHARS - 40  # room for the note, so that a bounded text is bounded again as it is
+    return f"{text[:keep]}… ({len(text) - keep} more characters)"
 
 
 def _writable(value: Any) -> Any:
