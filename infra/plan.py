@@ -33,7 +33,7 @@ from infra.media.video import IMAGE_ONLY_POLICIES, RESIZE_POLICIES, resize_polic
 from infra.models import FamilySpec, get_family, model_identity, resolve_family
 from infra.models.base import GeometryRules, TextSettings, preprocess_name
 from infra.recipes import apply_recipe
-from infra.sources import Shard, ShardReadError, Source, open_source
+from infra.sources import SampleRef, Shard, ShardReadError, Source, open_source
 from infra.sources.names import collision_key
 
 logger = logging.getLogger(__name__)
@@ -343,27 +343,21 @@ def shard_settings(config: BuildConfig) -> dict[str, Any]:
 
 
 def _count_samples(
-    source: Source, shard: Shard, stop_at: int | None, stems: dict[str, tuple[str, str, str]]
+    source: Source, shard: Shard, stop_at: int | None, stems: dict[str, tuple[str, str, str, str]]
 ) -> tuple[int, dict[str, str], dict[str, str]]:
     """How many samples this run visits in `shard`; {key: ``SHARD/KEY``} of those whose group and id an earlier
     sample has (a duplicate: refused, not encoded); {key: what it collides with} of those whose output name an
     earlier sample of another id has, up to case and Unicode normalisation (``a.mp4`` and ``a.mov``, ``Clip.mp4``
     and ``clip.mp4``: refused, ``name_collision``, the first kept). Output names go into `stems` (collision key →
-    shard, id, key)."""
+    shard, id, key, output name)."""
     count, duplicates, collisions = 0, {}, {}
     with contextlib.closing(source.samples(shard)) as samples:
         try:
             for ref in samples:
                 count += 1
-                if ref.stem:
-                    first = stems.setdefault(collision_key(ref.stem), (shard.id, ref.id, ref.key))
-                    if first[1] == ref.id and first[::2] != (shard.id, ref.key):
-                        duplicates[ref.key] = f"{first[0]}/{first[2]}"
-                    elif first[1] != ref.id:
-                        collisions[ref.key] = (
-                            f"{ref.id!r} would be written under the output name of {first[1]!r} (shard {first[0]}), "
-                            "met first: that one is encoded (names are compared ignoring case and Unicode form)"
-                        )
+                kind, first = _claim(stems, shard.id, ref) if ref.stem else (None, "")
+                if kind is not None:
+                    (duplicates if kind == "duplicate" else collisions)[ref.key] = first
                 if stop_at is not None and count >= stop_at:
                     break
         except ShardReadError as exc:  # a damaged shard: counted up to the damage, reported by its task
@@ -378,13 +372,29 @@ def _count_samples(
     return count, duplicates, collisions
 
 
+def _claim(stems: dict[str, tuple[str, str, str, str]], shard_id: str, ref: SampleRef) -> tuple[str | None, str]:
+    """Claim `ref`'s output name in `stems`: (None, "") when it is the first; ("duplicate", ``SHARD/KEY``) for the
+    same group and id met before; ("collision", why) for another sample whose output name is the same up to case
+    and Unicode form."""
+    folded = collision_key(ref.stem)  # the stem itself when it folds to itself: one string held, not two
+    first = stems.setdefault(ref.stem if folded == ref.stem else folded, (shard_id, ref.id, ref.key, ref.stem))
+    if (first[1], first[3]) != (ref.id, ref.stem):
+        return "collision", (
+            f"{ref.id!r} (output {ref.stem!r}) would share a file with {first[1]!r} (output {first[3]!r}, shard "
+            f"{first[0]}), met first: that one is encoded (output names are compared ignoring case and Unicode form)"
+        )
+    if (first[0], first[2]) != (shard_id, ref.key):
+        return "duplicate", f"{first[0]}/{first[2]}"
+    return None, ""
+
+
 def plan_shards(config: BuildConfig, source: Source) -> list[ShardPlan]:
     """Filter shards, count their samples (tar headers only) and apply the per-shard cap and --limit."""
     shards = [s for s in source.shards() if not config.selection.shard_filter or config.selection.shard_filter in s.id]
     if not shards:
         raise ConfigError(f"no shard of {config.source} matches --shard-filter {config.selection.shard_filter!r}")
     plans, left = [], config.selection.limit
-    stems: dict[str, tuple[str, str, str]] = {}
+    stems: dict[str, tuple[str, str, str, str]] = {}
     for shard in shards:
         if left is not None and left <= 0:
             break

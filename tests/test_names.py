@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.run import run_build
 from infra.cache import ledger
+from infra.plan import make_plan
 from infra.sources import is_safe_name
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
@@ -163,3 +164,15 @@ def test_a_file_copied_to_another_samples_path_is_not_adopted(tmp_path, tiny_mod
     assert (b.status, b.reason, b.path) == ("failed", "output_exists", b_path.relative_to(tmp_path / "out").as_posix())
     assert f"id {a.id!r}" in b.detail and f"id {b.id!r}" in b.detail
     assert b_path.read_bytes() == (tmp_path / "out" / a.path).read_bytes()  # refused, never overwritten
+
+
+def test_groups_that_differ_only_by_case_are_refused_at_the_plan(tmp_path, tiny_model):
+    """Two VBVR generators ``G-1`` and ``g-1`` with the same sample id: one file on a case-insensitive disk, so the
+    later is refused (name_collision), not taken for a duplicate id nor given a file of its own."""
+    members = [(f"{g}/t_task/t_00000001/prompt.txt", b"p") for g in ("G-1", "g-1")]
+    write_members(tmp_path / "src" / "a.tar", members[:1])
+    write_members(tmp_path / "src" / "b.tar", members[1:])
+    first, second = make_plan(config(tmp_path / "src", tiny_model, tmp_path / "out")).shards
+    assert (first.collisions, first.duplicates, second.duplicates) == ({}, {}, {})
+    assert list(second.collisions) == ["g-1/t_task/t_00000001"]
+    assert "'G-1/t_00000001'" in second.collisions["g-1/t_task/t_00000001"]
