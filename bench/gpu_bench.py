@@ -75,6 +75,9 @@ GENERATORS = ("G-11_handle_object_reappearance_data-generator", "O-21_ball_traje
 PROMPTS_PER_GROUP = 2
 VIDEO_BATCHES = (1, 2, 4)
 BUSY_TARGET, BUDGET_S = 0.95, 480.0
+#: The build's own timing spans (`infra.preprocess.timing`) a leg reports, and what each one is waiting on.
+STAGES = ("encode", "text", "prepare", "write")
+STAGE_NAMES = {"encode": "encode", "text": "text", "prepare": "decode", "write": "write"}
 SMI_QUERY = ("nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits")
 #: The GPU the builds run on (cuda:0): the first of CUDA_VISIBLE_DEVICES (an index or a UUID), else 0.
 SMI_GPU = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
@@ -87,6 +90,7 @@ class Leg:
     name: str
     model: Path
     flags: tuple[str, ...] = ()
+    files: str = "**/*.pt"  # the sample files under OUT whose mtimes make the steady state (one per sample)
 
 
 #: Optional legs beyond the Wan2.2 video batches, by name (``--extra-leg NAME``): each makes its `Leg` (building
@@ -154,19 +158,28 @@ def make_snapshot(args: argparse.Namespace, root: Path) -> tuple[Path, bool]:
     return model, True
 
 
-def make_source(root: Path, samples: int, shards: int, clip_names: Sequence[str]) -> Path:
-    """`samples` VBVR samples of the real clips, cycled (every shard a mix of them), in `shards` shards of
-    consecutive samples; a few prompts per task family."""
-    data = [real_clip(name).read_bytes() for name in clip_names]
-    src = root / "src"
-    src.mkdir(parents=True)
-    rows: list[list[DemoSample]] = [[] for _ in range(shards)]
+def sample_plan(samples: int, clip_names: Sequence[str]) -> list[tuple[str, str, int, str, str]]:
+    """(generator, task, index, clip name, prompt) of each sample `make_source` writes: the clips cycled, a few
+    prompts per task family."""
+    plan = []
     for i in range(samples):
         group = i % len(GENERATORS)
         generator = GENERATORS[group]
         task = generator.split("_", 1)[1].removesuffix("_data-generator")
         prompt = f"task {group}: the object moves and comes back (template {i // 2 % PROMPTS_PER_GROUP})"
-        files = {"ground_truth.mp4": data[i % len(data)], "prompt.txt": prompt.encode()}
+        plan.append((generator, task, i, clip_names[i % len(clip_names)], prompt))
+    return plan
+
+
+def make_source(root: Path, samples: int, shards: int, clip_names: Sequence[str]) -> Path:
+    """`samples` VBVR samples of the real clips (`sample_plan`), in `shards` shards of consecutive samples (every
+    shard a mix of the clips)."""
+    data = {name: real_clip(name).read_bytes() for name in clip_names}
+    src = root / "src"
+    src.mkdir(parents=True)
+    rows: list[list[DemoSample]] = [[] for _ in range(shards)]
+    for generator, task, i, clip, prompt in sample_plan(samples, clip_names):
+        files = {"ground_truth.mp4": data[clip], "prompt.txt": prompt.encode()}
         rows[i * shards // samples].append(DemoSample(generator=generator, task=task, index=i, files=files))
     for shard, shard_samples in enumerate(rows):
         write_vbvr_tar(src / f"gpu_part-{shard:05d}.tar", shard_samples)
@@ -228,25 +241,50 @@ def measure(leg: Leg, common: list[str], work: Path, home: Path, timeout: float)
     seconds = time.perf_counter() - began
     if done.returncode != 0:
         raise RuntimeError(f"{leg.name}: build exited {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-    written = sorted(path.stat().st_mtime for path in out.rglob("*.pt"))
-    spans = read_timings(timing)
+    written = sorted(path.stat().st_mtime for path in out.glob(leg.files))
+    every = read_timings(timing)
+    spans = [span for span in every if span.get("stage", "encode") == "encode"]
     if len(written) < 2 or not spans:
         raise RuntimeError(f"{leg.name}: {len(written)} sample file(s), {len(spans)} timed call(s): no steady state")
     start, end = written[0], written[-1]
     window = end - start
     peaks = [span["peak_bytes"] for span in spans if span["peak_bytes"] is not None]
+    busy = union_within([(s["start"], s["end"]) for s in spans], start, end) / window if window > 0 else 0.0
     return {
         "leg": leg.name,
         "samples": len(written),
         "s_per_sample": window / (len(written) - 1),
-        "busy": union_within([(s["start"], s["end"]) for s in spans], start, end) / window if window > 0 else 0.0,
+        "busy": busy,
         "clock": spans[-1]["clock"],
         "calls": len(spans),
+        "stages": stage_shares(every, start, end),
         "smi": smi.mean_util(start, end),
         "smi_used": smi.max_used_gib(),
         "peak": max(peaks) if peaks else None,
         "seconds": seconds,
+        "out": str(out),
     }
+
+
+def stage_shares(spans: Sequence[dict], start: float, end: float) -> dict[str, float]:
+    """Per stage of the build's own spans (`STAGES`), the share of the window [start, end] it covers."""
+    window = end - start
+    shares = {}
+    for stage in STAGES:
+        mine = [(s["start"], s["end"]) for s in spans if s.get("stage", "encode") == stage]
+        shares[stage] = union_within(mine, start, end) / window if window > 0 else 0.0
+    return shares
+
+
+def held_back_by(result: dict) -> str | None:
+    """Under the busy target: the stage outside the encoder whose spans cover most of the window (the shard loop
+    waiting for pixels is ``decode``), with its share; None at or over the target."""
+    if result["busy"] >= BUSY_TARGET:
+        return None
+    outside = {STAGE_NAMES[stage]: result["stages"][stage] for stage in ("prepare", "write")}
+    name, share = max(outside.items(), key=lambda item: item[1])
+    text = result["stages"]["text"]
+    return f"{name} ({share:.0%} of the window; text {text:.0%} inside the encoder)"
 
 
 def legs(args: argparse.Namespace, model: Path, work: Path) -> list[Leg]:
@@ -290,10 +328,11 @@ def leg_text(result: dict | str) -> str:
         return result
     smi = f"{result['smi']:.0f}%,{result['smi_used']:.1f}GiB" if result["smi"] is not None else "n/a"
     peak = f"{result['peak'] / 2**30:.1f}GiB" if result["peak"] is not None else "n/a"
+    held = held_back_by(result)
     return (
         f"{result['leg']}: s/sample={result['s_per_sample']:.3f} busy={result['busy']:.1%} "
         f"(hook: {result['clock']}, {result['calls']} calls) enc={result['s_per_sample'] * result['busy']:.3f}s "
-        f"smi={smi} peak={peak} run={result['seconds']:.0f}s"
+        f"smi={smi} peak={peak} run={result['seconds']:.0f}s" + (f" held-by={held}" if held else "")
     )
 
 

@@ -45,6 +45,10 @@ logger = logging.getLogger("latentforge")
 Opt = typer.Option
 OutArg = Annotated[Path, typer.Argument(help="cache root")]
 JsonOpt = Annotated[bool, Opt("--json", help="machine-readable")]
+QuickOpt = Annotated[
+    bool,
+    Opt("--quick", help="check sizes (verify: and hash the few samples it loads), not every file's sha256"),
+]
 NO_SOURCE = "none:-"  # config_for_out's source when neither OUT nor the user names one
 
 
@@ -125,23 +129,31 @@ def sanity(*, config_file: Path | None, flags: dict[str, Any]) -> None:
 
 @app.command()
 @config_command(step_settings("verify"), show_defaults=False)
-def verify(out: OutArg, as_json: JsonOpt = False, *, config_file: Path | None, flags: dict[str, Any]) -> None:
-    """What OUT holds against a planned build (settings not given: OUT's own cache.json). Reads only.
+def verify(
+    out: OutArg, as_json: JsonOpt = False, quick: QuickOpt = False, *, config_file: Path | None, flags: dict[str, Any]
+) -> None:
+    """What OUT holds against a planned build (settings not given: OUT's own cache.json), every file's sha256
+    against the ledger included (--quick: sizes, and the few samples loaded). Reads only.
 
-    Exit 0 when a build may write there (absent, compatible), 1 otherwise; prints the overwrite token."""
+    Exit 0 when a build may write there (absent, compatible), 1 otherwise; prints the overwrite token, and the
+    repair of damaged samples."""
     from infra.gates.conflicts import overwrite_token  # noqa: PLC0415 - heavy: torch
     from infra.gates.verify import verify_out, verify_plan  # noqa: PLC0415
     from infra.plan import make_plan, make_spec  # noqa: PLC0415
 
     config = config_from(config_file, flags, out)
+    content = "spot" if quick else "all"
     try:
-        report = verify_plan(make_plan(config))  # with the source: stale samples too
+        report = verify_plan(make_plan(config), content=content)  # with the source: stale samples too
     except SourceError as exc:
         logger.warning("source not readable (%s): stale samples not checked", exc)
         _, spec, latent_shape, text_shape = make_spec(config)
-        report = verify_out(out, spec, latent_shape=latent_shape, text_shape=text_shape)
+        report = verify_out(out, spec, latent_shape=latent_shape, text_shape=text_shape, content=content)
     writable = report.kind in ("absent", "compatible")
-    token = None if writable else overwrite_token(out, report.existing_fingerprint, report.planned_fingerprint)
+    same = report.existing_fingerprint == report.planned_fingerprint
+    repairable = report.damaged and same  # an overwrite keeps done samples of the same spec: the repair is the way
+    overwrite = not writable and not repairable
+    token = overwrite_token(out, report.existing_fingerprint, report.planned_fingerprint) if overwrite else None
     if as_json:
         typer.echo(json.dumps({**report.to_dict(), "overwrite_token": token}, indent=2, default=str))
     else:
@@ -154,13 +166,14 @@ def verify(out: OutArg, as_json: JsonOpt = False, *, config_file: Path | None, f
 
 @app.command()
 @config_command(step_settings("reconcile"), show_defaults=False)
-def reconcile(out: OutArg, *, config_file: Path | None, flags: dict[str, Any]) -> None:
-    """Expected (the source listing) against produced; every missing sample with its reason. Exit 1 on a
-    shortfall. Settings not given are OUT's own (cache.json); pass the build's --limit etc. if it had them."""
+def reconcile(out: OutArg, quick: QuickOpt = False, *, config_file: Path | None, flags: dict[str, Any]) -> None:
+    """Expected (the source listing) against produced (every file's sha256 against the ledger; --quick: sizes
+    only); every missing sample with its reason. Exit 1 on a shortfall. Settings not given are OUT's own
+    (cache.json); pass the build's --limit etc. if it had them."""
     from infra.audit.reconcile import reconcile as count  # noqa: PLC0415 - heavy: torch
     from infra.audit.reconcile import write_reconcile_report  # noqa: PLC0415
 
-    report = count(make_plan(config_from(config_file, flags, out)))
+    report = count(make_plan(config_from(config_file, flags, out)), content=not quick)
     json_path, _ = write_reconcile_report(out, report)
     typer.echo(f"{report.text()}\n\nreport: {json_path}")
     raise typer.Exit(0 if report.ok else 1)

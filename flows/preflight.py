@@ -95,4 +95,14 @@ def check_build(config: BuildConfig) -> None:
     check_out(Path(config.out).expanduser())
     check_source(config)
     check_text_8bit(config)
+    check_devices(config)  # a bad list is named before a missing GPU is
     check_device(config.run.device)
+
+
+def check_devices(config: BuildConfig) -> None:
+    """``--devices`` names GPUs this host has (and only with ``--device cuda``)."""
+    if config.run.devices is None:
+        return
+    from infra.devices import placement, visible_accelerators  # noqa: PLC0415 - torch only when GPUs are named
+
+    placement(config.run.device, config.run.devices, visible_accelerators("cuda"))

@@ -17,6 +17,7 @@ from prefect.runtime import flow_run
 from tqdm import tqdm
 
 from infra.cache.ledger import LEDGER_DIR
+from infra.devices import DeviceSlots, placement, visible_accelerators
 from infra.errors import DiskFull
 from infra.ops import preempt, runners
 from infra.ops.progress import RunState
@@ -38,6 +39,7 @@ class _Unit:
     shard: ShardPlan
     chunk: Chunk | None = None
     attempts: int = 0
+    device: str | None = None  # where it runs (`infra.devices.placement`), while it runs
 
 
 @dataclass
@@ -64,20 +66,24 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
         pending += [_Unit(shard, chunk) for chunk in chunks] if chunks else [_Unit(shard)]
     full: list[DiskFull] = []
     run = RunState(run_key)  # the run's counts and stop check, handed to every shard task
+    slots, workers = _slots(plan)
     bar = tqdm(total=total, unit="sample", desc="encoding", disable=None)
     artifact = create_progress_artifact(0.0, key="build-progress", description=f"{plan.out}: {total} samples")
     try:
         with runners.shard_runner(plan.config, run_key) as submit:
             running: dict[PrefectFuture, _Unit] = {}
             while running or (pending and not full and not run.stop()):
-                while pending and len(running) < plan.config.run.workers and not full and not run.stop():
+                while pending and len(running) < workers and not full and not run.stop():
                     unit = pending.pop(0)
                     unit.attempts += 1
-                    params = {"plan": plan, "shard": unit.shard, "run": run, "chunk": unit.chunk}
+                    unit.device = slots.take() if slots is not None else None
+                    params = {"plan": plan, "shard": unit.shard, "run": run, "chunk": unit.chunk, "device": unit.device}
                     running[submit(preprocess_shard, params)] = unit
                 finished, _ = wait(list(running), timeout=POLL_SECONDS)
                 for future in finished:
                     unit = running.pop(future)
+                    if slots is not None and unit.device is not None:
+                        slots.give(unit.device)
                     _finished(plan, book, unit, future, full, pending)
                 counts = runners.snapshot(run)
                 bar.update(min(counts.get("total", 0), total) - bar.n)
@@ -93,6 +99,19 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
         raise full[0]
     preempt.check()
     return book.results
+
+
+def _slots(plan: BuildPlan) -> tuple[DeviceSlots | None, int]:
+    """(where the local runner places each task, how many run at once): on ``--device cuda`` every visible GPU, or
+    ``--devices``, a task at least on each (``--workers`` more share them); None where one device takes every task.
+    On Ray, Ray places each task on a GPU of its own (``num_gpus=1``)."""
+    run = plan.config.run
+    if run.runner != "local" or run.device != "cuda":
+        return None, run.workers
+    devices = placement(run.device, run.devices, visible_accelerators("cuda"))
+    if devices == ["cuda"]:
+        return None, run.workers
+    return DeviceSlots(devices), max(run.workers, len(devices))
 
 
 def _finished(

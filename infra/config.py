@@ -395,8 +395,16 @@ class RunConfig(StrictModel):
         "free it) before the VAE runs; a prompt met later brings it back. Same bytes",
     )
     device: Device = Field("auto", description="auto → cuda, else neuron (torch-neuronx), else cpu")
+    devices: str | None = Field(
+        None,
+        pattern=r"^\s*\d+(\s*,\s*\d+)*\s*$",
+        description="With --device cuda: the GPUs to place shard tasks on, by index (0,2); none: every visible GPU. "
+        "A task per GPU runs at once (at least; --workers more share them), each with its own decoders",
+    )
     dry_run: bool = Field(False, description="Encode one sample, print its shapes, write nothing")
-    workers: int = Field(2, ge=1, le=64, description="Shards processed at once (bounded task runner)")
+    workers: int = Field(
+        2, ge=1, le=64, description="Shards processed at once (bounded task runner; at least one per GPU placed on)"
+    )
     runner: Literal["local", "ray"] = Field(
         "local",
         description="Where the shard tasks run: local (threads of this process) or ray (Prefect's RayTaskRunner: a "

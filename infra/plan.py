@@ -33,7 +33,8 @@ from infra.media.video import IMAGE_ONLY_POLICIES, RESIZE_POLICIES, resize_polic
 from infra.models import FamilySpec, get_family, model_identity, resolve_family
 from infra.models.base import GeometryRules, TextSettings, preprocess_name
 from infra.recipes import apply_recipe
-from infra.sources import Shard, ShardReadError, Source, open_source
+from infra.sources import SampleRef, Shard, ShardReadError, Source, open_source
+from infra.sources.names import collision_key
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +50,14 @@ class ShardPlan(BaseModel):
     mtime_ns: int = 0
     quota: int | None = None
     duplicates: dict[str, str] = {}  # key → SHARD/KEY of an earlier sample with the same group and id
+    collisions: dict[str, str] = {}  # key → the earlier sample of another id whose output name it would take
     samples: int = 0  # samples this run will visit (counted at plan time)
 
     @property
     def shard(self) -> Shard:
-        duplicates = tuple(sorted(self.duplicates.items()))
-        return Shard(id=self.id, path=self.path, size=self.size, mtime_ns=self.mtime_ns, duplicates=duplicates)
+        duplicates, collisions = tuple(sorted(self.duplicates.items())), tuple(sorted(self.collisions.items()))
+        listed = {"size": self.size, "mtime_ns": self.mtime_ns}
+        return Shard(id=self.id, path=self.path, **listed, duplicates=duplicates, collisions=collisions)
 
 
 class BuildPlan(BaseModel):
@@ -348,34 +351,49 @@ def shard_settings(config: BuildConfig) -> dict[str, Any]:
 
 
 def _count_samples(
-    source: Source, shard: Shard, stop_at: int | None, stems: dict[str, tuple[str, str, str]]
-) -> tuple[int, dict[str, str]]:
-    """How many samples this run visits in `shard`, and {key: ``SHARD/KEY``} of those whose group and id an
-    earlier sample has (a duplicate: refused, not encoded); their output names go into `stems` (name → shard,
-    id, key), and two samples of different ids that would write one output name (``a.mp4`` and ``a.mov``) are
-    refused."""
-    count, duplicates = 0, {}
+    source: Source, shard: Shard, stop_at: int | None, stems: dict[str, tuple[str, str, str, str]]
+) -> tuple[int, dict[str, str], dict[str, str]]:
+    """How many samples this run visits in `shard`; {key: ``SHARD/KEY``} of those whose group and id an earlier
+    sample has (a duplicate: refused, not encoded); {key: what it collides with} of those whose output name an
+    earlier sample of another id has, up to case and Unicode normalisation (``a.mp4`` and ``a.mov``, ``Clip.mp4``
+    and ``clip.mp4``: refused, ``name_collision``, the first kept). Output names go into `stems` (collision key →
+    shard, id, key, output name)."""
+    count, duplicates, collisions = 0, {}, {}
     with contextlib.closing(source.samples(shard)) as samples:
         try:
             for ref in samples:
                 count += 1
-                if ref.stem:
-                    first = stems.setdefault(ref.stem, (shard.id, ref.id, ref.key))
-                    if first[1] == ref.id and first[::2] != (shard.id, ref.key):
-                        duplicates[ref.key] = f"{first[0]}/{first[2]}"
-                    elif first[1] != ref.id:
-                        raise ConfigError(
-                            f"two samples would write the same outputs {ref.stem!r}: {first[1]!r} (shard "
-                            f"{first[0]}) and {ref.id!r} (shard {shard.id}); rename one (the LTX-2 trainer would "
-                            "overwrite one of them silently)"
-                        )
+                kind, first = _claim(stems, shard.id, ref) if ref.stem else (None, "")
+                if kind is not None:
+                    (duplicates if kind == "duplicate" else collisions)[ref.key] = first
                 if stop_at is not None and count >= stop_at:
                     break
         except ShardReadError as exc:  # a damaged shard: counted up to the damage, reported by its task
             logger.warning("shard %s: %s", shard.id, exc)
-    if duplicates:
-        logger.warning("shard %s: %d sample(s) duplicate earlier ones (group and id)", shard.id, len(duplicates))
-    return count, duplicates
+    if duplicates or collisions:
+        logger.warning(
+            "shard %s: %d sample(s) duplicate earlier ones (group and id), %d collide with their output names",
+            shard.id,
+            len(duplicates),
+            len(collisions),
+        )
+    return count, duplicates, collisions
+
+
+def _claim(stems: dict[str, tuple[str, str, str, str]], shard_id: str, ref: SampleRef) -> tuple[str | None, str]:
+    """Claim `ref`'s output name in `stems`: (None, "") when it is the first; ("duplicate", ``SHARD/KEY``) for the
+    same group and id met before; ("collision", why) for another sample whose output name is the same up to case
+    and Unicode form."""
+    folded = collision_key(ref.stem)  # the stem itself when it folds to itself: one string held, not two
+    first = stems.setdefault(ref.stem if folded == ref.stem else folded, (shard_id, ref.id, ref.key, ref.stem))
+    if (first[1], first[3]) != (ref.id, ref.stem):
+        return "collision", (
+            f"{ref.id!r} (output {ref.stem!r}) would share a file with {first[1]!r} (output {first[3]!r}, shard "
+            f"{first[0]}), met first: that one is encoded (output names are compared ignoring case and Unicode form)"
+        )
+    if (first[0], first[2]) != (shard_id, ref.key):
+        return "duplicate", f"{first[0]}/{first[2]}"
+    return None, ""
 
 
 def plan_shards(config: BuildConfig, source: Source) -> list[ShardPlan]:
@@ -384,14 +402,14 @@ def plan_shards(config: BuildConfig, source: Source) -> list[ShardPlan]:
     if not shards:
         raise ConfigError(f"no shard of {config.source} matches --shard-filter {config.selection.shard_filter!r}")
     plans, left = [], config.selection.limit
-    stems: dict[str, tuple[str, str, str]] = {}
+    stems: dict[str, tuple[str, str, str, str]] = {}
     for shard in shards:
         if left is not None and left <= 0:
             break
         caps = [c for c in (left, config.selection.max_samples_per_shard) if c is not None]
         cap = min(caps) if caps else None
-        count, duplicates = _count_samples(source, shard, cap, stems)
-        listed = {"size": shard.size, "mtime_ns": shard.mtime_ns, "duplicates": duplicates}
+        count, duplicates, collisions = _count_samples(source, shard, cap, stems)
+        listed = {"size": shard.size, "mtime_ns": shard.mtime_ns, "duplicates": duplicates, "collisions": collisions}
         plans.append(ShardPlan(id=shard.id, path=shard.path, quota=cap, samples=count, **listed))
         if left is not None:
             left -= count

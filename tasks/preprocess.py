@@ -38,10 +38,16 @@ def _retry_unless_disk_full(task: Any, task_run: Any, state: Any) -> bool:
     retry_delay_seconds=5,
     retry_condition_fn=_retry_unless_disk_full,
 )
-def preprocess_shard(plan: BuildPlan, shard: ShardPlan, run: RunState, chunk: Chunk | None = None) -> ShardResult:
-    """Encode one shard (or one chunk of it) of `run`; resumes from its ledger, so a retry redoes only what is not
-    done. Runs in the flow's process or in a Ray worker: progress goes where the runner says."""
+def preprocess_shard(
+    plan: BuildPlan, shard: ShardPlan, run: RunState, chunk: Chunk | None = None, device: str | None = None
+) -> ShardResult:
+    """Encode one shard (or one chunk of it) of `run` on `device` (the placement's: ``cuda:N``; None: the
+    configured one); resumes from its ledger, so a retry redoes only what is not done. Runs in the flow's process
+    or in a Ray worker: progress goes where the runner says."""
     on_row = runners.row_reporter(run)
+    if device is not None:
+        placed = plan.config.run.model_copy(update={"device": device})
+        plan = plan.model_copy(update={"config": plan.config.model_copy(update={"run": placed})})
     return process_shard(plan, shard, on_row=on_row, run_id=flow_run.get_id(), chunk=chunk, run=run)
 
 

@@ -18,7 +18,7 @@ from infra.preprocess.timing import ENV, encode_timing, read_timings
 ROOT = Path(__file__).resolve().parents[1]
 LEG = re.compile(
     r"\| vb2: s/sample=(?P<s>[\d.]+) busy=(?P<busy>[\d.]+)% \(hook: (?P<clock>[\w-]+), (?P<calls>\d+) calls\) "
-    r"enc=(?P<enc>[\d.]+)s smi=(?P<smi>\S+) peak=(?P<peak>\S+) run=\d+s \|"
+    r"enc=(?P<enc>[\d.]+)s smi=(?P<smi>\S+) peak=(?P<peak>\S+) run=\d+s(?: held-by=(?P<held>[^|]+))? \|"
 )
 SAMPLES = 4
 

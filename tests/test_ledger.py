@@ -40,6 +40,42 @@ def short_videos(clips) -> list[bytes]:
 
 # --- plain ledger functions -----------------------------------------------------------------------------
 
+#: Texts a reason, a detail, a key or a name can hold: lone surrogates (a name not UTF-8, a JSON "\ud800"), a NUL,
+#: control characters, the line separators str.splitlines cuts at, and far more than a row keeps.
+HOSTILE_TEXTS = (
+    "c\udcff.mp4",
+    "\ud800 alone",
+    "nul\x00 in it",
+    "bell\x07 tab\t cr\r",
+    "line\u2028sep\u2029par\x85nel\x1cfs",
+    "Straße \N{GRINNING FACE}",
+    "x" * 100_000,
+)
+
+
+def test_any_text_is_written_and_read_back_as_one_row(tmp_path):
+    """Before: a lone surrogate made Journal.append raise UnicodeEncodeError (the shard crashed, and every resume
+    at the same row); a U+2028 in a text cut its line in two on reading."""
+    rows = [
+        _row(f"k{i}/{text[:50]}", "skipped", reason=text, detail=text, extra={"name": text, text[:9]: 1})
+        for i, text in enumerate(HOSTILE_TEXTS)
+    ]
+    with Journal(tmp_path, "s1") as journal:
+        for row in rows:
+            journal.append(row)
+    lines = journal_path(tmp_path, "s1").read_bytes().decode("utf-8").split("\n")
+    assert len(lines) == len(rows) + 1 and lines[-1] == "" and all(json.loads(line) for line in lines[:-1])
+    journalled = list(read_shard(tmp_path, "s1").values())
+    seal(tmp_path, "s1", journalled)
+    sealed = list(read_shard(tmp_path, "s1").values())
+    assert len(sealed) == len(rows) and sealed == journalled
+    for row, text in zip(sealed, HOSTILE_TEXTS, strict=True):
+        row.to_json().encode("utf-8")  # and written again as it is
+        assert len(row.detail) <= 4000 and (row.detail == text or len(text) > 4000 or "\\" in row.detail)
+    assert sealed[0].key == "k0/c\\xff.mp4" and sealed[0].detail == "c\\xff.mp4"
+    assert sealed[1].detail == "\\ud800 alone" and sealed[4].detail == HOSTILE_TEXTS[4]
+    assert sealed[-1].detail.endswith("… (96040 more characters)")
+
 
 def test_journal_then_seal_round_trip_and_the_journal_wins(tmp_path):
     out = tmp_path

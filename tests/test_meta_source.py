@@ -81,14 +81,19 @@ def test_a_bad_metadata_file_is_a_source_error(tmp_path):
 
 
 def test_two_media_files_with_one_output_name_are_refused_at_plan_time(tmp_path, ltx2_model):
+    """The LTX-2 trainer would overwrite one of them silently: the plan keeps the first and refuses the second
+    (name_collision, naming the first), as it refuses a duplicate id."""
     _media(tmp_path, "clips/a.mp4", "clips/a.mov")
     path = tmp_path / "dataset.json"
     path.write_text(json.dumps([{"video": "clips/a.mp4", "caption": "x"}, {"video": "clips/a.mov", "caption": "y"}]))
     cfg = config(
         tmp_path, ltx2_model, tmp_path / "out", source=f"meta:{path}", format="ltx", frames=9, height=64, width=96
     )
-    with pytest.raises(ConfigError, match=r"'clips/a.mp4'.*'clips/a.mov'"):
-        make_plan(cfg)
+    (shard,) = make_plan(cfg).shards
+    assert list(shard.collisions) == ["clips/a.mov"] and "'clips/a.mp4'" in shard.collisions["clips/a.mov"]
+    first, second = open_source(f"meta:{path}").samples(shard.shard)
+    assert first.stem == "clips/a" and "name_collision" not in first.extra
+    assert second.stem == "" and "'clips/a.mov'" in second.extra["name_collision"]
 
 
 def test_bucket_strings_and_the_trainers_choice():

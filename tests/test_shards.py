@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -261,3 +262,30 @@ def test_the_reader_of_a_cache_streams_only_the_samples_its_ledger_names(builds,
     keys = [s["__key__"] for s in stream_samples(out)]
     assert len(keys) == SAMPLES - 1 and superseded not in keys
     assert len(list(stream_samples(_parts(out)))) == SAMPLES  # files given one by one: every member
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_flipped_bytes_in_a_part_are_found_and_the_printed_repair_reencodes_its_samples(
+    builds, source, tiny_model, tmp_path, fmt
+):
+    """A part is checked against its part record (its sha256 when it was linked into place): 64 bytes flipped,
+    same size, make every sample of that part damaged; the printed repair moves the part out of OUT and the build
+    run again encodes those samples into a part again."""
+    out = tmp_path / "copy"
+    shutil.copytree(builds(fmt, "wan22"), out)
+    cfg = shard_config(source, tiny_model, out, fmt, "wan22")
+    part = _parts(out)[0]
+    data = bytearray(part.read_bytes())
+    data[-400:-336] = bytes(b ^ 0xFF for b in data[-400:-336])
+    part.write_bytes(bytes(data))
+    in_part = sorted(r.key for r in _done(out) if r.path == f"shards/{part.name}")
+    report = verify_plan(make_plan(cfg), content="all")
+    assert report.kind == "damaged" and sorted(d["key"] for d in report.damaged) == in_part
+    assert all("is not its record's" in d["why"] for d in report.damaged)
+    assert reconcile(make_plan(cfg), content=True).reasons() == {"file_damaged": len(in_part)}
+    for line in report.repair:
+        subprocess.run(["bash", "-c", line], check=True)
+    ok, result = run_build(cfg)
+    assert ok and (result["encoded"], result["reused"]) == (len(in_part), SAMPLES - len(in_part)), result
+    again = verify_plan(make_plan(cfg), content="all")
+    assert again.kind == "compatible" and again.damaged == [] and reconcile(make_plan(cfg), content=True).ok

@@ -6,12 +6,15 @@ import json
 import pathlib
 import pickle
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from flows.cli import app
 from flows.run import run_build
 from infra.cache import ledger
 from infra.cache.lock import LOCK_NAME
@@ -241,3 +244,52 @@ def test_an_unreadable_ledger_is_damage(tmp_path, built):
     report = _verify(out, built["plan"])
     assert report.kind == "damaged" and report.done == 0
     assert any("unreadable ledger" in p for p in report.problems)
+
+
+def _flip(path: Path, count: int = 64) -> None:
+    """`count` bytes inverted in the middle of the file: the same size, other content."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + count] = bytes(b ^ 0xFF for b in data[middle : middle + count])
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_bytes_are_damage_named_with_a_repair_that_works(tmp_path, built):
+    """Before: 64 bytes flipped in a .pt (same size) passed verify and reconcile: a damaged cache called
+    compatible. Now verify (every sha256) and reconcile name the sample; running the printed repair, then the build
+    again, gives back the sample's bytes."""
+    out = _copy(built, tmp_path)
+    target = _sample_paths(out)[0]
+    original = target.read_bytes()
+    _flip(target)
+    report = _verify(out, built["plan"], content="all")
+    assert report.kind == "damaged" and len(report.damaged) == 1
+    damaged = report.damaged[0]
+    assert out / damaged["path"] == target and damaged["selector"] == f"{damaged['shard']}/{damaged['key']}"
+    assert any(p.startswith(f"{target}: sha256 ") for p in report.problems)
+    verified = CliRunner().invoke(app, ["verify", str(out)])
+    assert verified.exit_code == 1 and "DAMAGED" in verified.output and damaged["selector"] in verified.output
+    reconciled = CliRunner().invoke(app, ["reconcile", str(out)])
+    assert reconciled.exit_code == 1 and "file_damaged" in reconciled.output
+    assert CliRunner().invoke(app, ["reconcile", str(out), "--quick"]).exit_code == 0  # sizes only: not seen
+    repair = [line.strip() for line in verified.output.splitlines() if line.strip().startswith(("mkdir ", "mv "))]
+    assert len(repair) == 2, verified.output
+    subprocess.run(["bash", "-c", "set -e\n" + "\n".join(repair)], check=True)
+    assert not target.exists() and out.with_name("out.damaged").joinpath(damaged["path"]).is_file()
+    ok, result = run_build(config(built["src"], built["model"], out))
+    assert ok and (result["encoded"], result["reused"]) == (1, 3), result
+    assert target.read_bytes() == original
+    assert CliRunner().invoke(app, ["verify", str(out)]).exit_code == 0
+
+
+def test_a_builds_spot_check_hashes_the_samples_it_loads(tmp_path, built):
+    """verify-existing before a resume hashes only the samples it loads: flipped bytes in one of them are damage
+    there too (the others are left to `latentforge verify`)."""
+    out = _copy(built, tmp_path)
+    report = _verify(out, built["plan"], max_samples=1)
+    (checked,) = report.checked
+    _flip(out / checked)
+    assert _verify(out, built["plan"], max_samples=0).kind == "compatible"  # nothing loaded: sizes only
+    spotted = _verify(out, built["plan"], max_samples=1)
+    assert spotted.kind == "damaged" and [d["path"] for d in spotted.damaged] == [checked]
+    assert "verify hashes all" in spotted.text()

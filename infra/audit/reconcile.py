@@ -2,8 +2,9 @@
 samples (a shard not listable to its end counts what was listed, and is a shard problem); produced = a done
 ledger row of this fingerprint whose file for every output kind is on disk at the ledger's size. Every other
 expected sample is listed with a reason: the ledger's, ``not_processed`` (no row: its shard crashed or never
-ran), ``file_missing``, ``file_size_mismatch``, ``fingerprint_mismatch`` or ``duplicate_output`` (its done
-row points at a file an earlier sample, same group and id in another shard, already counts).
+ran), ``file_missing``, ``file_size_mismatch``, ``fingerprint_mismatch``, ``duplicate_output`` (its done
+row points at a file an earlier sample, same group and id in another shard, already counts) or, when content is
+checked (`latentforge reconcile` without ``--quick``), ``file_damaged`` (not the sha256 its ledger recorded).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from infra.cache import ledger
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow, windows_by_clip
 from infra.formats import ShardFormat, get_format
 from infra.formats.shards import part_record, write_meta
+from infra.gates.content import ContentCheck
 from infra.models import get_family
 from infra.plan import BuildPlan, ShardPlan
 from infra.sources import Source, open_source
@@ -33,6 +35,7 @@ FILE_MISSING = "file_missing"
 FILE_SIZE = "file_size_mismatch"
 OTHER_SPEC = "fingerprint_mismatch"
 DUPLICATE = "duplicate_output"  # two source samples (same group and id, two shards) map to one file
+DAMAGED = "file_damaged"  # on disk at its size, but not the bytes the ledger recorded (content checked)
 
 
 @dataclass
@@ -186,14 +189,21 @@ class ReconcileReport:
         ]
 
 
-def reconcile(plan: BuildPlan) -> ReconcileReport:
-    """Re-list the plan's selection from the source and account for every sample in the ledgers and on disk."""
+def reconcile(plan: BuildPlan, content: bool = False) -> ReconcileReport:
+    """Re-list the plan's selection from the source and account for every sample in the ledgers and on disk;
+    `content`: every file's sha256 against the ledger too (reads every byte: the build's own step does not)."""
     spec = plan.spec
     kinds = list(get_family(spec.family).kinds(spec))
     report = ReconcileReport(
         str(plan.out), plan.config.source, plan.fingerprint, spec.format, kinds, spec.text_max_length
     )
     tally = _Tally(plan, report, functools.cache(functools.partial(_size, plan.out)))
+    if content:
+
+        def inside(relpath: str) -> Path | None:  # read only where _size finds a file inside OUT
+            return plan.out / relpath if tally.size(relpath) is not None else None
+
+        tally.content = ContentCheck(plan.out, files=True, parts="sha256", inside=inside)
     fmt = get_format(spec.format)
     if isinstance(fmt, ShardFormat):
         tally.members = functools.cache(lambda rel: frozenset(part_record(plan.out, rel, fmt).members))
@@ -286,6 +296,8 @@ class _Tally:
     owners: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: A shard file's sample keys (shard formats count the samples inside their files).
     members: Callable[[str], frozenset[str]] = field(default=lambda _: frozenset())
+    #: Each file's sha256 against the ledger (None: sizes only).
+    content: ContentCheck | None = None
 
     def account(self, missing: MissingSample, row: LedgerRow | None) -> None:
         """Count one expected sample as produced, or list it as missing with why."""
@@ -335,6 +347,8 @@ class _Tally:
                 problems[f"{kind}: {wanted.path} has no sample {wanted.member!r}"] = FILE_MISSING
             elif wanted.member is None and wanted.bytes is not None and size != wanted.bytes:
                 problems[f"{kind}: {wanted.path} has {size} bytes, the ledger {wanted.bytes}"] = FILE_SIZE
+            elif self.content is not None and (why := self.content.file(wanted)) is not None:
+                problems[f"{kind}: {wanted.path}: {why}"] = DAMAGED
             else:
                 counts.kinds[kind] = counts.kinds.get(kind, 0) + 1
         return problems

@@ -15,17 +15,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from infra.errors import LedgerError
 from infra.faults import fault_point
 from infra.sources.identity import SourceIdentity
+from infra.sources.names import is_text, safe_text
 from infra.storage import atomic_write, disk_full, is_disk_full
 
 logger = logging.getLogger(__name__)
 
 LEDGER_DIR = "ledger"
 Status = Literal["done", "skipped", "failed"]
+#: The longest reason and detail a row keeps (an error quoting a whole caption would bloat every ledger line).
+MAX_DETAIL_CHARS = 4000
 
 
 class FileRecord(BaseModel):
@@ -74,6 +77,11 @@ class LedgerRow(BaseModel):
     source: SourceIdentity | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("reason", "detail", mode="before")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        return bounded(value) if isinstance(value, str) else value
+
     def output_files(self) -> list[FileRecord]:
         """Every file of the sample (one for formats that keep a sample in one file)."""
         if self.files:
@@ -92,10 +100,35 @@ class LedgerRow(BaseModel):
         """One line; `member` only where a shard format sets it (rows of per-sample formats keep their old bytes,
         readable by a latentforge without shard formats)."""
         data = self.model_dump(mode="json")
+        for name in ("reason", "detail"):  # set after construction (unvalidated): bounded here
+            if isinstance(data[name], str):
+                data[name] = bounded(data[name])
         for record in (data, *data["files"]):
             if record.get("member") is None:
                 record.pop("member", None)
-        return json.dumps(data, sort_keys=True, ensure_ascii=False)
+        line = json.dumps(data, sort_keys=True, ensure_ascii=False)
+        # A lone surrogate anywhere (a name a source handed over undecoded) cannot be written as UTF-8: shown escaped.
+        return line if is_text(line) else json.dumps(_writable(data), sort_keys=True, ensure_ascii=False)
+
+
+def bounded(text: str) -> str:
+    """A reason or detail as a row keeps it: writable (lone surrogates shown escaped), at most `MAX_DETAIL_CHARS`."""
+    text = safe_text(text)
+    if len(text) <= MAX_DETAIL_CHARS:
+        return text
+    keep = MAX_DETAIL_CHARS - 40  # room for the note, so that a bounded text is bounded again as it is
+    return f"{text[:keep]}… ({len(text) - keep} more characters)"
+
+
+def _writable(value: Any) -> Any:
+    """`value` with every string in it (keys too) valid text: `safe_text`."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {safe_text(str(k)): _writable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_writable(v) for v in value]
+    return value
 
 
 def ledger_dir(out: Path) -> Path:
@@ -134,7 +167,10 @@ def journal_path(out: Path, shard_id: str) -> Path:
 def _read_jsonl(path: Path, *, tolerate_torn_tail: bool) -> list[LedgerRow]:
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    # Lines end at "\n" only: str.splitlines would also cut at U+2028, U+0085 ..., which a name or caption can hold.
+    lines = path.read_text(encoding="utf-8").split("\n")
+    if lines[-1] == "":
+        lines.pop()
     rows = []
     for number, line in enumerate(lines, 1):
         if not line.strip():

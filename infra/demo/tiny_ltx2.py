@@ -99,6 +99,16 @@ TINY_AUDIO_VAE_CONFIG: dict[str, Any] = {
     "double_z": True,
 }
 
+#: ``vae_size="full"``: the video and audio VAEs at LTX-2.0's sizes (diffusers' own defaults for these classes:
+#: its LTX-2 configs), the tiny layout's other settings kept (for `bench/gpu/shot.py`: the VAEs' real FLOPs).
+FULL_VIDEO_VAE_OVERRIDES: dict[str, Any] = {
+    "block_out_channels": (256, 512, 1024, 2048),
+    "decoder_block_out_channels": (256, 512, 1024),
+    "layers_per_block": (4, 6, 6, 2, 2),
+    "decoder_layers_per_block": (5, 5, 5, 5),
+}
+FULL_AUDIO_VAE_OVERRIDES: dict[str, Any] = {"ch_mult": (1, 2, 4), "num_res_blocks": 2}
+
 #: The tiny Gemma-3 text model. ``query_pre_attn_scalar`` = head_dim, as Gemma-3-12B (256 = its head_dim).
 TINY_TEXT_CONFIG: dict[str, Any] = {
     "hidden_size": 64,
@@ -252,17 +262,17 @@ def _set_statistics(model: torch.nn.Module, seed: int, component: str) -> None:
         model.latents_std.copy_(std)
 
 
-def _write_vae(out: Path, seed: int) -> None:
+def _write_vae(out: Path, seed: int, full: bool = False) -> None:
     torch.manual_seed(seed + _SEED_VAE)
-    vae = AutoencoderKLLTX2Video(**TINY_VIDEO_VAE_CONFIG).eval()
+    vae = AutoencoderKLLTX2Video(**TINY_VIDEO_VAE_CONFIG | (FULL_VIDEO_VAE_OVERRIDES if full else {})).eval()
     _set_statistics(vae, seed, "vae")
     vae.save_pretrained(out, safe_serialization=True)
     logger.info("tiny LTX-2 video vae: %d parameters", sum(p.numel() for p in vae.parameters()))
 
 
-def _write_audio_vae(out: Path, seed: int) -> None:
+def _write_audio_vae(out: Path, seed: int, full: bool = False) -> None:
     torch.manual_seed(seed + _SEED_AUDIO_VAE)
-    audio_vae = AutoencoderKLLTX2Audio(**TINY_AUDIO_VAE_CONFIG).eval()
+    audio_vae = AutoencoderKLLTX2Audio(**TINY_AUDIO_VAE_CONFIG | (FULL_AUDIO_VAE_OVERRIDES if full else {})).eval()
     _set_statistics(audio_vae, seed, "audio_vae")
     audio_vae.save_pretrained(out, safe_serialization=True)
     logger.info("tiny LTX-2 audio vae: %d parameters", sum(p.numel() for p in audio_vae.parameters()))
@@ -325,14 +335,17 @@ def _write_model_index(out_dir: Path, version: str) -> None:
     (out_dir / "model_index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
-def make_tiny_ltx2(out_dir: Path, *, seed: int = 0, tokenizer_dir: Path | None = None, version: str = "2.0") -> Path:
+def make_tiny_ltx2(
+    out_dir: Path, *, seed: int = 0, tokenizer_dir: Path | None = None, version: str = "2.0", vae_size: str = "tiny"
+) -> Path:
     """Write a tiny Lightricks/LTX-2-layout pipeline (without transformer and vocoder) of LTX `version` (`VERSIONS`)
     into ``out_dir``.
 
     ``tokenizer_dir`` (a local tokenizer folder, e.g. a real Gemma-3 one) replaces the built-in tokenizer; the
     text encoder's vocabulary is sized to it. ``out_dir`` must be absent or empty: nothing is overwritten.
     Files are built in a sibling temporary folder and moved into place at the end, so a failure leaves no
-    partial pipeline. The caller's torch RNG state is left as it was. Returns ``out_dir``.
+    partial pipeline. The caller's torch RNG state is left as it was. ``vae_size="full"`` makes both VAEs at their
+    real sizes (`FULL_VIDEO_VAE_OVERRIDES`), the text side staying tiny. Returns ``out_dir``.
     """
     if version not in VERSIONS:
         raise ValueError(f"tiny LTX-2 versions: {', '.join(VERSIONS)}, not {version!r}")
@@ -342,8 +355,8 @@ def make_tiny_ltx2(out_dir: Path, *, seed: int = 0, tokenizer_dir: Path | None =
         local = tokenizer_dir is not None
         tokenizer = _load_local_tokenizer(Path(tokenizer_dir)) if local else build_tokenizer(add_bos=not gemma4)
         tokenizer.save_pretrained(staging / "tokenizer")
-        _write_vae(staging / "vae", seed)
-        _write_audio_vae(staging / "audio_vae", seed)
+        _write_vae(staging / "vae", seed, full=vae_size == "full")
+        _write_audio_vae(staging / "audio_vae", seed, full=vae_size == "full")
         (_write_gemma4 if gemma4 else _write_text_encoder)(staging / "text_encoder", seed, tokenizer)
         _write_connectors(staging / "connectors", seed, version)
         FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG).save_pretrained(staging / "scheduler")

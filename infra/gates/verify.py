@@ -1,11 +1,13 @@
 """The verify-existing report: `classify`, then the ledgers (what is done), every done row's file (there,
-of its size) and a few done samples loaded through the format's reader (``weights_only=True``).
+of its size; with ``content="all"`` its sha256 against the ledger, `infra.gates.content`) and a few done samples
+loaded through the format's reader (``weights_only=True``) and hashed.
 
 Existing files are read only as JSON or through that reader, so a planted pickle never runs; nothing is written.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections import Counter, defaultdict
@@ -23,6 +25,7 @@ from infra.cache.ledger import FileRecord
 from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import Format, get_format
+from infra.gates.content import Content, ContentCheck, Damaged, problem, repair_commands, repair_lines
 from infra.gates.stale import StaleReport, find_stale
 from infra.models import get_family
 from infra.plan import BuildPlan
@@ -45,7 +48,8 @@ CONSEQUENCES: dict[str, str] = {
     "incompatible": "Nothing is written: a run stops before taking the lock unless the conflict is resolved "
     "(another OUT, reuse of this spec, or an approved overwrite).",
     "foreign": "Nothing is written: latentforge does not write into a directory it did not create.",
-    "damaged": "Nothing should be written until the problems are resolved (restore or remove the files).",
+    "damaged": "Nothing should be written until the problems are resolved (restore or remove the files; damaged "
+    "samples: see Repair).",
 }
 
 
@@ -73,6 +77,12 @@ class VerifyReport:
     stale: list[dict[str, Any]] = field(default_factory=list)
     stale_kept: int = 0
     unrecorded_sources: int = 0
+    #: Done samples whose files are not the bytes the ledger recorded (`infra.gates.content`): each is a problem too.
+    damaged: list[dict[str, Any]] = field(default_factory=list)
+    #: What checked the files' content: every byte (all) or the samples loaded (spot).
+    content: str = "spot"
+    #: Shell lines that move the damaged files out of OUT; the build run again then encodes those samples again.
+    repair: list[str] = field(default_factory=list)
 
     def add_stale(self, found: StaleReport) -> None:
         """Take in the stale check of the plan's selection."""
@@ -115,16 +125,21 @@ def verify_out(
     text_shape: tuple[int, ...],
     max_samples: int = 8,
     extra_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    content: Content = "spot",
 ) -> VerifyReport:
-    """Classify OUT against `spec`, count what the ledgers say is done and check the samples (read only)."""
+    """Classify OUT against `spec`, count what the ledgers say is done and check the samples (read only): every
+    file's sha256 with ``content="all"``, those of the samples loaded with ``"spot"``."""
     out = Path(out)
     state = classify(out, spec)
     fingerprints = {"planned_fingerprint": spec.fingerprint(), "existing_fingerprint": state.existing_fingerprint}
     report = VerifyReport(state.kind, state.message, str(out), differences=dict(state.differences), **fingerprints)
+    report.content = content
     if state.kind not in ("absent", "foreign"):
         existing = _existing_spec(out)
         report.existing_spec = existing.model_dump(mode="json") if existing else None
-        done = _done_rows(out, report)
+        full = content == "all"
+        inside = functools.partial(_inside, out)
+        done = _done_rows(out, report, ContentCheck(out, full, "sha256" if full else "size", inside))
         shapes = {"latents": tuple(latent_shape), "text_embeddings": tuple(text_shape), **(extra_shapes or {})}
         if spec.buckets:  # each sample's latents have its own bucket's shape
             del shapes["latents"]
@@ -134,6 +149,9 @@ def verify_out(
             fmt = get_format((existing or spec).format)
             chosen = _rows_of(out, _choose(done, max_samples))
             _check_samples(out, fmt, chosen, _expected(spec, fmt, shapes), report)
+            if not full:  # the samples just loaded, hashed too: a cheap look at content before a resume
+                spot = ContentCheck(out, files=True, parts=None, inside=inside)
+                _add_damaged(out, report, [d for row in chosen for d in spot.row(row)])
         except ConfigError as exc:
             report.problems.append(f"cannot read samples: {exc}")
         _settle(report)
@@ -141,10 +159,12 @@ def verify_out(
     return report
 
 
-def verify_plan(plan: BuildPlan, *, stale: bool = True) -> VerifyReport:
+def verify_plan(plan: BuildPlan, *, stale: bool = True, content: Content = "spot") -> VerifyReport:
     """`verify_out` for a plan's OUT; for a compatible OUT (a resume), also the plan's stale samples (a pass over
-    the source's listing: `stale=False` leaves it out)."""
-    report = verify_out(plan.out, plan.spec, latent_shape=plan.latent_shape, text_shape=plan.text_shape)
+    the source's listing: `stale=False` leaves it out). A build's verify-existing checks content by `"spot"`:
+    hashing every byte of a large cache before each resume would cost more than most resumes encode."""
+    shapes = {"latent_shape": plan.latent_shape, "text_shape": plan.text_shape}
+    report = verify_out(plan.out, plan.spec, **shapes, content=content)
     if stale and report.kind == "compatible":
         report.add_stale(find_stale(plan))
     return report
@@ -168,21 +188,32 @@ class _Done:
     shard: str
 
 
-def _done_rows(out: Path, report: VerifyReport) -> list[_Done]:
-    """Done rows of every shard (latest row per key), shard by shard: each one's files checked (`_check_files`),
-    done and groups filled; what `_choose` needs kept of each."""
+def _done_rows(out: Path, report: VerifyReport, content: ContentCheck) -> list[_Done]:
+    """Done rows of every shard (latest row per key), shard by shard: each one's files checked (`_check_files`,
+    then `content`), done and groups filled; what `_choose` needs kept of each."""
     done: list[_Done] = []
     counted: set[str] = set()  # a shard file holds many samples: its bytes count once
     try:
         for shard_id in ledger.shard_ids(out):
             rows = [row for row in ledger.read_shard(out, shard_id).values() if row.status == "done"]
             _check_files(out, rows, report, counted)
+            _add_damaged(out, report, [d for row in rows for d in content.row(row)])
             done += [_Done(row.group, row.path or "", row.key, shard_id) for row in rows]
     except (OSError, ValueError) as exc:
         report.problems.append(f"{ledger.ledger_dir(out)}: unreadable ledger ({exc})")
     report.done = len(done)
     report.groups = dict(sorted(Counter(d.group for d in done).items()))
     return done
+
+
+def _add_damaged(out: Path, report: VerifyReport, found: list[Damaged]) -> None:
+    """Record damaged samples (each also a problem) and the repair of all found so far."""
+    known = {(d["selector"], d["path"]) for d in report.damaged}
+    fresh = [d for d in found if (d.selector, d.path) not in known]
+    if fresh:
+        report.problems += [problem(d, out) for d in fresh]
+        report.damaged += [{**asdict(d), "selector": d.selector} for d in fresh]
+        report.repair = repair_commands(out, [d["path"] for d in report.damaged])
 
 
 def _rows_of(out: Path, chosen: list[_Done]) -> list[ledger.LedgerRow]:
@@ -337,6 +368,8 @@ def _settle(report: VerifyReport) -> None:
         report.message = f"{report.out} holds this cache, {counts}{gone}: a run resumes"
     elif report.kind == "incompatible":
         report.message = f"{report.out} holds another cache ({counts}){differs}"
+    if report.damaged:
+        report.message += f"; {len(report.damaged)} damaged sample(s): `latentforge verify OUT` prints their repair"
 
 
 def _flat(name: str, value: Any) -> list[tuple[str, str]]:
@@ -373,6 +406,8 @@ def _sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, str]]]]:
     if len(report.problems) > MAX_LISTED:
         problems.append(("", f"... and {len(report.problems) - MAX_LISTED} more"))
     sections.append((f"Problems ({len(report.problems)})", problems))
+    repair = [("", line) for line in repair_lines(report.repair, report.content, MAX_LISTED)]
+    sections.append((f"Repair ({len(report.damaged)} damaged sample(s))", repair))
     gone = [("", p) for p in report.missing[:MAX_LISTED]]
     sections.append((f"Missing on disk, re-encoded by a run ({len(report.missing)})", gone))
     stale = [(s["selector"], ", ".join(f"{k}: {v}" for k, v in s["changed"].items())) for s in report.stale]

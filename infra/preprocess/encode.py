@@ -100,7 +100,8 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
     consumer_view = latent_encoder(encoder, spec)  # latents as the format's consumer reads them
     with encode_timing(plan.config.run.device):  # opt-in, for bench/gpu_bench.py; off: one environment lookup
         latents = videos.latents(consumer_view, prepared, plan, state.ahead, state.vae).to(store)
-        text = encode_text(encoder, prepared.prompt, plan, state) if "text_embeddings" in plan.kinds else None
+        with encode_timing(plan.config.run.device, "text"):
+            text = encode_text(encoder, prepared.prompt, plan, state) if "text_embeddings" in plan.kinds else None
     fault_point("encode")
     extras: dict[str, Any] = dict(text.extras) if text is not None else {}
     info: dict[str, Any] = {"fps": video.clip.fps, "geometry": tuple(int(n) for n in video.pixels.shape[2:])}

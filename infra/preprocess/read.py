@@ -28,14 +28,16 @@ class RawSample:
 def read(ref: SampleRef, captions: CaptionRules | None = None) -> RawSample:
     """The sample's prompt (its caption through `captions`, the spec's caption handling: `CaptionRules.of`), video
     bytes and the bytes of its mode's other roles; InputError for what cannot be encoded (a layout error, a
-    duplicate id, a row superseded by a later one, no video, a role's file not listed or not there:
-    ``missing_<role>``)."""
+    duplicate id, an output name another sample has, a row superseded by a later one, no video, a role's file not
+    listed or not there: ``missing_<role>``)."""
     if "layout_error" in ref.extra:
         raise InputError("bad_layout", ref.extra["layout_error"])
     if "duplicate_of" in ref.extra:
         raise InputError(
             "duplicate_id", f"{ref.group}/{ref.id} is also {ref.extra['duplicate_of']}, met first: that one is encoded"
         )
+    if "name_collision" in ref.extra:
+        raise InputError("name_collision", ref.extra["name_collision"])
     if "superseded_by" in ref.extra:
         raise InputError("superseded", ref.extra["superseded_by"])
     prompt = caption_prompt(ref.read_prompt(), captions or CaptionRules())

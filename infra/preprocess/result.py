@@ -11,6 +11,7 @@ class ShardResult:
     """What one shard task did."""
 
     shard: str
+    device: str | None = None  # where its samples were encoded (``cuda:N`` on a host of several GPUs)
     counts: dict[str, int] = field(default_factory=dict)
     reasons: dict[str, int] = field(default_factory=dict)
     encoded: int = 0  # samples decoded and encoded by this run

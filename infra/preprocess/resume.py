@@ -1,6 +1,7 @@
 """Resume, before a sample's trip: whether it needs one. A done row whose files are still there is kept (checked
 against the source as listed now); files at a sample's paths with no done row were written by an interrupted run
-of this spec (adopted) or are another's (never overwritten without an approval).
+of this spec for this sample (adopted: its fingerprint, group and id checked) or are another's (never overwritten
+without an approval).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def on_disk(plan: BuildPlan, ref: SampleRef, *, replacing: bool) -> OnDisk:
     files = sorted(rel for rel in paths if (plan.out / rel).exists())
     if not files or replacing or not fmt.has_fingerprint:
         return OnDisk(files)
-    found = _ours(plan, files)
+    found = _ours(plan, ref, files)
     if isinstance(found, str):
         return OnDisk(files, foreign=found, overwrite=plan.replace_from is not None)
     if len(files) == len(paths):
@@ -89,21 +90,33 @@ def on_disk(plan: BuildPlan, ref: SampleRef, *, replacing: bool) -> OnDisk:
     return OnDisk(files, overwrite=True)  # ours, but not every file: made again
 
 
-def _ours(plan: BuildPlan, files: list[str]) -> tuple[WrittenFiles, dict[str, Any]] | str:
-    """(the files, the first one's record) when every file carries this spec's fingerprint; else why not."""
+def _ours(plan: BuildPlan, ref: SampleRef, files: list[str]) -> tuple[WrittenFiles, dict[str, Any]] | str:
+    """(the files, the first one's record) when every file carries this spec's fingerprint and this sample's group
+    and id (a copy of another sample's file, or another name that maps to this path, is not this sample's); else
+    why not."""
     fmt = get_format(plan.spec.format)
+    ours = (plan.fingerprint, ref.group, ref.id)
     try:
         records = {rel: fmt.read(plan.out / rel) for rel in files}
-        prints = {r.get("fingerprint") if isinstance(r, dict) else None for r in records.values()}
-        theirs = "its fingerprint " + ", ".join(str(p) for p in sorted(prints, key=str))
+        marks = {_marks(record) for record in records.values()}
+        theirs = "it carries " + "; ".join(
+            f"fingerprint {f}, group {g!r}, id {i!r}" for f, g, i in sorted(marks, key=str)
+        )
     except Exception as exc:  # noqa: BLE001 - any unreadable file is simply not ours
-        prints, theirs = set(), f"not a sample file: it does not load ({type(exc).__name__})"
-    if prints != {plan.fingerprint}:
+        marks, theirs = set(), f"not a sample file: it does not load ({type(exc).__name__})"
+    if marks != {ours}:
         return (
-            f"{files[0]} exists and was not written by this spec ({theirs}; this spec's {plan.fingerprint}); "
-            "not overwritten"
+            f"{files[0]} exists and was not written for this sample by this spec ({theirs}; this sample: "
+            f"fingerprint {plan.fingerprint}, group {ref.group!r}, id {ref.id!r}); not overwritten"
         )
     found = [
         FileRecord(path=rel, bytes=(plan.out / rel).stat().st_size, sha256=sha256_file(plan.out / rel)) for rel in files
     ]
     return WrittenFiles(found, adopted=True), records[files[0]]
+
+
+def _marks(record: Any) -> tuple[Any, Any, Any]:
+    """(fingerprint, group, id) a sample file carries (None for what it lacks)."""
+    if not isinstance(record, dict):
+        return None, None, None
+    return record.get("fingerprint"), record.get("group"), record.get("id")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from infra.cache import ledger
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow
-from infra.devices import pin_cpu_threads
+from infra.devices import bind_thread, pin_cpu_threads
 from infra.errors import DiskFull, InputError, LatentforgeError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import Writer, get_format
@@ -40,6 +40,7 @@ from infra.preprocess.prepare import PreparedSample, decode_job, prepare
 from infra.preprocess.read import read
 from infra.preprocess.result import ShardResult
 from infra.preprocess.state import RunState, ShardState
+from infra.preprocess.timing import stage_timing
 from infra.preprocess.windows import expand
 from infra.sources import SampleRef, ShardReadError, open_source
 
@@ -89,9 +90,11 @@ def process_shard(
     a shard run alone gets its own."""
     start = time.perf_counter()
     pin_cpu_threads(plan.config.run.device)  # this thread encodes the shard (its text phase too): same bytes anywhere
+    bind_thread(plan.config.run.device)  # cuda:N placed: this thread's events and memory counters are that GPU's
     selection = parse_only(plan.config.selection.only)
     keys = selection.get(shard.id) if selection is not None else None
-    result = ShardResult(shard=shard.id)
+    result = ShardResult(shard=shard.id, device=plan.config.run.device)
+    logger.info("shard %s on device %s", shard.id, result.device)
     ledger_id = shard.id if chunk is None else chunk.ledger_id(shard.id)
     writer_id = shard.id if chunk is None else chunk.name(shard.id)
     previous = ledger.read_shard(plan.out, shard.id)
@@ -197,11 +200,13 @@ def process_sample(
     replace = replace_stale is not None or disk.overwrite
     outcome = record.Outcome()
     try:
-        prepared = _prepared(ref, plan, state.ahead)
+        with stage_timing("prepare"):  # opt-in (bench/gpu/shot.py): which stage holds the encoder back
+            prepared = _prepared(ref, plan, state.ahead)
         fault_point("decode")
         outcome.encoded = encode(prepared, plan, get_encoder(), state)
         overwrite = replace or plan.replace_from is not None
-        outcome.written = write.write(plan, writer, outcome.encoded.sample, disk.files, overwrite)
+        with stage_timing("write"):
+            outcome.written = write.write(plan, writer, outcome.encoded.sample, disk.files, overwrite)
         outcome.status = "done"
         if replace_stale is not None:
             outcome.extra["replaced_stale"] = replace_stale

@@ -1,6 +1,9 @@
 """Opt-in timing of the encoder calls, for `bench/gpu_bench.py`: with ``LATENTFORGE_ENCODE_TIMING=FILE`` every
 sample's encode (its video latents and prompt embedding, `infra.preprocess.encode.encode`) appends one JSON line to
-FILE: ``{"pid", "clock", "start", "end", "peak_bytes"}``. Unset (always, outside the bench), `encode_timing` is one
+FILE: ``{"pid", "stage", "clock", "start", "end", "peak_bytes"}``; the stage is ``encode``, or, inside it, ``text``
+(the prompt's encoder call); `stage_timing` adds the host's ``prepare`` (the shard loop waiting for its sample's
+pixels: read and decode, ahead or not) and ``write`` spans, so a bench can say which stage holds the encoder back.
+Unset (always, outside the bench), `encode_timing` is one
 environment lookup and a `nullcontext`: nothing is recorded, synchronised or allocated.
 
 On CUDA, ``start`` and ``end`` are CUDA events recorded on the stream around the calls (``clock`` ``cuda-events``):
@@ -34,11 +37,17 @@ _reference: tuple[torch.cuda.Event, float] | None = None  # (an event, the wall-
 _pending: queue.SimpleQueue = queue.SimpleQueue()  # (file, begin, end) of the CUDA spans not yet written
 
 
-def encode_timing(device: str) -> AbstractContextManager[None]:
+def encode_timing(device: str, stage: str = "encode") -> AbstractContextManager[None]:
     """A span around one sample's encoder calls on `device` (a ``--device`` value), recorded to
     ``$LATENTFORGE_ENCODE_TIMING`` when set."""
     path = os.environ.get(ENV)
-    return _timed(Path(path), resolve_device(device)) if path else nullcontext()
+    return _timed(Path(path), resolve_device(device), stage) if path else nullcontext()
+
+
+def stage_timing(stage: str) -> AbstractContextManager[None]:
+    """A host-clock span of the shard loop's `stage` (``prepare``, ``write``), recorded when the hook is on."""
+    path = os.environ.get(ENV)
+    return _timed(Path(path), torch.device("cpu"), stage) if path else nullcontext()
 
 
 def read_timings(path: Path) -> list[dict]:
@@ -49,18 +58,18 @@ def read_timings(path: Path) -> list[dict]:
 
 
 @contextmanager
-def _timed(path: Path, device: torch.device) -> Iterator[None]:
+def _timed(path: Path, device: torch.device, stage: str) -> Iterator[None]:
     if device.type != "cuda":
         start = time.time()
         yield
-        _append(path, {"clock": "host", "start": start, "end": time.time(), "peak_bytes": None})
+        _append(path, {"stage": stage, "clock": "host", "start": start, "end": time.time(), "peak_bytes": None})
         return
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     _reference_and_writer()
     begin.record()
     yield
     end.record()
-    _pending.put((path, begin, end))  # waited for by the writer thread: this one goes on to its sample's write
+    _pending.put((path, stage, begin, end))  # waited for by the writer thread: this one goes on to its sample's write
 
 
 def _reference_and_writer() -> tuple[torch.cuda.Event, float]:
@@ -83,10 +92,11 @@ def _reference_and_writer() -> tuple[torch.cuda.Event, float]:
 def _write_cuda_spans() -> None:
     reference, at = _reference_and_writer()
     while True:
-        path, begin, end = _pending.get()
+        path, stage, begin, end = _pending.get()
         end.synchronize()
         span = {"start": at + reference.elapsed_time(begin) / 1000, "end": at + reference.elapsed_time(end) / 1000}
-        _append(path, {"clock": "cuda-events", **span, "peak_bytes": torch.cuda.max_memory_allocated()})
+        peak = torch.cuda.max_memory_allocated()
+        _append(path, {"stage": stage, "clock": "cuda-events", **span, "peak_bytes": peak})
 
 
 def _append(path: Path, span: dict) -> None:

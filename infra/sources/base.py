@@ -7,7 +7,6 @@ reading or decoding their video.
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -16,14 +15,8 @@ from typing import ClassVar
 from infra.errors import LatentforgeError, SourceError
 from infra.registry import Registry
 from infra.sources.identity import SourceIdentity
-
-#: Groups, ids and shard ids become path components: only these characters, never "." or "..".
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=@-]{0,199}$")
-
-
-def is_safe_name(name: str) -> bool:
-    """True when `name` can be used as one path component under OUT."""
-    return bool(SAFE_NAME.fullmatch(name)) and ".." not in name
+from infra.sources.names import SAFE_NAME as SAFE_NAME  # re-exported: where readers have long found it
+from infra.sources.names import is_safe_name as is_safe_name
 
 
 @dataclass(frozen=True)
@@ -38,6 +31,9 @@ class Shard:
     #: (key, ``SHARD/KEY`` of the first) for each sample whose group and id an earlier sample of the plan has:
     #: set by the plan, so the later one is refused (``duplicate_id``) and never competes for the first's files.
     duplicates: tuple[tuple[str, str], ...] = ()
+    #: (key, what it collides with) for each sample whose output name an earlier sample of another id has, up to
+    #: case and Unicode normalisation (`infra.sources.names.collision_key`): refused (``name_collision``).
+    collisions: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -101,10 +97,15 @@ SOURCES: Registry[type[Source]] = Registry("source kind", error=SourceError)
 
 
 def mark_duplicate(ref: SampleRef, shard: Shard) -> SampleRef:
-    """`ref`, flagged (``extra["duplicate_of"]``, no output name) when the plan met its group and id earlier."""
+    """`ref`, flagged (``extra["duplicate_of"]``, no output name) when the plan met its group and id earlier, or
+    (``extra["name_collision"]``) another sample's output name."""
     first = dict(shard.duplicates).get(ref.key)
     if first is not None:
         ref.extra["duplicate_of"] = first
+        ref.stem = ""
+    collides = dict(shard.collisions).get(ref.key) if shard.collisions else None
+    if collides is not None:
+        ref.extra["name_collision"] = collides
         ref.stem = ""
     return ref
 

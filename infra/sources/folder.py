@@ -2,7 +2,9 @@
 
 Media files (`IMAGE_SUFFIXES`, `VIDEO_SUFFIXES`) are found recursively, in sorted order; hidden files and
 folders (a leading ``.``) are left out. Sample id = the media path relative to PATH (nested folders kept), its
-outputs named by that path without its suffix, group = its top-level folder ("" for a file at the top). The
+outputs named by that path without its suffix, each name made safe (`infra.sources.names.output_part`: a safe
+name is itself, ``sample 1080p`` becomes ``sample_1080p-<hash>``), group = its top-level folder ("" for a file at
+the top). A name that is not UTF-8 is a ``bad_layout`` row, shown with its bytes escaped (``c\\xff.mp4``). The
 caption is the file beside it with ``.txt`` for its suffix (absent: the sample is skipped, ``missing_prompt``).
 The sorted list is cut into shards of `FILES_PER_SHARD` (``<folder name>-00000``, ...), so shards are by sorted
 position: a file added that sorts before existing ones moves later samples into the next shard. Keep the folder
@@ -21,6 +23,7 @@ from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
 from infra.sources.base import SampleRef, Shard, Source, is_safe_name, mark_duplicate, register_source
 from infra.sources.identity import MemberIdentity, SourceIdentity
+from infra.sources.names import name_key, nameable, output_stem
 
 logger = logging.getLogger(__name__)
 
@@ -68,32 +71,34 @@ class FolderSource(Source):
 
     def _ref(self, rel: Path) -> SampleRef:
         media, caption = self.root / rel, (self.root / rel).with_suffix(".txt")
-        sid = rel.as_posix()
-        unsafe = [p for p in (*rel.parent.parts, rel.stem) if not is_safe_name(p)]
-        extra = {"layout_error": f"unsafe name for a path: {sid!r}"} if unsafe else {}
+        sid = name_key(rel.as_posix())
+        parts = (*rel.parent.parts, rel.stem)
+        bad = [p for p in parts if not nameable(p)]
+        extra = {"layout_error": f"a name that is not UTF-8 cannot name an output: {sid}"} if bad else {}
         listed = {rel.name: media}
         if caption.is_file():
             listed[caption.name] = caption
         members = {}
         for name, path in listed.items():
             st = path.stat()
-            members[name] = MemberIdentity(size=st.st_size, mtime=st.st_mtime)
+            members[name_key(name)] = MemberIdentity(size=st.st_size, mtime=st.st_mtime)
         identity = SourceIdentity(members=members)
+        captioned = name_key(caption.name) in members
         return SampleRef(
             id=sid,
-            group=rel.parts[0] if len(rel.parts) > 1 else "",
+            group=name_key(rel.parts[0]) if len(rel.parts) > 1 else "",
             key=sid,
             read_media=lambda: _read(media, identity),
-            read_prompt=lambda: _read(caption, identity, MAX_PROMPT_BYTES) if caption.name in members else None,
+            read_prompt=lambda: _read(caption, identity, MAX_PROMPT_BYTES) if captioned else None,
             extra=extra,
             identity=identity,
-            stem="" if unsafe else rel.with_suffix("").as_posix(),
+            stem="" if bad else output_stem(parts),
         )
 
 
 def _read(path: Path, identity: SourceIdentity, cap: int | None = None) -> bytes | None:
     """The file's bytes (sha256 noted), after checking it is the file listed; InputError when it changed."""
-    listed = identity.members.get(path.name)
+    listed = identity.members.get(name_key(path.name))
     try:
         st = path.stat()
         if listed is not None and (st.st_size != listed.size or st.st_mtime != listed.mtime):
@@ -105,5 +110,5 @@ def _read(path: Path, identity: SourceIdentity, cap: int | None = None) -> bytes
         raise InputError("source_vanished", f"{path} vanished since it was listed") from None
     except OSError as exc:
         raise InputError("member_unreadable", f"{path}: {exc}") from exc
-    identity.read_sha256[path.name] = hashlib.sha256(data).hexdigest()
+    identity.read_sha256[name_key(path.name)] = hashlib.sha256(data).hexdigest()
     return data

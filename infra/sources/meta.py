@@ -12,9 +12,10 @@ row is the sample (the later ones are ``bad_layout`` rows), or with ``--duplicat
 trainer keeps its caption (the earlier ones are ``superseded`` rows).
 
 Media paths are relative to the metadata file's directory; an absolute path is mirrored without its root, as the
-trainer names its outputs. Sample id = the media path relative to that directory; its outputs are
-named by that path without its extension. A listed file that is missing or unreadable is a ledger row
-(``missing_video``, ...), never an abort of the run.
+trainer names its outputs. Sample id = the media path relative to that directory; its outputs are named by
+that path without its extension, each name made safe (`infra.sources.names.output_part`: a safe name is itself).
+A caption that is not UTF-8 (a JSON lone surrogate) is that sample's ``prompt_not_utf8`` row. A listed file that
+is missing or unreadable is a ledger row (``missing_video``, ...), never an abort of the run.
 
 Rows are split into shards of `ROWS_PER_SHARD` (``<file stem>-00000``, ...), the unit of work and resume. The
 parsed file is kept per process, keyed by its path, size and mtime, so the shard tasks do not parse it again.
@@ -35,8 +36,9 @@ from typing import Any
 
 from infra.config import AUDIO_ONLY_MODES, MODE_ROLES
 from infra.errors import InputError, SourceError
-from infra.sources.base import SampleRef, Shard, Source, is_safe_name, mark_duplicate, register_source
+from infra.sources.base import SampleRef, Shard, Source, mark_duplicate, register_source
 from infra.sources.identity import MemberIdentity, SourceIdentity
+from infra.sources.names import nameable, output_stem
 
 logger = logging.getLogger(__name__)
 
@@ -125,11 +127,12 @@ def _parse(
 
 
 def sample_id(media: str) -> str | None:
-    """The media path as a sample id (posix, relative; an absolute path without its root); None when unsafe
-    (``..``, empty parts, or a name that cannot be a path component under OUT)."""
+    """The media path as a sample id (posix, relative; an absolute path without its root); None when it cannot
+    name an output (``..``, empty parts, a NUL, a name that is not UTF-8). Other names are made safe for paths by
+    `output_stem`."""
     parts = PurePosixPath(media.replace("\\", "/")).parts
     parts = parts[1:] if parts and parts[0] == "/" else parts
-    if not parts or any(p in ("", ".", "..") or not is_safe_name(p) for p in parts):
+    if not parts or not all(nameable(p) for p in parts):
         return None
     return "/".join(parts)
 
@@ -214,7 +217,8 @@ class MetaSource(Source):
         audio = self.root / row.audio if row.audio and not self.audio_only else None
         listed = dict(row.roles)
         roles = {role: self.root / listed[role] if listed.get(role) else None for role in self.roles}
-        caption = None if row.caption is None else row.caption.encode("utf-8")
+        # A caption with a lone surrogate (JSON "\udcff") keeps it as bytes that are not UTF-8: prompt_not_utf8.
+        caption = None if row.caption is None else row.caption.encode("utf-8", "surrogatepass")
         identity = SourceIdentity(members=_members({"video": media, "audio": audio, **roles}, caption))
         parts = (sid or key).split("/")
         return SampleRef(
@@ -227,7 +231,7 @@ class MetaSource(Source):
             read_roles={role: functools.partial(_read, path, role, identity) for role, path in roles.items()},
             extra=extra,
             identity=identity,
-            stem=str(PurePosixPath(sid).with_suffix("")) if sid is not None and not extra else "",
+            stem=output_stem(PurePosixPath(sid).with_suffix("").parts) if sid is not None and not extra else "",
         )
 
 
@@ -240,7 +244,7 @@ def _members(files: dict[str, Path | None], caption: bytes | None) -> dict[str, 
             try:
                 st = path.stat()
                 members[name] = MemberIdentity(size=st.st_size, mtime=st.st_mtime)
-            except OSError:
+            except (OSError, ValueError):  # ValueError: a path the OS cannot take (a NUL, a lone surrogate)
                 continue  # missing: the sample's reader says so
     if caption is not None:
         members["caption"] = MemberIdentity(size=len(caption), mtime=0, sha256=hashlib.sha256(caption).hexdigest())

@@ -31,6 +31,7 @@ from infra.sources.base import (
     register_source,
 )
 from infra.sources.identity import MemberIdentity, SourceIdentity
+from infra.sources.names import is_text, name_key
 
 __all__ = ["ShardReadError", "VbvrSource", "check_unchanged", "open_shard_tar", "shard_id_for", "tar_shards"]
 
@@ -156,18 +157,21 @@ def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers, shard: Shard) -> Sample
     group, sid = (match["group"], match["id"]) if match else ("", sample.directory)
     extra: dict[str, str] = {}
     parts = sample.directory.split("/")
+    shown = name_key(sample.directory)
     if sample.directory and (sample.directory.startswith("/") or any(p in ("", ".", "..") for p in parts)):
         extra["layout_error"] = f"unsafe member path (absolute, '.' or '..'): {sample.directory!r}"
     elif match is None:
         extra["layout_error"] = f"not {{generator}}/{{task}}_task/{{task}}_NNNNNNNN/: {sample.directory!r}"
-    elif not (is_safe_name(group) and is_safe_name(sid)):
+    elif not (is_text(group) and is_text(sid)):
+        extra["layout_error"] = f"a group or id that is not UTF-8 cannot name an output: {shown}"
+    elif not (is_safe_name(group) and is_safe_name(sid)):  # a generator's layout: its names are safe, or damaged
         extra["layout_error"] = f"unsafe group or id for a path: {sample.directory!r}"
     members = {name: MemberIdentity(size=info.size, mtime=info.mtime) for name, info in sample.members.items()}
     identity = SourceIdentity(members=members)
     return SampleRef(
-        id=sid,
-        group=group,
-        key=sample.directory,
+        id=name_key(sid),
+        group=name_key(group),
+        key=shown,
         read_media=lambda: _read_member(tf, sample, VIDEO_MEMBER, identity, shard),
         read_prompt=lambda: _read_member(tf, sample, PROMPT_MEMBER, identity, shard),
         extra=extra,

@@ -4,7 +4,8 @@
 A sample is the members sharing a key (the member path up to the first ``.`` of its file name, as webdataset
 splits it): ``<key>.{jpg,jpeg,png,webp}`` (the image), ``<key>.txt`` (the caption), optional ``<key>.json``
 (recorded in the sample's identity, not read). One shard per tar; group = the shard id; id = the key; outputs
-``<shard>/<key>``. Members are streamed from the tar like VBVR's (`infra.sources.vbvr`): listing reads headers
+``<shard>/<key>`` (each name made safe: `infra.sources.names.output_part`; a key that is not UTF-8 is a
+``bad_layout`` row). Members are streamed from the tar like VBVR's (`infra.sources.vbvr`): listing reads headers
 only, a done sample's bytes are never read on resume, and the tar is checked against its listing before each read.
 """
 
@@ -23,8 +24,9 @@ from pathlib import Path
 from infra.errors import InputError, SourceError
 from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
-from infra.sources.base import SampleRef, Shard, ShardReadError, Source, is_safe_name, mark_duplicate, register_source
+from infra.sources.base import SampleRef, Shard, ShardReadError, Source, mark_duplicate, register_source
 from infra.sources.identity import MemberIdentity, SourceIdentity
+from infra.sources.names import name_key, nameable, output_stem
 from infra.sources.vbvr import TAR_SUFFIXES, check_unchanged, open_shard_tar, tar_headers, tar_shards
 
 logger = logging.getLogger(__name__)
@@ -116,8 +118,8 @@ def _list(tf: tarfile.TarFile) -> tuple[list[_Sample], str | None]:
 
 def _layout_error(sample: _Sample) -> str | None:
     parts = sample.key.split("/")
-    if not all(is_safe_name(p) for p in parts):
-        return f"unsafe key for a path: {sample.key!r}"
+    if not all(nameable(p) for p in parts):  # "..", "", or not UTF-8; any other name is made safe (`output_stem`)
+        return f"unsafe key for a path: {name_key(sample.key)}"
     images = [ext for ext in sample.members if ext in IMAGE_EXTS]
     if len(images) > 1:
         return f"{sample.key!r} has {len(images)} images ({', '.join(images)}): one expected"
@@ -127,19 +129,20 @@ def _layout_error(sample: _Sample) -> str | None:
 def _to_ref(tf: tarfile.TarFile, sample: _Sample, shard: Shard) -> SampleRef:
     error = _layout_error(sample)
     extra = {"layout_error": error} if error else {}
+    key = name_key(sample.key)
     identity = SourceIdentity(
-        members={f"{sample.key}.{ext}": MemberIdentity(size=i.size, mtime=i.mtime) for ext, i in sample.members.items()}
+        members={f"{key}.{ext}": MemberIdentity(size=i.size, mtime=i.mtime) for ext, i in sample.members.items()}
     )
     image = next((sample.members[e] for e in IMAGE_EXTS if e in sample.members), None)
     return SampleRef(
-        id=sample.key,
+        id=key,
         group=shard.id,
-        key=sample.key,
+        key=key,
         read_media=lambda: _read(tf, image, identity, shard),
         read_prompt=lambda: _read(tf, sample.members.get(CAPTION_EXT), identity, shard, MAX_PROMPT_BYTES),
         extra=extra,
         identity=identity,
-        stem="" if error else f"{shard.id}/{sample.key}",
+        stem="" if error else output_stem((shard.id, *sample.key.split("/"))),
     )
 
 
@@ -161,5 +164,5 @@ def _read(
     if data is None or len(data) != info.size:
         raise InputError("member_unreadable", f"{info.name}: not all of its {info.size} bytes (shard cut short)")
     key, ext = split_key(info.name)
-    identity.read_sha256[f"{key}.{ext}"] = hashlib.sha256(data).hexdigest()
+    identity.read_sha256[f"{name_key(key)}.{ext}"] = hashlib.sha256(data).hexdigest()
     return data
