@@ -12,8 +12,8 @@ at commit fed7b18fac2ed4cb802796eec91970e7659bccde (the inputs it starts from):
   ``use_gradient_checkpointing_offload`` False, ``cfg_merge`` False, ``vace_scale`` 1, ``max_timestep_boundary``
   1.0, ``min_timestep_boundary`` 0.0, ``input_latents`` [1, C, F', H', W']; I2V: ``y`` [1, 20, F', H', W'] and, with a
   CLIP, ``clip_feature`` [1, 257, 1280]; TI2V-5B: ``fuse_vae_embedding_in_latents`` True and ``first_frame_latents``
-  [1, 48, 1, H', W']; the None its VACE and Animate units leave; and ``latentforge_fingerprint`` (its model function
-  takes unknown keys and ignores them);
+  [1, 48, 1, H', W']; the None its VACE and Animate units leave; and ``latentforge``: the fingerprint, group and id (its
+  model function takes unknown keys and ignores them);
 * ``inputs_posi``: ``prompt``, ``context`` [1, 512, D] zero past the prompt; ``inputs_nega``: the same ``context``
   (with ``cfg_scale`` 1 its unit runner copies the positive side);
 * tensors bf16 (its trainer's ``torch_dtype``). Not stored, of what its data_process saves: ``input_video`` and
@@ -35,7 +35,8 @@ import torch
 
 from infra.formats.base import CLIP_KIND, FIRST_FRAME_KIND, IMAGE_LATENTS_KIND, EncodedSample, Format, PerSampleWriter
 
-FINGERPRINT_KEY = "latentforge_fingerprint"
+#: What a file carries for latentforge (its fingerprint, the sample's group and id), under one key of inputs_shared.
+MARKS_KEY = "latentforge"
 STORED = torch.bfloat16
 #: What ``get_pipeline_inputs`` of its Wan training script sets, that the training step reads back from the file.
 TRAINING_INPUTS: dict[str, Any] = {
@@ -75,7 +76,7 @@ def inputs(sample: EncodedSample) -> tuple[dict[str, Any], dict[str, Any], dict[
             shared[KEYS[kind]] = _batched(tensor)
     if FIRST_FRAME_KIND in sample.extras:
         shared["fuse_vae_embedding_in_latents"] = True
-    shared[FINGERPRINT_KEY] = sample.fingerprint
+    shared[MARKS_KEY] = {"fingerprint": sample.fingerprint, "group": sample.group, "id": sample.id}
     context = _batched(sample.text_embeds)
     return shared, {"prompt": sample.prompt, "context": context}, {"context": context}
 
@@ -113,4 +114,4 @@ class DiffSynthFormat(Format):
         for key in KEYS.values():
             if isinstance(record.get(key), torch.Tensor):
                 record[key] = record[key][0]
-        return record | {"fingerprint": shared.get(FINGERPRINT_KEY)}
+        return record | dict(shared.get(MARKS_KEY) or {})

@@ -14,8 +14,9 @@ Restated from kohya-ss/musubi-tuner at commit 30c658c4f4b0bf05038b3346eff9670259
   metadata ``architecture=wan``, ``caption1`` (the caption), ``format_version``.
 
 ``name`` is the sample's stem made flat (its loader takes the file's base name): ``%`` and ``/`` are written
-``%25`` and ``%2F``, so two stems never meet. Every file's metadata also holds ``latentforge_fingerprint`` (musubi
-reads no metadata of these files). ``musubi_dataset.toml`` beside them is the dataset config that trains on them.
+``%25`` and ``%2F``, so two stems never meet. Every file's metadata also holds ``latentforge_fingerprint``,
+``latentforge_group`` and ``latentforge_id`` (musubi reads no metadata of these files). ``musubi_dataset.toml``
+beside them is the dataset config that trains on them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from infra.media.buckets import Bucket, musubi_buckets, parse_buckets
 ARCHITECTURE = "wan"
 FORMAT_VERSION = "1.0.1"
 FINGERPRINT_KEY = "latentforge_fingerprint"
+#: What else a file carries for the resume to tell it is this sample's (`infra.preprocess.resume`).
+GROUP_KEY, ID_KEY = "latentforge_group", "latentforge_id"
 LATENT_KINDS = ("latents", IMAGE_LATENTS_KIND, CLIP_KIND)
 #: torch's names of dtypes, as musubi's ``dtype_to_str`` writes them at the end of a key.
 _DTYPES = {str(d).removeprefix("torch.") for d in (torch.bfloat16, torch.float16, torch.float32, torch.int32)}
@@ -68,6 +71,10 @@ def content_key(key: str) -> str:
     return _SHAPE.sub("", key) if key.startswith("latents_") else key
 
 
+def _marks(sample: EncodedSample) -> dict[str, str]:
+    return {FINGERPRINT_KEY: sample.fingerprint, GROUP_KEY: sample.group, ID_KEY: sample.id}
+
+
 def _latents(sample: EncodedSample) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     latents = sample.latents
     assert latents is not None
@@ -80,7 +87,7 @@ def _latents(sample: EncodedSample) -> tuple[dict[str, torch.Tensor], dict[str, 
     _, height, width, _ = sample.source_shape
     frames = sample.info["geometry"][0]
     metadata = {"architecture": ARCHITECTURE, "width": str(width), "height": str(height)}
-    metadata |= {"format_version": FORMAT_VERSION, FINGERPRINT_KEY: sample.fingerprint}
+    metadata |= {"format_version": FORMAT_VERSION} | _marks(sample)
     if frames > 1:
         metadata["frame_count"] = str(frames)
     return tensors, metadata
@@ -96,7 +103,7 @@ def render(sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
     assert sample.text_embeds is not None
     text = {"varlen_t5_bfloat16": sample.text_embeds[: sample.seq_len].to(torch.bfloat16).contiguous()}
     caption = {"architecture": ARCHITECTURE, "caption1": sample.prompt, "format_version": FORMAT_VERSION}
-    caption[FINGERPRINT_KEY] = sample.fingerprint
+    caption |= _marks(sample)
     return [
         (kinds, latent_name(sample.stem, start, frames, width, height), safetensors_bytes(tensors, metadata)),
         (["text_embeddings"], text_name(sample.stem), safetensors_bytes(text, caption)),
@@ -159,7 +166,8 @@ class MusubiFormat(Format):
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
             record: dict[str, Any] = {content_key(k): handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
-        return record | {"metadata": metadata, "fingerprint": metadata.get(FINGERPRINT_KEY)}
+        marks = {"fingerprint": FINGERPRINT_KEY, "group": GROUP_KEY, "id": ID_KEY}
+        return record | {"metadata": metadata} | {name: metadata.get(key) for name, key in marks.items()}
 
     def derived_buckets(self, config: Any, temporal: str) -> list[Bucket]:
         """musubi's buckets for ``--width``/``--height`` (its ``resolution``) and ``--frames`` (its one
