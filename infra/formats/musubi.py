@@ -6,10 +6,12 @@ Restated from kohya-ss/musubi-tuner at commit 30c658c4f4b0bf05038b3346eff9670259
 
 * a clip's latents: ``{name}_{start:05d}-{F:03d}_{W:04d}x{H:04d}_wan.safetensors`` (a one-frame sample:
   ``{name}_{W:04d}x{H:04d}_wan.safetensors``, as its image datasets name them), W×H the source's size, from which
-  its loader recomputes the bucket; keys ``latents_{F'}x{H'}x{W'}_bfloat16`` [16, F', H', W'] (normalised), for I2V
-  ``latents_image_{F'}x{H'}x{W'}_bfloat16`` [20, F', H', W'] and, with a CLIP, ``clip_bfloat16`` [257, 1280] float16
-  (its key takes the latents' dtype name); metadata ``architecture=wan``, ``width``, ``height``, ``frame_count``,
-  ``format_version=1.0.1``;
+  its loader recomputes the bucket (its own video caching names a clip by its frames' size after ``load_video``
+  resized them to the bucket: with ``enable_bucket`` and without ``bucket_no_upscale``, as the TOML sets, its
+  ``BucketSelector`` gives the same bucket for either); keys ``latents_{F'}x{H'}x{W'}_bfloat16`` [16, F', H', W']
+  (normalised), for I2V ``latents_image_{F'}x{H'}x{W'}_bfloat16`` [20, F', H', W'] and, with a CLIP,
+  ``clip_bfloat16`` [257, 1280] float16 (its key takes the latents' dtype name); metadata ``architecture=wan``,
+  ``width``, ``height``, ``frame_count``, ``format_version=1.0.1``;
 * the text: ``{name}_wan_te.safetensors``, ``varlen_t5_bfloat16`` [L, 4096]: UMT5's rows of the prompt's tokens;
   metadata ``architecture=wan``, ``caption1`` (the caption), ``format_version``.
 
