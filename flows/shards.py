@@ -16,6 +16,7 @@ from prefect.futures import PrefectFuture, wait
 from prefect.runtime import flow_run
 from tqdm import tqdm
 
+from infra import outdir
 from infra.cache.ledger import LEDGER_DIR
 from infra.errors import DiskFull
 from infra.ops import preempt, runners
@@ -133,10 +134,10 @@ def _merge(plan: BuildPlan, book: _Shards, shard: ShardPlan) -> None:
 
 def _merge_left(plan: BuildPlan, book: _Shards) -> None:
     """Merge the shards whose chunks did not all run (a stop, a full disk): what their parts hold is kept."""
-    parts = plan.out / LEDGER_DIR / PARTS_DIR
+    parts = [e.name for e in outdir.entries(plan.out, f"{LEDGER_DIR}/{PARTS_DIR}")]
     for shard in plan.shards:
         chunked = bool(book.chunks.get(shard.id))
-        if chunked and (shard.id in book.partial or (parts.is_dir() and any(parts.glob(f"{shard.id}.chunk-*")))):
+        if chunked and (shard.id in book.partial or any(n.startswith(f"{shard.id}.chunk-") for n in parts)):
             try:
                 _merge(plan, book, shard)
             except DiskFull as exc:
