@@ -21,6 +21,7 @@ from infra.cache.ledger import LEDGER_DIR
 from infra.errors import DiskFull
 from infra.ops import preempt, runners
 from infra.ops.progress import RunState
+from infra.outdir import UnsafePath
 from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess.chunks import PARTS_DIR, Chunk, plan_chunks
 from infra.preprocess.result import ShardResult
@@ -63,7 +64,7 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
         chunks = plan_chunks(shard, plan.config.run.chunk_size)
         book.chunks[shard.id], book.open[shard.id] = chunks or [], len(chunks or [None])
         pending += [_Unit(shard, chunk) for chunk in chunks] if chunks else [_Unit(shard)]
-    full: list[DiskFull] = []
+    full: list[DiskFull | UnsafePath] = []  # what stops the run: a full disk, a link under OUT
     run = RunState(run_key)  # the run's counts and stop check, handed to every shard task
     bar = tqdm(total=total, unit="sample", desc="encoding", disable=None)
     artifact = create_progress_artifact(0.0, key="build-progress", description=f"{plan.out}: {total} samples")
@@ -97,7 +98,12 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
 
 
 def _finished(
-    plan: BuildPlan, book: _Shards, unit: _Unit, future: PrefectFuture, full: list[DiskFull], pending: list[_Unit]
+    plan: BuildPlan,
+    book: _Shards,
+    unit: _Unit,
+    future: PrefectFuture,
+    full: list[DiskFull | UnsafePath],
+    pending: list[_Unit],
 ) -> None:
     """A task ended: its result kept (a chunk's until its shard's last chunk ends, then merged), or the task
     submitted again when its worker was lost."""
@@ -110,6 +116,9 @@ def _finished(
         if unit.chunk is None:
             return
         result = ShardResult(shard=unit.shard.id, error=f"disk full: {exc}")
+    except UnsafePath as exc:  # a link under OUT is damage of OUT, not a loss to accept: the run stops with it
+        full.append(exc)
+        result = ShardResult(shard=unit.shard.id, error=str(exc))
     except Exception as exc:  # noqa: BLE001 - a crashed shard is reported; the other shards go on
         if runners.worker_lost(exc) and unit.attempts <= LOST_WORKER_RESUBMITS:
             logger.warning("%s: its worker was lost (%s); submitted again", name, type(exc).__name__)

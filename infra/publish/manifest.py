@@ -119,7 +119,7 @@ def build_manifest(out: Path, config: UploadConfig, target: Target) -> Manifest:
             raise PublishError(f"{out} is not a latentforge cache (no {CACHE_JSON})")
         return _manifest(out, config, target, cache_files(out))
     except outdir.UnsafePath as exc:
-        raise PublishError(f"not uploaded: {exc}") from exc
+        raise PublishError(f"{out}: nothing was uploaded: {exc}") from exc
 
 
 def _manifest(out: Path, config: UploadConfig, target: Target, found: CacheFiles) -> Manifest:
