@@ -89,7 +89,7 @@ def test_overfit_never_follows_a_ledger_path_out_of_out(built: Path, tmp_path: P
 PLANTS = {
     "report-link": lambda w: (w.out / "reports" / "notes.md").symlink_to(w.secret),
     "kept-spec-link": lambda w: (w.out / "cache.old.json").symlink_to(w.secret),
-    "ledger-path-up": lambda w: point_row_at(w, done_rows(w.out)[0], "../victim/secret.txt", w.secret),
+    "ledger-path-up": lambda w: point_row_at(w, done_rows(w.out)[-1], "../victim/secret.txt", w.secret),
 }
 
 
@@ -139,7 +139,8 @@ def test_a_caption_linked_out_of_a_folder_source_is_skipped_unless_followed(
     (root / "outside.txt").symlink_to(secret)
     for follow in (False, True):
         out = tmp_path / f"out-{follow}"
-        ok, result = run_build(config(root, tiny_model, out, source=f"folder:{root}", follow_symlinks=follow))
+        asked = {"follow_symlinks": True} if follow else {}  # the default: not followed
+        ok, result = run_build(config(root, tiny_model, out, source=f"folder:{root}", **asked))
         assert ok, result
         rows = {r.id: r for rows in ledger.read_all(out).values() for r in rows.values()}
         prompt = torch.load(out / rows["inside.mp4"].path, weights_only=True)["prompt"]
