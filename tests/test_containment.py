@@ -5,6 +5,7 @@ leave a watched sibling folder as it was and put nothing of it on the remote."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -23,7 +24,11 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.run import run_build
 from infra.cache import ledger
+from infra.config import EncodingConfig
+from infra.errors import InputError, SourceError
 from infra.outdir import UnsafePath
+from infra.preprocess.read import read
+from infra.sources import open_source
 from infra.storage import atomic_file, atomic_write
 from tests import fakehub, s3_server
 from tests.conftest import config, make_shards, sample
@@ -152,6 +157,31 @@ def test_a_caption_linked_out_of_a_folder_source_is_skipped_unless_followed(
             assert (outside.status, outside.reason) == ("skipped", "outside_source") and "--follow-symlinks" in (
                 outside.detail or ""
             )
+
+
+def test_meta_paths_and_shard_files_linked_out_of_their_root_are_not_read(src: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "clip.mp4").write_bytes(SECRET)
+    (outside / "extra.tar").write_bytes((src / "s-00000.tar").read_bytes())
+    data = tmp_path / "data"
+    shutil.copytree(src, data)
+    (data / "inside.mp4").write_bytes(b"a clip inside the root")
+    (data / "linked.mp4").symlink_to(outside / "clip.mp4")
+    rows = [{"video": "inside.mp4", "caption": "a"}, {"video": "linked.mp4", "caption": "b"}]
+    (data / "list.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    meta = open_source(f"meta:{data / 'list.jsonl'}")
+    refs = {ref.id: ref for shard in meta.shards() for ref in meta.samples(shard)}
+    assert read(refs["inside.mp4"]).media == b"a clip inside the root"
+    with pytest.raises(InputError, match="outside the source root") as refused:
+        read(refs["linked.mp4"])
+    assert refused.value.reason == "outside_source" and "video" not in refs["linked.mp4"].identity.members
+    followed = open_source(f"meta:{data / 'list.jsonl'}", EncodingConfig(follow_symlinks=True))
+    assert [read(ref).media for s in followed.shards() for ref in followed.samples(s)][1] == SECRET
+    (data / "extra.tar").symlink_to(outside / "extra.tar")  # a shard file linked out of the folder
+    with pytest.raises(SourceError, match="outside the source root"):
+        open_source(f"vbvr:{data}").shards()
+    assert len(open_source(f"vbvr:{data}", EncodingConfig(follow_symlinks=True)).shards()) == 2
 
 
 HANDWRITTEN = b"# My dataset\n\nWritten by a person, not by latentforge.\n"

@@ -212,11 +212,14 @@ def _stat(out: Path, relpath: str | None) -> os.stat_result | str | None:
     """What is at a ledger's OUT-relative path, through the door (`infra.outdir`): its stat; why it is refused (a
     path outside OUT, a symbolic link on the way: the same refusal upload gives); None when it is not there."""
     try:
-        if not relpath:
+        if not relpath or not outdir.parts(relpath):
             raise outdir.UnsafePath("names no file")
+    except outdir.UnsafePath:
+        return f"has a path outside OUT ({relpath!r})"
+    try:
         return outdir.lstat(out, relpath)
     except outdir.UnsafePath as exc:
-        return f"has a path outside OUT ({relpath!r}): {exc}"
+        return f"has a path through a link ({exc})"
 
 
 def _check_files(out: Path, rows: list[ledger.LedgerRow], report: VerifyReport, counted: set[str]) -> None:
