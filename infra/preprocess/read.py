@@ -29,8 +29,8 @@ class RawSample:
 def read(ref: SampleRef, captions: CaptionRules | None = None) -> RawSample:
     """The sample's prompt (its caption through `captions`, the spec's caption handling: `CaptionRules.of`), video
     bytes and the bytes of its mode's other roles; InputError for what cannot be encoded (a layout error, a file
-    that leads out of its source's root, a duplicate id, a row superseded by a later one, no video, a role's file not listed or not there:
-    ``missing_<role>``)."""
+    that leads out of its source's root, a duplicate id, a row superseded by a later one, no video, a role's file
+    not listed or not there: ``missing_<role>``)."""
     if "layout_error" in ref.extra:
         raise InputError("bad_layout", ref.extra["layout_error"])
     if OUTSIDE_SOURCE in ref.extra:  # a link out of the source's root: not read
