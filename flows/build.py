@@ -26,6 +26,7 @@ from flows.shards import run_shards
 from flows.stale import resolve_stale
 from flows.steps import set_step
 from flows.upload import upload_step
+from infra import outdir
 from infra.cache.cachedir import CACHE_JSON, write_cache_json
 from infra.cache.lock import out_lock
 from infra.config import BuildConfig
@@ -149,12 +150,11 @@ def _check_unchanged(plan: BuildPlan) -> None:
 
 def _prepare_out(plan: BuildPlan) -> None:
     provenance = {"model_path": str(plan.config.model), "source": plan.config.source, "recipe": plan.config.recipe}
-    cache_json = plan.out / CACHE_JSON
     if plan.replace_from is not None and plan.replace_from != plan.fingerprint:
         kept = keep_old_cache_json(plan.out, plan.replace_from)
         get_run_logger().warning("approved overwrite of %s; old cache.json kept as %s", plan.out, kept)
         write_cache_json(plan.out, plan.spec, {**provenance, "replaces": plan.replace_from}, replace=True)
-    elif not cache_json.exists():
+    elif outdir.lstat(plan.out, CACHE_JSON) is None:
         write_cache_json(plan.out, plan.spec, provenance)
     removed = remove_stale_temps(plan.out)
     if removed:

@@ -22,6 +22,7 @@ from prefect.flow_runs import resume_flow_run
 from prefect.input.run_input import keyset_from_paused_state, read_flow_run_input
 from prefect.settings import get_current_settings
 
+from infra import outdir
 from infra.cache.lock import LOCK_NAME, LockOwner
 from infra.errors import ConfigError, NoServerError
 
@@ -97,9 +98,9 @@ def _owner(run: Any) -> LockOwner | None:
     if not out or run.start_time is None:
         return None
     try:
-        owner = LockOwner(**json.loads((Path(out) / LOCK_NAME).read_text(encoding="utf-8")))
+        owner = LockOwner(**json.loads(outdir.read_text(Path(out), LOCK_NAME)))
         taken = datetime.fromisoformat(owner.since)
-    except (OSError, ValueError, TypeError):  # no record (released, or never taken: a conflict pause)
+    except (OSError, ValueError, TypeError, outdir.UnsafePath):  # no record (released, or never taken: a pause)
         return None
     return owner if taken >= run.start_time.replace(microsecond=0) else None
 

@@ -16,11 +16,13 @@ from prefect.futures import PrefectFuture, wait
 from prefect.runtime import flow_run
 from tqdm import tqdm
 
+from infra import outdir
 from infra.cache.ledger import LEDGER_DIR
 from infra.devices import DeviceSlots, placement, visible_accelerators
 from infra.errors import DiskFull
 from infra.ops import preempt, runners
 from infra.ops.progress import RunState
+from infra.outdir import UnsafePath
 from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess.chunks import PARTS_DIR, Chunk, plan_chunks
 from infra.preprocess.result import ShardResult
@@ -64,7 +66,7 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
         chunks = plan_chunks(shard, plan.config.run.chunk_size)
         book.chunks[shard.id], book.open[shard.id] = chunks or [], len(chunks or [None])
         pending += [_Unit(shard, chunk) for chunk in chunks] if chunks else [_Unit(shard)]
-    full: list[DiskFull] = []
+    full: list[DiskFull | UnsafePath] = []  # what stops the run: a full disk, a link under OUT
     run = RunState(run_key)  # the run's counts and stop check, handed to every shard task
     slots, workers = _slots(plan)
     bar = tqdm(total=total, unit="sample", desc="encoding", disable=None)
@@ -115,7 +117,12 @@ def _slots(plan: BuildPlan) -> tuple[DeviceSlots | None, int]:
 
 
 def _finished(
-    plan: BuildPlan, book: _Shards, unit: _Unit, future: PrefectFuture, full: list[DiskFull], pending: list[_Unit]
+    plan: BuildPlan,
+    book: _Shards,
+    unit: _Unit,
+    future: PrefectFuture,
+    full: list[DiskFull | UnsafePath],
+    pending: list[_Unit],
 ) -> None:
     """A task ended: its result kept (a chunk's until its shard's last chunk ends, then merged), or the task
     submitted again when its worker was lost."""
@@ -128,6 +135,9 @@ def _finished(
         if unit.chunk is None:
             return
         result = ShardResult(shard=unit.shard.id, error=f"disk full: {exc}")
+    except UnsafePath as exc:  # a link under OUT is damage of OUT, not a loss to accept: the run stops with it
+        full.append(exc)
+        result = ShardResult(shard=unit.shard.id, error=str(exc))
     except Exception as exc:  # noqa: BLE001 - a crashed shard is reported; the other shards go on
         if runners.worker_lost(exc) and unit.attempts <= LOST_WORKER_RESUBMITS:
             logger.warning("%s: its worker was lost (%s); submitted again", name, type(exc).__name__)
@@ -152,10 +162,10 @@ def _merge(plan: BuildPlan, book: _Shards, shard: ShardPlan) -> None:
 
 def _merge_left(plan: BuildPlan, book: _Shards) -> None:
     """Merge the shards whose chunks did not all run (a stop, a full disk): what their parts hold is kept."""
-    parts = plan.out / LEDGER_DIR / PARTS_DIR
+    parts = [e.name for e in outdir.entries(plan.out, f"{LEDGER_DIR}/{PARTS_DIR}")]
     for shard in plan.shards:
         chunked = bool(book.chunks.get(shard.id))
-        if chunked and (shard.id in book.partial or (parts.is_dir() and any(parts.glob(f"{shard.id}.chunk-*")))):
+        if chunked and (shard.id in book.partial or any(n.startswith(f"{shard.id}.chunk-") for n in parts)):
             try:
                 _merge(plan, book, shard)
             except DiskFull as exc:

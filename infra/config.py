@@ -263,6 +263,12 @@ class EncodingConfig(StrictModel):
         "'2.0;4.0;8.0', as the trainer's --audio-durations: each audio file trimmed to the longest that fits, one "
         "shorter than all skipped (audio_too_short); none: the whole file",
     )
+    follow_symlinks: bool = Field(
+        False,
+        description="Read a source's files that are links out of its root (a folder source's files and captions, a "
+        "meta source's relative media paths, vbvr/wds shard files): by default such a sample is skipped "
+        "(outside_source) and such a shard refused",
+    )
     video_column: str | None = Field(
         None, description="meta sources: the column read as the video (default: video, else media_path, else path)"
     )
@@ -613,6 +619,7 @@ ADDED_LATER: dict[str, Any] = {
     "duplicate_rows": "refuse",
     "video_column": None,
     "caption_column": None,
+    "follow_symlinks": False,
     "preprocess": None,
     "reference_downscale_factor": 1,
     "reference_temporal_scale_factor": 1,
@@ -682,6 +689,7 @@ class CacheSpec(StrictModel):
     duplicate_rows: Literal["refuse", "last"] = "refuse"
     video_column: str | None = None
     caption_column: str | None = None
+    follow_symlinks: bool = Field(False, description="A source's links out of its root were read")
     preprocess: str | None = Field(
         None, description="The family's own image preprocessing (module:qualname), in place of the resize policy"
     )

@@ -333,6 +333,7 @@ def caption_settings(config: BuildConfig) -> dict[str, Any]:
     names = (
         "mode", "lora_trigger", "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column",
         "caption_column", "audio_file_length", "reference_downscale_factor", "reference_temporal_scale_factor",
+        "follow_symlinks",
     )  # fmt: skip
     return {name: getattr(config.encoding, name) for name in names} | {"audio_durations": audio_durations(config)}
 
@@ -479,7 +480,7 @@ def spec_settings(spec: CacheSpec) -> dict[str, Any]:
         "video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips", "mode", "lora_trigger",
         "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column", "caption_column",
         "audio_file_length", "load_text_encoder_in_8bit", "reference_downscale_factor",
-        "reference_temporal_scale_factor", "audio_durations",
+        "reference_temporal_scale_factor", "audio_durations", "follow_symlinks",
     ):  # fmt: skip
         if getattr(spec, name) != ADDED_LATER[name]:
             settings[name] = getattr(spec, name)

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from PIL import Image
 
+from infra import outdir
 from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 #: every upload send something new.
 UNPUBLISHED_REPORTS = ("upload-",)
 _NAME = re.compile(r"^(?P<prefix>[a-z]+)-(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<n>[1-9]\d*))?$")
+#: Folders of reports (decode-and-verify's strips and reports, `infra.audit.decode_verify`), named by no stamp.
+DECODE_DIR = "decode"
 
 
 def human_bytes(n: float) -> str:
@@ -60,26 +63,43 @@ def report_order(path: Path, prefix: str) -> tuple[str, int] | None:
     return match["stamp"], int(match["n"] or 1)
 
 
-def write_new(directory: Path, prefix: str, files: Mapping[str, bytes], *, stamp: str | None = None) -> list[Path]:
+def written_here(rel: str) -> bool:
+    """Whether a path below ``OUT/reports`` is one latentforge writes: a stamped report (`write_new`) or a file of
+    decode-and-verify's folder; anything else there was put by someone else and is not part of the cache."""
+    head, _, rest = rel.partition("/")
+    return bool(rest) if head == DECODE_DIR else not rest and _NAME.fullmatch(head.split(".", 1)[0]) is not None
+
+
+def write_new(
+    directory: Path | str, prefix: str, files: Mapping[str, bytes], *, stamp: str | None = None, out: Path | None = None
+) -> list[Path]:
     """Write ``<prefix>-<stamp>[-N]<suffix>`` for each suffix → bytes in `files`, with the first N at which
-    none of the names exists; never overwrites. Returns the paths in the order of `files`."""
+    none of the names exists; never overwrites. Returns the paths in the order of `files`. With `out`, `directory`
+    is OUT-relative and every name goes through the door (`infra.outdir`: no link followed)."""
     stamp = stamp or utc_stamp()
     for n in itertools.count(1):
         stem = f"{prefix}-{stamp}" if n == 1 else f"{prefix}-{stamp}-{n}"
-        paths = [Path(directory) / f"{stem}{suffix}" for suffix in files]
-        if any(p.exists() for p in paths):
+        names = [f"{Path(directory).as_posix()}/{stem}{suffix}" for suffix in files]
+        if any(_taken(name, out) for name in names):
             continue
         written: list[Path] = []
         try:
-            for path, data in zip(paths, files.values(), strict=True):
-                written.append(atomic_write(path, data).path)
+            for name, data in zip(names, files.values(), strict=True):
+                written.append(atomic_write(name, data, out=out).path)
         except FileExistsError:  # a racing writer took a name after the check: drop our part, try the next N
-            for path in written:
-                path.unlink(missing_ok=True)
+            for name in names[: len(written)]:
+                if out is not None:
+                    outdir.unlink(out, name)
+                else:
+                    Path(name).unlink(missing_ok=True)
             continue
         logger.info("wrote %s", ", ".join(str(p) for p in written))
         return written
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _taken(name: str, out: Path | None) -> bool:
+    return outdir.lstat(out, name) is not None if out is not None else Path(name).exists()
 
 
 def shorten(text: str, limit: int = 48) -> str:

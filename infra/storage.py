@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import uuid
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from infra import outdir
 from infra.errors import DiskFull
 from infra.faults import fault_point
 
@@ -30,8 +32,9 @@ TEMP_SUFFIX = ".lftmp"
 #: Errors that mean "this file system is full" (EDQUOT: a quota, as full for this user).
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
-#: Temp files being written now: removed by `discard_in_flight` when a second signal ends the process at once.
-_in_flight: set[Path] = set()
+#: Temp files being written now, as (their folder's descriptor, their name, the path shown): removed by
+#: `discard_in_flight` when a second signal ends the process at once.
+_in_flight: set[tuple[int, str, Path]] = set()
 _in_flight_lock = threading.Lock()
 
 
@@ -44,14 +47,11 @@ class Written:
     sha256: str
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def _fsync_dir(fd: int, directory: Path) -> None:
     try:
         os.fsync(fd)
     except OSError:  # some file systems cannot fsync a directory; the rename is still atomic
         logger.debug("fsync of directory %s not supported", directory)
-    finally:
-        os.close(fd)
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -94,49 +94,82 @@ class AtomicFile:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path, *, replace: bool = False) -> Iterator[AtomicFile]:
+def _folder(parent: str | Path, out: Path | None) -> Iterator[int]:
+    """The descriptor of the folder `parent`, made where missing: below `out` through the door (never through a
+    link), else as named."""
+    if out is not None:
+        with outdir.directory(out, parent, create=True) as fd:
+            yield fd
+        return
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path | str, *, replace: bool = False, out: Path | None = None) -> Iterator[AtomicFile]:
     """Stream a file into place atomically: written to a temp file in the same directory, fsynced, then linked
     (or, with `replace`, renamed) to `path` when the block ends without an error. Raises FileExistsError when
     `path` exists and not `replace`, DiskFull when the file system is full (ENOSPC, EDQUOT); on an error nothing
-    appears at `path` and the temp file is gone. ``.written`` is set at the end."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}")
+    appears at `path` and the temp file is gone. ``.written`` is set at the end (its path under `out` where given).
+
+    With `out`, `path` is OUT-relative and goes through the door (`infra.outdir`): its folder is reached component
+    by component without following a link, and the temp file, the link and the rename all happen inside that
+    folder's descriptor, so a link swapped in meanwhile is never written through (UnsafePath)."""
+    parent, name = outdir.split(path) if out is not None else (Path(path).parent, Path(path).name)
+    shown = Path(out, path) if out is not None else Path(path)
+    tmp = f".{name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}"
     handle: AtomicFile | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with _in_flight_lock:
-            _in_flight.add(tmp)
-        with os.fdopen(fd, "wb") as fh:
-            handle = AtomicFile(fh)
-            yield handle
-            fh.flush()
-            os.fsync(fh.fileno())
-        fault_point("write")
-        if replace:
-            os.replace(tmp, path)
-        else:
-            _link_no_clobber(tmp, path)
+        with _folder(parent, out) as folder:
+            try:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(tmp, flags, 0o644, dir_fd=folder)
+                with _in_flight_lock:
+                    _in_flight.add((folder, tmp, shown))
+                with os.fdopen(fd, "wb") as fh:
+                    handle = AtomicFile(fh)
+                    yield handle
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                fault_point("write")
+                _put(folder, tmp, name, shown, replace)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=folder)
+                with _in_flight_lock:
+                    _in_flight.discard((folder, tmp, shown))
+            _fsync_dir(folder, shown.parent)
     except OSError as exc:
         if is_disk_full(exc):
-            raise disk_full(path, exc) from exc
+            raise disk_full(shown, exc) from exc
         raise
     except Exception as exc:
         if handle is not None and handle.disk_full is not None:  # ENOSPC re-raised by the caller as another error
-            raise disk_full(path, handle.disk_full) from exc
+            raise disk_full(shown, handle.disk_full) from exc
         raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        with _in_flight_lock:
-            _in_flight.discard(tmp)
-    _fsync_dir(path.parent)
-    handle.written = Written(path, handle.bytes, handle.sha256)
+    handle.written = Written(shown, handle.bytes, handle.sha256)
 
 
-def atomic_write(path: Path, data: bytes, *, replace: bool = False) -> Written:
-    """Write `data` to `path` atomically. Raises FileExistsError if it exists and not `replace`."""
-    with atomic_file(path, replace=replace) as fh:
+def _put(folder: int, tmp: str, name: str, shown: Path, replace: bool) -> None:
+    """The temp file to its name, inside `folder`: renamed over it (`replace`; a link there is refused, not replaced),
+    or linked without clobbering."""
+    if not replace:
+        _link_no_clobber(folder, tmp, name, shown)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISLNK(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+            raise outdir.UnsafePath(f"{shown} is a symbolic link: not replaced (latentforge writes through no link)")
+    os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+
+
+def atomic_write(path: Path | str, data: bytes, *, replace: bool = False, out: Path | None = None) -> Written:
+    """Write `data` to `path` atomically (OUT-relative and through the door with `out`). Raises FileExistsError if it
+    exists and not `replace`."""
+    with atomic_file(path, replace=replace, out=out) as fh:
         fh.write(data)
     assert fh.written is not None
     return fh.written
@@ -145,23 +178,24 @@ def atomic_write(path: Path, data: bytes, *, replace: bool = False) -> Written:
 def discard_in_flight() -> int:
     """Remove the temp files being written now (the process is about to end at once); returns how many."""
     with _in_flight_lock:
-        paths = list(_in_flight)
+        temps = list(_in_flight)
         _in_flight.clear()
-    for tmp in paths:
+    for folder, tmp, _ in temps:
         with contextlib.suppress(OSError):
-            tmp.unlink()
-    return len(paths)
+            os.unlink(tmp, dir_fd=folder)
+    return len(temps)
 
 
-def _link_no_clobber(tmp: Path, path: Path) -> None:
+def _link_no_clobber(folder: int, tmp: str, name: str, shown: Path) -> None:
     try:
-        os.link(tmp, path)
+        os.link(tmp, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
     except FileExistsError:
-        raise FileExistsError(f"{path} exists: not overwriting it") from None
+        raise FileExistsError(f"{shown} exists: not overwriting it") from None
     except OSError:  # no hard links here (some network or FUSE file systems)
-        if path.exists():
-            raise FileExistsError(f"{path} exists: not overwriting it") from None
-        os.replace(tmp, path)
+        with contextlib.suppress(FileNotFoundError):
+            os.stat(name, dir_fd=folder, follow_symlinks=False)
+            raise FileExistsError(f"{shown} exists: not overwriting it") from None
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
 
 
 @contextlib.contextmanager
@@ -183,11 +217,16 @@ def staged_dir(out_dir: Path, what: str) -> Iterator[Path]:
 
 
 def remove_stale_temps(root: Path) -> int:
-    """Remove temp files a killed writer left under `root`. Call only while holding the OUT lock."""
+    """Remove temp files a killed writer left under `root` (a walk inside descriptors that follows no link). Call
+    only while holding the OUT lock."""
     removed = 0
-    for tmp in Path(root).rglob(f".*{TEMP_SUFFIX}"):
-        tmp.unlink(missing_ok=True)
-        removed += 1
+    with outdir.directory(root) as top:  # OUT itself as named; below it, no link is followed
+        for _, _, names, folder in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+            for name in names:
+                if name.startswith(".") and name.endswith(TEMP_SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=folder)
+                        removed += 1
     return removed
 
 

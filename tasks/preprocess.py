@@ -11,6 +11,7 @@ from prefect.runtime import flow_run
 from infra.errors import DiskFull
 from infra.ops import runners
 from infra.ops.progress import RunState
+from infra.outdir import UnsafePath
 from infra.plan import BuildPlan, ShardPlan
 from infra.preprocess.chunks import Chunk
 from infra.preprocess.chunks import merge as chunks_merge
@@ -20,11 +21,12 @@ from infra.preprocess.shard import process_shard
 
 
 def _retry_unless_disk_full(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry a failed shard, but not one that found the disk full: that needs a person to free space."""
+    """Retry a failed shard, but not one that found the disk full, or a link under OUT: those need a person (to free
+    space, to replace the link)."""
     del task, task_run
     try:
         state.result()
-    except DiskFull:
+    except (DiskFull, UnsafePath):
         return False
     except BaseException:  # noqa: BLE001 - any other failure is retried once
         return True

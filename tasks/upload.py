@@ -14,8 +14,9 @@ from infra.publish.manifest import Manifest
 
 @task(name="plan-upload", cache_policy=NO_CACHE)
 def list_and_plan(manifest: Manifest, remote: Remote) -> UploadPlan:
-    """List the remote and decide per file: send, unchanged, update in place, conflict."""
-    return plan_upload(manifest, remote.list(), remote_fingerprint(remote), remote.target)
+    """List the remote and decide per file: send, unchanged, update in place, conflict (the remote card is read
+    to tell latentforge's own from a README a person wrote)."""
+    return plan_upload(manifest, remote.list(), remote_fingerprint(remote), remote.target, remote.read)
 
 
 @task(name="upload", cache_policy=NO_CACHE)

@@ -18,7 +18,7 @@ from flows.run import run_build
 from infra.cache.cachedir import read_cache_json
 from infra.cache.ledger import read_all
 from infra.publish.base import parse_target
-from infra.publish.card import MARKER, card_file, dataset_card
+from infra.publish.card import card_file, dataset_card, generated_card
 from infra.sources import SourceError
 from tests.conftest import config, make_shards, sample
 from tests.media_utils import cut_clip
@@ -67,7 +67,8 @@ def test_the_card_states_what_the_cache_holds(caches: dict[str, Path]) -> None:
     assert "pixels / 127.5 - 1" in card and "(posterior.mode - latents_mean) / latents_std" in card
     done_bytes = sum(r.bytes or 0 for rows in read_all(out).values() for r in rows.values() if r.status == "done")
     assert f"{done_bytes:,} bytes" in card
-    assert "ledger/" in card and "2 file(s)" in card and MARKER in card
+    assert "ledger/" in card and "2 file(s)" in card and generated_card(card.encode())
+    assert not generated_card(card.replace("latent cache", "latent Cache", 1).encode())  # an edited card is a person's
     assert "Estimated full size" not in card  # nothing was capped
     assert str(out) not in card  # no local path of OUT leaks into a public card
 

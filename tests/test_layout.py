@@ -31,7 +31,7 @@ LAYERS = ("flows", "tasks", "infra")
 #: its own; two folders on one floor never import each other. ARCHITECTURE.md shows the same table.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("infra", "errors", "faults", "heap", "runtime"),  # ground: imports nothing of the project
-    ("config",),  # the settings: only pydantic, yaml and infra.errors
+    ("config", "outdir"),  # the settings: only pydantic, yaml and infra.errors; the door to OUT: only infra.errors
     ("storage", "registry", "recipes", "devices", "media", "procs"),
     ("reports", "sources", "models"),
     ("cache",),

@@ -416,8 +416,8 @@ def test_a_killed_upload_resumes_sending_only_what_is_missing(tmp_path, small_ca
     from prefect.settings import PREFECT_API_URL  # noqa: PLC0415 - the session harness's API
 
     out = _copy_cache(small_cache, tmp_path)
-    for i in range(6):  # reports are published: bulk that makes a workers=1 upload take seconds
-        (out / "reports" / f"bulk-{i}.bin").write_bytes(random.Random(i).randbytes(7 * 1024 * 1024))
+    for i in range(6):  # reports (named as latentforge names them) are published: bulk for a workers=1 upload
+        (out / "reports" / f"bulk-20000101T00000{i}Z.bin").write_bytes(random.Random(i).randbytes(7 * 1024 * 1024))
     url = f"s3://{bucket}/{PREFIX}"
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_HOME": str(tmp_path / "home")}
     cmd = [str(LATENTFORGE), "upload", str(out), "--to", url, "--workers", "1", "--chunk-mb", str(CHUNK_MB)]

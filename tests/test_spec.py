@@ -33,6 +33,7 @@ def test_fingerprint_is_sha256_of_canonical_json():
     added |= {"video_batch": 2, "vae_tiling": True, "text_quantize": "int8-dynamic", "layout": "cc12m"}
     added |= {"mode": "i2v", "lora_trigger": "sks", "remove_llm_prefixes": True, "empty_captions": "encode"}
     added |= {"duplicate_rows": "last", "video_column": "v", "caption_column": "c", "audio_file_length": "trainer"}
+    added |= {"follow_symlinks": True}
     added |= {"preprocess": "plugin:fn"}
     added |= {"load_text_encoder_in_8bit": True, "model_version": "2.5"}
     added |= {"reference_downscale_factor": 2, "reference_temporal_scale_factor": 2, "audio_durations": [2.0, 4.0]}

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from infra import heap, reports
+from infra import heap, outdir, reports
 from infra.audit.compare import compare
 from infra.audit.stems import sample_stem
 from infra.cache import ledger
@@ -46,7 +46,7 @@ from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 
-DECODE_DIR = "decode"
+DECODE_DIR = reports.DECODE_DIR
 #: The decode report's markdown artifact, pictures included, stays under this many characters: Prefect's server
 #: emits each artifact's data inside an event, and drops events over PREFECT_SERVER_EVENTS_MAXIMUM_SIZE_BYTES
 #: (1,500,000 by default); a third is left for the event's own fields and a margin.
@@ -155,11 +155,24 @@ class DecodeReport:
         budget = max_chars - len(head) - 200 * len(self.rows) - 200
         drawn = self.rows[:MAX_EMBEDDED]
         share = max(0, budget // max(1, sum(1 + (r.mel_png is not None) for r in drawn)))
-        pictures = [(r, _embedded(r.png, share), _embedded(r.mel_png, share)) for r in drawn]
+        pictures = [(r, self._embedded(r.png, share), self._embedded(r.mel_png, share)) for r in drawn]
         text = head + _pictures(pictures)
         if len(self.rows) > len(drawn):
             text += f"\n{len(self.rows) - len(drawn)} more strip(s) not drawn here: see {self.report_dir}\n"
         return text
+
+    def _embedded(self, path: str | None, max_chars: int) -> str | None:
+        """The PNG at `path` (below OUT or the report folder: read through the door) as a data URI of at most
+        `max_chars`; None when there is none, or it cannot fit."""
+        if path is None:
+            return None
+        base = Path(self.out) if Path(path).is_relative_to(self.out) else Path(self.report_dir)
+        try:
+            found = reports.png_data_uri(outdir.read_bytes(base, Path(path).relative_to(base)), max_chars)
+        except (OSError, outdir.UnsafePath) as exc:  # a strip moved or removed since: named, not drawn
+            logger.warning("decode-verify: %s not embedded: %s", path, exc)
+            return None
+        return found.uri if found else None
 
     def text(self) -> str:
         return reports.render_text(self.headline(), self._intro(), self._sections())
@@ -189,18 +202,6 @@ def _relative(path: str | None, root: str) -> str | None:
     if path is None:
         return None
     return Path(path).relative_to(root).as_posix() if Path(path).is_relative_to(root) else path
-
-
-def _embedded(path: str | None, max_chars: int) -> str | None:
-    """The PNG at `path` as a data URI of at most `max_chars`; None when there is none, or it cannot fit."""
-    if path is None:
-        return None
-    try:
-        found = reports.png_data_uri(Path(path).read_bytes(), max_chars)
-    except OSError as exc:  # a strip moved or removed since: named, not drawn
-        logger.warning("decode-verify: %s not embedded: %s", path, exc)
-        return None
-    return found.uri if found else None
 
 
 def _pictures(pictures: list[tuple[DecodedSample, str | None, str | None]]) -> str:
@@ -248,7 +249,8 @@ class _Run:
     out: Path
     spec: CacheSpec
     fmt: Format
-    folder: Path
+    base: Path  # OUT, or the --report-dir given: the files are written below it through the door
+    folder: str  # where below `base`
     family: LoadedFamily
     report: DecodeReport
     metrics_device: torch.device  # CUDA when the VAE runs there (full-size SSIM is slow on CPU), else CPU
@@ -268,11 +270,12 @@ class _Run:
     def _measure(self, row: LedgerRow, read_media: Callable[[], bytes | None]) -> DecodedSample:
         stem = sample_stem(row, self.fmt)
         file = row.file_of("latents")
-        path = (self.out / str(file.path if file else "")).resolve()
-        if file is None or not path.is_relative_to(self.out.resolve()) or path == self.out.resolve():
-            raise ValueError(f"the ledger's latents file {file and file.path!r} is not inside OUT")
+        if file is None:
+            raise ValueError("the ledger names no latents file")
+        path = self.out / file.path
         key = self.fmt.keys["latents"]
-        record = self.fmt.read_file(self.out, file)  # weights_only (a shard file's member where the format has them)
+        # weights_only, through the door (a path outside OUT or a link is refused); a shard file's member where it has
+        record = self.fmt.read_file(self.out, file)
         if not isinstance(record, dict) or not isinstance(record.get(key), torch.Tensor):
             raise ValueError(f"{path}: no {key} tensor in the stored sample")
         if (media := read_media()) is None:
@@ -283,19 +286,21 @@ class _Run:
         latents = normalised(record[key], self.spec, self.family)  # a raw-mean cache (FastVideo's Wan2.2)
         compared = compare(source, self.family.decode_chunks(latents), self.metrics_device)
         frames = int(source.shape[1])
-        mp4, png = (self.folder / f"{stem}{suffix}" for suffix in (".mp4", ".png"))
-        atomic_write(mp4, compared.mp4)
-        atomic_write(png, compared.strip_png())
+        mp4 = self.write(f"{stem}.mp4", compared.mp4)
+        png = self.write(f"{stem}.png", compared.strip_png())
         psnr, ssim = compared.score.psnr, compared.score.ssim
         logger.info("decode-verify %s/%s: PSNR %.2f dB, SSIM %.4f", row.group, row.id, psnr, ssim)
         sample = DecodedSample(row.id, row.group, str(file.path), psnr, ssim, frames, str(mp4), str(png), stem)
         mels = self._audio_mels(row, media, frames / fps) if self.spec.audio else None
         if mels is None:
             return sample
-        mel_png = self.folder / f"{stem}.mel.png"
-        atomic_write(mel_png, mel_picture(*mels))
+        mel_png = self.write(f"{stem}.mel.png", mel_picture(*mels))
         mel_l1 = float((mels[1] - mels[0]).abs().mean())
         return dataclasses.replace(sample, audio_mel_l1=mel_l1, mel_png=str(mel_png))
+
+    def write(self, name: str, data: bytes) -> Path:
+        """A new file of this run's folder, through the door (never through a link, never over a file)."""
+        return atomic_write(outdir.join(self.folder, name), data, out=self.base).path
 
     def _audio_mels(self, row: LedgerRow, media: bytes, seconds: float) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The clip's log-mel from the trainer's audio front end and the one its audio latent decodes to, over the
@@ -324,16 +329,17 @@ def mel_picture(reference: torch.Tensor, decoded: torch.Tensor, scale: int = 2) 
     return buffer.getvalue()
 
 
-def _run_folder(root: Path, chosen: list[LedgerRow], fmt: Format) -> Path:
-    """`root` when none of this run's names exists there, else a new ``<UTC stamp>[-N]`` subfolder."""
+def _run_folder(base: Path, root: str, chosen: list[LedgerRow], fmt: Format) -> str:
+    """`root` (below `base`) when none of this run's names exists there, else a new ``<UTC stamp>[-N]`` subfolder;
+    looked up through the door (a link there is refused, not followed)."""
     stems = [sample_stem(r, fmt) for r in chosen]
     names = ["report.json", "report.md"] + [f"{stem}{s}" for stem in stems for s in (".mp4", ".png", ".mel.png")]
-    if not any((root / name).exists() for name in names):
+    if not any(outdir.lstat(base, outdir.join(root, name)) is not None for name in names):
         return root
     stamp = reports.utc_stamp()
     for k in itertools.count(1):
-        folder = root / (stamp if k == 1 else f"{stamp}-{k}")
-        if not folder.exists():
+        folder = outdir.join(root, stamp if k == 1 else f"{stamp}-{k}")
+        if outdir.lstat(base, folder) is None:
             return folder
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -406,8 +412,9 @@ def decode_and_verify(
         logger.info("decode-verify: --mode %s has no video latents; nothing decoded", spec.mode)
         chosen = []
     fmt = get_format(spec.format)
-    folder = _run_folder(Path(report_dir) if report_dir else reports.reports_dir(out) / DECODE_DIR, chosen, fmt)
-    report = DecodeReport(str(out), str(model), source_spec, str(folder), min_psnr)
+    base, root = (Path(report_dir), "") if report_dir else (out, f"{reports.REPORTS_DIR}/{DECODE_DIR}")
+    folder = _run_folder(base, root, chosen, fmt)
+    report = DecodeReport(str(out), str(model), source_spec, str(Path(base, folder)), min_psnr)
     if chosen:
         heap.release_freed()  # a build's freed encode buffers back to the OS before decoding at full size
         if component_identity(model / "vae", spec.identity_scheme) != spec.model_identity.get("vae"):
@@ -415,11 +422,11 @@ def decode_and_verify(
         target = resolve_device(device)
         family = load_family(model, spec.family, target, resolve_dtype(dtype or spec.dtype), options)
         on = target if target.type == "cuda" else torch.device("cpu")
-        _verify_all(_Run(out, spec, fmt, folder, family, report, on), source_spec, chosen)
+        _verify_all(_Run(out, spec, fmt, base, folder, family, report, on), source_spec, chosen)
         order = {(r.group, r.id, r.path): i for i, r in enumerate(chosen)}
         report.rows.sort(key=lambda r: order.get((r.group, r.id, r.path), len(order)))
     files = {"report.json": reports.to_json_bytes(report.to_dict()), "report.md": report.markdown().encode()}
     for name, data in files.items():
-        atomic_write(folder / name, data)
+        atomic_write(outdir.join(folder, name), data, out=base)
     logger.info("%s", report.headline())
     return report

@@ -17,6 +17,7 @@ from infra.formats import get_format
 from infra.formats.base import Format
 from infra.formats.consumers import written_for
 from infra.formats.shards import ShardFormat, shard_summary
+from infra.outdir import UnsafePath
 from infra.plan import spec_settings
 
 
@@ -33,7 +34,9 @@ def _read(fmt: Format, out: Path, file: FileRecord) -> dict[str, Any]:
     DamagedCacheError when it does not load."""
     path = out / file.path
     try:
-        record = fmt.read_file(out, file)
+        record = fmt.read_file(out, file)  # through the door: a path outside OUT or through a link is refused
+    except UnsafePath:
+        raise
     except Exception as exc:  # whatever stops a safe load (a pickle with code, a torn file) is damage
         text = str(exc)
         reason = " ".join(text[max(text.find("WeightsUnpickler error:"), 0) :].split())[:160]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import io
 import json
 import logging
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from infra import outdir
 from infra.audit.decode_verify import choose_samples
 from infra.audit.stems import sample_stem
 from infra.cache import ledger
@@ -33,9 +33,10 @@ from infra.formats import get_format
 from infra.media.mp4 import mp4_bytes
 from infra.media.prompts import CaptionRules, caption_prompt
 from infra.models import get_family
+from infra.outdir import OutFile
 from infra.preprocess.prepare import prepare_video
 from infra.sources import SampleRef, open_source
-from infra.storage import staged_dir
+from infra.storage import atomic_write, staged_dir
 
 logger = logging.getLogger(__name__)
 
@@ -96,15 +97,14 @@ def export_overfit(
             prompts.append({"caption": caption_prompt(ref.read_prompt(), CaptionRules.of(spec))})
             prepared = prepare_video(media, spec, window_of(row)[1])
             rel = f"reference/{sample_stem(row, get_format(spec.format))}.mp4"
-            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             fps = float(row.extra.get("sampling", {}).get("fps") or prepared.clip.fps)
-            (staging / rel).write_bytes(lossless_mp4(prepared.pixels[0], fps))
+            atomic_write(rel, lossless_mp4(prepared.pixels[0], fps), out=staging)  # the door: inside the export
             result.references.append(rel)
             new_rows += [_copy(out, staging, spec.format, row, c) for c in range(copies)]
         write_cache_json(staging, spec, {**meta.get("provenance", {}), "overfit_of": str(out), "copies": copies})
         ledger.seal(staging, SHARD, new_rows)
         body = json.dumps({"data": prompts}, indent=2, ensure_ascii=False) + "\n"
-        (staging / PROMPTS).write_text(body, encoding="utf-8")
+        atomic_write(PROMPTS, body.encode(), out=staging)
         result.rows = len(new_rows)
     logger.info("overfit export %s: %d sample(s) × %d copies", to, len(rows), copies)
     return result
@@ -168,19 +168,20 @@ def _copy(out: Path, staging: Path, fmt_name: str, row: LedgerRow, copy: int) ->
     new_id = row.id + suffix
     records = []
     for file in row.output_files():
-        src = out / file.path
-        rel = str(Path(file.path).with_name(Path(file.path).stem + suffix + Path(file.path).suffix))
-        record = fmt.read(src)  # weights_only
+        # read from OUT and written into the export through the door: a ledger path outside OUT, or through a link,
+        # is refused (UnsafePath) before a byte is read or written
+        folder, name = outdir.split(file.path)
+        stem, dot, ext = name.rpartition(".")
+        rel = outdir.join(folder, f"{stem}{suffix}{dot}{ext}" if dot else f"{name}{suffix}")
+        record = fmt.read(OutFile(out, file.path))  # weights_only
         if isinstance(record, dict) and "id" in record:
             buffer = io.BytesIO()
             torch.save({**record, "id": new_id}, buffer)
             data = buffer.getvalue()
         else:
-            data = src.read_bytes()
-        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
-        (staging / rel).write_bytes(data)
-        digest = hashlib.sha256(data).hexdigest()
-        records.append(FileRecord(path=rel, bytes=len(data), sha256=digest, kinds=file.kinds))  # kinds kept
+            data = outdir.read_bytes(out, file.path)
+        written = atomic_write(rel, data, out=staging)
+        records.append(FileRecord(path=rel, bytes=written.bytes, sha256=written.sha256, kinds=file.kinds))  # kinds kept
     return row.model_copy(
         update={
             "key": row.key + suffix,

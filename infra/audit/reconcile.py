@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra import reports
+from infra import outdir, reports
 from infra.cache import ledger
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow, windows_by_clip
 from infra.formats import ShardFormat, get_format
@@ -199,11 +199,7 @@ def reconcile(plan: BuildPlan, content: bool = False) -> ReconcileReport:
     )
     tally = _Tally(plan, report, functools.cache(functools.partial(_size, plan.out)))
     if content:
-
-        def inside(relpath: str) -> Path | None:  # read only where _size finds a file inside OUT
-            return plan.out / relpath if tally.size(relpath) is not None else None
-
-        tally.content = ContentCheck(plan.out, files=True, parts="sha256", inside=inside)
+        tally.content = ContentCheck(plan.out, files=True, parts="sha256")
     fmt = get_format(spec.format)
     if isinstance(fmt, ShardFormat):
         tally.members = functools.cache(lambda rel: frozenset(part_record(plan.out, rel, fmt).members))
@@ -355,19 +351,18 @@ class _Tally:
 
 
 def _size(out: Path, relpath: str | None) -> int | None:
-    """Size of an OUT-relative file; None if it is absent, not a regular file or outside OUT."""
+    """Size of an OUT-relative file; None if it is absent, not a regular file, outside OUT or through a link (the
+    door, `infra.outdir`, refuses those)."""
     if not relpath:
         return None
     try:
-        root = out.resolve()
-        path = (root / relpath).resolve()
-        return path.stat().st_size if path.is_relative_to(root) and path.is_file() else None
-    except (OSError, ValueError):  # a NUL byte, a link loop
+        return outdir.size(out, relpath)
+    except (OSError, outdir.UnsafePath):
         return None
 
 
 def write_reconcile_report(out: Path, report: ReconcileReport) -> tuple[Path, Path]:
     """``OUT/reports/reconcile-<UTC stamp>[-N].json`` and ``.md``: new files, never an overwrite."""
     files = {".json": reports.to_json_bytes(report.to_dict()), ".md": report.markdown().encode()}
-    json_path, md_path = reports.write_new(reports.reports_dir(out), "reconcile", files)
+    json_path, md_path = reports.write_new(reports.REPORTS_DIR, "reconcile", files, out=out)
     return json_path, md_path

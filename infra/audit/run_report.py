@@ -17,10 +17,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from infra import outdir
 from infra.errors import LatentforgeError
 from infra.gates.decision import Decision
 from infra.plan import BuildPlan
-from infra.reports import report_order, reports_dir, to_json_bytes, write_new
+from infra.reports import REPORTS_DIR, report_order, to_json_bytes, write_new
 
 logger = logging.getLogger(__name__)
 
@@ -183,22 +184,26 @@ def run_report(
 
 def write_run_report(out: Path, report: RunReport) -> Path:
     """``OUT/reports/run-<UTC stamp>[-N].json`` (sorted keys); a new file per call, never an overwrite."""
-    (path,) = write_new(reports_dir(out), RUN_PREFIX, {".json": to_json_bytes(report.model_dump(mode="json"))})
+    body = {".json": to_json_bytes(report.model_dump(mode="json"))}
+    (path,) = write_new(REPORTS_DIR, RUN_PREFIX, body, out=out)
     return path
 
 
 def read_run_report(path: Path) -> RunReport:
-    """One run report, validated; ReportError names the file and what is wrong with it."""
+    """One run report (``OUT/reports/<name>``, read through the door: a link is refused), validated; ReportError
+    names the file and what is wrong with it."""
     try:
-        return RunReport.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))
-    except (OSError, ValueError) as exc:  # ValidationError is a ValueError
+        text = outdir.read_text(path.parent.parent, f"{REPORTS_DIR}/{path.name}")
+        return RunReport.model_validate(json.loads(text))
+    except (OSError, ValueError, outdir.UnsafePath) as exc:  # ValidationError is a ValueError
         what = "not a run report of this version" if isinstance(exc, ValidationError) else "unreadable"
         raise ReportError(f"{path}: {what} ({exc})") from exc
 
 
 def run_report_paths(out: Path) -> list[Path]:
     """Every run report under OUT, oldest first (by name: timestamp, then collision number)."""
-    named = [(key, p) for p in reports_dir(out).glob(f"{RUN_PREFIX}-*.json") if (key := report_order(p, RUN_PREFIX))]
+    names = [e.name for e in outdir.entries(out, REPORTS_DIR) if e.name.endswith(".json")]
+    named = [(key, Path(out, REPORTS_DIR, name)) for name in names if (key := report_order(Path(name), RUN_PREFIX))]
     return [p for _, p in sorted(named)]
 
 

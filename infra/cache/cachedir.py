@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 from pydantic import ValidationError
 
+from infra import outdir
 from infra.cache.lock import LOCK_NAME
 from infra.config import CacheSpec
 from infra.storage import atomic_write
@@ -39,7 +40,7 @@ class OutState:
 
 def read_cache_json(out: Path) -> dict[str, Any]:
     """The parsed cache.json (raises FileNotFoundError / ValueError)."""
-    return json.loads((Path(out) / CACHE_JSON).read_text(encoding="utf-8"))
+    return json.loads(outdir.read_text(out, CACHE_JSON))
 
 
 def write_cache_json(out: Path, spec: CacheSpec, provenance: dict[str, Any], *, replace: bool = False) -> Path:
@@ -55,7 +56,7 @@ def write_cache_json(out: Path, spec: CacheSpec, provenance: dict[str, Any], *, 
         },
     }
     text = json.dumps(body, indent=2, sort_keys=True) + "\n"
-    return atomic_write(Path(out) / CACHE_JSON, text.encode(), replace=replace).path
+    return atomic_write(CACHE_JSON, text.encode(), replace=replace, out=out).path
 
 
 def _visible_entries(out: Path) -> list[Path]:
@@ -69,11 +70,13 @@ def classify(out: Path, spec: CacheSpec) -> OutState:
         return OutState("absent", f"{out} does not exist or is empty")
     if not out.is_dir():
         return OutState("foreign", f"{out} exists and is not a directory")
-    if not (out / CACHE_JSON).exists():
-        return OutState("foreign", f"{out} holds files but no {CACHE_JSON}: not written by latentforge")
     try:
+        if outdir.lstat(out, CACHE_JSON) is None:
+            return OutState("foreign", f"{out} holds files but no {CACHE_JSON}: not written by latentforge")
         existing = read_cache_json(out)
         old = CacheSpec.model_validate(existing["spec"])
+    except outdir.UnsafePath as exc:
+        return OutState("damaged", str(exc))
     except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
         return OutState("damaged", f"{out / CACHE_JSON} is unreadable: {exc}")
     if old.fingerprint() != spec.fingerprint():

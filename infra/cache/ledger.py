@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from infra import outdir
 from infra.errors import LedgerError
 from infra.faults import fault_point
 from infra.sources.identity import SourceIdentity
@@ -156,19 +157,31 @@ def windows_by_clip(rows: dict[str, LedgerRow]) -> dict[str, list[LedgerRow]]:
     return by_clip
 
 
+def sealed_rel(shard_id: str) -> str:
+    """OUT-relative path of a shard's sealed ledger."""
+    return f"{LEDGER_DIR}/{shard_id}.jsonl"
+
+
+def journal_rel(shard_id: str) -> str:
+    """OUT-relative path of a shard's journal."""
+    return f"{LEDGER_DIR}/{shard_id}.journal.jsonl"
+
+
 def sealed_path(out: Path, shard_id: str) -> Path:
-    return ledger_dir(out) / f"{shard_id}.jsonl"
+    return Path(out) / sealed_rel(shard_id)
 
 
 def journal_path(out: Path, shard_id: str) -> Path:
-    return ledger_dir(out) / f"{shard_id}.journal.jsonl"
+    return Path(out) / journal_rel(shard_id)
 
 
-def _read_jsonl(path: Path, *, tolerate_torn_tail: bool) -> list[LedgerRow]:
-    if not path.exists():
+def _read_jsonl(out: Path, rel: str, *, tolerate_torn_tail: bool) -> list[LedgerRow]:
+    path = Path(out) / rel
+    try:
+        # Lines end at "\n" only: str.splitlines would also cut at U+2028, U+0085 ..., which a name or caption can hold.
+        lines = outdir.read_text(out, rel).split("\n")
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    # Lines end at "\n" only: str.splitlines would also cut at U+2028, U+0085 ..., which a name or caption can hold.
-    lines = path.read_text(encoding="utf-8").split("\n")
     if lines[-1] == "":
         lines.pop()
     rows = []
@@ -193,17 +206,15 @@ def _read_jsonl(path: Path, *, tolerate_torn_tail: bool) -> list[LedgerRow]:
 
 def read_shard(out: Path, shard_id: str) -> dict[str, LedgerRow]:
     """The latest row per sample key: sealed ledger, then the journal on top."""
-    rows = {r.key: r for r in _read_jsonl(sealed_path(out, shard_id), tolerate_torn_tail=False)}
-    rows.update({r.key: r for r in _read_jsonl(journal_path(out, shard_id), tolerate_torn_tail=True)})
+    rows = {r.key: r for r in _read_jsonl(out, sealed_rel(shard_id), tolerate_torn_tail=False)}
+    rows.update({r.key: r for r in _read_jsonl(out, journal_rel(shard_id), tolerate_torn_tail=True)})
     return rows
 
 
 def shard_ids(out: Path) -> list[str]:
     """The ids of every shard with a ledger or a journal, sorted."""
-    directory = ledger_dir(out)
-    if not directory.is_dir():
-        return []
-    return sorted({p.name.removesuffix(".journal.jsonl").removesuffix(".jsonl") for p in directory.glob("*.jsonl")})
+    names = [e.name for e in outdir.entries(out, LEDGER_DIR) if e.name.endswith(".jsonl")]
+    return sorted({name.removesuffix(".journal.jsonl").removesuffix(".jsonl") for name in names})
 
 
 def read_all(out: Path) -> dict[str, dict[str, LedgerRow]]:
@@ -212,11 +223,11 @@ def read_all(out: Path) -> dict[str, dict[str, LedgerRow]]:
     return {sid: read_shard(out, sid) for sid in shard_ids(out)}
 
 
-def _trim_torn_tail(path: Path) -> None:
+def _trim_torn_tail(fd: int, path: Path) -> None:
     """Cut a torn last line (a crash mid-append) so that new rows start on a line of their own."""
-    if not path.exists() or path.stat().st_size == 0:
+    if os.fstat(fd).st_size == 0:
         return
-    with path.open("r+b") as fh:
+    with os.fdopen(os.dup(fd), "r+b") as fh:
         data = fh.read()
         if data.endswith(b"\n"):
             return
@@ -232,9 +243,8 @@ class Journal:
 
     def __init__(self, out: Path, shard_id: str) -> None:
         self.path = journal_path(out, shard_id)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        _trim_torn_tail(self.path)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = outdir.open_fd(out, journal_rel(shard_id), os.O_RDWR | os.O_APPEND | os.O_CREAT, create_dirs=True)
+        _trim_torn_tail(self._fd, self.path)
 
     def append(self, row: LedgerRow) -> None:
         """Append one whole line and fsync it. A full disk (DiskFull) leaves no torn line: the journal is cut back
@@ -265,7 +275,7 @@ class Journal:
 def seal(out: Path, shard_id: str, rows: Iterable[LedgerRow]) -> Path:
     """Write the shard's sealed ledger atomically (commit record), then drop its journal."""
     body = "".join(r.to_json() + "\n" for r in rows)
-    written = atomic_write(sealed_path(out, shard_id), body.encode(), replace=True)
+    written = atomic_write(sealed_rel(shard_id), body.encode(), replace=True, out=out)
     fault_point("seal")
-    journal_path(out, shard_id).unlink(missing_ok=True)
+    outdir.unlink(out, journal_rel(shard_id))
     return written.path

@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from infra import procs
+from infra import outdir, procs
 from infra.errors import ConflictError
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ def out_lock(out: Path) -> Iterator[None]:
     caveat = lock_caveat(out)
     if caveat:
         logger.warning("%s", caveat)
-    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = outdir.open_fd(out, LOCK_NAME, os.O_RDWR | os.O_CREAT)  # a link planted in its place is refused
     recorded = False
     try:
         _take(fd, out)
@@ -163,7 +163,7 @@ def out_lock(out: Path) -> Iterator[None]:
                 os.ftruncate(fd, 0)  # a clean release leaves no record: a record means a run that died
         if created and [p.name for p in out.iterdir()] == [LOCK_NAME]:  # nothing written: leave nothing behind
             with contextlib.suppress(OSError):
-                (out / LOCK_NAME).unlink()
+                outdir.unlink(out, LOCK_NAME)
                 out.rmdir()
         os.close(fd)  # closing releases the lock
 
@@ -181,10 +181,9 @@ def clear_held() -> list[Path]:
 
 def check_not_locked(out: Path) -> None:
     """Before a run starts anything: LockedError when another run holds OUT's lock now (a shared probe)."""
-    path = Path(out) / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+        fd = outdir.open_fd(out, LOCK_NAME, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
         return
     try:
         try:

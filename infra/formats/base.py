@@ -12,11 +12,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 import torch
 
+from infra import outdir
 from infra.cache.ledger import FileRecord
+from infra.outdir import OutFile
 from infra.storage import Written, atomic_write
 
 #: The output kind a family with audio adds (LTX-2): its tensor travels in ``EncodedSample.extras``.
@@ -145,7 +147,7 @@ class PerSampleWriter(Writer):
             if rel in present:
                 written.append((kinds, Written(self.out / rel, len(data), hashlib.sha256(data).hexdigest())))
             else:
-                written.append((kinds, atomic_write(self.out / rel, data, replace=replace)))
+                written.append((kinds, atomic_write(rel, data, replace=replace, out=self.out)))
         return WrittenSample(written)
 
 
@@ -175,7 +177,7 @@ class Format(ABC):
         values: dict[str, Any] = {}
         for kind, relpath in paths.items():
             if relpath not in records:
-                records[relpath] = self.read(Path(out) / relpath)
+                records[relpath] = self.read(OutFile(Path(out), relpath))
             record = records[relpath]
             values[kind] = record.get(self.keys[kind]) if isinstance(record, dict) and kind in self.keys else None
         return values, records
@@ -199,12 +201,12 @@ class Format(ABC):
 
     def present(self, out: Path, file: FileRecord) -> bool:
         """Whether a ledger's file record is whole on disk (a per-sample file: there, at the ledger's size)."""
-        path = Path(out) / file.path
-        return path.is_file() and path.stat().st_size == file.bytes
+        return outdir.size(out, file.path) == file.bytes
 
     def read_file(self, out: Path, file: FileRecord) -> dict[str, Any]:
-        """Load what a ledger's file record names (a whole file, or a member of a shard file) safely."""
-        return self.read(Path(out) / file.path)
+        """Load what a ledger's file record names (a whole file, or a member of a shard file) safely, through the
+        door to OUT (`infra.outdir`: a link or a path outside OUT is refused)."""
+        return self.read(OutFile(Path(out), file.path))
 
     @abstractmethod
     def paths(self, stem: str, kinds: Iterable[str]) -> dict[str, str]:
@@ -229,5 +231,11 @@ class Format(ABC):
     has_fingerprint: ClassVar[bool] = False
 
     @abstractmethod
-    def read(self, path: Path) -> dict[str, Any]:
-        """Load one stored sample safely (no pickled code: ``weights_only=True`` or safetensors)."""
+    def read(self, path: Path | OutFile) -> dict[str, Any]:
+        """Load one stored sample safely (no pickled code: ``weights_only=True`` or safetensors): a file named by
+        the caller, or a file below OUT opened through the door (`OutFile`)."""
+
+
+def opened(path: Path | OutFile) -> BinaryIO:
+    """`path` open for reading: a file below OUT through the door, any other as named."""
+    return path.open() if isinstance(path, OutFile) else Path(path).open("rb")

@@ -33,7 +33,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from infra.formats.base import CLIP_KIND, FIRST_FRAME_KIND, IMAGE_LATENTS_KIND, EncodedSample, Format, PerSampleWriter
+from infra.formats.base import (
+    CLIP_KIND,
+    FIRST_FRAME_KIND,
+    IMAGE_LATENTS_KIND,
+    EncodedSample,
+    Format,
+    PerSampleWriter,
+    opened,
+)
+from infra.outdir import OutFile
 
 #: What a file carries for latentforge (its fingerprint, the sample's group and id), under one key of inputs_shared.
 MARKS_KEY = "latentforge"
@@ -106,10 +115,11 @@ class DiffSynthFormat(Format):
     def paths(self, stem: str, kinds: Iterable[str]) -> dict[str, str]:
         return dict.fromkeys(kinds, f"{stem}.pth")
 
-    def read(self, path: Path) -> dict[str, Any]:
+    def read(self, path: Path | OutFile) -> dict[str, Any]:
         """The file's positive and shared inputs in one dict (as its training step passes them), the tensors of the
-        output kinds without DiffSynth's batch dimension, ``fingerprint``; loaded with ``weights_only=True`` only."""
-        shared, posi, _ = torch.load(path, map_location="cpu", weights_only=True)
+        output kinds without DiffSynth's batch dimension, its marks; loaded with ``weights_only=True`` only."""
+        with opened(path) as fh:
+            shared, posi, _ = torch.load(fh, map_location="cpu", weights_only=True)
         record = {**shared, **posi}
         for key in KEYS.values():
             if isinstance(record.get(key), torch.Tensor):

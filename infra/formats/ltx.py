@@ -37,8 +37,10 @@ from infra.formats.base import (
     EncodedSample,
     Format,
     PerSampleWriter,
+    opened,
 )
 from infra.media.temporal import effective_fps
+from infra.outdir import OutFile
 
 PRECOMPUTED = ".precomputed"
 #: Output kind → the trainer's directory for it: every subfolder the trainer's modes name (`infra.config.MODE_ROLES`).
@@ -159,5 +161,6 @@ class LtxFormat(Format):
     def paths(self, stem: str, kinds: Iterable[str]) -> dict[str, str]:
         return {kind: relpath(kind, stem) for kind in kinds}
 
-    def read(self, path: Path) -> dict[str, Any]:
-        return torch.load(path, map_location="cpu", weights_only=True)
+    def read(self, path: Path | OutFile) -> dict[str, Any]:
+        with opened(path) as fh:
+            return torch.load(fh, map_location="cpu", weights_only=True)

@@ -23,19 +23,31 @@ beside them is the dataset config that trains on them.
 
 from __future__ import annotations
 
+import json
 import re
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from safetensors import safe_open
+from safetensors.torch import load
 
+from infra import outdir
 from infra.errors import ConfigError
-from infra.formats.base import CLIP_KIND, IMAGE_LATENTS_KIND, EncodedSample, Format, PerSampleWriter, WrittenSample
+from infra.formats.base import (
+    CLIP_KIND,
+    IMAGE_LATENTS_KIND,
+    EncodedSample,
+    Format,
+    PerSampleWriter,
+    WrittenSample,
+    opened,
+)
 from infra.formats.musubi_toml import TOML_NAME, check_cache_directory, write_toml
 from infra.formats.safetensors_bytes import safetensors_bytes
 from infra.media.buckets import Bucket, musubi_buckets, parse_buckets
+from infra.outdir import OutFile
 
 ARCHITECTURE = "wan"
 FORMAT_VERSION = "1.0.1"
@@ -122,12 +134,13 @@ class MusubiWriter(PerSampleWriter):
 
     def write(self, sample: EncodedSample, *, replace: bool = False) -> WrittenSample:
         rendered = self.render(sample)
-        present = {rel for _, rel, data in rendered if (self.out / rel).is_file() and _same(self.out / rel, data)}
+        present = {rel for _, rel, data in rendered if _same(self.out, rel, data)}
         return self.write_rendered(rendered, replace=replace, present=frozenset(present))
 
 
-def _same(path: Path, data: bytes) -> bool:
-    return path.stat().st_size == len(data) and path.read_bytes() == data
+def _same(out: Path, rel: str, data: bytes) -> bool:
+    """Whether the file at `rel` below OUT holds exactly `data` (read through the door)."""
+    return outdir.size(out, rel) == len(data) and outdir.read_bytes(out, rel) == data
 
 
 class MusubiFormat(Format):
@@ -162,12 +175,14 @@ class MusubiFormat(Format):
         takes from the clip: `MusubiWriter` keeps an identical file left at the full name)."""
         return {k: text_name(stem) if k == "text_embeddings" else f"{flat_name(stem)}_wan.safetensors" for k in kinds}
 
-    def read(self, path: Path) -> dict[str, Any]:
-        """The file's tensors under the keys musubi's loader gives them, its metadata and the fingerprint (safetensors:
+    def read(self, path: Path | OutFile) -> dict[str, Any]:
+        """The file's tensors under the keys musubi's loader gives them, its metadata and its marks (safetensors:
         no pickle)."""
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-            record: dict[str, Any] = {content_key(k): handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+        with opened(path) as fh:
+            data = fh.read()
+        (size,) = struct.unpack("<Q", data[:8])
+        metadata = json.loads(data[8 : 8 + size]).get("__metadata__") or {}
+        record: dict[str, Any] = {content_key(k): v for k, v in load(data).items()}
         marks = {"fingerprint": FINGERPRINT_KEY, "group": GROUP_KEY, "id": ID_KEY}
         return record | {"metadata": metadata} | {name: metadata.get(key) for name, key in marks.items()}
 

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from infra import outdir
 from infra.cache.cachedir import CACHE_JSON, read_cache_json
 from infra.errors import ConfigError
 from infra.storage import atomic_write
@@ -49,16 +50,17 @@ def toml_text(out: Path, spec: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_toml(out: Path, spec: Any) -> Path:
-    """Write the config once (every shard's writer calls this; the same spec and OUT give the same bytes)."""
-    path, text = Path(out) / TOML_NAME, toml_text(out, spec)
-    if not (path.is_file() and path.read_text(encoding="utf-8") == text):
-        try:
-            atomic_write(path, text.encode(), replace=False)
-        except FileExistsError:  # another shard's writer was first: its bytes are these unless OUT moved
-            if path.read_text(encoding="utf-8") != text:
-                atomic_write(path, text.encode(), replace=True)
-    return path
+def write_toml(out: Path, spec: Any) -> None:
+    """Write the config once, through the door to OUT (every shard's writer calls this; the same spec and OUT give
+    the same bytes)."""
+    data = toml_text(out, spec).encode()
+    if outdir.is_file(out, TOML_NAME) and outdir.read_bytes(out, TOML_NAME) == data:
+        return
+    try:
+        atomic_write(TOML_NAME, data, replace=False, out=out)
+    except FileExistsError:  # another shard's writer was first: its bytes are these unless OUT moved
+        if outdir.read_bytes(out, TOML_NAME) != data:
+            atomic_write(TOML_NAME, data, replace=True, out=out)
 
 
 def check_cache_directory(out: Path, source: str) -> None:
@@ -66,8 +68,8 @@ def check_cache_directory(out: Path, source: str) -> None:
     source, or musubi's own files (no cache.json)."""
     if not out.is_dir():
         return
-    if not (out / CACHE_JSON).is_file():
-        if next(out.glob("*_wan.safetensors"), None) is not None:
+    if not outdir.is_file(out, CACHE_JSON):
+        if any(entry.name.endswith("_wan.safetensors") for entry in outdir.entries(out)):
             raise ConfigError(
                 f"--out {out} holds musubi cache files latentforge did not write: musubi-tuner takes one cache "
                 "directory per dataset; give this source its own --out"

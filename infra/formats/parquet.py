@@ -32,9 +32,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from infra.formats.base import EncodedSample
+from infra.formats.base import EncodedSample, opened
 from infra.formats.consumers import expects, stored_fps
 from infra.formats.shards import ShardFormat, ShardWriter, Sink, shard_options
+from infra.outdir import OutFile
 
 SCHEMA_T2V = pa.schema(
     [
@@ -210,29 +211,33 @@ class ParquetFormat(ShardFormat):
             }
         return records
 
-    def read_part(self, path: Path) -> dict[str, dict[str, Any]]:
-        file = pq.ParquetFile(path)
-        return self._records(file.read(), file.schema_arrow.metadata or {})
+    def read_part(self, path: Path | OutFile) -> dict[str, dict[str, Any]]:
+        with opened(path) as fh:
+            file = pq.ParquetFile(fh)
+            return self._records(file.read(), file.schema_arrow.metadata or {})
 
-    def read_member(self, path: Path, member: str) -> dict[str, Any]:
-        table = pq.read_table(path, filters=[("id", "=", member)])
+    def read_member(self, path: Path | OutFile, member: str) -> dict[str, Any]:
+        with opened(path) as fh:
+            table = pq.read_table(fh, filters=[("id", "=", member)])
         found = self._records(table, table.schema.metadata or {})
         if member not in found:
             raise KeyError(f"{path}: no sample {member!r}")
         return found[member]
 
-    def copy_without(self, path: Path, sink: Sink, drop: set[str]) -> list[str]:
-        source = pq.ParquetFile(path)
+    def copy_without(self, path: Path | OutFile, sink: Sink, drop: set[str]) -> list[str]:
         kept: list[str] = []
-        with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), source.schema_arrow, compression="zstd") as writer:
-            for group in range(source.num_row_groups):  # a row group at a time, as the writer made them
-                table = source.read_row_group(group)
-                table = table.filter(pc.invert(pc.is_in(table["id"], pa.array(sorted(drop), pa.string()))))
-                if table.num_rows:
-                    writer.write_table(table)
-                    kept.extend(table["id"].to_pylist())
+        with opened(path) as fh:
+            source = pq.ParquetFile(fh)
+            with pq.ParquetWriter(pa.PythonFile(sink, mode="w"), source.schema_arrow, compression="zstd") as writer:
+                for group in range(source.num_row_groups):  # a row group at a time, as the writer made them
+                    table = source.read_row_group(group)
+                    table = table.filter(pc.invert(pc.is_in(table["id"], pa.array(sorted(drop), pa.string()))))
+                    if table.num_rows:
+                        writer.write_table(table)
+                        kept.extend(table["id"].to_pylist())
         return kept
 
-    def fingerprints(self, path: Path) -> set[str]:
-        metadata = pq.read_schema(path).metadata or {}
+    def fingerprints(self, path: Path | OutFile) -> set[str]:
+        with opened(path) as fh:
+            metadata = pq.read_schema(fh).metadata or {}
         return {metadata.get(FINGERPRINT_KEY.encode(), b"").decode()}

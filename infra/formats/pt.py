@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from infra.formats.base import EncodedSample, Format, PerSampleWriter
+from infra.formats.base import EncodedSample, Format, PerSampleWriter, opened
+from infra.outdir import OutFile
 
 
 def to_record(sample: EncodedSample) -> dict[str, Any]:
@@ -74,5 +75,6 @@ class PtFormat(Format):
     def paths(self, stem: str, kinds: Iterable[str]) -> dict[str, str]:
         return dict.fromkeys(kinds, relpath(stem))
 
-    def read(self, path: Path) -> dict[str, Any]:
-        return torch.load(path, map_location="cpu", weights_only=True)
+    def read(self, path: Path | OutFile) -> dict[str, Any]:
+        with opened(path) as fh:
+            return torch.load(fh, map_location="cpu", weights_only=True)

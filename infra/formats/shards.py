@@ -25,11 +25,13 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from infra.cache.ledger import FileRecord, LedgerRow, ledger_dir
+from infra import outdir
+from infra.cache.ledger import LEDGER_DIR, FileRecord, LedgerRow, ledger_dir
 from infra.errors import ConfigError, LatentforgeError
 from infra.faults import fault_point
 from infra.formats.base import EncodedSample, Format, Writer, WrittenSample
-from infra.storage import TEMP_SUFFIX, AtomicFile, Written, atomic_file, atomic_write, sha256_file
+from infra.outdir import OutFile
+from infra.storage import TEMP_SUFFIX, AtomicFile, Written, atomic_file, atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -99,13 +101,11 @@ def next_part(out: Path, shard_id: str, ext: str, layout: str | None = None) -> 
     """The part after the last finished one of `shard_id` (0 when none is)."""
     if layout == "cc12m" and shard_id.isdigit():
         part = 0
-        while (Path(out) / part_path(shard_id, part, ext, layout)).is_file():
+        while outdir.is_file(out, part_path(shard_id, part, ext, layout)):
             part += 1
         return part
     pattern = re.compile(rf"^{re.escape(shard_id)}-(\d{{5}})\.{re.escape(ext)}$")
-    found = [
-        int(m.group(1)) for p in (Path(out) / SHARDS_DIR).glob(f"{shard_id}-*.{ext}") if (m := pattern.match(p.name))
-    ]
+    found = [int(m.group(1)) for e in outdir.entries(out, SHARDS_DIR) if (m := pattern.match(e.name))]
     return max(found, default=-1) + 1
 
 
@@ -126,6 +126,11 @@ def cc12m_names(shards: list[Any], per_part: int | None) -> list[str]:  # ShardP
                 f"{part_path(shard.id, 1, 'tar', 'cc12m')}, ..."
             )
     return notes
+
+
+def part_record_rel(relpath: str) -> str:
+    """OUT-relative path of a finished part's record."""
+    return f"{LEDGER_DIR}/{PARTS_DIR}/{Path(relpath).name}.json"
 
 
 def part_record_path(out: Path, relpath: str) -> Path:
@@ -185,7 +190,7 @@ class ShardWriter(Writer):
 
     def _open(self, sample: EncodedSample) -> None:
         self._stack = contextlib.ExitStack()
-        self._handle = self._stack.enter_context(atomic_file(self.out / self.relpath))
+        self._handle = self._stack.enter_context(atomic_file(self.relpath, out=self.out))
         self._members, self._fingerprint = [], sample.fingerprint
         self.begin(Sink(self._handle), sample)
 
@@ -204,7 +209,7 @@ class ShardWriter(Writer):
             members=self._members,
             fingerprint=self._fingerprint,
         )
-        atomic_write(part_record_path(self.out, self.relpath), record.model_dump_json().encode(), replace=True)
+        atomic_write(part_record_rel(self.relpath), record.model_dump_json().encode(), replace=True, out=self.out)
         self._stack, self._handle = None, None
         self.part += 1
 
@@ -235,62 +240,61 @@ class ShardFormat(Format):
 
     def present(self, out: Path, file: FileRecord) -> bool:
         """The part is in place (finished parts are whole: the temp name holds an unfinished one)."""
-        return (Path(out) / file.path).is_file()
+        return outdir.is_file(out, file.path)
 
-    def read(self, path: Path) -> dict[str, Any]:
+    def read(self, path: Path | OutFile) -> dict[str, Any]:
         """The first sample of a part (a whole part: `read_part`)."""
         return next(iter(self.read_part(path).values()))
 
     def read_file(self, out: Path, file: FileRecord) -> dict[str, Any]:
-        if not file.member:
-            return self.read(Path(out) / file.path)
-        return self.read_member(Path(out) / file.path, file.member)
+        part = OutFile(Path(out), file.path)  # through the door to OUT
+        return self.read_member(part, file.member) if file.member else self.read(part)
 
+    # A part is a file named by the caller (a trainer's reader) or, below OUT, an `OutFile` opened through the door.
     @abstractmethod
-    def read_part(self, path: Path) -> dict[str, dict[str, Any]]:
+    def read_part(self, path: Path | OutFile) -> dict[str, dict[str, Any]]:
         """Every sample of a part: member → record (the format's keys, metadata, fingerprint)."""
 
     @abstractmethod
-    def read_member(self, path: Path, member: str) -> dict[str, Any]:
+    def read_member(self, path: Path | OutFile, member: str) -> dict[str, Any]:
         """One sample of a part (KeyError naming it when absent)."""
 
     @abstractmethod
-    def fingerprints(self, path: Path) -> set[str]:
+    def fingerprints(self, path: Path | OutFile) -> set[str]:
         """The fingerprints a part's samples carry (read from its metadata, not its tensors where it can)."""
 
     @abstractmethod
-    def copy_without(self, path: Path, sink: Sink, drop: set[str]) -> list[str]:
+    def copy_without(self, path: Path | OutFile, sink: Sink, drop: set[str]) -> list[str]:
         """Write the part at `path` into `sink` without the samples `drop` (members otherwise as they are, metadata
         kept): the members kept, in order."""
 
 
 def part_record(out: Path, relpath: str, fmt: ShardFormat) -> PartRecord:
     """A finished part's record; made again from the file when a crash came between its link and its record."""
-    path = part_record_path(out, relpath)
-    if path.is_file():
-        return PartRecord.model_validate_json(path.read_text(encoding="utf-8"))
-    file = Path(out) / relpath
+    rel = part_record_rel(relpath)
+    if outdir.is_file(out, rel):
+        return PartRecord.model_validate_json(outdir.read_text(out, rel))
+    file = OutFile(Path(out), relpath)
     members = list(fmt.read_part(file))
     prints = sorted(fmt.fingerprints(file))
     record = PartRecord(
         path=relpath,
-        bytes=file.stat().st_size,
-        sha256=sha256_file(file),
+        bytes=outdir.size(out, relpath) or 0,
+        sha256=outdir.sha256(out, relpath),
         samples=len(members),
         members=members,
         fingerprint=prints[0] if len(prints) == 1 else ",".join(prints),
     )
-    atomic_write(path, record.model_dump_json().encode(), replace=True)
+    atomic_write(rel, record.model_dump_json().encode(), replace=True, out=out)
     return record
 
 
 def finished_parts(out: Path, ext: str) -> list[str]:
     """OUT-relative names of the parts in place, sorted (the temp names of unfinished ones are hidden)."""
-    root = Path(out) / SHARDS_DIR
     return sorted(
-        f"{SHARDS_DIR}/{p.name}"
-        for p in root.glob(f"*.{ext}")
-        if not p.name.startswith(".") and not p.name.endswith(TEMP_SUFFIX)
+        f"{SHARDS_DIR}/{e.name}"
+        for e in outdir.entries(out, SHARDS_DIR)
+        if e.name.endswith(f".{ext}") and not e.name.startswith(".") and not e.name.endswith(TEMP_SUFFIX)
     )
 
 
@@ -312,13 +316,13 @@ def drop_superseded(out: Path, fmt: ShardFormat, rows: dict[str, dict[str, Ledge
         drop = {m for m in record.members if m in replaced and replaced[m] != relpath}
         if not drop:
             continue
-        with atomic_file(Path(out) / relpath, replace=True) as handle:
-            kept = fmt.copy_without(Path(out) / relpath, Sink(handle), drop)
+        with atomic_file(relpath, replace=True, out=out) as handle:
+            kept = fmt.copy_without(OutFile(Path(out), relpath), Sink(handle), drop)
         written = handle.written
         assert written is not None
         update = {"bytes": written.bytes, "sha256": written.sha256, "samples": len(kept), "members": kept}
         body = record.model_copy(update=update).model_dump_json().encode()
-        atomic_write(part_record_path(out, relpath), body, replace=True)
+        atomic_write(part_record_rel(relpath), body, replace=True, out=out)
         logger.info("%s: rewritten without %d superseded sample(s) (approved stale replacement)", relpath, len(drop))
         rewritten.append(relpath)
     return rewritten
@@ -344,7 +348,7 @@ def write_meta(out: Path, fmt: Format, fingerprint: str, rows: dict[str, dict[st
         "shards": shards,
     }
     body = json.dumps(meta, indent=1, sort_keys=True) + "\n"
-    return atomic_write(Path(out) / META_JSON, body.encode(), replace=True).path
+    return atomic_write(META_JSON, body.encode(), replace=True, out=out).path
 
 
 def shard_summary(out: Path, fmt: ShardFormat) -> dict[str, Any]:
@@ -354,7 +358,7 @@ def shard_summary(out: Path, fmt: ShardFormat) -> dict[str, Any]:
     samples = 0
     parts = finished_parts(out, fmt.ext)
     for relpath in parts:
-        for fingerprint in fmt.fingerprints(Path(out) / relpath):
+        for fingerprint in fmt.fingerprints(OutFile(Path(out), relpath)):
             prints[fingerprint] = prints.get(fingerprint, 0) + 1
         samples += part_record(out, relpath, fmt).samples
     return {"files": len(parts), "samples": samples, "fingerprints": prints}

@@ -33,9 +33,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from infra import outdir
 from infra.cache.cachedir import CACHE_JSON
-from infra.formats.base import AUDIO_KIND, EncodedSample
-from infra.formats.shards import META_JSON, SHARDS_DIR, ShardFormat, ShardWriter, Sink, part_record_path, shard_options
+from infra.formats.base import AUDIO_KIND, EncodedSample, opened
+from infra.formats.shards import META_JSON, SHARDS_DIR, ShardFormat, ShardWriter, Sink, part_record_rel, shard_options
+from infra.outdir import OutFile
 
 #: Output kind → its member's extension (``latents`` is the bare ``npy`` trainers ask for).
 EXTS: dict[str, str] = {"latents": "npy", "text_embeddings": "text_embeddings.npy", AUDIO_KIND: "audio_latents.npy"}
@@ -160,9 +162,9 @@ class WebDatasetFormat(ShardFormat):
     def open_writer(self, out: Path, spec: Any, shard_id: str) -> WdsWriter:
         return WdsWriter(out, self, shard_id, shard_options(spec))
 
-    def _members(self, path: Path, wanted: str | None, exts: tuple[str, ...] | None = None) -> dict[str, dict]:
+    def _members(self, path: Path | OutFile, wanted: str | None, exts: tuple[str, ...] | None = None) -> dict:
         samples: dict[str, dict[str, Any]] = {}
-        with tarfile.open(path, mode="r:") as tar:
+        with opened(path) as fh, tarfile.open(fileobj=fh, mode="r:") as tar:
             for info in tar:
                 key, ext = _split(info.name)
                 if (wanted is not None and key != wanted) or (exts is not None and ext not in exts):
@@ -174,21 +176,22 @@ class WebDatasetFormat(ShardFormat):
                 samples.setdefault(key, {})[name] = value
         return samples
 
-    def read_part(self, path: Path) -> dict[str, dict[str, Any]]:
+    def read_part(self, path: Path | OutFile) -> dict[str, dict[str, Any]]:
         found = self._members(path, None)
         sidecar = _sidecar(path) if any("json" not in parts for parts in found.values()) else None
         return {key: _record(parts, sidecar) for key, parts in found.items()}
 
-    def read_member(self, path: Path, member: str) -> dict[str, Any]:
+    def read_member(self, path: Path | OutFile, member: str) -> dict[str, Any]:
         found = self._members(path, member)
         if member not in found:
             raise KeyError(f"{path}: no sample {member!r}")
         return _record(found[member], _sidecar(path) if "json" not in found[member] else None)
 
-    def copy_without(self, path: Path, sink: Sink, drop: set[str]) -> list[str]:
+    def copy_without(self, path: Path | OutFile, sink: Sink, drop: set[str]) -> list[str]:
         kept: list[str] = []
         with (
-            tarfile.open(path, mode="r:") as src,
+            opened(path) as fh,
+            tarfile.open(fileobj=fh, mode="r:") as src,
             tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as dst,
         ):
             for info in src:
@@ -200,23 +203,19 @@ class WebDatasetFormat(ShardFormat):
                     kept.append(key)
         return kept
 
-    def fingerprints(self, path: Path) -> set[str]:
+    def fingerprints(self, path: Path | OutFile) -> set[str]:
         metas = self._members(path, None, ("json",))
         if not metas:  # the cc12m layout: no json members
             return {str(_sidecar(path).get("fingerprint", ""))}
         return {str(m["json"].get("fingerprint")) for m in metas.values()}
 
 
-def _sidecar(path: Path) -> dict[str, Any]:
+def _sidecar(path: Path | OutFile) -> dict[str, Any]:
     """What a part without json members (the cc12m layout, float16 .npy as stored) has beside it: its fingerprint
-    (the part's record under OUT/ledger/parts, else OUT/_meta.json, else cache.json)."""
-    out = path.parent.parent
+    (the part's record under OUT/ledger/parts, else OUT/_meta.json, else cache.json), read through the door."""
+    out = path.out if isinstance(path, OutFile) else Path(path).parent.parent
     facts: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        facts["fingerprint"] = json.loads((out / CACHE_JSON).read_text(encoding="utf-8"))["fingerprint"]
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        facts["fingerprint"] = json.loads((out / META_JSON).read_text(encoding="utf-8"))["fingerprint"]
-    record = part_record_path(out, f"{SHARDS_DIR}/{path.name}")
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        facts["fingerprint"] = json.loads(record.read_text(encoding="utf-8"))["fingerprint"]
+    for rel in (CACHE_JSON, META_JSON, part_record_rel(f"{SHARDS_DIR}/{path.name}")):  # the last found wins
+        with contextlib.suppress(OSError, ValueError, KeyError, outdir.UnsafePath):
+            facts["fingerprint"] = json.loads(outdir.read_text(out, rel))["fingerprint"]
     return facts

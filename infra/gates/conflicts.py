@@ -8,9 +8,11 @@ free ``OUT-vN`` directory, adopting an existing cache's spec, keeping the old ``
 from __future__ import annotations
 
 import hashlib
+import re
 from enum import StrEnum
 from pathlib import Path
 
+from infra import outdir
 from infra.cache.cachedir import CACHE_JSON, read_cache_json
 from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConflictError
@@ -57,12 +59,15 @@ def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> B
     return config.with_values(**spec_settings(existing))
 
 
+#: The name `keep_old_cache_json` gives the cache.json of a replaced cache (the first 16 digits of its fingerprint).
+KEPT_SPEC = re.compile(r"^cache\.(?:[0-9a-f]{16}|unknown)\.json$")
+
+
 def keep_old_cache_json(out: Path, old_fingerprint: str | None) -> Path | None:
     """Before an approved overwrite: copy cache.json to cache.<old fp>.json (a record), then let it be replaced."""
-    current = Path(out) / CACHE_JSON
-    if not current.exists():
+    if outdir.lstat(out, CACHE_JSON) is None:
         return None
-    record = Path(out) / f"cache.{(old_fingerprint or 'unknown')[:16]}.json"
-    if not record.exists():
-        atomic_write(record, current.read_bytes())
-    return record
+    record = f"cache.{(old_fingerprint or 'unknown')[:16]}.json"
+    if outdir.lstat(out, record) is None:
+        atomic_write(record, outdir.read_bytes(out, CACHE_JSON), out=out)
+    return Path(out) / record

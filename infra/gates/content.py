@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from infra import outdir
 from infra.cache.ledger import FileRecord, LedgerRow
-from infra.formats.shards import part_record_path
-from infra.storage import sha256_file
+from infra.formats.shards import part_record_rel
 
 #: spot: sizes of every file, and the few samples verify loads hashed; all: every file hashed.
 Content = Literal["spot", "all"]
@@ -49,13 +48,12 @@ class Damaged:
 @dataclass
 class ContentCheck:
     """Checks done rows' files: per-sample files hashed when `files`; parts checked by `parts` (their size, or their
-    sha256, against their record), each part once. `inside` gives OUT/relpath, or None for a path that leaves OUT
-    (never read: the caller reports it)."""
+    sha256, against their record), each part once. Every file is read through OUT's door (`infra.outdir`): a path
+    that leaves OUT or passes a link is not read here (the size check reports it)."""
 
     out: Path
     files: bool
     parts: Literal["size", "sha256"] | None
-    inside: Callable[[str], Path | None]
     #: A part's verdict (None: whole), by OUT-relative path: a part holds many samples, it is read once.
     seen: dict[str, str | None] = field(default_factory=dict)
 
@@ -73,10 +71,9 @@ class ContentCheck:
         return self._part(file) if file.member is not None else self._sample_file(file)
 
     def _sample_file(self, file: FileRecord) -> str | None:
-        path = self.inside(file.path) if self.files else None
-        if path is None or not path.is_file() or path.stat().st_size != file.bytes:
+        if not self.files or _size(self.out, file.path) != file.bytes:
             return None
-        sha = sha256_file(path)
+        sha = outdir.sha256(self.out, file.path)
         if sha == file.sha256:
             return None
         return f"sha256 {sha[:16]}… on disk, {file.sha256[:16]}… in the ledger: its bytes changed since written"
@@ -89,18 +86,28 @@ class ContentCheck:
         return self.seen[file.path]
 
     def _part_verdict(self, relpath: str) -> str | None:
-        path, record_path = self.inside(relpath), part_record_path(self.out, relpath)
-        if path is None or not path.is_file() or not record_path.is_file():
+        record_rel = part_record_rel(relpath)
+        found_size = _size(self.out, relpath)
+        if found_size is None or _size(self.out, record_rel) is None:
             return None  # absent: the size check's; no record (a crash before it was made): nothing to compare
         try:
-            record = json.loads(record_path.read_text(encoding="utf-8"))
+            record = json.loads(outdir.read_text(self.out, record_rel))
             size, sha = int(record["bytes"]), str(record["sha256"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            return f"its part record {record_path.name} is unreadable ({type(exc).__name__})"
-        if path.stat().st_size != size:
-            return f"the part has {path.stat().st_size} bytes, its record {size}"
-        if self.parts == "sha256" and (found := sha256_file(path)) != sha:
+            return f"its part record {outdir.split(record_rel)[1]} is unreadable ({type(exc).__name__})"
+        if found_size != size:
+            return f"the part has {found_size} bytes, its record {size}"
+        if self.parts == "sha256" and (found := outdir.sha256(self.out, relpath)) != sha:
             return f"the part's sha256 {found[:16]}… is not its record's {sha[:16]}…"
+        return None
+
+
+def _size(out: Path, relpath: str) -> int | None:
+    """The size of the regular file at OUT/relpath, through the door; None when absent, outside OUT or behind a link
+    (what the size check and verify's path checks report)."""
+    try:
+        return outdir.size(out, relpath)
+    except outdir.UnsafePath:
         return None
 
 

@@ -7,9 +7,10 @@ Existing files are read only as JSON or through that reader, so a planted pickle
 
 from __future__ import annotations
 
-import functools
 import logging
+import os
 import re
+import stat
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -19,12 +20,14 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
+from infra import outdir
 from infra.cache import ledger
 from infra.cache.cachedir import OutKind, classify, read_cache_json
 from infra.cache.ledger import FileRecord
 from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import Format, get_format
+from infra.gates.cachefiles import cache_files
 from infra.gates.content import Content, ContentCheck, Damaged, problem, repair_commands, repair_lines
 from infra.gates.stale import StaleReport, find_stale
 from infra.models import get_family
@@ -138,8 +141,8 @@ def verify_out(
         existing = _existing_spec(out)
         report.existing_spec = existing.model_dump(mode="json") if existing else None
         full = content == "all"
-        inside = functools.partial(_inside, out)
-        done = _done_rows(out, report, ContentCheck(out, full, "sha256" if full else "size", inside))
+        done = _done_rows(out, report, ContentCheck(out, full, "sha256" if full else "size"))
+        _check_contents(out, report)
         shapes = {"latents": tuple(latent_shape), "text_embeddings": tuple(text_shape), **(extra_shapes or {})}
         if spec.buckets:  # each sample's latents have its own bucket's shape
             del shapes["latents"]
@@ -150,7 +153,7 @@ def verify_out(
             chosen = _rows_of(out, _choose(done, max_samples))
             _check_samples(out, fmt, chosen, _expected(spec, fmt, shapes), report)
             if not full:  # the samples just loaded, hashed too: a cheap look at content before a resume
-                spot = ContentCheck(out, files=True, parts=None, inside=inside)
+                spot = ContentCheck(out, files=True, parts=None)
                 _add_damaged(out, report, [d for row in chosen for d in spot.row(row)])
         except ConfigError as exc:
             report.problems.append(f"cannot read samples: {exc}")
@@ -201,6 +204,8 @@ def _done_rows(out: Path, report: VerifyReport, content: ContentCheck) -> list[_
             done += [_Done(row.group, row.path or "", row.key, shard_id) for row in rows]
     except (OSError, ValueError) as exc:
         report.problems.append(f"{ledger.ledger_dir(out)}: unreadable ledger ({exc})")
+    except outdir.UnsafePath as exc:
+        report.problems.append(str(exc))
     report.done = len(done)
     report.groups = dict(sorted(Counter(d.group for d in done).items()))
     return done
@@ -216,19 +221,33 @@ def _add_damaged(out: Path, report: VerifyReport, found: list[Damaged]) -> None:
         report.repair = repair_commands(out, [d["path"] for d in report.damaged])
 
 
+def _check_contents(out: Path, report: VerifyReport) -> None:
+    """The rest of what the cache is (`cache_files`: ledgers, reports, kept specs) reached without a link: what
+    upload refuses, verify calls damage."""
+    try:
+        cache_files(out)
+    except outdir.UnsafePath as exc:
+        report.problems.append(str(exc))
+
+
 def _rows_of(out: Path, chosen: list[_Done]) -> list[ledger.LedgerRow]:
     """The ledger rows of the chosen samples, in order (their shards read again: a few)."""
     shards = {shard_id: ledger.read_shard(out, shard_id) for shard_id in dict.fromkeys(d.shard for d in chosen)}
     return [shards[d.shard][d.key] for d in chosen]
 
 
-def _inside(out: Path, relpath: str | None) -> Path | None:
-    """OUT/relpath, if that path stays inside OUT."""
+def _stat(out: Path, relpath: str | None) -> os.stat_result | str | None:
+    """What is at a ledger's OUT-relative path, through the door (`infra.outdir`): its stat; why it is refused (a
+    path outside OUT, a symbolic link on the way: the same refusal upload gives); None when it is not there."""
     try:
-        path = out / str(relpath or "")
-        return path if relpath and path.resolve().is_relative_to(out.resolve()) else None
-    except (OSError, ValueError):  # a NUL byte, a link loop
-        return None
+        if not relpath or not outdir.parts(relpath):
+            raise outdir.UnsafePath("names no file")
+    except outdir.UnsafePath:
+        return f"has a path outside OUT ({relpath!r})"
+    try:
+        return outdir.lstat(out, relpath)
+    except outdir.UnsafePath as exc:
+        return f"has a path through a link ({exc})"
 
 
 def _check_files(out: Path, rows: list[ledger.LedgerRow], report: VerifyReport, counted: set[str]) -> None:
@@ -239,22 +258,19 @@ def _check_files(out: Path, rows: list[ledger.LedgerRow], report: VerifyReport, 
         if not files:
             report.problems.append(f"ledger/{row.shard}: done row {row.key!r} names no output file")
         for file in files:
-            path = _inside(out, file.path)
-            if path is None:
-                report.problems.append(
-                    f"ledger/{row.shard}: done row {row.key!r} has a path outside OUT ({file.path!r})"
-                )
-            elif not path.is_file():
+            found, path = _stat(out, file.path), out / file.path
+            if isinstance(found, str):
+                report.problems.append(f"ledger/{row.shard}: done row {row.key!r} {found}")
+            elif found is None or not stat.S_ISREG(found.st_mode):
                 report.missing.append(str(path))
             elif file.member is not None:  # a sample inside a shard file: the member is read by _check_samples
                 if file.path not in counted:
                     counted.add(file.path)
-                    report.bytes += path.stat().st_size
+                    report.bytes += found.st_size
             else:
-                size = path.stat().st_size
-                report.bytes += size
-                if size != file.bytes:
-                    report.problems.append(f"{path}: {size} bytes on disk, {file.bytes} in ledger/{row.shard}")
+                report.bytes += found.st_size
+                if found.st_size != file.bytes:
+                    report.problems.append(f"{path}: {found.st_size} bytes on disk, {file.bytes} in ledger/{row.shard}")
 
 
 def _choose(rows: list[_Done], limit: int) -> list[_Done]:
@@ -308,9 +324,10 @@ def _check_samples(
     first loaded sample's shape check. A kind the row records as missing (a clip without audio) is not looked for."""
     holding, expected = dict.fromkeys(want, 0), dict.fromkeys(want, 0)
     for row in rows:
-        files = {f.path: _inside(out, f.path) for f in row.output_files()}
-        if not files or any(path is None or not path.is_file() for path in files.values()):
+        found = {f.path: _stat(out, f.path) for f in row.output_files()}
+        if not found or not all(isinstance(st, os.stat_result) and stat.S_ISREG(st.st_mode) for st in found.values()):
             continue  # already reported by _check_files
+        files = {rel: out / rel for rel in found}
         report.checked.append(row.path or "")
         records = {f.path: _load(fmt, out, f, report) for f in row.output_files()}
         if any(r is None for r in records.values()):

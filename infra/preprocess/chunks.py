@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from infra import outdir
 from infra.cache import ledger
 from infra.plan import ShardPlan
 from infra.preprocess.result import ShardResult
@@ -63,11 +64,9 @@ def merge(out: Path, shard_id: str, chunks: list[Chunk], results: list[ShardResu
         rows.update(ledger.read_shard(out, chunk.ledger_id(shard_id)))
     ledger.seal(out, shard_id, rows.values())
     for chunk in chunks:
-        ledger.sealed_path(out, chunk.ledger_id(shard_id)).unlink(missing_ok=True)
-        ledger.journal_path(out, chunk.ledger_id(shard_id)).unlink(missing_ok=True)
-    parts = ledger.ledger_dir(out) / PARTS_DIR
-    if parts.is_dir() and not any(parts.iterdir()):
-        parts.rmdir()
+        outdir.unlink(out, ledger.sealed_rel(chunk.ledger_id(shard_id)))
+        outdir.unlink(out, ledger.journal_rel(chunk.ledger_id(shard_id)))
+    outdir.rmdir(out, f"{ledger.LEDGER_DIR}/{PARTS_DIR}")  # only when empty
     return _combined(shard_id, rows.values(), results)
 
 

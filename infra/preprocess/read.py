@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from infra.errors import InputError
 from infra.media.prompts import CaptionRules, caption_prompt
 from infra.sources import SampleRef
+from infra.sources.base import OUTSIDE_SOURCE
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,13 @@ class RawSample:
 
 def read(ref: SampleRef, captions: CaptionRules | None = None) -> RawSample:
     """The sample's prompt (its caption through `captions`, the spec's caption handling: `CaptionRules.of`), video
-    bytes and the bytes of its mode's other roles; InputError for what cannot be encoded (a layout error, a
-    duplicate id, an output name another sample has, a row superseded by a later one, no video, a role's file not
-    listed or not there: ``missing_<role>``)."""
+    bytes and the bytes of its mode's other roles; InputError for what cannot be encoded (a layout error, a file
+    that leads out of its source's root, a duplicate id, an output name another sample has, a row superseded by a
+    later one, no video, a role's file not listed or not there: ``missing_<role>``)."""
     if "layout_error" in ref.extra:
         raise InputError("bad_layout", ref.extra["layout_error"])
+    if OUTSIDE_SOURCE in ref.extra:  # a link out of the source's root: not read
+        raise InputError(OUTSIDE_SOURCE, ref.extra[OUTSIDE_SOURCE])
     if "duplicate_of" in ref.extra:
         raise InputError(
             "duplicate_id", f"{ref.group}/{ref.id} is also {ref.extra['duplicate_of']}, met first: that one is encoded"

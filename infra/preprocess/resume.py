@@ -10,14 +10,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from infra import outdir
 from infra.cache.ledger import FileRecord, LedgerRow
 from infra.formats import get_format
 from infra.gates.stale import kept, refreshed, source_state
+from infra.outdir import OutFile
 from infra.plan import BuildPlan
 from infra.preprocess.result import ShardResult
 from infra.preprocess.write import WrittenFiles
 from infra.sources import SampleRef
-from infra.storage import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def on_disk(plan: BuildPlan, ref: SampleRef, *, replacing: bool) -> OnDisk:
     fingerprints its files, whether they are ours, unless the trip is `replacing` them (an approved stale one)."""
     fmt = get_format(plan.spec.format)
     paths = set(fmt.paths(ref.stem, plan.kinds).values()) if ref.stem else set()
-    files = sorted(rel for rel in paths if (plan.out / rel).exists())
+    files = sorted(rel for rel in paths if outdir.lstat(plan.out, rel) is not None)  # a link there: UnsafePath
     if not files or replacing or not fmt.has_fingerprint:
         return OnDisk(files)
     found = _ours(plan, ref, files)
@@ -97,7 +98,7 @@ def _ours(plan: BuildPlan, ref: SampleRef, files: list[str]) -> tuple[WrittenFil
     fmt = get_format(plan.spec.format)
     ours = (plan.fingerprint, ref.group, ref.id)
     try:
-        records = {rel: fmt.read(plan.out / rel) for rel in files}
+        records = {rel: fmt.read(OutFile(plan.out, rel)) for rel in files}
         marks = {_marks(record) for record in records.values()}
         theirs = "it carries " + "; ".join(
             f"fingerprint {f}, group {g!r}, id {i!r}" for f, g, i in sorted(marks, key=str)
@@ -109,9 +110,8 @@ def _ours(plan: BuildPlan, ref: SampleRef, files: list[str]) -> tuple[WrittenFil
             f"{files[0]} exists and was not written for this sample by this spec ({theirs}; this sample: "
             f"fingerprint {plan.fingerprint}, group {ref.group!r}, id {ref.id!r}); not overwritten"
         )
-    found = [
-        FileRecord(path=rel, bytes=(plan.out / rel).stat().st_size, sha256=sha256_file(plan.out / rel)) for rel in files
-    ]
+    out = plan.out
+    found = [FileRecord(path=rel, bytes=outdir.size(out, rel) or 0, sha256=outdir.sha256(out, rel)) for rel in files]
     return WrittenFiles(found, adopted=True), records[files[0]]
 
 

@@ -30,6 +30,7 @@ from infra.media.prompts import CaptionRules
 from infra.media.temporal import TemporalPolicy
 from infra.models import LoadedFamily
 from infra.ops import preempt
+from infra.outdir import UnsafePath
 from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess import phases, record, resume, write
 from infra.preprocess.chunks import Chunk
@@ -214,8 +215,8 @@ def process_sample(
             outcome.extra["replaced"] = plan.replace_from
     except InputError as exc:
         outcome = record.Outcome("skipped", exc.reason, exc.detail)
-    except (ModelLoadError, DiskFull):
-        raise  # fails the shard (and so the run), not each sample
+    except (ModelLoadError, DiskFull, UnsafePath):
+        raise  # fails the shard (and so the run), not each sample: a link under OUT is damage of OUT, not a sample
     except FileExistsError as exc:
         outcome = record.Outcome(reason="output_exists", detail=str(exc))
     except Exception as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from infra import outdir
 from infra.cache.ledger import FileRecord
 from infra.formats import EncodedSample, PerSampleWriter, Writer
 from infra.plan import BuildPlan
@@ -24,7 +25,7 @@ def write(plan: BuildPlan, writer: Writer, sample: EncodedSample, present: list[
     if not present or replace or not isinstance(writer, PerSampleWriter):
         return WrittenFiles(writer.write(sample, replace=replace).records(plan.out))
     rendered = writer.render(sample)
-    same = {rel for _, rel, data in rendered if rel in present and (plan.out / rel).read_bytes() == data}
+    same = {rel for _, rel, data in rendered if rel in present and outdir.read_bytes(plan.out, rel) == data}
     if same != set(present):
         raise FileExistsError(f"{sorted(set(present) - same)[0]} exists with other bytes: not overwritten")
     return WrittenFiles(writer.write_rendered(rendered, present=frozenset(same)).records(plan.out), adopted=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from infra.errors import ConfigError, PublishError
+from infra.outdir import OutFile
 
 #: What a file is to the cache. Files are sent in this order: the manifest (cache.json) last, so a remote
 #: that has a cache.json has everything the manifest describes.
@@ -43,7 +44,7 @@ class LocalFile:
     size: int
     sha256: str
     role: Role
-    source: Path | None = None
+    source: OutFile | Path | None = None  # a file of OUT: an OutFile, opened only through the door
     data: bytes | None = None
 
     def open(self) -> BinaryIO:
@@ -52,7 +53,7 @@ class LocalFile:
             return io.BytesIO(self.data)
         if self.source is None:
             raise ValueError(f"{self.path}: a LocalFile needs a source or data")
-        return self.source.open("rb")
+        return self.source.open() if isinstance(self.source, OutFile) else self.source.open("rb")
 
     def read_bytes(self) -> bytes:
         with self.open() as fh:

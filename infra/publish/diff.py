@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infra.cache.cachedir import CACHE_JSON
 from infra.publish.base import UPDATABLE_ROLES, LocalFile, Remote, RemoteFile, Target, same_content
+from infra.publish.card import generated_card
 from infra.publish.manifest import Manifest
 
 logger = logging.getLogger(__name__)
@@ -91,10 +93,16 @@ def remote_fingerprint(remote: Remote) -> str | None:
 
 
 def plan_upload(
-    manifest: Manifest, listing: dict[str, RemoteFile], remote_fp: str | None, target: Target
+    manifest: Manifest,
+    listing: dict[str, RemoteFile],
+    remote_fp: str | None,
+    target: Target,
+    read: Callable[[str], bytes | None] | None = None,
 ) -> UploadPlan:
     """Decide per file. Updating in place is allowed only for updatable roles (card, ledgers) on a remote that
-    holds this same cache (same fingerprint); everything else that differs is a conflict."""
+    holds this same cache (same fingerprint), and for the card only when the remote one is a card latentforge wrote
+    that nobody edited (`read`: the remote's reader; without one, never); everything else that differs is a
+    conflict, which only an approval replaces."""
     plan = UploadPlan(target, manifest.fingerprint, remote_fp, listing=listing)
     same_cache = remote_fp == manifest.fingerprint
     for ours in manifest.files:
@@ -105,12 +113,22 @@ def plan_upload(
         verdict = same_content(ours, theirs)
         if verdict:
             plan.unchanged.append(ours)
-        elif ours.role in UPDATABLE_ROLES and same_cache and verdict is False:
+        elif ours.role in UPDATABLE_ROLES and same_cache and verdict is False and _written_by_us(ours, read):
             plan.update.append((ours, theirs))
         else:
             plan.conflicts.append((ours, theirs))
     plan.extra = foreign(manifest, listing)
     return plan
+
+
+def _written_by_us(ours: LocalFile, read: Callable[[str], bytes | None] | None) -> bool:
+    """Whether the remote file at `ours.path` may be updated in place: a ledger of this same cache is ours; a README
+    is the card only when it still is exactly one latentforge generated (a person's own README, or an edit to ours,
+    is theirs)."""
+    if ours.role != "card":
+        return True
+    data = read(ours.path) if read is not None else None
+    return data is not None and generated_card(data)
 
 
 def foreign(manifest: Manifest, listing: dict[str, RemoteFile]) -> list[str]:

@@ -25,6 +25,7 @@ The endpoint is HF_ENDPOINT read at call time (huggingface_hub reads it once, at
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import posixpath
@@ -217,13 +218,19 @@ class HubRemote(Remote):
     def _commit(self, batch: Sequence[LocalFile], label: str) -> None:
         from huggingface_hub import CommitOperationAdd  # noqa: PLC0415 - optional: the `hub` extra
 
-        operations = [
-            CommitOperationAdd(
-                path_in_repo=self.target.key(f.path),
-                path_or_fileobj=f.data if f.data is not None else str(f.source),
-            )
-            for f in batch
-        ]
+        with contextlib.ExitStack() as opened:
+            # every file of the batch open through the door (LocalFile.open) until the commit lands: the client
+            # reads those descriptors, never a path again (a link swapped in meanwhile is not followed)
+            operations = [
+                CommitOperationAdd(
+                    path_in_repo=self.target.key(f.path),
+                    path_or_fileobj=f.data if f.data is not None else opened.enter_context(f.open()),
+                )
+                for f in batch
+            ]
+            self._commit_operations(batch, operations, label)
+
+    def _commit_operations(self, batch: Sequence[LocalFile], operations: list[Any], label: str) -> None:
         for op, file in zip(operations, batch, strict=True):
             if op.upload_info.size != file.size:
                 raise PublishError(f"{file.path}: {op.upload_info.size} bytes on disk, {file.size} when it was hashed")

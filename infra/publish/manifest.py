@@ -2,8 +2,11 @@
 of the data), and the gate that says whether the cache may be published at all.
 
 Roles: every done ledger row's file is ``data`` (size and sha256 from the ledger, checked against the disk);
-``reports/`` is ``report`` (upload reports are left out: they describe a remote, not the cache); the dataset
-card is ``card``; sealed ledgers are ``ledger``; ``cache.json`` is the ``manifest``, sent last.
+the reports latentforge wrote under ``reports/`` are ``report`` (upload reports are left out: they describe a
+remote, not the cache; a file someone else put there is not the cache); the dataset card is ``card``; sealed
+ledgers are ``ledger``; ``cache.json`` is the ``manifest``, sent last. Every file is found and read through the
+door to OUT (`infra.outdir`), as verify finds it: a path outside OUT or a link stops the upload before anything
+is sent.
 ``include``/``exclude`` globs narrow data and reports only: the manifest, ledgers and card always go,
 so a remote holding one task family still says what the whole cache is.
 """
@@ -16,16 +19,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra import outdir
 from infra.audit.run_report import ReportError, latest_run_report
 from infra.cache import ledger
 from infra.cache.cachedir import CACHE_JSON, read_cache_json
 from infra.config import UploadConfig
 from infra.formats import ShardFormat, get_format
-from infra.formats.shards import META_JSON, part_record
+from infra.formats.shards import part_record
+from infra.gates.cachefiles import CacheFiles, cache_files
+from infra.outdir import OutFile
 from infra.publish.base import ROLE_ORDER, LocalFile, PublishError, Role, Target
 from infra.publish.card import card_file
-from infra.reports import REPORTS_DIR, UNPUBLISHED_REPORTS
-from infra.storage import TEMP_SUFFIX, sha256_file
+from infra.reports import REPORTS_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +59,11 @@ def _matches(path: str, globs: Iterable[str]) -> bool:
 
 
 def _on_disk(out: Path, relpath: str, role: Role) -> LocalFile:
-    path = out / relpath
-    return LocalFile(relpath, path.stat().st_size, sha256_file(path), role, source=path)
+    """A file of OUT as it is now (size and sha256 read through the door)."""
+    size = outdir.size(out, relpath)
+    if size is None:
+        raise PublishError(f"{Path(out) / relpath}: not a file")
+    return LocalFile(relpath, size, outdir.sha256(out, relpath), role, source=OutFile(Path(out), relpath))
 
 
 def _data_files(out: Path, problems: list[str]) -> list[LocalFile]:
@@ -65,23 +73,26 @@ def _data_files(out: Path, problems: list[str]) -> list[LocalFile]:
             if row.status != "done":
                 continue
             for record in row.output_files():
-                path = out / record.path
-                if not path.is_file():
+                try:
+                    size = outdir.size(out, record.path)  # a path outside OUT, or through a link: refused
+                except outdir.UnsafePath as exc:
+                    problems.append(f"ledger {shard}: done row {row.key!r}: {exc}")
+                    continue
+                if size is None:
                     problems.append(f"{record.path}: done in ledger {shard} but not on disk")
                     continue
                 if record.member is not None:  # a sample inside a shard file: the whole file goes, once
                     if record.path not in files:
                         files[record.path] = _shard_file(out, record.path, problems)
                     continue
-                if path.stat().st_size != record.bytes:
-                    problems.append(
-                        f"{record.path}: {path.stat().st_size} bytes on disk, ledger {shard} says {record.bytes}"
-                    )
+                if size != record.bytes:
+                    problems.append(f"{record.path}: {size} bytes on disk, ledger {shard} says {record.bytes}")
                     continue
                 seen = files.get(record.path)
                 if seen is not None and seen.sha256 != record.sha256:
                     problems.append(f"{record.path}: two ledger rows with different sha256 (duplicate output)")
-                files[record.path] = LocalFile(record.path, record.bytes, record.sha256, "data", source=path)
+                source = OutFile(Path(out), record.path)
+                files[record.path] = LocalFile(record.path, record.bytes, record.sha256, "data", source=source)
     return list(files.values())
 
 
@@ -91,46 +102,40 @@ def _shard_file(out: Path, relpath: str, problems: list[str]) -> LocalFile:
     if not isinstance(fmt, ShardFormat):
         raise PublishError(f"{relpath}: a ledger row names a member, but format {fmt.name} keeps no shard files")
     record = part_record(out, relpath, fmt)
-    path = out / relpath
-    if path.stat().st_size != record.bytes:
-        problems.append(f"{relpath}: {path.stat().st_size} bytes on disk, its part record says {record.bytes}")
-    return LocalFile(relpath, record.bytes, record.sha256, "data", source=path)
-
-
-def _tree(out: Path, directory: str, role: Role, skip: tuple[str, ...] = ()) -> list[LocalFile]:
-    root = out / directory
-    if not root.is_dir():
-        return []
-    found = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        if path.name.endswith(TEMP_SUFFIX) or path.name.startswith(skip):
-            continue
-        found.append(_on_disk(out, path.relative_to(out).as_posix(), role))
-    return found
+    size = outdir.size(out, relpath)
+    if size != record.bytes:
+        problems.append(f"{relpath}: {size} bytes on disk, its part record says {record.bytes}")
+    return LocalFile(relpath, record.bytes, record.sha256, "data", source=OutFile(Path(out), relpath))
 
 
 def build_manifest(out: Path, config: UploadConfig, target: Target) -> Manifest:
-    """The manifest of OUT; raises PublishError when the cache is not whole (a file missing or of another
-    size than its ledger row, an unsealed journal): nothing is published from a damaged cache."""
+    """The manifest of OUT: the files its ledgers name and the rest of what the cache is (`cache_files`), nothing
+    else in OUT. Raises PublishError when the cache is not whole (a file missing or of another size than its
+    ledger row, an unsealed journal), or names a path outside OUT or a link (one line): nothing is published from a
+    damaged cache."""
     out = Path(out)
-    if not (out / CACHE_JSON).is_file():
-        raise PublishError(f"{out} is not a latentforge cache (no {CACHE_JSON})")
+    try:
+        if not outdir.is_file(out, CACHE_JSON):
+            raise PublishError(f"{out} is not a latentforge cache (no {CACHE_JSON})")
+        return _manifest(out, config, target, cache_files(out))
+    except outdir.UnsafePath as exc:
+        raise PublishError(f"{out}: nothing was uploaded: {exc}") from exc
+
+
+def _manifest(out: Path, config: UploadConfig, target: Target, found: CacheFiles) -> Manifest:
     fingerprint = str(read_cache_json(out).get("fingerprint", ""))
-    problems = [
-        f"{p.relative_to(out)}: unsealed journal (a run is in progress or was killed: resume it first)"
-        for p in sorted(ledger.ledger_dir(out).glob("*.journal.jsonl"))
-    ]
+    problems = [f"{p}: unsealed journal (a run is in progress or was killed: resume it first)" for p in found.journals]
     data = _data_files(out, problems)
     if problems:
         shown = "\n  ".join(problems[:20])
         raise PublishError(f"{out} is not whole; nothing was uploaded ({len(problems)} problem(s)):\n  {shown}")
-    ledgers = [f for f in _tree(out, ledger.LEDGER_DIR, "ledger") if not f.path.endswith(".journal.jsonl")]
-    reports = _tree(out, REPORTS_DIR, "report", skip=UNPUBLISHED_REPORTS)
-    kept_specs = [_on_disk(out, p.name, "report") for p in sorted(out.glob("cache.*.json"))]  # replaced caches
+    ledgers = [_on_disk(out, rel, "ledger") for rel in found.ledgers]
+    reports = [_on_disk(out, rel, "report") for rel in found.reports]
+    kept_specs = [_on_disk(out, rel, "report") for rel in found.kept_specs]  # replaced caches
     card = _card(out, config, target)
     manifest_file = _on_disk(out, CACHE_JSON, "manifest")
-    if (out / META_JSON).is_file():  # a shard format's index: after the shards it names
-        ledgers.append(_on_disk(out, META_JSON, "ledger"))
+    if found.meta is not None:  # a shard format's index: after the shards it names
+        ledgers.append(_on_disk(out, found.meta, "ledger"))
     everything = [*data, *reports, *kept_specs, card, *ledgers, manifest_file]
     chosen = [f for f in everything if _chosen(f, config)]
     chosen.sort(key=lambda f: (ROLE_ORDER[f.role], f.path))

@@ -17,7 +17,7 @@ from infra.publish.check import RemoteCheck
 from infra.publish.core import SendStats
 from infra.publish.diff import UploadPlan
 from infra.publish.manifest import Manifest, gate_problems
-from infra.reports import reports_dir, to_json_bytes, write_new
+from infra.reports import REPORTS_DIR, to_json_bytes, write_new
 
 UPLOAD_PREFIX = "upload"
 
@@ -133,4 +133,4 @@ class UploadRun:
     def write(self) -> Path:
         """``OUT/reports/upload-<UTC>.json`` (+ ``.md``), never overwritten and never published themselves."""
         files = {".json": to_json_bytes(self.report()), ".md": self.markdown().encode()}
-        return write_new(reports_dir(self.out), UPLOAD_PREFIX, files)[0]
+        return write_new(REPORTS_DIR, UPLOAD_PREFIX, files, out=self.out)[0]

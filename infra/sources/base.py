@@ -7,9 +7,12 @@ reading or decoding their video.
 
 from __future__ import annotations
 
+import itertools
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 from infra.errors import LatentforgeError, SourceError
@@ -17,6 +20,44 @@ from infra.registry import Registry
 from infra.sources.identity import SourceIdentity
 from infra.sources.names import SAFE_NAME as SAFE_NAME  # re-exported: where readers have long found it
 from infra.sources.names import is_safe_name as is_safe_name
+
+#: `SampleRef.extra` key of a sample whose file is a link out of its source's root: skipped, ``outside_source``.
+OUTSIDE_SOURCE = "outside_source"
+FOLLOW_FLAG = "--follow-symlinks"
+
+
+def outside_root(root: Path, path: Path, *, follow_symlinks: bool = False) -> str | None:
+    """Why `path` may not be read as part of the source rooted at `root`: it resolves (links followed) to a place
+    outside the root, and links are not followed out of it unless the user says so (`follow_symlinks`); None when
+    it may (a link inside the root is fine). A resolved path can change after this check: a source is the user's
+    data, not OUT, whose door (`infra.outdir`) is race-free."""
+    if follow_symlinks:
+        return None
+    top, real = os.path.realpath(root), os.path.realpath(path)
+    if real == top or real.startswith(top.rstrip(os.sep) + os.sep):
+        return None
+    return f"{path} leads to {real}, outside the source root {top}: not read ({FOLLOW_FLAG} reads it)"
+
+
+def glob_root(spec: str) -> Path | None:
+    """The folder a source's PATH spreads from: the folder named, or a pattern's folder before its first wildcard
+    (``data/**/*.tar`` → ``data``); None for a file named (the user's own choice, a link or not)."""
+    path = Path(spec).expanduser()
+    if any(ch in spec for ch in "*?["):
+        fixed = itertools.takewhile(lambda part: not any(ch in part for ch in "*?["), path.parts)
+        return Path(*fixed) if path.parts and not any(ch in path.parts[0] for ch in "*?[") else Path()
+    return path if path.is_dir() else None
+
+
+def refuse_outside(spec: str, paths: list[Path], what: str, *, follow_symlinks: bool = False) -> None:
+    """SourceError naming the `paths` (shard files, found from `spec`) that lead out of its folder (`glob_root`); a
+    shard is the unit of work, so one that cannot be read is refused at listing, not skipped."""
+    root = glob_root(spec)
+    if root is None:
+        return
+    outside = [why for path in paths if (why := outside_root(root, path, follow_symlinks=follow_symlinks))]
+    if outside:
+        raise SourceError(f"{what}: {len(outside)} file(s) outside the source root, first: {outside[0]}")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,16 @@ from pathlib import Path
 from infra.errors import InputError, SourceError
 from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
-from infra.sources.base import SampleRef, Shard, Source, is_safe_name, mark_duplicate, register_source
+from infra.sources.base import (
+    OUTSIDE_SOURCE,
+    SampleRef,
+    Shard,
+    Source,
+    is_safe_name,
+    mark_duplicate,
+    outside_root,
+    register_source,
+)
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import name_key, nameable, output_stem
 
@@ -44,10 +53,14 @@ def list_media(root: Path) -> list[Path]:
 
 @register_source("folder")
 class FolderSource(Source):
-    """Images or videos with ``.txt`` captions beside them, in nested folders."""
+    """Images or videos with ``.txt`` captions beside them, in nested folders. A file (or caption) that is a link
+    out of the folder is not read (skipped, ``outside_source``) unless `follow_symlinks`."""
 
-    def __init__(self, path: str) -> None:
+    settings = ("follow_symlinks",)
+
+    def __init__(self, path: str, follow_symlinks: bool = False) -> None:
         self.root = Path(path).expanduser()
+        self.follow_symlinks = follow_symlinks
         name = self.root.resolve().name
         self.prefix = name if is_safe_name(name) else "folder"
 
@@ -75,8 +88,10 @@ class FolderSource(Source):
         parts = (*rel.parent.parts, rel.stem)
         bad = [p for p in parts if not nameable(p)]
         extra = {"layout_error": f"a name that is not UTF-8 cannot name an output: {sid}"} if bad else {}
-        listed = {rel.name: media}
-        if caption.is_file():
+        if outside := self._outside(media) or self._outside(caption):
+            extra[OUTSIDE_SOURCE] = outside  # nothing of it is read, not even its size
+        listed = {rel.name: media} if not outside else {}
+        if caption.is_file() and not outside:
             listed[caption.name] = caption
         members = {}
         for name, path in listed.items():
@@ -88,12 +103,21 @@ class FolderSource(Source):
             id=sid,
             group=name_key(rel.parts[0]) if len(rel.parts) > 1 else "",
             key=sid,
-            read_media=lambda: _read(media, identity),
-            read_prompt=lambda: _read(caption, identity, MAX_PROMPT_BYTES) if captioned else None,
+            read_media=lambda: _read(self._inside(media), identity),
+            read_prompt=lambda: _read(self._inside(caption), identity, MAX_PROMPT_BYTES) if captioned else None,
             extra=extra,
             identity=identity,
             stem="" if bad else output_stem(parts),
         )
+
+    def _outside(self, path: Path) -> str | None:
+        return outside_root(self.root, path, follow_symlinks=self.follow_symlinks)
+
+    def _inside(self, path: Path) -> Path:
+        """`path`, checked again as it is read (a link swapped in since the listing): InputError when outside."""
+        if why := self._outside(path):
+            raise InputError(OUTSIDE_SOURCE, why)
+        return path
 
 
 def _read(path: Path, identity: SourceIdentity, cap: int | None = None) -> bytes | None:

@@ -36,7 +36,15 @@ from typing import Any
 
 from infra.config import AUDIO_ONLY_MODES, MODE_ROLES
 from infra.errors import InputError, SourceError
-from infra.sources.base import SampleRef, Shard, Source, mark_duplicate, register_source
+from infra.sources.base import (
+    OUTSIDE_SOURCE,
+    SampleRef,
+    Shard,
+    Source,
+    mark_duplicate,
+    outside_root,
+    register_source,
+)
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import nameable, output_stem
 
@@ -141,7 +149,7 @@ def sample_id(media: str) -> str | None:
 class MetaSource(Source):
     """A metadata file (csv, json, jsonl; the LTX-2 trainer's or FastVideo's columns) listing media and captions."""
 
-    settings = ("video_column", "caption_column", "duplicate_rows", "mode")
+    settings = ("video_column", "caption_column", "duplicate_rows", "mode", "follow_symlinks")
 
     def __init__(
         self,
@@ -150,8 +158,10 @@ class MetaSource(Source):
         caption_column: str | None = None,
         duplicate_rows: str = "refuse",
         mode: str = "t2v",
+        follow_symlinks: bool = False,
     ) -> None:
         self.path = Path(path).expanduser()
+        self.follow_symlinks = follow_symlinks  # a relative media path that leads out of the file's folder: read
         if self.path.suffix.lower() not in SUFFIXES:
             raise SourceError(f"meta source {path!r}: expected a {', '.join(SUFFIXES)} file")
         self.root = self.path.parent
@@ -219,20 +229,40 @@ class MetaSource(Source):
         roles = {role: self.root / listed[role] if listed.get(role) else None for role in self.roles}
         # A caption with a lone surrogate (JSON "\udcff") keeps it as bytes that are not UTF-8: prompt_not_utf8.
         caption = None if row.caption is None else row.caption.encode("utf-8", "surrogatepass")
-        identity = SourceIdentity(members=_members({"video": media, "audio": audio, **roles}, caption))
+        files = {"video": media, "audio": audio, **roles}
+        if outside := self._outside([row.media, row.audio or "", *listed.values()]):
+            extra[OUTSIDE_SOURCE] = outside  # nothing of it is read, not even its size
+        identity = SourceIdentity(members=_members(files if not outside else {}, caption))
         parts = (sid or key).split("/")
         return SampleRef(
             id=sid or key,
             group=parts[0] if len(parts) > 1 else "root",
             key=key,
-            read_media=functools.partial(_read, media, "video", identity),
+            read_media=functools.partial(self._read, media, "video", identity, row.media),
             read_prompt=lambda: caption,
-            read_audio=functools.partial(_read, audio, "audio", identity) if audio is not None else None,
-            read_roles={role: functools.partial(_read, path, role, identity) for role, path in roles.items()},
+            read_audio=None if audio is None else functools.partial(self._read, audio, "audio", identity, row.audio),
+            read_roles={
+                role: functools.partial(self._read, path, role, identity, listed.get(role) or "")
+                for role, path in roles.items()
+            },
             extra=extra,
             identity=identity,
             stem=output_stem(PurePosixPath(sid).with_suffix("").parts) if sid is not None and not extra else "",
         )
+
+    def _outside(self, listed: list[str]) -> str | None:
+        """Why a relative media path of a row may not be read: it leads out of the metadata file's folder (an
+        absolute path is the user's own choice of place)."""
+        relative = [entry for entry in listed if entry and not PurePosixPath(entry).is_absolute()]
+        found = (outside_root(self.root, self.root / e, follow_symlinks=self.follow_symlinks) for e in relative)
+        return next((why for why in found if why), None)
+
+    def _read(self, path: Path | None, name: str, identity: SourceIdentity, entry: str | None) -> bytes | None:
+        """`_read` of the file the row lists as `entry`, checked again as it is read (a link swapped in since the
+        listing)."""
+        if why := self._outside([entry or ""]):
+            raise InputError(OUTSIDE_SOURCE, why)
+        return _read(path, name, identity)
 
 
 def _members(files: dict[str, Path | None], caption: bytes | None) -> dict[str, MemberIdentity]:

@@ -28,6 +28,7 @@ from infra.sources.base import (
     Source,
     is_safe_name,
     mark_duplicate,
+    refuse_outside,
     register_source,
 )
 from infra.sources.identity import MemberIdentity, SourceIdentity
@@ -97,7 +98,7 @@ def tar_headers(tf: tarfile.TarFile) -> tuple[list[tarfile.TarInfo], str | None]
         headers.append(info)
 
 
-def _find_tars(spec: str) -> list[Path]:
+def _find_tars(spec: str, follow_symlinks: bool = False) -> list[Path]:
     path = Path(spec).expanduser()
     if any(ch in spec for ch in "*?["):
         found = [Path(p) for p in glob.glob(str(path), recursive=True)]
@@ -107,18 +108,23 @@ def _find_tars(spec: str) -> list[Path]:
         found = [path]
     else:
         raise SourceError(f"vbvr source {spec!r}: no such file or directory")
-    return sorted(p for p in found if p.name.endswith(TAR_SUFFIXES))
+    tars = sorted(p for p in found if p.name.endswith(TAR_SUFFIXES))
+    refuse_outside(spec, tars, f"vbvr source {spec!r}", follow_symlinks=follow_symlinks)
+    return tars
 
 
 @register_source("vbvr")
 class VbvrSource(Source):
     """A directory of VBVR tar shards, one tar, or a glob."""
 
-    def __init__(self, path: str) -> None:
+    settings = ("follow_symlinks",)
+
+    def __init__(self, path: str, follow_symlinks: bool = False) -> None:
         self.path = path
+        self.follow_symlinks = follow_symlinks  # a shard file that is a link out of the source's folder: listed
 
     def shards(self) -> list[Shard]:
-        tars = _find_tars(self.path)
+        tars = _find_tars(self.path, self.follow_symlinks)
         if not tars:
             raise SourceError(f"vbvr source {self.path!r}: no tar shards found ({', '.join(TAR_SUFFIXES)})")
         return tar_shards(tars)

@@ -24,7 +24,15 @@ from pathlib import Path
 from infra.errors import InputError, SourceError
 from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
-from infra.sources.base import SampleRef, Shard, ShardReadError, Source, mark_duplicate, register_source
+from infra.sources.base import (
+    SampleRef,
+    Shard,
+    ShardReadError,
+    Source,
+    mark_duplicate,
+    refuse_outside,
+    register_source,
+)
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import name_key, nameable, output_stem
 from infra.sources.vbvr import TAR_SUFFIXES, check_unchanged, open_shard_tar, tar_headers, tar_shards
@@ -53,19 +61,24 @@ def expand_braces(pattern: str) -> list[str]:
     return list(itertools.chain.from_iterable(expand_braces(head + o + tail) for o in options))
 
 
-def find_tars(spec: str) -> list[Path]:
-    """The tars `spec` names, sorted; SourceError when it names nothing."""
+def find_tars(spec: str, follow_symlinks: bool = False) -> list[Path]:
+    """The tars `spec` names, sorted; SourceError when it names nothing, or a tar that is a link out of the folder a
+    part of it names (unless `follow_symlinks`)."""
     found: list[Path] = []
     for part in expand_braces(spec):
         path = Path(part).expanduser()
         if any(ch in part for ch in "*?["):
-            found += [Path(p) for p in glob.glob(str(path), recursive=True)]
+            listed = [Path(p) for p in glob.glob(str(path), recursive=True)]
         elif path.is_dir():
-            found += [p for p in path.rglob("*") if p.is_file()]
+            listed = [p for p in path.rglob("*") if p.is_file()]
         elif path.is_file():
-            found.append(path)
+            listed = [path]
         elif "{" in spec:
             raise SourceError(f"wds source {spec!r}: {part} does not exist")
+        else:
+            listed = []
+        refuse_outside(part, listed, f"wds source {spec!r}", follow_symlinks=follow_symlinks)
+        found += listed
     tars = sorted({p for p in found if p.name.endswith(TAR_SUFFIXES)})
     if not tars:
         raise SourceError(f"wds source {spec!r}: no tar shards found ({', '.join(TAR_SUFFIXES)})")
@@ -89,11 +102,14 @@ def split_key(name: str) -> tuple[str, str]:
 class WdsSource(Source):
     """WebDataset tars of images and captions (CC12M's layout)."""
 
-    def __init__(self, path: str) -> None:
+    settings = ("follow_symlinks",)
+
+    def __init__(self, path: str, follow_symlinks: bool = False) -> None:
         self.path = path
+        self.follow_symlinks = follow_symlinks  # a shard file that is a link out of the source's folder: listed
 
     def shards(self) -> list[Shard]:
-        return tar_shards(find_tars(self.path))
+        return tar_shards(find_tars(self.path, self.follow_symlinks))
 
     def samples(self, shard: Shard) -> Iterator[SampleRef]:
         """The shard's samples in tar order; ShardReadError at the end for a damaged tar."""

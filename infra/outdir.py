@@ -1,0 +1,264 @@
+"""The one door to OUT: every path below a cache root is reached from the root's own directory, one component at a
+time, each opened with ``O_NOFOLLOW`` relative to its parent's descriptor (openat-style). A ``..``, an absolute
+path, or a symbolic link anywhere below OUT is refused (`UnsafePath`), so nothing is read, written or uploaded
+outside OUT through a ledger row, a report folder or a group folder.
+
+Why descriptors and not ``realpath`` then ``open``: a resolved path is a promise about the moment it was resolved,
+and a link swapped in before the open would be followed. Here the check is the use: each component is opened
+without following a link, and the next is looked up inside the descriptor just opened, so there is no moment in
+between to race. OUT itself is opened as named (a link the user names is the user's to name).
+
+Atomic writes under OUT are `infra.storage.atomic_file(rel, out=OUT)`, which takes its folder from `directory`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from infra.errors import LatentforgeError
+
+#: A folder below OUT: never through a link (ELOOP), never a file (ENOTDIR).
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Every file opened below OUT: never through a link; O_NONBLOCK so that a FIFO planted there cannot hang a read
+#: (a regular file ignores it).
+_FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+Kind = Literal["file", "dir", "link", "other"]
+
+
+class UnsafePath(LatentforgeError):
+    """A path under OUT the door refuses: absolute, with a ``..``, through a symbolic link, or not a regular file."""
+
+
+def parts(rel: str | os.PathLike[str]) -> tuple[str, ...]:
+    """The components of an OUT-relative path (``.`` and empty ones dropped); UnsafePath for an absolute path, a
+    ``..`` or a NUL: such a path could name something outside OUT."""
+    text = os.fspath(rel)
+    if "\0" in text or text.startswith("/") or ".." in text.split("/"):
+        raise UnsafePath(f"{text!r} is not a path inside OUT (absolute, '..' or a NUL byte): refused")
+    return tuple(name for name in text.split("/") if name not in ("", "."))
+
+
+def join(*names: str) -> str:
+    """OUT-relative parts joined with ``/`` (empty ones left out): ``join("", "a")`` is ``a``."""
+    return "/".join(name for name in names if name)
+
+
+def split(rel: str | os.PathLike[str]) -> tuple[str, str]:
+    """(the folder, the name) of an OUT-relative file path; UnsafePath as `parts`, or when it names OUT itself."""
+    names = parts(rel)
+    if not names:
+        raise UnsafePath(f"{os.fspath(rel)!r} names OUT itself, not a file below it")
+    return "/".join(names[:-1]), names[-1]
+
+
+def _link(out: Path, names: tuple[str, ...]) -> UnsafePath:
+    shown = Path(out, *names)
+    return UnsafePath(
+        f"{shown} is a symbolic link: latentforge never reads, writes or uploads under OUT through a link "
+        "(replace it with the real folder or file)"
+    )
+
+
+def _refusal(fd: int, name: str, out: Path, names: tuple[str, ...], exc: OSError) -> OSError:
+    """What an open below OUT that failed with ELOOP / ENOTDIR means: a link (UnsafePath) or a file in the way."""
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+        with contextlib.suppress(OSError):
+            if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                return _link(out, names)
+    return exc
+
+
+def _child(fd: int, name: str, create: bool) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with contextlib.suppress(FileExistsError):  # made by a racing writer meanwhile: opened below, never followed
+        os.mkdir(name, 0o755, dir_fd=fd)
+    return os.open(name, _DIR_FLAGS, dir_fd=fd)
+
+
+@contextlib.contextmanager
+def directory(out: Path, rel: str | os.PathLike[str] = "", *, create: bool = False) -> Iterator[int]:
+    """A descriptor of the folder `rel` below `out`, reached without following a link (`create`: made where
+    missing, OUT included). UnsafePath for a link on the way; FileNotFoundError / NotADirectoryError otherwise."""
+    names = parts(rel)
+    if create:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for depth, name in enumerate(names, 1):
+            try:
+                child = _child(fd, name, create)
+            except OSError as exc:
+                raise _refusal(fd, name, Path(out), names[:depth], exc) from exc
+            os.close(fd)
+            fd = child
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def open_fd(out: Path, rel: str | os.PathLike[str], flags: int, *, mode: int = 0o644, create_dirs: bool = False) -> int:
+    """A raw descriptor of the regular file `rel` below `out`, opened with `flags` (plus O_NOFOLLOW); UnsafePath for
+    a link or anything but a regular file (a FIFO, a device) there."""
+    parent, name = split(rel)
+    with directory(out, parent, create=create_dirs) as folder:
+        try:
+            fd = os.open(name, flags | _FILE_FLAGS, mode, dir_fd=folder)
+        except OSError as exc:
+            raise _refusal(folder, name, Path(out), (*parts(parent), name), exc) from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePath(f"{Path(out, rel)} is not a regular file: refused")
+    return fd
+
+
+def open_read(out: Path, rel: str | os.PathLike[str]) -> BinaryIO:
+    """The regular file `rel` below `out`, open for reading (close it, or use it in a ``with``)."""
+    return os.fdopen(open_fd(out, rel, os.O_RDONLY), "rb")
+
+
+def read_bytes(out: Path, rel: str | os.PathLike[str]) -> bytes:
+    """The bytes of the regular file `rel` below `out`."""
+    with open_read(out, rel) as fh:
+        return fh.read()
+
+
+def read_text(out: Path, rel: str | os.PathLike[str]) -> str:
+    """The UTF-8 text of the regular file `rel` below `out`."""
+    return read_bytes(out, rel).decode("utf-8")
+
+
+def sha256(out: Path, rel: str | os.PathLike[str]) -> str:
+    """sha256 of the regular file `rel` below `out`, streamed."""
+    digest = hashlib.sha256()
+    with open_read(out, rel) as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def lstat(out: Path, rel: str | os.PathLike[str]) -> os.stat_result | None:
+    """What is at `rel` below `out`, the link itself never followed; None when it (or a folder on its way) is not
+    there. UnsafePath for a link, there or on the way."""
+    parent, name = split(rel)
+    try:
+        with directory(out, parent) as folder:
+            found = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISLNK(found.st_mode):
+        raise _link(Path(out), (*parts(parent), name))
+    return found
+
+
+def size(out: Path, rel: str | os.PathLike[str]) -> int | None:
+    """The size of the regular file `rel` below `out`; None when there is none (absent, or a folder)."""
+    found = lstat(out, rel)
+    return found.st_size if found is not None and stat.S_ISREG(found.st_mode) else None
+
+
+def is_file(out: Path, rel: str | os.PathLike[str]) -> bool:
+    """Whether a regular file is at `rel` below `out` (UnsafePath for a link there or on the way)."""
+    return size(out, rel) is not None
+
+
+def is_dir(out: Path, rel: str | os.PathLike[str]) -> bool:
+    """Whether a folder is at `rel` below `out` (UnsafePath for a link on the way)."""
+    if not parts(rel):
+        return Path(out).is_dir()
+    found = lstat(out, rel)
+    return found is not None and stat.S_ISDIR(found.st_mode)
+
+
+def unlink(out: Path, rel: str | os.PathLike[str], *, missing_ok: bool = True) -> None:
+    """Remove the file (or the link itself: unlink never follows one) at `rel` below `out`."""
+    parent, name = split(rel)
+    try:
+        with directory(out, parent) as folder:
+            os.unlink(name, dir_fd=folder)
+    except (FileNotFoundError, NotADirectoryError):
+        if not missing_ok:
+            raise
+
+
+def rmdir(out: Path, rel: str | os.PathLike[str]) -> bool:
+    """Remove the folder `rel` below `out` when it is empty; whether it was removed."""
+    parent, name = split(rel)
+    try:
+        with directory(out, parent) as folder:
+            os.rmdir(name, dir_fd=folder)
+    except OSError:  # not empty, not there, not a folder
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One name in a folder below OUT, and what it is (a link is never followed to say)."""
+
+    name: str
+    kind: Kind
+
+
+def _kind(entry: os.DirEntry[str]) -> Kind:
+    if entry.is_symlink():
+        return "link"
+    if entry.is_dir(follow_symlinks=False):
+        return "dir"
+    return "file" if entry.is_file(follow_symlinks=False) else "other"
+
+
+def entries(out: Path, rel: str | os.PathLike[str] = "") -> list[Entry]:
+    """The names in the folder `rel` below `out`, sorted; [] when it is not there."""
+    try:
+        with directory(out, rel) as folder, os.scandir(folder) as listing:
+            return sorted((Entry(e.name, _kind(e)) for e in listing), key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def files(out: Path, rel: str | os.PathLike[str] = "") -> list[str]:
+    """Every regular file below the folder `rel` of `out`, OUT-relative, sorted; UnsafePath for a link anywhere
+    there (a walk never follows one, and never passes one by: a link is the finding)."""
+    base = "/".join(parts(rel))
+    found: list[str] = []
+    for entry in entries(out, base):
+        path = f"{base}/{entry.name}" if base else entry.name
+        if entry.kind == "link":
+            raise _link(Path(out), parts(path))
+        if entry.kind == "dir":
+            found += files(out, path)
+        elif entry.kind == "file":
+            found.append(path)
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class OutFile:
+    """A file below OUT named by its OUT-relative path: what readers are handed instead of a path, so that they
+    open it only through the door."""
+
+    out: Path
+    rel: str
+
+    def open(self) -> BinaryIO:
+        """The file, open for reading."""
+        return open_read(self.out, self.rel)
+
+    @property
+    def name(self) -> str:
+        return parts(self.rel)[-1]
+
+    def __str__(self) -> str:
+        return str(Path(self.out, self.rel))
