@@ -223,7 +223,8 @@ class EncodingConfig(StrictModel):
         "t2v",
         description="LTX-2 training mode (format ltx): which .precomputed/ subfolders every sample must have "
         "(README: the table of modes) and which dataset roles are read; a dataset without a role it reads is "
-        "refused at plan time",
+        "refused at plan time. i2v of a Wan image-to-video model (wan21 I2V, wan22 TI2V-5B): each sample "
+        "also stores what its first frame conditions the model on",
     )
     lora_trigger: str | None = Field(
         None, description="Text prepended to every caption with one space, as the LTX-2 trainer's --lora-trigger"
@@ -623,6 +624,8 @@ ADDED_LATER: dict[str, Any] = {
     "reference_downscale_factor": 1,
     "reference_temporal_scale_factor": 1,
     "audio_durations": None,
+    "conditioning": None,
+    "text_clean": None,
 }
 
 
@@ -693,6 +696,14 @@ class CacheSpec(StrictModel):
     reference_downscale_factor: int = Field(1, description="IC-LoRA: the reference's height and width over this")
     reference_temporal_scale_factor: int = Field(1, description="IC-LoRA: frame 0, then every Nth reference frame")
     audio_durations: list[float] | None = Field(None, description="Audio-only modes: duration buckets (seconds)")
+    text_clean: str | None = Field(
+        None, description="The cleaning the format's consumer applies to a prompt before its tokenizer (whitespace)"
+    )
+    conditioning: str | None = Field(
+        None,
+        description="--mode i2v of an image-to-video model: what each sample stores of its first frame (the family's "
+        "`conditioning`: Wan's y and CLIP features, TI2V-5B's first latent frame)",
+    )
 
     def canonical(self) -> dict[str, Any]:
         """What the fingerprint hashes: the spec's JSON under latentforge 0.1's names (`FINGERPRINT_NAMES`), without

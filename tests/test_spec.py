@@ -37,6 +37,7 @@ def test_fingerprint_is_sha256_of_canonical_json():
     added |= {"preprocess": "plugin:fn"}
     added |= {"load_text_encoder_in_8bit": True, "model_version": "2.5"}
     added |= {"reference_downscale_factor": 2, "reference_temporal_scale_factor": 2, "audio_durations": [2.0, 4.0]}
+    added |= {"conditioning": "y", "text_clean": "whitespace"}
     spec = CacheSpec(**{**BASE, **added, "window_step": 5, "short_clips": "skip", "text_storage": "trimmed"})
     as_0_1_named = {FINGERPRINT_NAMES.get(k, k): v for k, v in spec.model_dump(mode="json").items()}
     canonical = json.dumps(as_0_1_named, sort_keys=True, separators=(",", ":"))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from infra.formats.base import AUDIO_KIND, EncodedSample, Format, PerSampleWriter, Writer, WrittenSample
+from infra.formats.diffsynth import DiffSynthFormat
 from infra.formats.ltx import LtxFormat
+from infra.formats.musubi import MusubiFormat
 from infra.formats.parquet import ParquetFormat
 from infra.formats.pt import PtFormat
 from infra.formats.shards import ShardFormat
@@ -15,6 +17,8 @@ FORMATS.add("pt", PtFormat())
 FORMATS.add("ltx", LtxFormat())
 FORMATS.add("webdataset", WebDatasetFormat())
 FORMATS.add("parquet", ParquetFormat())
+FORMATS.add("musubi", MusubiFormat())
+FORMATS.add("diffsynth", DiffSynthFormat())
 
 __all__ = [
     "AUDIO_KIND",

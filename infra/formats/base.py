@@ -29,6 +29,11 @@ REFERENCE_KIND = "reference_latents"
 REFERENCE_AUDIO_KIND = "reference_audio_latents"
 VIDEO_MASK_KIND = "video_masks"
 AUDIO_MASK_KIND = "audio_masks"
+#: An image-to-video sample's conditioning (`infra.models.base.ImageConditioning`, ``--mode i2v``): Wan I2V's ``y``
+#: (mask + first-frame latents), its CLIP features, TI2V-5B's first latent frame.
+IMAGE_LATENTS_KIND = "image_latents"
+CLIP_KIND = "clip_features"
+FIRST_FRAME_KIND = "first_frame_latents"
 #: The dtype each output kind is stored in (the LTX-2 trainer keeps audio latents and masks in float32).
 KIND_DTYPES: dict[str, torch.dtype] = {
     "latents": torch.bfloat16,
@@ -38,9 +43,12 @@ KIND_DTYPES: dict[str, torch.dtype] = {
     REFERENCE_AUDIO_KIND: torch.float32,
     VIDEO_MASK_KIND: torch.float32,
     AUDIO_MASK_KIND: torch.float32,
+    IMAGE_LATENTS_KIND: torch.bfloat16,
+    CLIP_KIND: torch.float16,  # musubi-tuner's clip_float16 (its CLIP runs in float16)
+    FIRST_FRAME_KIND: torch.bfloat16,
 }
 #: The kinds stored in ``--store-dtype`` (the others keep their `KIND_DTYPES`).
-STORED_AS_SPEC = ("latents", "text_embeddings", REFERENCE_KIND)
+STORED_AS_SPEC = ("latents", "text_embeddings", REFERENCE_KIND, IMAGE_LATENTS_KIND, FIRST_FRAME_KIND)
 #: ``--store-dtype`` → the dtype of the latents and text embeddings (audio latents stay float32).
 STORE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -204,6 +212,19 @@ class Format(ABC):
     def paths(self, stem: str, kinds: Iterable[str]) -> dict[str, str]:
         """OUT-relative path of the file holding each output kind of the sample named `stem` (kinds may share
         one file): deterministic, mirroring the source's names."""
+
+    def stored_dtype(self, kind: str, store_dtype: str) -> torch.dtype:
+        """The dtype this format stores an output kind in (default `kind_dtype`; a consumer's own may differ)."""
+        return kind_dtype(kind, store_dtype)
+
+    def derived_buckets(self, config: Any, temporal: str) -> list[Any] | None:
+        """The buckets a format whose consumer recomputes them from the resolution derives from the config's
+        ``width``/``height``/``frames`` (the spec keeps those as given), or None: the config's own ``--buckets``."""
+        return None
+
+    def check_out(self, out: Path, source: str) -> None:  # noqa: B027 - a hook: most formats share OUT freely
+        """ConfigError when OUT cannot take this source's samples as the format's consumer reads them (musubi: one
+        dataset per cache directory)."""
 
     #: True when `read` returns the cache's fingerprint under the key ``fingerprint`` (a file of another run can
     #: be told apart without re-encoding); formats that store exactly a trainer's keys have none.

@@ -19,10 +19,13 @@ import torch
 
 from infra.errors import ConfigError
 from infra.formats.shards import cc12m_names
+from infra.media import text_clean
 
 #: What the spec's ``latent_norm`` says for latents stored as the raw posterior mean (FastVideo's Wan2.2 parquet).
 RAW_MEAN = "posterior.mean, raw: the consumer applies (x - latents_mean) / latents_std at training time"
 FASTVIDEO = "FastVideo 0.2.1 (fastvideo/dataset/utils.py collate)"
+MUSUBI = "kohya-ss/musubi-tuner (commit 30c658c: wan_train_network.py)"
+DIFFSYNTH = "DiffSynth-Studio split training (diffsynth 2.1.12: --task sft:train on its data_process files)"
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class Expects:
     fps: str  # what a stored fps means ("-": none stored)
     #: setting → (the value refused, why the consumer misreads it)
     refuses: tuple[tuple[str, str, str], ...] = ()
+    #: the cleaning its tokenizer applies to a prompt first (`infra.media.text_clean`), the spec's ``text_clean``
+    text_clean: str | None = None
 
 
 _LATENTFORGE = "latentforge's readers (infra.formats; no outside trainer is matched)"
@@ -110,6 +115,38 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
         "float32 bytes",
         "-",
     ),
+    ("pt", "wan21"): Expects(_LATENTFORGE, "normalised", "all", "right", "last_hidden_state", "bf16 (.pt)", "-"),
+    ("musubi", "wan21"): Expects(
+        MUSUBI + ", its BucketBatchManager",
+        "normalised",
+        "prompt",
+        "right",
+        "last_hidden_state",
+        "bf16 safetensors (CLIP features float16)",
+        "-",
+        text_clean="whitespace",
+    ),
+    **{
+        ("diffsynth", family): Expects(
+            DIFFSYNTH + ", WanVideoPipeline",
+            "normalised",
+            "all",
+            "right",
+            "last_hidden_state",
+            "bf16 .pth (a pickle its trainer loads with weights_only=False)",
+            "-",
+            (
+                (
+                    "text_padding",
+                    "raw",
+                    "its PromptEmbedder zeroes every row past the prompt's tokens, and its training step uses the "
+                    "context as stored: use --text-padding zeros (the diffsynth-wan recipe)",
+                ),
+            ),
+            text_clean="whitespace",
+        )
+        for family in ("wan21", "wan22")
+    },
     ("webdataset", "wan22"): Expects(
         "webdataset.WebDataset readers",
         "normalised",
@@ -140,6 +177,13 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
 }
 
 
+#: Formats written for one trainer only: the families it trains (any other is refused at the plan), and in words.
+ONLY_FOR: dict[str, tuple[tuple[str, ...], str]] = {
+    "musubi": (("wan21",), f"{MUSUBI} trains Wan2.1 and Wan2.2-A14B (family wan21), not Wan2.2-TI2V-5B"),
+    "diffsynth": (("wan21", "wan22"), f"{DIFFSYNTH}: these files are its Wan pipeline's (families wan21, wan22)"),
+}
+
+
 def expects(fmt: str, family: str) -> Expects | None:
     """What the consumer of `fmt` reads for `family` (None: a plugin family, read by latentforge's readers)."""
     return CONSUMERS.get((fmt, family))
@@ -166,6 +210,10 @@ def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
             "--layout cc12m stores float16 .npy latents, as the CC12M latent set does: use --store-dtype fp16 (a "
             "family that stores float16: image)"
         )
+    families, trains = ONLY_FOR.get(spec.format, ((spec.family,), ""))
+    if spec.family not in families:
+        raise ConfigError(f"format {spec.format} with family {spec.family}: {trains}; no trainer reads it")
+    text_clean.require(getattr(spec, "text_clean", None))
     found = expects(spec.format, spec.family)
     if found is None:
         return
@@ -178,6 +226,13 @@ def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
             )
     if found.latents == "raw_mean" and spec.latent_norm != RAW_MEAN:
         raise ConfigError(f"format {spec.format} with family {spec.family}: {found.consumer} expects {RAW_MEAN}")
+
+
+def text_clean_for(fmt: str, family: str) -> str | None:
+    """The cleaning the consumer of `fmt` applies to `family`'s prompts before its tokenizer (the spec's
+    ``text_clean``), or None."""
+    found = expects(fmt, family)
+    return found.text_clean if found is not None else None
 
 
 def keeps_all_text_rows(fmt: str, family: str) -> bool:
@@ -227,16 +282,22 @@ def normalised(latents: torch.Tensor, spec: Any, family: Any) -> torch.Tensor:
     return family.normalise(latents) if stores_raw_mean(spec) else latents
 
 
+#: Formats whose bytes follow one consumer's layout, always: the spec's ``layout`` (musubi's also picks its buckets,
+#: `infra.media.buckets.BUCKET_RULES`).
+LAYOUTS = {"parquet": "fastvideo", "musubi": "musubi"}
+
+
 def layout_for(config: Any) -> str | None:
-    """The spec's ``layout``: ``fastvideo`` for parquet (its rows follow FastVideo's preprocessing), ``cc12m`` for a
-    webdataset asked for the CC12M seed's layout, else None (latentforge's own; left out of the fingerprint)."""
+    """The spec's ``layout``: ``fastvideo`` for parquet (its rows follow FastVideo's preprocessing), ``musubi`` for
+    musubi (its names and buckets), ``cc12m`` for a webdataset asked for the CC12M seed's layout, else None
+    (latentforge's own; left out of the fingerprint)."""
     asked = config.encoding.layout
     if asked == "cc12m" and config.encoding.format != "webdataset":
         raise ConfigError(
             f"--layout cc12m is a webdataset layout (the CC12M latent set): not for --format {config.encoding.format}"
         )
-    if config.encoding.format == "parquet":
-        return "fastvideo"
+    if config.encoding.format in LAYOUTS:
+        return LAYOUTS[config.encoding.format]
     return "cc12m" if asked == "cc12m" else None
 
 

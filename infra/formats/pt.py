@@ -62,6 +62,9 @@ class PtFormat(Format):
         "latents": "x0",
         "text_embeddings": "text_embeds",
         "audio_latents": "audio_latents",
+        "image_latents": "image_latents",  # --mode i2v: `infra.models.base.ImageConditioning`
+        "clip_features": "clip_features",
+        "first_frame_latents": "first_frame_latents",
     }
 
     def writer(self, out: Path) -> PtWriter:

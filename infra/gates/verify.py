@@ -27,7 +27,6 @@ from infra.cache.ledger import FileRecord
 from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import Format, get_format
-from infra.formats.base import kind_dtype
 from infra.gates.cachefiles import cache_files
 from infra.gates.content import Content, ContentCheck, Damaged, problem, repair_commands, repair_lines
 from infra.gates.stale import StaleReport, find_stale
@@ -312,7 +311,7 @@ def _expected(spec: CacheSpec, fmt: Format, shapes: Mapping[str, tuple[int, ...]
         kind: {
             "key": fmt.keys[kind],
             "shape": list(shapes[kind]) if kind in shapes and kind not in trimmed else None,
-            "dtype": str(kind_dtype(kind, spec.store_dtype)),
+            "dtype": str(fmt.stored_dtype(kind, spec.store_dtype)),
         }
         for kind in kinds
     }

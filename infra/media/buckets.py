@@ -1,11 +1,13 @@
 """Resolution buckets: ``WxHxF;WxHxF`` (an image bucket is ``WxHx1``), and the LTX-2 trainer's choice of one per
 clip: among buckets with F ≤ the clip's decoded frames, the smallest |log aspect-ratio difference|, then the most
-frames, then the largest area. A clip shorter than every bucket is skipped with its frame count."""
+frames, then the largest area. A clip shorter than every bucket is skipped with its frame count. musubi-tuner's
+buckets and its own choice (the smallest |aspect-ratio difference|, the first in order) are here too."""
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import NamedTuple
 
 from infra.errors import ConfigError, InputError
@@ -59,6 +61,44 @@ def choose_bucket(buckets: list[Bucket], frames: int, height: int, width: int) -
         return abs(ratio - math.log(b.width / b.height)), -b.frames, -(b.width * b.height)
 
     return min(fitting, key=key)
+
+
+#: musubi-tuner's bucket step for Wan (``BucketSelector.RESOLUTION_STEPS_WAN``).
+MUSUBI_STEP = 16
+
+
+def musubi_buckets(width: int, height: int, frames: int) -> list[Bucket]:
+    """musubi-tuner's buckets for a dataset's ``resolution`` (``BucketSelector(resolution, enable_bucket=True)``, its
+    ``dataset/bucket.py`` at commit 30c658c4f4b0bf05038b3346eff9670259b10fc7), each of `frames`: widths in steps of
+    16 from half the side of the resolution's square up to that side, each with the height (a multiple of 16) that
+    keeps the area at most the resolution's, both ways round, sorted."""
+    area = width * height
+    side = int(math.sqrt(area))
+    found: set[tuple[int, int]] = set()
+    for w in range(side // 2 - side // 2 % MUSUBI_STEP, side + MUSUBI_STEP, MUSUBI_STEP):
+        h = area // w - area // w % MUSUBI_STEP
+        found |= {(w, h), (h, w)}
+    return [Bucket(w, h, frames) for w, h in sorted(found)]
+
+
+def choose_musubi_bucket(buckets: list[Bucket], frames: int, height: int, width: int) -> Bucket:
+    """musubi-tuner's bucket for a clip of `width`×`height` (``get_bucket_resolution``: the first of the buckets, in
+    their order, with the smallest |w/h - width/height|, without ``bucket_no_upscale``), among those with F ≤ its
+    `frames` (its ``head`` extraction makes no sample of a shorter clip: InputError ``too_short_for_buckets``)."""
+    fitting = [b for b in buckets if b.frames <= frames]
+    if not fitting:
+        return choose_bucket(buckets, frames, height, width)  # the same refusal, with the same reason
+    ratio = width / height
+    return min(fitting, key=lambda b: abs(b.width / b.height - ratio))
+
+
+#: A layout's own bucket rule (`infra.formats.consumers`): the one its consumer recomputes at training time.
+BUCKET_RULES = {"musubi": choose_musubi_bucket}
+
+
+def bucket_rule(layout: str | None) -> Callable[[list[Bucket], int, int, int], Bucket]:
+    """The rule that picks a clip's bucket under the spec's `layout` (default: the LTX-2 trainer's)."""
+    return BUCKET_RULES.get(layout or "", choose_bucket)
 
 
 def reference_buckets(buckets: list[Bucket], downscale: int) -> list[Bucket]:

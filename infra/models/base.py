@@ -50,17 +50,19 @@ def _nearest(lower: int, upper: int) -> str:
 
 @dataclass(frozen=True)
 class TextSettings:
-    """How prompts are encoded: tokenizer max_length, what is stored at pad positions (``raw`` | ``zeros``) and
-    which tensor (``last_hidden_state``; LTX-2: ``pre_connector`` | ``post_connector``)."""
+    """How prompts are encoded: tokenizer max_length, what is stored at pad positions (``raw`` | ``zeros``), which
+    tensor (``last_hidden_state``; LTX-2: ``pre_connector`` | ``post_connector``) and the cleaning a trainer applies
+    before its tokenizer (the Wan trainers' ``whitespace``; families that read it: wan22, wan21)."""
 
     max_length: int
     padding: str = "raw"
     stage: str = "last_hidden_state"
+    clean: str | None = None  # what the tokenizer reads: the prompt cleaned by `infra.media.text_clean` (a trainer's)
 
     @classmethod
     def of(cls, spec: CacheSpec) -> TextSettings:
         """The text settings a spec was made with."""
-        return cls(spec.text_max_length, spec.text_padding, spec.text_stage)
+        return cls(spec.text_max_length, spec.text_padding, spec.text_stage, spec.text_clean)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,20 @@ class TextEmbedding:
     @property
     def truncated(self) -> bool:
         return self.tokens_total > self.embeds.shape[0]
+
+
+@dataclass(frozen=True)
+class ImageConditioning:
+    """What an image-to-video model is conditioned on, made from a clip's first frame (``--mode i2v``); each field is
+    the output kind of the same name, None where the model takes none. Float32 on CPU (the writer casts)."""
+
+    #: Wan I2V's ``y`` (musubi's ``latents_image``): 4 mask channels (1 on the first latent frame) then the VAE
+    #: latents of the first frame followed by black frames, (4 + C, F', H', W').
+    image_latents: torch.Tensor | None = None
+    #: The image encoder's features of the first frame (Wan2.1 I2V's CLIP: its penultimate hidden states), (N, D).
+    clip_features: torch.Tensor | None = None
+    #: The first latent frame (Wan2.2-TI2V-5B fuses it into the latents), (C, 1, H', W').
+    first_frame_latents: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +154,11 @@ class LoadedFamily(ABC):
         Families without audio: error."""
         raise ConfigError(f"family {self.name} has no audio encoder")
 
+    def encode_conditioning(self, pixels: torch.Tensor, latents: torch.Tensor) -> ImageConditioning:
+        """A clip's pixels (1,3,F,H,W) in [-1,1] and its stored latents → what the model's image-to-video mode is
+        conditioned on (``--mode i2v`` with a family whose `FamilySpec.conditioning` describes one)."""
+        raise ConfigError(f"family {self.name} makes no image-to-video conditioning")
+
     def decode_audio(self, latents: torch.Tensor) -> torch.Tensor:
         """Stored audio latents → the log-mel spectrogram they decode to (the audio check of decode-and-verify)."""
         raise ConfigError(f"family {self.name} has no audio decoder")
@@ -189,6 +210,9 @@ class FamilySpec(ABC):
     text_trimmable: ClassVar[bool] = True
     #: Whether `load` takes ``text_encoder_8bit=True`` (``--load-text-encoder-in-8bit``: bitsandbytes, CUDA).
     text_8bit: ClassVar[bool] = False
+    #: Whether ``--mode i2v`` stores the model's image conditioning (`conditioning`, `LoadedFamily.encode_conditioning`)
+    #: in any format that has a place for it (the LTX-2 modes are the ltx format's).
+    takes_image: ClassVar[bool] = False
 
     def kinds(self, spec: Any) -> tuple[str, ...]:
         """The output kinds of a cache of this family made with `spec` (a CacheSpec: audio adds a kind; an LTX-2
@@ -209,6 +233,12 @@ class FamilySpec(ABC):
 
     def model_version(self, model_dir: Path) -> str | None:
         """The version the spec records (`CacheSpec.model_version`); None: nothing beyond the model identity."""
+        return None
+
+    def conditioning(self, model_dir: Path, mode: str) -> str | None:
+        """What the cache stores for the model's image-to-video conditioning under `mode` (the spec's
+        ``conditioning``, in the fingerprint), or None: nothing (LTX-2's i2v takes its first frame from the latents
+        at training time). ConfigError for a model that takes no image conditioning in a mode that needs one."""
         return None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -12,12 +12,26 @@ from typing import Any
 import torch
 
 from infra.errors import ConfigError
-from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, TextSettings, read_json
+from infra.media.text_clean import clean
+from infra.models.base import (
+    FamilySpec,
+    GeometryRules,
+    ImageConditioning,
+    LoadedFamily,
+    TextEmbedding,
+    TextSettings,
+    read_json,
+)
 from infra.models.wan_decode import DECODE_CHUNK, decode_in_chunks
 
 logger = logging.getLogger(__name__)
 
 STORE_DTYPE = torch.bfloat16
+#: The TI2V-5B VAE's latent channels (the Wan2.1 VAE's are 16: `infra.models.wan21`).
+Z_DIM = 48
+#: What the spec's ``conditioning`` says a TI2V-5B ``--mode i2v`` cache stores: DiffSynth's ``first_frame_latents``
+#: (``WanVideoUnit_ImageEmbedderFused`` encodes the first frame alone; the causal VAE gives the same latent frame).
+FIRST_FRAME_RECIPE = "first_frame_latents: the first latent frame of the normalised latents"
 #: diffusers' logger that warns about config keys a class does not take.
 DIFFUSERS_CONFIG_LOGGER = "diffusers.configuration_utils"
 
@@ -50,21 +64,21 @@ class Wan22Spec(FamilySpec):
     name = "wan22"
     components = ("vae", "text_encoder", "tokenizer")
     latent_norm = "(posterior.mode - latents_mean) / latents_std, fp32"  # parquet: consumers.RAW_MEAN
+    takes_image = True
 
     def matches(self, model_dir: Path, index: dict[str, Any]) -> bool:
         vae = index.get("vae") or [None, None]
-        if vae[-1] != "AutoencoderKLWan":
-            return False
-        z_dim = read_json(model_dir / "vae" / "config.json").get("z_dim")
-        if z_dim != 48:
-            raise ConfigError(
-                f"{model_dir}: AutoencoderKLWan with z_dim={z_dim} is the Wan2.1 VAE (Wan2.1, Wan2.2-A14B); "
-                "the wan22 family is the TI2V-5B VAE with z_dim=48"
-            )
-        return True
+        return vae[-1] == "AutoencoderKLWan" and read_json(model_dir / "vae" / "config.json").get("z_dim") == Z_DIM
 
     def rules(self, model_dir: Path) -> GeometryRules:
+        """The VAE's factors; ConfigError for another VAE than the TI2V-5B's (a Wan2.1 snapshot named family wan22,
+        by --family or a recipe)."""
         cfg = read_json(model_dir / "vae" / "config.json")
+        if cfg.get("z_dim") != Z_DIM:
+            raise ConfigError(
+                f"{model_dir}: AutoencoderKLWan with z_dim={cfg.get('z_dim')} is the Wan2.1 VAE (Wan2.1, Wan2.2-A14B: "
+                f"family wan21); family wan22 is the Wan2.2-TI2V-5B VAE with z_dim={Z_DIM}"
+            )
         return GeometryRules(
             frame_multiple=int(cfg.get("scale_factor_temporal", 4)),
             frame_remainder=1,
@@ -78,6 +92,14 @@ class Wan22Spec(FamilySpec):
 
     def text_shape(self, model_dir: Path, settings: TextSettings) -> tuple[int, ...]:
         return (settings.max_length, int(read_json(model_dir / "text_encoder" / "config.json")["d_model"]))
+
+    def kinds(self, spec: Any) -> tuple[str, ...]:
+        if getattr(spec, "mode", "t2v") == "i2v":  # TI2V-5B: the first latent frame, which it keeps clean
+            return (*self.output_kinds, "first_frame_latents")
+        return super().kinds(spec)
+
+    def conditioning(self, model_dir: Path, mode: str) -> str | None:
+        return FIRST_FRAME_RECIPE if mode == "i2v" else None
 
     def load(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> Wan22Encoder:
         return Wan22Encoder(model_dir, device, dtype)
@@ -103,7 +125,7 @@ class Wan22Encoder(LoadedFamily):
         self.mean = torch.tensor(self.vae.config.latents_mean, dtype=torch.float32).view(1, channels, 1, 1, 1)
         self.std = torch.tensor(self.vae.config.latents_std, dtype=torch.float32).view(1, channels, 1, 1, 1)
         self._lock = threading.Lock()
-        logger.info("loaded wan22 from %s on %s (%s)", model_dir, device, dtype)
+        logger.info("loaded %s from %s on %s (%s)", self.name, model_dir, device, dtype)
 
     def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.encode_videos([pixels])[0]
@@ -125,6 +147,10 @@ class Wan22Encoder(LoadedFamily):
             z = self.vae.encode(torch.cat([p.to(self.device, self.dtype) for p in pixels])).latent_dist.mode()
         return z.float().cpu()
 
+    def encode_conditioning(self, pixels: torch.Tensor, latents: torch.Tensor) -> ImageConditioning:
+        """TI2V-5B: the first latent frame of the stored latents."""
+        return ImageConditioning(first_frame_latents=latents[:, :1].clone())
+
     def normalise(self, raw: torch.Tensor) -> torch.Tensor:
         """Raw posterior means (C, F', H', W') → the stored normalisation `decode` takes, float32."""
         return ((raw.float().unsqueeze(0) - self.mean) / self.std)[0]
@@ -142,8 +168,9 @@ class Wan22Encoder(LoadedFamily):
     def encode_texts(self, prompts: Sequence[str], settings: TextSettings) -> list[TextEmbedding]:
         """One UMT5 call for every prompt: each is padded to max_length on its own, so a row's numbers do not depend
         on the others in the batch (tests/test_text_batch.py holds that bit for bit)."""
+        prompts = [clean(prompt, settings.clean) for prompt in prompts]  # as the consumer's tokenizer reads them
         tokens = self.tokenizer(
-            list(prompts),
+            prompts,
             padding="max_length",
             max_length=settings.max_length,
             truncation=True,
@@ -152,7 +179,7 @@ class Wan22Encoder(LoadedFamily):
             return_tensors="pt",
         )
         lengths = tokens.attention_mask.gt(0).sum(dim=1).tolist()
-        untruncated = self.tokenizer(list(prompts), add_special_tokens=True, truncation=False).input_ids
+        untruncated = self.tokenizer(prompts, add_special_tokens=True, truncation=False).input_ids
         totals = [len(ids) for ids in untruncated]
         with self._lock:
             out = self.text_encoder(

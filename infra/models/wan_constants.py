@@ -57,3 +57,33 @@ WAN22_VAE_CONFIG: dict[str, Any] = {
     "temperal_downsample": [False, True, True],  # inherited (upstream spelling)
     "dropout": 0.0,  # inherited
 }
+
+
+# The Wan2.1 VAE (z_dim 16, 8x spatial / 4x temporal), used by Wan2.1 T2V/I2V and Wan2.2 T2V/I2V-A14B. Source: the
+# same script at commit 58eb52c0803ea9af3abec60841c2a093bdf1f951: ``convert_vae()`` builds ``AutoencoderKLWan()``
+# with no argument, so the published ``vae/config.json`` holds the class defaults of diffusers 0.42.1, listed here.
+WAN21_LATENTS_MEAN: tuple[float, ...] = (
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+)  # fmt: skip
+WAN21_LATENTS_STD: tuple[float, ...] = (
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
+)  # fmt: skip
+WAN21_VAE_CONFIG: dict[str, Any] = {
+    "base_dim": 96,
+    "z_dim": 16,
+    "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2,
+    "attn_scales": [],
+    "temperal_downsample": [False, True, True],
+    "dropout": 0.0,
+    "latents_mean": list(WAN21_LATENTS_MEAN),
+    "latents_std": list(WAN21_LATENTS_STD),
+    "is_residual": False,
+    "in_channels": 3,
+    "out_channels": 3,
+    "patch_size": None,
+    "scale_factor_temporal": 4,
+    "scale_factor_spatial": 8,
+}

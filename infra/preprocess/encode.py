@@ -6,16 +6,19 @@ latents, prompt embedding, audio), with the token counts its ledger row records.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from infra.config import BuildConfig, CacheSpec
 from infra.devices import pin_cpu_threads, resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, EncodedSample, textpad
-from infra.formats.base import AUDIO_MASK_KIND, REFERENCE_AUDIO_KIND, REFERENCE_KIND, STORE_DTYPES
+from infra.formats.base import AUDIO_MASK_KIND, REFERENCE_AUDIO_KIND, REFERENCE_KIND, STORE_DTYPES, kind_dtype
 from infra.formats.consumers import latent_encoder
 from infra.media.audio import decode_audio
 from infra.media.masks import audio_mask
@@ -110,6 +113,8 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
         extras[REFERENCE_KIND] = reference.to(store)
         info["reference_fps"] = prepared.reference.clip.fps / spec.reference_temporal_scale_factor  # the trainer's
     extras.update(prepared.masks)
+    if spec.conditioning is not None:  # --mode i2v of an image-to-video model: what its first frame conditions
+        extras.update(conditioning_outputs(encoder, video.pixels, latents, spec.store_dtype))
     seconds = video.pixels.shape[2] / video.clip.fps
     made = [_audio(encoder, ref, prepared.media, seconds, spec)] if spec.audio else []
     if "reference_audio" in prepared.audio_roles:  # IC-LoRA: the reference's audio, by the audio column's rule
@@ -138,6 +143,15 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
         info=info,
     )
     return Encoded(sample, text.tokens_total, text.truncated) if text is not None else Encoded(sample)
+
+
+def conditioning_outputs(
+    encoder: LoadedFamily, pixels: torch.Tensor, latents: torch.Tensor, store_dtype: str
+) -> dict[str, torch.Tensor]:
+    """The family's image conditioning of a clip (`LoadedFamily.encode_conditioning`), each kind in its stored dtype."""
+    made = encoder.encode_conditioning(pixels, latents)
+    tensors = {f.name: getattr(made, f.name) for f in dataclasses.fields(made)}
+    return {kind: t.to(kind_dtype(kind, store_dtype)) for kind, t in tensors.items() if t is not None}
 
 
 def encode_audio_only(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, state: ShardState) -> Encoded:

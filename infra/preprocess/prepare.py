@@ -19,7 +19,7 @@ import torch
 
 from infra.config import CacheSpec
 from infra.errors import ConfigError, InputError
-from infra.media.buckets import Bucket, choose_bucket, reference_buckets
+from infra.media.buckets import Bucket, bucket_rule, reference_buckets
 from infra.media.image import is_image, load_rgb, prepare_image
 from infra.media.masks import audio_mask_signal, video_mask
 from infra.media.temporal import TemporalPolicy, choose_windows, effective_fps, vae_aligned_indices
@@ -211,7 +211,8 @@ def prepare_video(
         else:
             clip = head_frames(media, max(b.frames for b in buckets) if buckets else spec.frames, limits=limits)
         if buckets:
-            bucket = choose_bucket(buckets, len(clip.frames), clip.source_height, clip.source_width)
+            choose = bucket_rule(spec.layout)  # the rule its consumer recomputes the bucket with
+            bucket = choose(buckets, len(clip.frames), clip.source_height, clip.source_width)
             frames, height, width = bucket.frames, bucket.height, bucket.width
         if len(clip.frames) < frames and (buckets or policy.short == "skip"):
             raise InputError("clip_too_short", f"the clip decodes to {len(clip.frames)} frame(s); {frames} needed")

@@ -202,7 +202,7 @@ def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, repor
     for kind, tensor in outputs.items():
         path = next(str(w.path) for kinds, w in written.files if not kinds or kind in kinds)
         trimmed = kind == "text_embeddings" and fmt.trims_text_for(plan.spec.family)
-        kept = tensor[: sample.seq_len] if trimmed else tensor
+        kept = (tensor[: sample.seq_len] if trimmed else tensor).to(fmt.stored_dtype(kind, plan.spec.store_dtype))
         same.append(kind not in fmt.keys or _same(records[path].get(fmt.keys[kind]), kept))
         name = fmt.label(kind)
         if kind in planned and list(tensor.shape) != planned[kind]:

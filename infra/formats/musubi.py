@@ -1,0 +1,210 @@
+"""musubi-tuner's Wan latent cache, ``musubi``: OUT is the dataset's flat ``cache_directory``.
+
+Restated from kohya-ss/musubi-tuner at commit 30c658c4f4b0bf05038b3346eff9670259b10fc7
+(``src/musubi_tuner/dataset/cache_io.py`` ``save_latent_cache_wan`` / ``save_text_encoder_output_cache_wan``,
+``dataset/image_video_dataset.py`` ``get_latent_cache_path`` / ``prepare_for_training``, ``dataset/bucket.py``):
+
+* a clip's latents: ``{name}_{start:05d}-{F:03d}_{W:04d}x{H:04d}_wan.safetensors`` (a one-frame sample:
+  ``{name}_{W:04d}x{H:04d}_wan.safetensors``, as its image datasets name them), W×H the source's size, from which
+  its loader recomputes the bucket (its own video caching names a clip by its frames' size after ``load_video``
+  resized them to the bucket: with ``enable_bucket`` and without ``bucket_no_upscale``, as the TOML sets, its
+  ``BucketSelector`` gives the same bucket for either); keys ``latents_{F'}x{H'}x{W'}_bfloat16`` [16, F', H', W']
+  (normalised), for I2V ``latents_image_{F'}x{H'}x{W'}_bfloat16`` [20, F', H', W'] and, with a CLIP,
+  ``clip_bfloat16`` [257, 1280] float16 (its key takes the latents' dtype name); metadata ``architecture=wan``,
+  ``width``, ``height``, ``frame_count``, ``format_version=1.0.1``;
+* the text: ``{name}_wan_te.safetensors``, ``varlen_t5_bfloat16`` [L, 4096]: UMT5's rows of the prompt's tokens;
+  metadata ``architecture=wan``, ``caption1`` (the caption), ``format_version``.
+
+``name`` is the sample's stem made flat (its loader takes the file's base name): ``%`` and ``/`` are written
+``%25`` and ``%2F``, so two stems never meet. Every file's metadata also holds ``latentforge_fingerprint``,
+``latentforge_group`` and ``latentforge_id`` (musubi reads no metadata of these files). ``musubi_dataset.toml``
+beside them is the dataset config that trains on them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from safetensors.torch import load
+
+from infra import outdir
+from infra.errors import ConfigError
+from infra.formats.base import (
+    CLIP_KIND,
+    IMAGE_LATENTS_KIND,
+    EncodedSample,
+    Format,
+    PerSampleWriter,
+    WrittenSample,
+    opened,
+)
+from infra.formats.musubi_toml import TOML_NAME, check_cache_directory, write_toml
+from infra.formats.safetensors_bytes import safetensors_bytes
+from infra.media.buckets import Bucket, musubi_buckets, parse_buckets
+from infra.outdir import OutFile
+
+ARCHITECTURE = "wan"
+FORMAT_VERSION = "1.0.1"
+FINGERPRINT_KEY = "latentforge_fingerprint"
+#: What else a file carries for the resume to tell it is this sample's (`infra.preprocess.resume`).
+GROUP_KEY, ID_KEY = "latentforge_group", "latentforge_id"
+LATENT_KINDS = ("latents", IMAGE_LATENTS_KIND, CLIP_KIND)
+#: torch's names of dtypes, as musubi's ``dtype_to_str`` writes them at the end of a key.
+_DTYPES = {str(d).removeprefix("torch.") for d in (torch.bfloat16, torch.float16, torch.float32, torch.int32)}
+_SHAPE = re.compile(r"_\d+x\d+x\d+$")
+
+
+def flat_name(stem: str) -> str:
+    """The sample's stem as one file name (reversible: ``%`` → ``%25``, ``/`` → ``%2F``)."""
+    return stem.replace("%", "%25").replace("/", "%2F")
+
+
+def latent_name(stem: str, start: int, frames: int, width: int, height: int) -> str:
+    """The latents file's name, as musubi's ``get_latent_cache_path`` makes it."""
+    if frames == 1:  # an image dataset's item: no frame range
+        return f"{flat_name(stem)}_{width:04d}x{height:04d}_{ARCHITECTURE}.safetensors"
+    return f"{flat_name(stem)}_{start:05d}-{frames:03d}_{width:04d}x{height:04d}_{ARCHITECTURE}.safetensors"
+
+
+def text_name(stem: str) -> str:
+    return f"{flat_name(stem)}_{ARCHITECTURE}_te.safetensors"
+
+
+def content_key(key: str) -> str:
+    """A stored key as musubi's ``BucketBatchManager`` names it in a batch: ``varlen_`` and the dtype dropped, and a
+    latent's FxHxW (``latents_image_5x6x10_bfloat16`` → ``latents_image``)."""
+    key = key.removeprefix("varlen_")
+    head, _, tail = key.rpartition("_")
+    key = head if tail in _DTYPES else key
+    return _SHAPE.sub("", key) if key.startswith("latents_") else key
+
+
+def _marks(sample: EncodedSample) -> dict[str, str]:
+    return {FINGERPRINT_KEY: sample.fingerprint, GROUP_KEY: sample.group, ID_KEY: sample.id}
+
+
+def _latents(sample: EncodedSample) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    latents = sample.latents
+    assert latents is not None
+    _, f, h, w = latents.shape
+    tensors = {f"latents_{f}x{h}x{w}_bfloat16": latents.to(torch.bfloat16).contiguous()}
+    if isinstance(y := sample.extras.get(IMAGE_LATENTS_KIND), torch.Tensor):
+        tensors[f"latents_image_{f}x{h}x{w}_bfloat16"] = y.to(torch.bfloat16).contiguous()
+    if isinstance(clip := sample.extras.get(CLIP_KIND), torch.Tensor):
+        tensors["clip_bfloat16"] = clip.to(torch.float16).contiguous()  # musubi's key: the latents' dtype name
+    _, height, width, _ = sample.source_shape
+    frames = sample.info["geometry"][0]
+    metadata = {"architecture": ARCHITECTURE, "width": str(width), "height": str(height)}
+    metadata |= {"format_version": FORMAT_VERSION} | _marks(sample)
+    if frames > 1:
+        metadata["frame_count"] = str(frames)
+    return tensors, metadata
+
+
+def render(sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
+    """(kinds, OUT-relative path, bytes) of the sample's latents file and its text file."""
+    tensors, metadata = _latents(sample)
+    _, height, width, _ = sample.source_shape
+    frames = sample.info["geometry"][0]
+    start = int((sample.info.get("sampling") or {}).get("indices", [0])[0])
+    kinds = [kind for kind in LATENT_KINDS if kind == "latents" or kind in sample.extras]
+    assert sample.text_embeds is not None
+    text = {"varlen_t5_bfloat16": sample.text_embeds[: sample.seq_len].to(torch.bfloat16).contiguous()}
+    caption = {"architecture": ARCHITECTURE, "caption1": sample.prompt, "format_version": FORMAT_VERSION}
+    caption |= _marks(sample)
+    return [
+        (kinds, latent_name(sample.stem, start, frames, width, height), safetensors_bytes(tensors, metadata)),
+        (["text_embeddings"], text_name(sample.stem), safetensors_bytes(text, caption)),
+    ]
+
+
+class MusubiWriter(PerSampleWriter):
+    """Writes a sample's two files. A file already at a name with exactly these bytes (left by an interrupted run of
+    this spec: the name depends on the source's size, so the resume cannot know it before the sample is read) is
+    kept; one with other bytes is not overwritten unless `replace`."""
+
+    def render(self, sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
+        return render(sample)
+
+    def write(self, sample: EncodedSample, *, replace: bool = False) -> WrittenSample:
+        rendered = self.render(sample)
+        present = {rel for _, rel, data in rendered if _same(self.out, rel, data)}
+        return self.write_rendered(rendered, replace=replace, present=frozenset(present))
+
+
+def _same(out: Path, rel: str, data: bytes) -> bool:
+    """Whether the file at `rel` below OUT holds exactly `data` (read through the door)."""
+    return outdir.size(out, rel) == len(data) and outdir.read_bytes(out, rel) == data
+
+
+class MusubiFormat(Format):
+    """The musubi format: musubi-tuner's Wan cache directory and its dataset config."""
+
+    name = "musubi"
+    #: Output kind → the key musubi's loader gives it in a batch (`content_key`).
+    keys: ClassVar[dict[str, str]] = {
+        "latents": "latents",
+        "text_embeddings": "t5",
+        IMAGE_LATENTS_KIND: "latents_image",
+        CLIP_KIND: "clip",
+    }
+    has_fingerprint = True
+
+    def writer(self, out: Path) -> MusubiWriter:
+        return MusubiWriter(out, self)
+
+    def open_writer(self, out: Path, spec: Any, shard_id: str) -> MusubiWriter:
+        if spec is not None:
+            write_toml(Path(out), spec)
+        return self.writer(out)
+
+    def trims_text_for(self, family: str) -> bool:
+        return True  # musubi's T5 keeps the prompt's rows only (``u[:v]``)
+
+    def stored_dtype(self, kind: str, store_dtype: str) -> torch.dtype:
+        return torch.float16 if kind == CLIP_KIND else torch.bfloat16
+
+    def paths(self, stem: str, kinds: Iterable[str]) -> dict[str, str]:
+        """The text file's exact name; the latents file's without its frame range and source size (which the name
+        takes from the clip: `MusubiWriter` keeps an identical file left at the full name)."""
+        return {k: text_name(stem) if k == "text_embeddings" else f"{flat_name(stem)}_wan.safetensors" for k in kinds}
+
+    def read(self, path: Path | OutFile) -> dict[str, Any]:
+        """The file's tensors under the keys musubi's loader gives them, its metadata and its marks (safetensors:
+        no pickle)."""
+        with opened(path) as fh:
+            data = fh.read()
+        (size,) = struct.unpack("<Q", data[:8])
+        metadata = json.loads(data[8 : 8 + size]).get("__metadata__") or {}
+        record: dict[str, Any] = {content_key(k): v for k, v in load(data).items()}
+        marks = {"fingerprint": FINGERPRINT_KEY, "group": GROUP_KEY, "id": ID_KEY}
+        return record | {"metadata": metadata} | {name: metadata.get(key) for name, key in marks.items()}
+
+    def derived_buckets(self, config: Any, temporal: str) -> list[Bucket]:
+        """musubi's buckets for ``--width``/``--height`` (its ``resolution``) and ``--frames`` (its one
+        ``target_frames``); ConfigError for what its loader cannot read: other buckets, a policy other than ``head``."""
+        enc = config.encoding
+        if temporal != "head":
+            raise ConfigError(
+                f"--format musubi: musubi-tuner trains on a clip's first F frames (frame_extraction head), bucketed "
+                f"from the source's size: use --temporal head, or --recipe musubi-wan (this run: {temporal})"
+            )
+        derived = musubi_buckets(enc.width, enc.height, enc.frames)
+        if enc.buckets is not None and parse_buckets(enc.buckets) != derived:
+            raise ConfigError(
+                "--format musubi: musubi-tuner recomputes every bucket from the dataset's resolution: give it as "
+                "--width/--height (and --frames), not --buckets"
+            )
+        return derived
+
+    def check_out(self, out: Path, source: str) -> None:
+        check_cache_directory(Path(out), source)
+
+
+__all__ = ["TOML_NAME", "MusubiFormat", "content_key", "flat_name", "latent_name", "text_name"]
