@@ -33,6 +33,7 @@ from infra.formats.shards import SHARDS_DIR
 from infra.models import LoadedFamily, get_family
 from infra.plan import BuildPlan, parse_only
 from infra.preprocess.encode import encode_sample, load_encoder
+from infra.preprocess.inflight import InFlight
 from infra.preprocess.resume import reusable, selected
 from infra.reports import human_bytes
 from infra.sources import SampleRef, ShardReadError, open_source
@@ -250,7 +251,8 @@ def _timed(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, out: Path, re
 @dataclass
 class Scan:
     """What a pass over the plan's samples met before the one it stopped at: samples skipped (key, reason) and
-    unreadable shards, and how many samples OUT's ledger keeps (a resume's done samples, passed over)."""
+    unreadable shards, and how many samples OUT's ledger has the sanity pass over (a resume's done samples, and
+    those a run died on: the build tries them alone, `infra.preprocess.inflight`)."""
 
     skipped: list[tuple[str, str]] = field(default_factory=list)
     kept: int = 0
@@ -259,18 +261,21 @@ class Scan:
 def candidates(plan: BuildPlan, scan: Scan, *, pending_only: bool = False) -> Iterator[SampleRef]:
     """The plan's samples in plan order (within each shard's quota), listed lazily; `pending_only`: only those the
     build would encode (the shard loop's rule, `resume.wanted`: selected by ``--only`` and not kept from OUT's
-    ledger, those counted in `scan.kept`). An unreadable shard is added to `scan.skipped`."""
+    ledger, those counted in `scan.kept`), and none a run died on. An unreadable shard is added to `scan.skipped`."""
     source = open_source(plan.config.source, plan.spec)
     selection = parse_only(plan.config.selection.only) if pending_only else None
     for shard in plan.shards:
         keys = selection.get(shard.id) if selection is not None else None
-        previous = ledger.read_shard(plan.out, shard.id) if pending_only and plan.out.is_dir() else {}
+        marks: ledger.Marks = {}
+        previous = ledger.read_shard(plan.out, shard.id, marks) if pending_only and plan.out.is_dir() else {}
+        died = InFlight(marks, keys)
         try:
             with contextlib.closing(source.samples(shard.shard)) as samples:
                 for ref in itertools.islice(samples, shard.quota):
                     if keys is not None and not selected(ref.key, keys):
                         continue
-                    if pending_only and reusable(previous.get(ref.key), plan):
+                    row = previous.get(ref.key)
+                    if pending_only and (reusable(row, plan) or died.suspect(ref.key) or died.killed(ref, row)):
                         scan.kept += 1
                         continue
                     yield ref
