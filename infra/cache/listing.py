@@ -1,0 +1,99 @@
+"""The plan as the run listed it at its start, recorded in OUT: what reconciliation expects, and what a shard task
+accounts for when its shard vanished, shrank or changed since (DESIGN, invariant 8).
+
+``OUT/ledger/plan.json`` is the index: the newest build's planned shards, one small entry each (the plan's own
+`ShardPlan` fields: id, path, size, mtime, quota, samples, whether the listing reached the shard's end).
+``OUT/ledger/plan/<shard>.jsonl`` lists a shard's planned samples, one ``[key, id, group]`` line each in source
+order: a few dozen bytes a sample on disk, streamed while the run plans, read back one shard at a time, so nothing
+holds a whole source's samples in memory. A run lists into a spool outside OUT while it plans (OUT is not written
+before the gates decide) and `install`s the spool under the writer lock before the first shard runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from infra.cache.ledger import ledger_dir
+from infra.errors import LedgerError
+from infra.storage import atomic_file, atomic_write
+
+logger = logging.getLogger(__name__)
+
+INDEX = "plan.json"
+LISTINGS = "plan"
+#: One planned sample: its key in the shard, its id, its group.
+Planned = tuple[str, str, str]
+
+
+def listing_path(root: Path, shard_id: str) -> Path:
+    """A shard's listing under `root` (a spool, or OUT's ``ledger/plan``)."""
+    return Path(root) / f"{shard_id}.jsonl"
+
+
+@contextlib.contextmanager
+def spool_shard(spool: Path, shard_id: str) -> Iterator[Callable[[str, str, str], None]]:
+    """Write one shard's listing into the spool directory: yields ``add(key, id, group)``, called in source order."""
+    spool.mkdir(parents=True, exist_ok=True)
+    with listing_path(spool, shard_id).open("w", encoding="ascii") as fh:  # JSON escapes: any name, even undecodable
+        yield lambda key, sid, group: fh.write(json.dumps([key, sid, group]) + "\n")
+
+
+def install(out: Path, spool: Path, shards: list[dict[str, Any]]) -> None:
+    """Record the plan in OUT: each shard's spooled listing (replaced only where it differs, so a resume of an
+    unchanged source rewrites nothing but the index), then the index of `shards` (plan entries) last."""
+    target = ledger_dir(out) / LISTINGS
+    for entry in shards:
+        spooled, recorded = listing_path(spool, entry["id"]), listing_path(target, entry["id"])
+        if not spooled.is_file() or (recorded.is_file() and _same_bytes(spooled, recorded)):
+            continue
+        with spooled.open("rb") as src, atomic_file(recorded, replace=True) as dst:
+            shutil.copyfileobj(src, dst)
+    body = json.dumps({"shards": shards}, indent=1, sort_keys=True)
+    atomic_write(ledger_dir(out) / INDEX, body.encode(), replace=True)
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    if a.stat().st_size != b.stat().st_size:
+        return False
+    with a.open("rb") as fa, b.open("rb") as fb:
+        while block := fa.read(1 << 20):
+            if block != fb.read(len(block)):
+                return False
+    return True
+
+
+def read_index(out: Path) -> list[dict[str, Any]] | None:
+    """The recorded plan's shard entries, in plan order; None when OUT has no recorded plan (a cache of an older
+    latentforge, or none built yet). A damaged index is a LedgerError."""
+    path = ledger_dir(out) / INDEX
+    if not path.is_file():
+        return None
+    try:
+        shards = json.loads(path.read_text(encoding="utf-8"))["shards"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LedgerError(f"{path}: not a plan index ({exc})") from exc
+    if not isinstance(shards, list) or not all(isinstance(s, dict) and "id" in s for s in shards):
+        raise LedgerError(f"{path}: not a plan index (its shards are not a list of entries)")
+    return shards
+
+
+def read_listing(out: Path, shard_id: str) -> list[Planned] | None:
+    """A shard's planned samples as recorded, in source order; None when it has no record."""
+    path = listing_path(ledger_dir(out) / LISTINGS, shard_id)
+    if not path.is_file():
+        return None
+    planned: list[Planned] = []
+    with path.open(encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            try:
+                key, sid, group = json.loads(line)
+            except (ValueError, TypeError) as exc:
+                raise LedgerError(f"{path}:{number}: not a planned sample ({exc})") from exc
+            planned.append((key, sid, group))
+    return planned
