@@ -26,7 +26,10 @@ from infra.audit.reconcile import reconcile, recorded_plan
 from infra.audit.run_report import latest_run_report
 from infra.cache import ledger, listing
 from infra.faults import ENV, FAIL_ENV, HOLD_ENV, LOG_ENV
+from infra.plan import make_plan
+from infra.preprocess.sanity import IN_PROGRESS, prepare_sanity_dir, sanity_dir
 from infra.publish.manifest import gate_problems
+from infra.sources import open_source
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
 from tests.procs import cli_env
@@ -294,3 +297,24 @@ def _assert_the_plan_is_what_is_counted(cfg) -> None:
     expected = sum(map(len, _assert_each_planned_sample_has_one_row(cfg.out).values()))
     assert latest_run_report(cfg.out).reconciliation.expected == expected
     assert reconcile(recorded_plan(cfg)).expected == expected
+
+
+def test_a_sample_the_sanity_died_on_is_passed_over_by_the_next_sanity_and_built_by_the_shard(
+    tmp_path, tiny_model, video
+):
+    src = _source(tmp_path / "src", video, {"a": 2})
+    cfg = config(src, tiny_model, tmp_path / "out", workers=1)
+    first = next(iter(_listed(make_plan(cfg))))
+    scratch = sanity_dir(Path(cfg.out))  # what a sanity killed on `first` leaves: its scratch, its mark
+    prepare_sanity_dir(scratch)
+    (scratch / IN_PROGRESS).write_text(first)
+    ok, result = run_build(cfg)
+    assert ok and result["done"] == 2, result
+    (key, why), *_ = result["sanity"]["skipped_before"]
+    assert key == first and why.startswith("killed_run")
+    assert result["sanity"]["sample_key"] != first and not (scratch / IN_PROGRESS).exists()
+
+
+def _listed(plan) -> list[str]:
+    source = open_source(plan.config.source, plan.spec)
+    return [ref.key for shard in plan.shards for ref in source.samples(shard.shard)]

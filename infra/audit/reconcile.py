@@ -168,7 +168,7 @@ def _list_shard(
 def _read_rows(out: Path, shard_id: str, report: ReconcileReport) -> tuple[dict[str, LedgerRow], str]:
     """The shard's ledger rows and what a sample without one means; an unreadable ledger is a shard problem."""
     try:
-        return ledger.read_shard(out, shard_id), "no ledger row: its shard crashed or has not run"
+        return ledger.read_shard(out, shard_id), "no ledger row: its shard has not run, or its run was killed"
     except (OSError, ValueError) as exc:
         note = f"ledger unreadable: {exc}"
         report.shard_problems[shard_id] = "; ".join(filter(None, (report.shard_problems.get(shard_id), note)))

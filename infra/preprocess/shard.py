@@ -27,19 +27,17 @@ from infra.faults import fault_point
 from infra.formats import Writer, get_format
 from infra.gates.disk import stopping_message
 from infra.media.prompts import CaptionRules
-from infra.media.temporal import TemporalPolicy
 from infra.models import LoadedFamily
 from infra.ops import preempt
 from infra.outdir import UnsafePath
 from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess import phases, record, resume, write
 from infra.preprocess.chunks import Chunk
-from infra.preprocess.decoders import decoders
 from infra.preprocess.encode import encode, load_encoder, shard_state
 from infra.preprocess.inflight import KILLED_RUN, InFlight
-from infra.preprocess.prefetch import Prefetcher
-from infra.preprocess.prepare import PreparedSample, decode_job, prepare
-from infra.preprocess.read import RawSample, read
+from infra.preprocess.prefetch import read_ahead
+from infra.preprocess.prepare import PreparedSample, prepare
+from infra.preprocess.read import read
 from infra.preprocess.result import ShardResult
 from infra.preprocess.state import RunState, ShardState
 from infra.preprocess.timing import stage_timing
@@ -142,7 +140,7 @@ def process_shard(
 
 
 def _loop_shard(loop: _Loop) -> BaseException | None:
-    """Run the loop over the task's clips (read ahead where `_prefetcher` says), then give each planned sample it
+    """Run the loop over the task's clips (read ahead where `read_ahead` says), then give each planned sample it
     did not visit its row; returns the error the loop crashed with (None: it ended, or was stopped). A whole-OUT
     write error stops it at once: what is done is sealed, and the error says what to do."""
     plan, shard, chunk = loop.plan, loop.shard, loop.chunk
@@ -152,7 +150,7 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
     if plan.config.run.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
         own_pass = open_source(plan.config.source, plan.spec).samples(shard.shard)
         phases.text_first_of(plan, own_pass, (first, stop), wanted, loop.get_encoder, loop.state.texts)
-    ahead = loop.state.ahead = _prefetcher(plan, itertools.islice(samples, first, stop), wanted, loop.journal)
+    ahead = loop.state.ahead = read_ahead(plan, itertools.islice(samples, first, stop), wanted, loop.journal)
     read_error: Exception | None = None
     crash: BaseException | None = None
     try:
@@ -319,35 +317,6 @@ def _prepared(ref: SampleRef, plan: BuildPlan, state: ShardState) -> PreparedSam
     if taken is None and state.mark is not None:
         state.mark(ref.key)
     return prepare(taken if taken is not None else read(ref, CaptionRules.of(plan.spec)), plan)
-
-
-def _prefetcher(
-    plan: BuildPlan, refs: Iterator[SampleRef], wanted: Callable[[SampleRef], bool], journal: ledger.Journal
-) -> Prefetcher | None:
-    """The shard's read-ahead over the samples it will encode, each marked in `journal` before it is read; None
-    without one (``--prefetch 0 --text-batch 1``, or ``windows:K``, whose samples are made from their clip as it is
-    visited)."""
-    cfg = plan.config
-    serial = cfg.run.prefetch == 0 and cfg.run.text_batch == 1 and cfg.encoding.video_batch == 1
-    if serial or TemporalPolicy.of(plan.spec).kind == "windows":
-        return None
-    depth = max(cfg.run.prefetch, cfg.encoding.video_batch - 1)  # a batch is made of samples already prepared
-    run = cfg.run
-    pool = decoders(run.decode_pool, run.decode_workers, decode_job(plan)) if depth else None
-    return Prefetcher(
-        refs,
-        read=functools.partial(_marked_read, journal, CaptionRules.of(plan.spec)),
-        decoders=pool,
-        wanted=wanted,
-        depth=depth,
-        lookahead=cfg.run.text_batch - 1,
-    )
-
-
-def _marked_read(journal: ledger.Journal, captions: CaptionRules, ref: SampleRef) -> RawSample:
-    """Read ahead, its start marked first (`infra.preprocess.inflight`): others may be in flight with it."""
-    journal.mark(ref.key, alone=False)
-    return read(ref, captions)
 
 
 def _seal_from_journal(plan: BuildPlan, shard_id: str) -> None:
