@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from infra.cache.ledger import ledger_dir
+from infra.cache.ledger import LEDGER_DIR, ledger_dir
 from infra.errors import LedgerError
 from infra.storage import atomic_file, atomic_write
 
@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 INDEX = "plan.json"
 LISTINGS = "plan"
+#: OUT-relative prefixes of the recorded plan: the build's own working record (it names the source's local paths),
+#: not published (the sealed ledgers hold a row for each planned sample).
+PLAN_PATHS = (f"{LEDGER_DIR}/{INDEX}", f"{LEDGER_DIR}/{LISTINGS}/")
 #: One planned sample: its key in the shard, its id, its group.
 Planned = tuple[str, str, str]
 
