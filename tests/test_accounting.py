@@ -6,6 +6,7 @@ Real builds over real clips with the tiny Wan2.2 model; moments chosen with the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -29,7 +30,7 @@ from infra.faults import ENV, FAIL_ENV, HOLD_ENV, LOG_ENV
 from infra.plan import make_plan
 from infra.preprocess.sanity import IN_PROGRESS, prepare_sanity_dir, sanity_dir
 from infra.publish.manifest import gate_problems
-from infra.sources import open_source
+from infra.sources import ShardReadError, open_source
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
 from tests.procs import cli_env
@@ -54,8 +55,20 @@ def _source(root: Path, video: bytes, sizes: dict[str, int], group: int | None =
     return make_shards(root, shards)
 
 
-def _planned(out: Path) -> dict[str, list[str]]:
-    """The recorded plan: each shard's planned sample keys."""
+def _listed_now(cfg) -> dict[str, list[str]]:
+    """Each shard's sample keys as the source lists them now: what a run started now plans."""
+    plan = make_plan(cfg)
+    source, listed = open_source(plan.config.source, plan.spec), {}
+    for shard in plan.shards:
+        keys = listed[shard.id] = []
+        with contextlib.suppress(ShardReadError):  # a cut shard: what it lists before the cut
+            for ref in source.samples(shard.shard):
+                keys.append(ref.key)
+    return listed
+
+
+def _recorded(out: Path) -> dict[str, list[str]]:
+    """The plan the build recorded in OUT: each shard's planned sample keys."""
     return {e["id"]: [key for key, _, _ in listing.read_listing(out, e["id"]) or []] for e in listing.read_index(out)}
 
 
@@ -63,16 +76,16 @@ def _sealed_lines(out: Path, shard: str) -> list[dict]:
     return [json.loads(line) for line in ledger.sealed_path(out, shard).read_text().splitlines()]
 
 
-def _assert_each_planned_sample_has_one_row(out: Path) -> dict[str, list[str]]:
-    """Every planned sample: exactly one sealed row, with a reason unless done; no journal left. The plan back."""
-    planned = _planned(out)
+def _assert_each_planned_sample_has_one_row(out: Path, planned: dict[str, list[str]]) -> None:
+    """Every planned sample (`planned`: the source as listed when the run began): exactly one sealed row, with a
+    reason unless done; no journal left; the plan the build recorded is that one."""
     assert planned and not list(ledger.ledger_dir(out).glob("*.journal.jsonl"))
     for shard, keys in planned.items():
         lines = Counter(row["key"] for row in _sealed_lines(out, shard))
         assert all(lines[key] == 1 for key in keys), (shard, keys, lines)
         rows = ledger.read_shard(out, shard)
         assert all(rows[key].status == "done" or rows[key].reason for key in keys)
-    return planned
+    assert _recorded(out) == planned
 
 
 def _upset_mid_run(cfg, moment: int, upset: Callable[[], None], tmp: Path) -> tuple[bool, object]:
@@ -116,11 +129,11 @@ def test_a_shard_deleted_or_cut_mid_run_is_a_row_per_planned_sample_and_a_shortf
 ):
     src = _source(tmp_path / "src", video, {"a": 3, "b": 3, "c": 3})
     cfg = config(src, tiny_model, tmp_path / "out", workers=1, on_loss="abort")
+    planned = _listed_now(cfg)
     ok, result = _upset_mid_run(cfg, 1, lambda: UPSETS[upset](src / "c.tar"), tmp_path)
 
     assert not ok and "3 sample(s) missing" in str(result), result  # the loss gate saw the shortfall
-    planned = _assert_each_planned_sample_has_one_row(cfg.out)
-    assert sum(map(len, planned.values())) == 9
+    _assert_each_planned_sample_has_one_row(cfg.out, planned)
     assert {row.reason for row in ledger.read_shard(cfg.out, "c").values()} == {reason}
     report = latest_run_report(cfg.out)
     assert (report.reconciliation.expected, report.reconciliation.produced) == (9, 6)
@@ -230,6 +243,7 @@ def _in_progress(out: Path, shard: str) -> dict[str, int]:
 def test_a_sample_the_run_died_on_twice_is_recorded_failed_and_the_next_run_completes(tmp_path, tiny_model, video):
     src = _source(tmp_path / "src", video, {"a": 4, "z": 2})
     out, home = tmp_path / "out", tmp_path / "home"
+    planned = _listed_now(config(src, tiny_model, out))
     cmd = [
         str(LATENTFORGE), "build", "--source", f"vbvr:{src}", "--model", str(tiny_model), "--out", str(out),
         "--frames", str(FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH), "--device", "cpu", "--dtype", "fp32",
@@ -255,7 +269,7 @@ def test_a_sample_the_run_died_on_twice_is_recorded_failed_and_the_next_run_comp
     assert all(row.status == "done" for key, row in rows.items() if key != killed.key)
     assert {row.reason for row in ledger.read_shard(out, "z").values()} == {"shard_vanished"}  # planned by run 1
     assert (result["done"], result["failed"], result["skipped"]) == (3, 1, 2), result
-    _assert_each_planned_sample_has_one_row(out)
+    _assert_each_planned_sample_has_one_row(out, planned)
     assert latest_run_report(out).reconciliation.expected == 6
 
 
@@ -280,21 +294,24 @@ def test_generated_deletions_and_cuts_mid_run_leave_one_row_per_planned_sample_a
 ):
     root = tmp_path_factory.mktemp("generated")
     src = _source(root / "src", video, {"a": 2, "b": 2, "c": 2})
-    cfg = config(src, tiny_model, root / "out", workers=1)
+    cfg = config(src, tiny_model, root / "out", workers=1, on_stale="keep")  # a done sample's shard cut: kept
     tars = [src / f"{name}.tar" for name in "abc"]
+    planned = _listed_now(cfg)
     ok, result = _upset_mid_run(
         cfg, moment, lambda: [_upset(t, how) for t, how in zip(tars, upsets, strict=True)], root
     )
     assert ok, result
-    _assert_the_plan_is_what_is_counted(cfg)
+    _assert_the_plan_is_what_is_counted(cfg, planned)
+    planned = _listed_now(cfg)
     ok, result = run_build(cfg)  # the resume, over what the source is now
     assert ok, result
-    _assert_the_plan_is_what_is_counted(cfg)
+    _assert_the_plan_is_what_is_counted(cfg, planned)
 
 
-def _assert_the_plan_is_what_is_counted(cfg) -> None:
+def _assert_the_plan_is_what_is_counted(cfg, planned: dict[str, list[str]]) -> None:
     """One sealed row per planned sample, and the run's reconciliation and `latentforge reconcile` expect the plan."""
-    expected = sum(map(len, _assert_each_planned_sample_has_one_row(cfg.out).values()))
+    _assert_each_planned_sample_has_one_row(cfg.out, planned)
+    expected = sum(map(len, planned.values()))
     assert latest_run_report(cfg.out).reconciliation.expected == expected
     assert reconcile(recorded_plan(cfg)).expected == expected
 
@@ -304,7 +321,7 @@ def test_a_sample_the_sanity_died_on_is_passed_over_by_the_next_sanity_and_built
 ):
     src = _source(tmp_path / "src", video, {"a": 2})
     cfg = config(src, tiny_model, tmp_path / "out", workers=1)
-    first = next(iter(_listed(make_plan(cfg))))
+    first = _listed_now(cfg)["a"][0]
     scratch = sanity_dir(Path(cfg.out))  # what a sanity killed on `first` leaves: its scratch, its mark
     prepare_sanity_dir(scratch)
     (scratch / IN_PROGRESS).write_text(first)
@@ -313,8 +330,3 @@ def test_a_sample_the_sanity_died_on_is_passed_over_by_the_next_sanity_and_built
     (key, why), *_ = result["sanity"]["skipped_before"]
     assert key == first and why.startswith("killed_run")
     assert result["sanity"]["sample_key"] != first and not (scratch / IN_PROGRESS).exists()
-
-
-def _listed(plan) -> list[str]:
-    source = open_source(plan.config.source, plan.spec)
-    return [ref.key for shard in plan.shards for ref in source.samples(shard.shard)]
