@@ -153,6 +153,8 @@ def atomic_file(path: Path | str, *, replace: bool = False, out: Path | None = N
     except OSError as exc:
         if is_disk_full(exc):
             raise disk_full(shown, exc) from exc
+        if exc.errno in NOT_WRITABLE_ERRNOS:  # a read-only file system or folder: every later write there fails too
+            raise not_writable(shown.parent, exc) from exc
         raise
     except Exception as exc:
         if handle is not None and handle.disk_full is not None:  # ENOSPC re-raised by the caller as another error

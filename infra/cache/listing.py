@@ -12,6 +12,7 @@ before the gates decide) and `install`s the spool under the writer lock before t
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import shutil
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from infra import outdir
 from infra.cache.ledger import LEDGER_DIR, ledger_dir
 from infra.errors import LedgerError
 from infra.storage import atomic_file, atomic_write
@@ -48,23 +50,28 @@ def spool_shard(spool: Path, shard_id: str) -> Iterator[Callable[[str, str, str]
 
 
 def install(out: Path, spool: Path, shards: list[dict[str, Any]]) -> None:
-    """Record the plan in OUT: each shard's spooled listing (replaced only where it differs, so a resume of an
-    unchanged source rewrites nothing but the index), then the index of `shards` (plan entries) last."""
-    target = ledger_dir(out) / LISTINGS
+    """Record the plan in OUT, through its door (`infra.outdir`): each shard's spooled listing (replaced only where it
+    differs, so a resume of an unchanged source rewrites nothing but the index), then the index of `shards` (plan
+    entries) last."""
     for entry in shards:
-        spooled, recorded = listing_path(spool, entry["id"]), listing_path(target, entry["id"])
-        if not spooled.is_file() or (recorded.is_file() and _same_bytes(spooled, recorded)):
+        spooled, recorded = listing_path(spool, entry["id"]), _listing_rel(entry["id"])
+        if not spooled.is_file() or _same_bytes(spooled, out, recorded):
             continue
-        with spooled.open("rb") as src, atomic_file(recorded, replace=True) as dst:
+        with spooled.open("rb") as src, atomic_file(recorded, replace=True, out=out) as dst:
             shutil.copyfileobj(src, dst)
     body = json.dumps({"shards": shards}, indent=1, sort_keys=True)
-    atomic_write(ledger_dir(out) / INDEX, body.encode(), replace=True)
+    atomic_write(f"{LEDGER_DIR}/{INDEX}", body.encode(), replace=True, out=out)
 
 
-def _same_bytes(a: Path, b: Path) -> bool:
-    if a.stat().st_size != b.stat().st_size:
+def _listing_rel(shard_id: str) -> str:
+    return f"{LEDGER_DIR}/{LISTINGS}/{shard_id}.jsonl"
+
+
+def _same_bytes(spooled: Path, out: Path, rel: str) -> bool:
+    """Whether OUT's recorded listing `rel` holds the spooled one's bytes (False when there is none)."""
+    if outdir.size(out, rel) != spooled.stat().st_size:
         return False
-    with a.open("rb") as fa, b.open("rb") as fb:
+    with spooled.open("rb") as fa, outdir.open_read(out, rel) as fb:
         while block := fa.read(1 << 20):
             if block != fb.read(len(block)):
                 return False
@@ -74,11 +81,11 @@ def _same_bytes(a: Path, b: Path) -> bool:
 def read_index(out: Path) -> list[dict[str, Any]] | None:
     """The recorded plan's shard entries, in plan order; None when OUT has no recorded plan (a cache of an older
     latentforge, or none built yet). A damaged index is a LedgerError."""
-    path = ledger_dir(out) / INDEX
-    if not path.is_file():
+    path, rel = ledger_dir(out) / INDEX, f"{LEDGER_DIR}/{INDEX}"
+    if not outdir.is_file(out, rel):
         return None
     try:
-        shards = json.loads(path.read_text(encoding="utf-8"))["shards"]
+        shards = json.loads(outdir.read_text(out, rel))["shards"]
     except (ValueError, KeyError, TypeError) as exc:
         raise LedgerError(f"{path}: not a plan index ({exc})") from exc
     if not isinstance(shards, list) or not all(isinstance(s, dict) and "id" in s for s in shards):
@@ -88,11 +95,11 @@ def read_index(out: Path) -> list[dict[str, Any]] | None:
 
 def read_listing(out: Path, shard_id: str) -> list[Planned] | None:
     """A shard's planned samples as recorded, in source order; None when it has no record."""
-    path = listing_path(ledger_dir(out) / LISTINGS, shard_id)
-    if not path.is_file():
+    path, rel = listing_path(ledger_dir(out) / LISTINGS, shard_id), _listing_rel(shard_id)
+    if not outdir.is_file(out, rel):
         return None
     planned: list[Planned] = []
-    with path.open(encoding="utf-8") as fh:
+    with io.TextIOWrapper(outdir.open_read(out, rel), encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
             try:
                 key, sid, group = json.loads(line)

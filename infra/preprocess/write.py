@@ -29,7 +29,8 @@ def write(plan: BuildPlan, writer: Writer, sample: EncodedSample, present: list[
         return _write(plan, writer, sample, present, replace)
     except OSError as exc:
         if exc.errno in NOT_WRITABLE_ERRNOS:
-            raise not_writable(Path(exc.filename).parent if exc.filename else plan.out, exc) from exc  # its folder
+            where = Path(exc.filename).parent if exc.filename and Path(exc.filename).is_absolute() else plan.out
+            raise not_writable(where, exc) from exc
         raise
 
 
