@@ -7,7 +7,9 @@ Later steps (the audio gate, upload) slot in around decode-and-verify; the flow 
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -15,6 +17,7 @@ from prefect.artifacts import (
     create_markdown_artifact,
     create_table_artifact,
 )
+from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -38,6 +41,7 @@ from infra.ops import preempt
 from infra.plan import BuildPlan
 from infra.preprocess.sanity import SanityReport
 from infra.preprocess.summary import BuildSummary, summarize
+from infra.preprocess.unvisited import record_plan
 from infra.storage import remove_stale_temps
 from tasks.plan import plan_build
 from tasks.preprocess import dry_run_sample
@@ -69,10 +73,16 @@ def build_cache(config: BuildConfig) -> dict[str, Any] | State:
 
 
 def _build(config: BuildConfig) -> dict[str, Any]:
+    # the plan lists its samples into a spool outside OUT (nothing is written there before the gates decide)
+    with tempfile.TemporaryDirectory(prefix="latentforge-plan-") as spools:
+        return _planned_build(config, None if config.run.dry_run else Path(spools) / "listing")
+
+
+def _planned_build(config: BuildConfig, spool: Path | None) -> dict[str, Any]:
     logger = get_run_logger()
     set_step("plan")
     config = resolve_config(config)  # a form's or a deployment's run: the checks a command makes before it starts
-    plan = plan_build(config)
+    plan = plan_build(config, spool)
     logger.info("plan: family %s, fingerprint %s, %d shards", plan.family, plan.fingerprint[:16], len(plan.shards))
     fault_point("plan")
     set_step("verify-existing")
@@ -106,7 +116,7 @@ def _build_locked(plan: BuildPlan, decided: list[Decision]) -> dict[str, Any]:
     start = time.perf_counter()
     set_step("preprocess")
     _check_unchanged(plan)
-    _prepare_out(plan)
+    plan = _prepare_out(plan)
     results = run_shards(plan)
     summary = summarize(
         results,
@@ -116,6 +126,7 @@ def _build_locked(plan: BuildPlan, decided: list[Decision]) -> dict[str, Any]:
         latent_shape=list(plan.latent_shape),
         text_shape=list(plan.text_shape),
         seconds=time.perf_counter() - start,
+        run_id=str(flow_run.get_id()) if flow_run.get_id() else None,
     )
     _publish(summary)
     timings = {"sanity_sample_seconds": sanity.seconds, "preprocess_seconds": summary.seconds}
@@ -148,7 +159,9 @@ def _check_unchanged(plan: BuildPlan) -> None:
     raise ConflictAborted(f"{plan.out} changed while this run was deciding: {report.text()}")
 
 
-def _prepare_out(plan: BuildPlan) -> None:
+def _prepare_out(plan: BuildPlan) -> BuildPlan:
+    """cache.json, the plan recorded (`record_plan`: with the shards it carries over), temp files of a killed run
+    removed; returns the plan the shards run."""
     provenance = {"model_path": str(plan.config.model), "source": plan.config.source, "recipe": plan.config.recipe}
     if plan.replace_from is not None and plan.replace_from != plan.fingerprint:
         kept = keep_old_cache_json(plan.out, plan.replace_from)
@@ -159,6 +172,7 @@ def _prepare_out(plan: BuildPlan) -> None:
     removed = remove_stale_temps(plan.out)
     if removed:
         get_run_logger().warning("removed %d partial temp files left by an interrupted run", removed)
+    return record_plan(plan)
 
 
 def _publish(summary: BuildSummary) -> None:

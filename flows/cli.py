@@ -23,7 +23,7 @@ from flows.cli_options import DEBUG_ENV, cli_errors, config_command, console_log
 from flows.cli_publish import rerun, upload
 from flows.cli_server import app as server_app
 from flows.preflight import check_build
-from flows.selection import with_selection
+from flows.selection import SELECTION, with_selection
 from flows.settings import resolve_config
 from infra.cache.lock import check_not_locked
 from infra.config import BuildConfig, load_config_file, merge_config, step_settings
@@ -167,13 +167,16 @@ def verify(
 @app.command()
 @config_command(step_settings("reconcile"), show_defaults=False)
 def reconcile(out: OutArg, quick: QuickOpt = False, *, config_file: Path | None, flags: dict[str, Any]) -> None:
-    """Expected (the source listing) against produced (every file's sha256 against the ledger; --quick: sizes
+    """Expected (the plan the newest build recorded when it began; given a selection here, or for a cache without a
+    recorded plan: the source listed now) against produced (every file's sha256 against the ledger; --quick: sizes
     only); every missing sample with its reason. Exit 1 on a shortfall. Settings not given are OUT's own
-    (cache.json); pass the build's --limit etc. if it had them."""
+    (cache.json)."""
     from infra.audit.reconcile import reconcile as count  # noqa: PLC0415 - heavy: torch
-    from infra.audit.reconcile import write_reconcile_report  # noqa: PLC0415
+    from infra.audit.reconcile import recorded_plan, write_reconcile_report  # noqa: PLC0415
 
-    report = count(make_plan(config_from(config_file, flags, out)), content=not quick)
+    config = config_from(config_file, flags, out)
+    recorded = None if any(flags.get(key) is not None for key in SELECTION) else recorded_plan(config)
+    report = count(recorded or make_plan(config), content=not quick)
     json_path, _ = write_reconcile_report(out, report)
     typer.echo(f"{report.text()}\n\nreport: {json_path}")
     raise typer.Exit(0 if report.ok else 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.settings import get_current_settings
@@ -43,12 +45,13 @@ def resolve_conflict(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, 
     choice = ConflictChoice(decision.choice)
     if choice is ConflictChoice.abort:
         raise ConflictAborted(f"{report.text()}\ndecision: {decision.text()}; nothing was written to {plan.out}")
+    spool = Path(f"{plan.listing}.{choice.value}") if plan.listing else None  # the new plan's listing, beside
     if choice is ConflictChoice.new_dir:
-        return plan_build(plan.config.model_copy(update={"out": str(next_free_dir(plan.out))})), decision
+        return plan_build(plan.config.model_copy(update={"out": str(next_free_dir(plan.out))}), spool), decision
     if choice is ConflictChoice.reuse:
         if report.kind != "incompatible":
             raise ConflictAborted(f"reuse needs a latentforge cache in {plan.out}; it is {report.kind}")
-        return plan_build(adopt_existing_spec(plan.config, plan.spec, plan.out)), decision
+        return plan_build(adopt_existing_spec(plan.config, plan.spec, plan.out), spool), decision
     return plan.model_copy(update={"replace_from": report.existing_fingerprint or "foreign"}), decision
 
 

@@ -17,14 +17,16 @@ from prefect.runtime import flow_run
 from tqdm import tqdm
 
 from infra import outdir
+from infra.cache import ledger
 from infra.cache.ledger import LEDGER_DIR
 from infra.devices import DeviceSlots, placement, visible_accelerators
-from infra.errors import DiskFull
+from infra.errors import OutWriteError
 from infra.ops import preempt, runners
 from infra.ops.progress import RunState
 from infra.outdir import UnsafePath
 from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess.chunks import PARTS_DIR, Chunk, plan_chunks
+from infra.preprocess.record import tally
 from infra.preprocess.result import ShardResult
 from infra.storage import remove_stale_temps
 from tasks.preprocess import merge_chunks, preprocess_shard
@@ -66,7 +68,7 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
         chunks = plan_chunks(shard, plan.config.run.chunk_size)
         book.chunks[shard.id], book.open[shard.id] = chunks or [], len(chunks or [None])
         pending += [_Unit(shard, chunk) for chunk in chunks] if chunks else [_Unit(shard)]
-    full: list[DiskFull | UnsafePath] = []  # what stops the run: a full disk, a link under OUT
+    full: list[OutWriteError | UnsafePath] = []  # what stops the run: a full or read-only OUT, a link under OUT
     run = RunState(run_key)  # the run's counts and stop check, handed to every shard task
     slots, workers = _slots(plan)
     bar = tqdm(total=total, unit="sample", desc="encoding", disable=None)
@@ -121,7 +123,7 @@ def _finished(
     book: _Shards,
     unit: _Unit,
     future: PrefectFuture,
-    full: list[DiskFull | UnsafePath],
+    full: list[OutWriteError | UnsafePath],
     pending: list[_Unit],
 ) -> None:
     """A task ended: its result kept (a chunk's until its shard's last chunk ends, then merged), or the task
@@ -130,11 +132,11 @@ def _finished(
     name = unit.shard.id if unit.chunk is None else f"{unit.shard.id} chunk {unit.chunk.index}"
     try:
         result = future.result()
-    except DiskFull as exc:
+    except OutWriteError as exc:
         full.append(exc)
         if unit.chunk is None:
             return
-        result = ShardResult(shard=unit.shard.id, error=f"disk full: {exc}")
+        result = ShardResult(shard=unit.shard.id, error=str(exc))
     except UnsafePath as exc:  # a link under OUT is damage of OUT, not a loss to accept: the run stops with it
         full.append(exc)
         result = ShardResult(shard=unit.shard.id, error=str(exc))
@@ -145,7 +147,7 @@ def _finished(
             pending.insert(0, unit)
             return
         logger.error("shard %s crashed after its retries: %s", name, exc)
-        result = ShardResult(shard=unit.shard.id, error=f"crashed: {type(exc).__name__}: {exc}")
+        result = _crashed(plan, unit, exc)
     if unit.chunk is None:
         book.results.append(result)
         return
@@ -153,6 +155,15 @@ def _finished(
     book.open[unit.shard.id] -= 1
     if book.open[unit.shard.id] == 0:
         _merge(plan, book, unit.shard)
+
+
+def _crashed(plan: BuildPlan, unit: _Unit, exc: BaseException) -> ShardResult:
+    """A crashed task's result: its counts from its ledger (what it sealed: its rows, and a failed row for each
+    planned sample it did not reach), so the summary says what the ledger says."""
+    result = ShardResult(shard=unit.shard.id, error=f"crashed: {type(exc).__name__}: {exc}")
+    ledger_id = unit.shard.id if unit.chunk is None else unit.chunk.ledger_id(unit.shard.id)
+    tally(result, ledger.read_shard(plan.out, ledger_id).values())
+    return result
 
 
 def _merge(plan: BuildPlan, book: _Shards, shard: ShardPlan) -> None:
@@ -168,5 +179,5 @@ def _merge_left(plan: BuildPlan, book: _Shards) -> None:
         if chunked and (shard.id in book.partial or any(n.startswith(f"{shard.id}.chunk-") for n in parts)):
             try:
                 _merge(plan, book, shard)
-            except DiskFull as exc:
-                get_run_logger().warning("shard %s: no room to merge its chunks (%s); parts kept", shard.id, exc)
+            except OutWriteError as exc:
+                get_run_logger().warning("shard %s: its chunks cannot be merged (%s); parts kept", shard.id, exc)

@@ -96,12 +96,22 @@ class Preempted(LatentforgeError, RuntimeError):
     exit_code = EXIT_PREEMPTED
 
 
-class DiskFull(LatentforgeError, RuntimeError):
-    """OUT's file system ran out of space (ENOSPC) mid-run: nothing partial was kept; free space and rerun."""
+class OutWriteError(LatentforgeError, RuntimeError):
+    """A write under OUT that no later sample would get past either (a whole-OUT problem): the run stops at the first
+    one with one line instead of failing sample after sample; finished samples are kept, nothing partial; fixed, the
+    same command resumes."""
 
     def __init__(self, message: str, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+class DiskFull(OutWriteError):
+    """OUT's file system ran out of space (ENOSPC) mid-run: nothing partial was kept; free space and rerun."""
+
+
+class OutNotWritable(OutWriteError):
+    """OUT, or a folder in it, refuses writes (read-only file system, permissions) mid-run: fix it and rerun."""
 
 
 class RunFailed(LatentforgeError, RuntimeError):

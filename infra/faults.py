@@ -5,8 +5,11 @@ is two environment lookups. Points are chosen by progress, not by clock, so a ki
 on any machine.
 
 ``LATENTFORGE_KILL_FILE=FILE`` kills, once, the first process to reach the point FILE names.
-``LATENTFORGE_HOLD_AT=POINT=FILE`` holds a process at POINT while FILE exists (at most `HOLD_MAX_S`): how a test
-signals a build at a chosen point, however fast the machine (the preemption test holds it after its first sample).
+``LATENTFORGE_FAIL_AT=POINT[:N]`` raises `InjectedFault` at the N-th hit of POINT and at every hit after it: a fault
+that stays, as a device that broke mid-run does (how a test makes a shard's encodes fail from a chosen sample on).
+``LATENTFORGE_HOLD_AT=POINT[:N]=FILE`` holds a process at POINT (only at its N-th hit, where N is given) while FILE
+exists (at most `HOLD_MAX_S`): how a test signals a build at a chosen point, however fast the machine (the preemption
+test holds it after its first sample).
 
 Points: ``plan`` (planned, nothing written), ``sanity`` (the sanity sample encoded), ``decode`` (a sample's
 frames decoded, not yet encoded), ``encode`` (encoded, not yet written), ``write`` (a file's bytes on disk
@@ -32,10 +35,13 @@ POINTS = ("plan", "sanity", "decode", "encode", "write", "sample", "seal", "shar
 #: removes the file and is killed there, once (how a test kills one Ray worker mid-shard, whichever runs it).
 KILL_FILE_ENV = "LATENTFORGE_KILL_FILE"
 HOLD_ENV = "LATENTFORGE_HOLD_AT"
+FAIL_ENV = "LATENTFORGE_FAIL_AT"
 HOLD_MAX_S = 120.0
 #: Points only a shard format's build reaches (tests/test_shard_resume.py sweeps them).
 SHARD_POINTS = ("part",)
 _hits: Counter[str] = Counter()
+_failing: Counter[str] = Counter()
+_held: Counter[str] = Counter()  # hits per hold setting (a new FILE counts afresh: in-process tests run many builds)
 _lock = threading.Lock()
 
 
@@ -49,6 +55,8 @@ def fault_point(name: str) -> None:
         _hold(hold, name)
     if (kill_file := os.environ.get(KILL_FILE_ENV)) and _claimed(kill_file, name):
         os.kill(os.getpid(), signal.SIGKILL)
+    if fail := os.environ.get(FAIL_ENV):
+        _fail(fail, name)
     wanted = os.environ.get(ENV)
     if not wanted:
         return
@@ -61,11 +69,36 @@ def fault_point(name: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class InjectedFault(RuntimeError):
+    """Raised by `LATENTFORGE_FAIL_AT` (tests only)."""
+
+
+def _fail(spec: str, name: str) -> None:
+    """Raise InjectedFault from the N-th hit of the point of ``POINT[:N]`` on (counted per setting)."""
+    point, _, nth = spec.partition(":")
+    if point != name:
+        return
+    with _lock:
+        _failing[spec] += 1
+        if _failing[spec] < int(nth or 1):
+            return
+    raise InjectedFault(f"fault injected at {name} (hit {_failing[spec]}, {FAIL_ENV}={spec})")
+
+
 def _hold(spec: str, name: str) -> None:
-    """Wait here while the file of ``POINT=FILE`` exists, if POINT is `name` (released by removing the file)."""
-    point, _, path = spec.partition("=")
+    """Wait here while the file of ``POINT[:N]=FILE`` exists, if POINT is `name` (and this is its N-th hit, where N
+    is given); released by removing the file."""
+    where, _, path = spec.partition("=")
+    point, _, nth = where.partition(":")
+    if point != name:
+        return
+    if nth:
+        with _lock:
+            _held[spec] += 1
+            if _held[spec] != int(nth):
+                return
     deadline = time.monotonic() + HOLD_MAX_S
-    while point == name and Path(path).exists() and time.monotonic() < deadline:
+    while Path(path).exists() and time.monotonic() < deadline:
         time.sleep(0.02)
 
 

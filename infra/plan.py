@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from infra.cache import listing
 from infra.cache.cachedir import read_cache_json
 from infra.config import (
     ADDED_LATER,
@@ -52,6 +54,8 @@ class ShardPlan(BaseModel):
     duplicates: dict[str, str] = {}  # key → SHARD/KEY of an earlier sample with the same group and id
     collisions: dict[str, str] = {}  # key → the earlier sample of another id whose output name it would take
     samples: int = 0  # samples this run will visit (counted at plan time)
+    whole: bool = True  # the listing reached the shard's end (no quota stopped it, no damage cut it)
+    damage: str | None = None  # what cut the listing short (a damaged tar), where something did
 
     @property
     def shard(self) -> Shard:
@@ -80,6 +84,9 @@ class BuildPlan(BaseModel):
     #: those the cache knowingly keeps.
     stale_replace: frozenset[str] = frozenset()
     stale_keep: frozenset[str] = frozenset()
+    #: A build's plan: the spool its shards' samples were listed into (`infra.cache.listing`), recorded in OUT before
+    #: the preprocess; None for a plan that records nothing (a step on an existing OUT, a dry run).
+    listing: str | None = None
 
     @property
     def total_samples(self) -> int:
@@ -352,18 +359,24 @@ def shard_settings(config: BuildConfig) -> dict[str, Any]:
 
 
 def _count_samples(
-    source: Source, shard: Shard, stop_at: int | None, stems: dict[str, tuple[str, str, str, str]]
-) -> tuple[int, dict[str, str], dict[str, str]]:
+    source: Source,
+    shard: Shard,
+    stop_at: int | None,
+    stems: dict[str, tuple[str, str, str, str]],
+    add: Callable[[str, str, str], None],
+) -> tuple[int, dict[str, str], dict[str, str], str | None]:
     """How many samples this run visits in `shard`; {key: ``SHARD/KEY``} of those whose group and id an earlier
     sample has (a duplicate: refused, not encoded); {key: what it collides with} of those whose output name an
     earlier sample of another id has, up to case and Unicode normalisation (``a.mp4`` and ``a.mov``, ``Clip.mp4``
-    and ``clip.mp4``: refused, ``name_collision``, the first kept). Output names go into `stems` (collision key →
-    shard, id, key, output name)."""
-    count, duplicates, collisions = 0, {}, {}
+    and ``clip.mp4``: refused, ``name_collision``, the first kept); the damage that cut the listing short. Output
+    names go into `stems` (collision key → shard, id, key, output name); each sample counted is handed to `add`
+    (key, id, group)."""
+    count, duplicates, collisions, damage = 0, {}, {}, None
     with contextlib.closing(source.samples(shard)) as samples:
         try:
             for ref in samples:
                 count += 1
+                add(ref.key, ref.id, ref.group)
                 kind, first = _claim(stems, shard.id, ref) if ref.stem else (None, "")
                 if kind is not None:
                     (duplicates if kind == "duplicate" else collisions)[ref.key] = first
@@ -371,6 +384,7 @@ def _count_samples(
                     break
         except ShardReadError as exc:  # a damaged shard: counted up to the damage, reported by its task
             logger.warning("shard %s: %s", shard.id, exc)
+            damage = str(exc)
     if duplicates or collisions:
         logger.warning(
             "shard %s: %d sample(s) duplicate earlier ones (group and id), %d collide with their output names",
@@ -378,7 +392,7 @@ def _count_samples(
             len(duplicates),
             len(collisions),
         )
-    return count, duplicates, collisions
+    return count, duplicates, collisions, damage
 
 
 def _claim(stems: dict[str, tuple[str, str, str, str]], shard_id: str, ref: SampleRef) -> tuple[str | None, str]:
@@ -397,8 +411,13 @@ def _claim(stems: dict[str, tuple[str, str, str, str]], shard_id: str, ref: Samp
     return None, ""
 
 
-def plan_shards(config: BuildConfig, source: Source) -> list[ShardPlan]:
-    """Filter shards, count their samples (tar headers only) and apply the per-shard cap and --limit."""
+def _unrecorded(key: str, sid: str, group: str) -> None:
+    """Where a plan that records nothing lists its samples."""
+
+
+def plan_shards(config: BuildConfig, source: Source, spool: Path | None = None) -> list[ShardPlan]:
+    """Filter shards, count their samples (tar headers only) and apply the per-shard cap and --limit; with a
+    `spool`, list each shard's planned samples into it (`infra.cache.listing`)."""
     shards = [s for s in source.shards() if not config.selection.shard_filter or config.selection.shard_filter in s.id]
     if not shards:
         raise ConfigError(f"no shard of {config.source} matches --shard-filter {config.selection.shard_filter!r}")
@@ -409,19 +428,25 @@ def plan_shards(config: BuildConfig, source: Source) -> list[ShardPlan]:
             break
         caps = [c for c in (left, config.selection.max_samples_per_shard) if c is not None]
         cap = min(caps) if caps else None
-        count, duplicates, collisions = _count_samples(source, shard, cap, stems)
+        with listing.spool_shard(spool, shard.id) if spool else contextlib.nullcontext(_unrecorded) as add:
+            count, duplicates, collisions, damage = _count_samples(source, shard, cap, stems, add)
+        whole = damage is None and (cap is None or count < cap)
         listed = {"size": shard.size, "mtime_ns": shard.mtime_ns, "duplicates": duplicates, "collisions": collisions}
+        listed |= {"whole": whole, "damage": damage}
         plans.append(ShardPlan(id=shard.id, path=shard.path, quota=cap, samples=count, **listed))
         if left is not None:
             left -= count
     return plans
 
 
-def make_plan(config: BuildConfig) -> BuildPlan:
-    """The whole plan for a build; its config has the recipe's settings filled in (`apply_recipe`)."""
+def make_plan(config: BuildConfig, spool: Path | None = None, shards: list[ShardPlan] | None = None) -> BuildPlan:
+    """The whole plan for a build; its config has the recipe's settings filled in (`apply_recipe`). A build's plan
+    lists its samples into `spool`, a directory outside OUT (`BuildPlan.listing`); given `shards` (a plan recorded
+    in OUT), nothing is listed."""
     config = apply_recipe(config)
     family, spec, latent_shape, text_shape = make_spec(config)
-    shards = plan_shards(config, open_source(config.source, config.encoding))
+    if shards is None:
+        shards = plan_shards(config, open_source(config.source, config.encoding), spool)
     for note in layout_notes(spec, shards):
         logger.info(note)
     return BuildPlan(
@@ -433,6 +458,7 @@ def make_plan(config: BuildConfig) -> BuildPlan:
         text_shape=text_shape,
         shards=shards,
         kinds=get_family(family).kinds(spec),
+        listing=str(spool) if spool else None,
     )
 
 

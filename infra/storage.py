@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from infra import outdir
-from infra.errors import DiskFull
+from infra.errors import DiskFull, OutNotWritable
 from infra.faults import fault_point
 
 logger = logging.getLogger(__name__)
@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 TEMP_SUFFIX = ".lftmp"
 #: Errors that mean "this file system is full" (EDQUOT: a quota, as full for this user).
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+#: Errors that mean "this place refuses writes" (a read-only file system, a folder without write permission).
+NOT_WRITABLE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 #: Temp files being written now, as (their folder's descriptor, their name, the path shown): removed by
 #: `discard_in_flight` when a second signal ends the process at once.
@@ -62,6 +64,11 @@ def is_disk_full(exc: BaseException) -> bool:
 def disk_full(path: Path, exc: OSError) -> DiskFull:
     """The DiskFull error for a write to `path` that hit ENOSPC (callers that know OUT add its size)."""
     return DiskFull(f"no space left on the file system of {path} ({exc.strerror})", str(path))
+
+
+def not_writable(path: Path, exc: OSError) -> OutNotWritable:
+    """The OutNotWritable error for a write to `path` refused by its file system or folder (EROFS, EACCES, EPERM)."""
+    return OutNotWritable(f"cannot write {path} ({exc.strerror})", str(path))
 
 
 class AtomicFile:
@@ -146,6 +153,8 @@ def atomic_file(path: Path | str, *, replace: bool = False, out: Path | None = N
     except OSError as exc:
         if is_disk_full(exc):
             raise disk_full(shown, exc) from exc
+        if exc.errno in NOT_WRITABLE_ERRNOS:  # a read-only file system or folder: every later write there fails too
+            raise not_writable(shown.parent, exc) from exc
         raise
     except Exception as exc:
         if handle is not None and handle.disk_full is not None:  # ENOSPC re-raised by the caller as another error

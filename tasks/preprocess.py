@@ -8,7 +8,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from infra.errors import DiskFull
+from infra.errors import OutWriteError
 from infra.ops import runners
 from infra.ops.progress import RunState
 from infra.outdir import UnsafePath
@@ -20,13 +20,13 @@ from infra.preprocess.sanity import dry_run
 from infra.preprocess.shard import process_shard
 
 
-def _retry_unless_disk_full(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry a failed shard, but not one that found the disk full, or a link under OUT: those need a person (to free
-    space, to replace the link)."""
+def _retry_unless_out_refuses(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a failed shard, but not one that found OUT full or read-only, or a link under OUT: those need a person
+    (to free space, to make it writable, to replace the link)."""
     del task, task_run
     try:
         state.result()
-    except (DiskFull, UnsafePath):
+    except (OutWriteError, UnsafePath):
         return False
     except BaseException:  # noqa: BLE001 - any other failure is retried once
         return True
@@ -38,7 +38,7 @@ def _retry_unless_disk_full(task: Any, task_run: Any, state: Any) -> bool:
     cache_policy=NO_CACHE,
     retries=1,
     retry_delay_seconds=5,
-    retry_condition_fn=_retry_unless_disk_full,
+    retry_condition_fn=_retry_unless_out_refuses,
 )
 def preprocess_shard(
     plan: BuildPlan, shard: ShardPlan, run: RunState, chunk: Chunk | None = None, device: str | None = None

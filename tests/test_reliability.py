@@ -67,7 +67,7 @@ def _lock_record(out: Path) -> dict | None:
 def _journalled(out: Path) -> bool | None:
     for journal in (out / "ledger").glob("*.journal.jsonl"):
         with contextlib.suppress(FileNotFoundError):
-            if b"\n" in journal.read_bytes():
+            if b'"key"' in journal.read_bytes():  # a row (a mark, its sample starting, names no key)
                 return True
     return None
 

@@ -1,10 +1,15 @@
-"""Count reconciliation (read only): expected = each planned shard re-listed from the source, its first `quota`
-samples (a shard not listable to its end counts what was listed, and is a shard problem); produced = a done
+"""Count reconciliation (read only): expected = the plan, what was listed when the run began (DESIGN, invariant 8):
+each planned shard's samples as the build recorded them in OUT (`infra.cache.listing`), its first `quota`; a shard
+the plan did not record (a cache of an older latentforge, a plan made now for another selection) is listed from the
+source now, and one not listable to its end counts what was listed, and is a shard problem. Produced = a done
 ledger row of this fingerprint whose file for every output kind is on disk at the ledger's size. Every other
-expected sample is listed with a reason: the ledger's, ``not_processed`` (no row: its shard crashed or never
-ran), ``file_missing``, ``file_size_mismatch``, ``fingerprint_mismatch``, ``duplicate_output`` (its done
-row points at a file an earlier sample, same group and id in another shard, already counts) or, when content is
-checked (`latentforge reconcile` without ``--quick``), ``file_damaged`` (not the sha256 its ledger recorded).
+expected sample is listed with a reason: the ledger's (``shard_vanished``, ``shard_truncated``, ``shard_changed``,
+``shard_crashed``, ``killed_run`` among them), ``not_processed`` (no row: its shard never ran, or its run was
+killed), ``file_missing``, ``file_size_mismatch``, ``fingerprint_mismatch``, ``duplicate_output`` (its done row
+points at a file an earlier sample, same group and id in another shard, already counts) or, when content is
+checked (`latentforge reconcile` without ``--quick``), ``file_damaged`` (not the sha256 its ledger recorded). Rows of
+samples the plan does not list (gone from the source before the run began, or added to it after) are listed, never
+counted.
 """
 
 from __future__ import annotations
@@ -12,21 +17,25 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from infra import outdir, reports
-from infra.cache import ledger
+from infra.audit.counts import GoneSample, GroupCounts, MissingSample, ReconcileReport, TruncatedPrompt
+from infra.cache import ledger, listing
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow, windows_by_clip
+from infra.config import BuildConfig
+from infra.errors import LedgerError
 from infra.formats import ShardFormat, get_format
 from infra.formats.shards import part_record, write_meta
 from infra.gates.content import ContentCheck
 from infra.models import get_family
-from infra.plan import BuildPlan, ShardPlan
+from infra.plan import BuildPlan, ShardPlan, make_plan
 from infra.sources import Source, open_source
+
+__all__ = ["GoneSample", "MissingSample", "ReconcileReport", "reconcile", "recorded_plan", "write_reconcile_report"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,160 +47,16 @@ DUPLICATE = "duplicate_output"  # two source samples (same group and id, two sha
 DAMAGED = "file_damaged"  # on disk at its size, but not the bytes the ledger recorded (content checked)
 
 
-@dataclass
-class GroupCounts:
-    """One group: samples expected, produced (every kind on disk), and produced per output kind."""
-
-    expected: int = 0
-    produced: int = 0
-    kinds: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def missing(self) -> int:
-        return self.expected - self.produced
-
-
-@dataclass
-class SampleName:
-    """Which sample: its id and group, and its shard and key in the source."""
-
-    id: str
-    group: str
-    shard: str
-    key: str
-
-
-@dataclass
-class MissingSample(SampleName):
-    """An expected sample that is not produced; `status` is None when it has no ledger row."""
-
-    status: str | None
-    reason: str
-    detail: str | None = None
-
-
-@dataclass
-class TruncatedPrompt(SampleName):
-    """A done sample whose prompt had more tokens than the embedding keeps (`max_length`)."""
-
-    tokens_total: int | None
-    max_length: int
-
-
-@dataclass
-class GoneSample(SampleName):
-    """A sample the ledger has (and OUT keeps) that is no longer in the source: removed upstream since."""
-
-    status: str
-    path: str | None
-
-
-@dataclass
-class ReconcileReport:
-    """Expected against produced, per group, with every missing sample and every truncated prompt."""
-
-    out: str
-    source: str
-    fingerprint: str
-    format: str
-    kinds: list[str]
-    max_length: int
-    groups: dict[str, GroupCounts] = field(default_factory=dict)
-    missing: list[MissingSample] = field(default_factory=list)
-    truncated: list[TruncatedPrompt] = field(default_factory=list)
-    shard_problems: dict[str, str] = field(default_factory=dict)
-    #: Ledger rows of planned shards for samples outside this selection (an earlier, wider run): not counted.
-    unlisted: int = 0
-    #: Ledger rows of samples the source no longer has (their shard, or the sample in it): kept, listed here.
-    gone_from_source: list[GoneSample] = field(default_factory=list)
-
-    @property
-    def expected(self) -> int:
-        return sum(g.expected for g in self.groups.values())
-
-    @property
-    def produced(self) -> int:
-        return sum(g.produced for g in self.groups.values())
-
-    @property
-    def shortfall(self) -> int:
-        return self.expected - self.produced
-
-    @property
-    def ok(self) -> bool:
-        return self.shortfall == 0
-
-    def reasons(self) -> dict[str, int]:
-        """Missing samples per reason, most frequent first."""
-        return dict(Counter(m.reason for m in self.missing).most_common())
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready data, with the totals."""
-        data = asdict(self)
-        for name, counts in self.groups.items():
-            data["groups"][name]["missing"] = counts.missing
-        totals = {"expected": self.expected, "produced": self.produced, "shortfall": self.shortfall}
-        return {**data, **totals, "ok": self.ok, "reasons": self.reasons()}
-
-    def table(self) -> list[dict[str, Any]]:
-        """Rows for a table artifact: one per group, then the totals."""
-        kinds: Counter[str] = Counter()
-        for counts in self.groups.values():
-            kinds.update(counts.kinds)
-        named = [*sorted(self.groups.items()), ("total", GroupCounts(self.expected, self.produced, dict(kinds)))]
-        return [
-            {"group": name, "expected": c.expected, "produced": c.produced, "missing": c.missing}
-            | {f"produced {kind}": c.kinds.get(kind, 0) for kind in self.kinds}
-            for name, c in named
-        ]
-
-    def markdown(self, limit: int | None = None) -> str:
-        """Counts per group, reasons, missing samples (the first `limit`; None: all), truncated prompts."""
-        return reports.render_markdown(self.headline(), self._intro(), self._sections(limit))
-
-    def text(self, limit: int | None = 20) -> str:
-        """The same for a terminal, listing the first `limit` missing samples and prompts (None: all)."""
-        return reports.render_text(self.headline(), self._intro(), self._sections(limit))
-
-    def headline(self) -> str:
-        """One line: OK or the shortfall, produced of expected."""
-        verdict = "OK" if self.ok else f"SHORTFALL {self.shortfall}"
-        return f"reconcile: {verdict} ({self.produced} of {self.expected} expected samples produced)"
-
-    def _intro(self) -> list[str]:
-        lines = [f"cache `{self.out}`, fingerprint `{self.fingerprint[:16]}…`, source `{self.source}`"]
-        lines.append(f"produced = done in the ledger and on disk at its size, for each of: {', '.join(self.kinds)}")
-        if self.unlisted:
-            lines.append(f"{self.unlisted} ledger row(s) outside this selection (not counted)")
-        if self.gone_from_source:
-            done = sum(g.status == "done" for g in self.gone_from_source)
-            lines.append(
-                f"{len(self.gone_from_source)} sample(s) of the ledger are gone from the source ({done} done: their "
-                "files are kept, nothing is deleted)"
-            )
-        return lines
-
-    def _sections(self, limit: int | None) -> list[reports.Section]:
-        table, miss, cut = self.table(), self.missing, self.truncated
-        return [
-            ("Counts per group", list(table[0]), [list(row.values()) for row in table]),
-            ("Missing by reason", ["reason", "samples"], [list(item) for item in self.reasons().items()]),
-            (f"Missing samples ({reports.shown(miss, limit)})", *reports.dataclass_rows(MissingSample, miss[:limit])),
-            (
-                f"Prompts truncated at max_length ({reports.shown(cut, limit)})",
-                *reports.dataclass_rows(TruncatedPrompt, cut[:limit]),
-            ),
-            ("Shard problems", ["shard", "problem"], [list(item) for item in sorted(self.shard_problems.items())]),
-            (
-                f"Gone from the source, kept in the cache ({reports.shown(self.gone_from_source, limit)})",
-                *reports.dataclass_rows(GoneSample, self.gone_from_source[:limit]),
-            ),
-        ]
+def recorded_plan(config: BuildConfig) -> BuildPlan | None:
+    """The plan OUT's newest build recorded when it began (its shards, as listed then) with `config`'s spec: what
+    `latentforge reconcile` accounts for; None when OUT has no recorded plan."""
+    entries = listing.read_index(Path(config.out))
+    return None if entries is None else make_plan(config, shards=[ShardPlan.model_validate(e) for e in entries])
 
 
 def reconcile(plan: BuildPlan, content: bool = False) -> ReconcileReport:
-    """Re-list the plan's selection from the source and account for every sample in the ledgers and on disk;
-    `content`: every file's sha256 against the ledger too (reads every byte: the build's own step does not)."""
+    """Account for every sample of the plan (its recorded listing, else the source listed now) in the ledgers and on
+    disk; `content`: every file's sha256 against the ledger too (reads every byte: the build's own step does not)."""
     spec = plan.spec
     kinds = list(get_family(spec.family).kinds(spec))
     report = ReconcileReport(
@@ -204,8 +69,9 @@ def reconcile(plan: BuildPlan, content: bool = False) -> ReconcileReport:
     if isinstance(fmt, ShardFormat):
         tally.members = functools.cache(lambda rel: frozenset(part_record(plan.out, rel, fmt).members))
     source = open_source(plan.config.source, plan.spec)
+    recorded = {entry["id"]: entry for entry in _index(plan, report)}
     for shard in plan.shards:
-        listed, every_key, whole = _list_shard(source, shard, report)
+        listed, every_key, whole = _expected(plan, source, shard, recorded.get(shard.id), report)
         rows, note = _read_rows(plan.out, shard.id, report)
         accounted: set[str] = set()
         by_clip = windows_by_clip(rows)
@@ -241,14 +107,42 @@ def _gone(row: LedgerRow) -> GoneSample:
 
 
 def _gone_shards(plan: BuildPlan, source: Source) -> list[GoneSample]:
-    """Every row of the ledgers of shards the source no longer has at all (not merely filtered out)."""
+    """Every row of the ledgers of shards the source no longer has at all (not merely filtered out), but for the
+    plan's own (a shard planned by an earlier run and gone since is accounted for as planned)."""
     try:
-        present = {s.id for s in source.shards()}
+        present = {s.id for s in source.shards()} | {s.id for s in plan.shards}
         gone = [ledger.read_shard(plan.out, sid) for sid in ledger.shard_ids(plan.out) if sid not in present]
     except (OSError, ValueError) as exc:
         logger.warning("cannot tell which shards are gone from the source: %s", exc)
         return []
     return [_gone(row) for rows in gone for _, row in sorted(rows.items())]
+
+
+def _index(plan: BuildPlan, report: ReconcileReport) -> list[dict[str, Any]]:
+    """OUT's recorded plan entries ([] without one; a damaged index is a problem of every shard, listed now)."""
+    try:
+        return listing.read_index(plan.out) or []
+    except LedgerError as exc:
+        report.shard_problems["*"] = f"the recorded plan is unreadable ({exc}): the source is listed now instead"
+        return []
+
+
+def _expected(
+    plan: BuildPlan, source: Source, shard: ShardPlan, entry: dict[str, Any] | None, report: ReconcileReport
+) -> tuple[list[tuple[str, str, str]], set[str], bool]:
+    """(key, id, group) of the shard's planned samples, every key it lists and whether that is the whole shard: its
+    recorded listing when `entry`, the recorded plan's, is this plan's shard; else the source's listing now."""
+    if entry == shard.model_dump(mode="json"):
+        try:
+            planned = listing.read_listing(plan.out, shard.id)
+        except LedgerError as exc:
+            planned = None
+            report.shard_problems[shard.id] = f"its recorded plan is unreadable ({exc}): listed now instead"
+        if planned is not None:
+            if shard.damage:  # as the shard task found it: what the plan could list is what it expects
+                report.shard_problems[shard.id] = f"listed {len(planned)} sample(s), then: {shard.damage}"
+            return planned, {key for key, _, _ in planned}, shard.whole
+    return _list_shard(source, shard, report)
 
 
 def _list_shard(
@@ -274,7 +168,7 @@ def _list_shard(
 def _read_rows(out: Path, shard_id: str, report: ReconcileReport) -> tuple[dict[str, LedgerRow], str]:
     """The shard's ledger rows and what a sample without one means; an unreadable ledger is a shard problem."""
     try:
-        return ledger.read_shard(out, shard_id), "no ledger row: its shard crashed or has not run"
+        return ledger.read_shard(out, shard_id), "no ledger row: its shard has not run, or its run was killed"
     except (OSError, ValueError) as exc:
         note = f"ledger unreadable: {exc}"
         report.shard_problems[shard_id] = "; ".join(filter(None, (report.shard_problems.get(shard_id), note)))

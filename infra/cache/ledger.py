@@ -4,6 +4,10 @@ While a shard runs, each finished sample is appended to ``OUT/ledger/<shard>.jou
 flushed to disk, so a crash loses no record. When the shard ends, its rows are sealed atomically
 into ``OUT/ledger/<shard>.jsonl`` and the journal is removed. Readers take the sealed ledger, then
 the journal on top; a torn last journal line (a crash mid-append) is ignored.
+
+Before a sample's bytes are read the journal also gets a mark (``{"started": KEY, ...}``, `Journal.mark`); its row
+follows when it ends. A mark with no row after it is a sample in progress when the process died
+(`infra.preprocess.inflight`); readers skip marks unless asked for them, and a sealed ledger holds none.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from infra.errors import LedgerError
 from infra.faults import fault_point
 from infra.sources.identity import SourceIdentity
 from infra.sources.names import is_text, safe_text
-from infra.storage import atomic_write, disk_full, is_disk_full
+from infra.storage import NOT_WRITABLE_ERRNOS, atomic_write, disk_full, is_disk_full, not_writable
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +179,13 @@ def journal_path(out: Path, shard_id: str) -> Path:
     return Path(out) / journal_rel(shard_id)
 
 
-def _read_jsonl(out: Path, rel: str, *, tolerate_torn_tail: bool) -> list[LedgerRow]:
+#: The key of a journal mark's line: the sample key whose trip started.
+MARK = "started"
+Marks = dict[str, list[dict[str, Any]]]
+
+
+def _read_jsonl(out: Path, rel: str, *, tolerate_torn_tail: bool, marks: Marks | None = None) -> list[LedgerRow]:
+    """The rows of a ledger or journal; its marks not followed by their sample's row go into `marks` (by key)."""
     path = Path(out) / rel
     try:
         # Lines end at "\n" only: str.splitlines would also cut at U+2028, U+0085 ..., which a name or caption can hold.
@@ -195,19 +205,27 @@ def _read_jsonl(out: Path, rel: str, *, tolerate_torn_tail: bool) -> list[Ledger
                 logger.warning("%s: ignoring a torn last line (a crash mid-append)", path)
                 continue
             raise LedgerError(f"{path}:{number}: unreadable ledger line ({exc})") from exc
+        if isinstance(data, dict) and isinstance(data.get(MARK), str) and "key" not in data:
+            if marks is not None:
+                marks.setdefault(data[MARK], []).append(data)
+            continue
         try:
             if not isinstance(data, dict):
                 raise TypeError(f"a row is a JSON object, not {type(data).__name__}")
             rows.append(LedgerRow.model_validate(data))
+            if marks is not None:
+                marks.pop(rows[-1].key, None)  # the sample's row ends what its marks began
         except (TypeError, ValidationError) as exc:  # whole JSON of another shape: damage, never a torn tail
             raise LedgerError(f"{path}:{number}: not a ledger row of this version ({exc})") from exc
     return rows
 
 
-def read_shard(out: Path, shard_id: str) -> dict[str, LedgerRow]:
-    """The latest row per sample key: sealed ledger, then the journal on top."""
+def read_shard(out: Path, shard_id: str, marks: Marks | None = None) -> dict[str, LedgerRow]:
+    """The latest row per sample key: sealed ledger, then the journal on top; the journal's marks whose sample has
+    no row after them go into `marks`."""
     rows = {r.key: r for r in _read_jsonl(out, sealed_rel(shard_id), tolerate_torn_tail=False)}
-    rows.update({r.key: r for r in _read_jsonl(out, journal_rel(shard_id), tolerate_torn_tail=True)})
+    journal = _read_jsonl(out, journal_rel(shard_id), tolerate_torn_tail=True, marks=marks)
+    rows.update({r.key: r for r in journal})
     return rows
 
 
@@ -249,14 +267,25 @@ class Journal:
     def append(self, row: LedgerRow) -> None:
         """Append one whole line and fsync it. A full disk (DiskFull) leaves no torn line: the journal is cut back
         to where it was, so the row is simply not there and the next run redoes that sample."""
-        data = (row.to_json() + "\n").encode()
+        self._write((row.to_json() + "\n").encode(), sync=True)
+
+    def mark(self, key: str, **context: Any) -> None:
+        """Note that sample `key`'s trip starts (its bytes are read next), with `context`. Written, not fsynced: a
+        mark has to outlive the process (an out-of-memory kill, a decoder taking it down), not the machine, and the
+        shard's hot loop pays one small write for it."""
+        self._write((json.dumps({MARK: key, "pid": os.getpid(), **context}) + "\n").encode(), sync=False)
+
+    def _write(self, data: bytes, *, sync: bool) -> None:
         size = os.fstat(self._fd).st_size
         try:
             written = 0
             while written < len(data):  # a nearly full disk can take part of a write without an error
                 written += os.write(self._fd, data[written:])
-            os.fsync(self._fd)
+            if sync:
+                os.fsync(self._fd)
         except OSError as exc:
+            if exc.errno in NOT_WRITABLE_ERRNOS:  # a read-only OUT: no sample after this one could be recorded
+                raise not_writable(self.path, exc) from exc
             if not is_disk_full(exc):
                 raise
             os.ftruncate(self._fd, size)

@@ -13,6 +13,7 @@ from pathlib import Path
 from infra import outdir
 from infra.cache.cachedir import CACHE_JSON
 from infra.cache.ledger import LEDGER_DIR
+from infra.cache.listing import PLAN_PATHS
 from infra.formats.shards import META_JSON
 from infra.gates.conflicts import KEPT_SPEC
 from infra.reports import REPORTS_DIR, UNPUBLISHED_REPORTS, written_here
@@ -29,6 +30,9 @@ class CacheFiles:
 
     ledgers: list[str] = field(default_factory=list)  # sealed ledgers, part records
     journals: list[str] = field(default_factory=list)  # unsealed: a run in progress or killed
+    #: The recorded plan (`infra.cache.listing`): the build's working record, which names the source's local paths;
+    #: not published (the sealed ledgers hold a row for each planned sample).
+    plan: list[str] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)  # the reports latentforge wrote (upload reports left out)
     kept_specs: list[str] = field(default_factory=list)  # cache.<fingerprint>.json of a replaced cache
     meta: str | None = None  # a shard format's _meta.json
@@ -44,7 +48,10 @@ def cache_files(out: Path) -> CacheFiles:
     folders, at cache.json, _meta.json or a ``cache.*.json``, or on the way to any of them."""
     found = CacheFiles()
     for rel in filter(_mine, outdir.files(out, LEDGER_DIR)):
-        (found.journals if rel.endswith(JOURNAL_SUFFIX) else found.ledgers).append(rel)
+        if rel.startswith(PLAN_PATHS):
+            found.plan.append(rel)
+        else:
+            (found.journals if rel.endswith(JOURNAL_SUFFIX) else found.ledgers).append(rel)
     for rel in filter(_mine, outdir.files(out, REPORTS_DIR)):
         inside = rel.removeprefix(f"{REPORTS_DIR}/")
         if written_here(inside):

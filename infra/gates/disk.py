@@ -6,6 +6,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.errors import DiskFull, OutWriteError
 from infra.reports import human_bytes
 
 DISK_MARGIN_PERCENT = 5  # on top of the bytes still to write
@@ -50,4 +51,16 @@ def disk_full_message(out: Path, cause: str) -> str:
         f"disk full: {cause}; the cache {out} holds {current} bytes ({human_bytes(current)}) and {free} bytes "
         f"({human_bytes(free)}) are free on {probe}; finished samples are kept and no partial file was left: free "
         "some space and run the same command again: it resumes"
+    )
+
+
+def stopping_message(out: Path, exc: OutWriteError) -> str:
+    """What a run stopped by a whole-OUT write error says: for a full disk the sizes (`disk_full_message`), for a
+    refused write the path, and what to do."""
+    if isinstance(exc, DiskFull):
+        return disk_full_message(out, str(exc))
+    return (
+        f"OUT not writable: {exc}; the cache {Path(out).expanduser().absolute()} (or a folder in it) refuses writes, "
+        "so no later sample could be written either; finished samples are kept and no partial file was left: make it "
+        "writable and run the same command again: it resumes"
     )

@@ -18,6 +18,7 @@ packet's error); the parallelism is across samples.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -25,9 +26,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from infra.preprocess.decoders import Decoders
-from infra.preprocess.prepare import PreparedSample
-from infra.preprocess.read import RawSample
+from infra.cache import ledger
+from infra.media.prompts import CaptionRules
+from infra.media.temporal import TemporalPolicy
+from infra.plan import BuildPlan
+from infra.preprocess.decoders import Decoders, decoders
+from infra.preprocess.prepare import PreparedSample, decode_job
+from infra.preprocess.read import RawSample, read
 from infra.sources import SampleRef
 
 logger = logging.getLogger(__name__)
@@ -176,3 +181,32 @@ class Prefetcher:
 def _read_ahead(entry: _Entry | _End) -> bool:
     """Whether the entry's bytes were read (or its reading failed): nothing more will be read from the source for it."""
     return isinstance(entry, _Entry) and (entry.raw is not None or entry.error is not None)
+
+
+def read_ahead(
+    plan: BuildPlan, refs: Iterator[SampleRef], wanted: Callable[[SampleRef], bool], journal: ledger.Journal
+) -> Prefetcher | None:
+    """The shard's read-ahead over the samples it will encode, each marked in `journal` before it is read; None
+    without one (``--prefetch 0 --text-batch 1``, or ``windows:K``, whose samples are made from their clip as it is
+    visited)."""
+    cfg = plan.config
+    serial = cfg.run.prefetch == 0 and cfg.run.text_batch == 1 and cfg.encoding.video_batch == 1
+    if serial or TemporalPolicy.of(plan.spec).kind == "windows":
+        return None
+    depth = max(cfg.run.prefetch, cfg.encoding.video_batch - 1)  # a batch is made of samples already prepared
+    run = cfg.run
+    pool = decoders(run.decode_pool, run.decode_workers, decode_job(plan)) if depth else None
+    return Prefetcher(
+        refs,
+        read=functools.partial(_marked_read, journal, CaptionRules.of(plan.spec)),
+        decoders=pool,
+        wanted=wanted,
+        depth=depth,
+        lookahead=cfg.run.text_batch - 1,
+    )
+
+
+def _marked_read(journal: ledger.Journal, captions: CaptionRules, ref: SampleRef) -> RawSample:
+    """Read ahead, its start marked first (`infra.preprocess.inflight`): others may be in flight with it."""
+    journal.mark(ref.key, alone=False)
+    return read(ref, captions)

@@ -33,6 +33,7 @@ from infra.formats.shards import SHARDS_DIR
 from infra.models import LoadedFamily, get_family
 from infra.plan import BuildPlan, parse_only
 from infra.preprocess.encode import encode_sample, load_encoder
+from infra.preprocess.inflight import InFlight
 from infra.preprocess.resume import reusable, selected
 from infra.reports import human_bytes
 from infra.sources import SampleRef, ShardReadError, open_source
@@ -43,6 +44,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MARKER = ".latentforge-sanity"
+#: The key of the sample a sanity is on, removed when it ends: left behind, that sample took the process down.
+IN_PROGRESS = "in-progress"
 
 
 class SanityDirError(ConflictError):
@@ -224,6 +227,7 @@ def _trying(
 
     def attempt(ref: SampleRef) -> Any:
         report.sample_key = ref.key
+        atomic_write(out / IN_PROGRESS, ref.key.encode(errors="surrogateescape"), replace=True)
         found, report.seconds = _timed(ref, plan, encoder, out, repeats)
         fault_point("sanity")
         return found
@@ -250,33 +254,51 @@ def _timed(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, out: Path, re
 @dataclass
 class Scan:
     """What a pass over the plan's samples met before the one it stopped at: samples skipped (key, reason) and
-    unreadable shards, and how many samples OUT's ledger keeps (a resume's done samples, passed over)."""
+    unreadable shards, and how many samples OUT's ledger has the sanity pass over (a resume's done samples, and
+    those a run died on: the build tries them alone, `infra.preprocess.inflight`)."""
 
     skipped: list[tuple[str, str]] = field(default_factory=list)
     kept: int = 0
 
 
-def candidates(plan: BuildPlan, scan: Scan, *, pending_only: bool = False) -> Iterator[SampleRef]:
+def candidates(
+    plan: BuildPlan, scan: Scan, *, pending_only: bool = False, avoid: str | None = None
+) -> Iterator[SampleRef]:
     """The plan's samples in plan order (within each shard's quota), listed lazily; `pending_only`: only those the
     build would encode (the shard loop's rule, `resume.wanted`: selected by ``--only`` and not kept from OUT's
-    ledger, those counted in `scan.kept`). An unreadable shard is added to `scan.skipped`."""
+    ledger, those counted in `scan.kept`), and none a run died on; `avoid` (the sample the last sanity died on) is
+    added to `scan.skipped`, as is an unreadable shard."""
     source = open_source(plan.config.source, plan.spec)
     selection = parse_only(plan.config.selection.only) if pending_only else None
     for shard in plan.shards:
         keys = selection.get(shard.id) if selection is not None else None
-        previous = ledger.read_shard(plan.out, shard.id) if pending_only and plan.out.is_dir() else {}
+        marks: ledger.Marks = {}
+        previous = ledger.read_shard(plan.out, shard.id, marks) if pending_only and plan.out.is_dir() else {}
+        died = InFlight(marks, keys)
         try:
             with contextlib.closing(source.samples(shard.shard)) as samples:
                 for ref in itertools.islice(samples, shard.quota):
                     if keys is not None and not selected(ref.key, keys):
                         continue
-                    if pending_only and reusable(previous.get(ref.key), plan):
+                    if ref.key == avoid:
+                        scan.skipped.append((ref.key, "killed_run: the last sanity died on it (the build tries it)"))
+                        continue
+                    row = previous.get(ref.key)
+                    if pending_only and (reusable(row, plan) or died.suspect(ref.key) or died.killed(ref, row)):
                         scan.kept += 1
                         continue
                     yield ref
         except ShardReadError as exc:
             logger.warning("%s", exc)
             scan.skipped.append((shard.id, f"shard_unreadable: {exc}"))
+
+
+def _died_on(scratch: Path) -> str | None:
+    """The sample an earlier sanity was on when its process died (it left its mark), or None."""
+    try:
+        return (scratch / IN_PROGRESS).read_bytes().decode(errors="surrogateescape") or None
+    except OSError:
+        return None
 
 
 def first_usable(
@@ -327,7 +349,7 @@ def run_sanity(plan: BuildPlan, repeats: int = 1, *, pending_only: bool = False)
     device = resolve_device(plan.config.run.device)
     report = SanityReport(device=str(device), total_samples=sum(s.samples for s in plan.shards))
     scan = Scan(skipped=report.skipped_before)
-    refs = candidates(plan, scan, pending_only=pending_only)
+    refs = candidates(plan, scan, pending_only=pending_only, avoid=_died_on(scratch))
     first = next(refs, None)  # a listing and the ledgers: on a finished cache, no media read and no model loaded
     if pending_only and first is None and scan.kept and not scan.skipped:
         report.nothing_to_encode = report.ok = True
@@ -345,6 +367,8 @@ def run_sanity(plan: BuildPlan, repeats: int = 1, *, pending_only: bool = False)
         logger.exception("sanity: %s could not be encoded or written", report.sample_key)
         report.problems.append(f"encode_error on {report.sample_key}: {type(exc).__name__}: {exc}")
         return report
+    finally:  # the process lived through its attempts: no sample is left in progress
+        (scratch / IN_PROGRESS).unlink(missing_ok=True)
     report.peak_memory_bytes = peak[0]
     if found is None:
         report.sample_key = None

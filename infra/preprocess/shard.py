@@ -22,26 +22,26 @@ from dataclasses import dataclass
 from infra.cache import ledger
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow
 from infra.devices import bind_thread, pin_cpu_threads
-from infra.errors import DiskFull, InputError, LatentforgeError, ModelLoadError
+from infra.errors import InputError, LatentforgeError, ModelLoadError, OutWriteError
 from infra.faults import fault_point
 from infra.formats import Writer, get_format
-from infra.gates.disk import disk_full_message
+from infra.gates.disk import stopping_message
 from infra.media.prompts import CaptionRules
-from infra.media.temporal import TemporalPolicy
 from infra.models import LoadedFamily
 from infra.ops import preempt
 from infra.outdir import UnsafePath
 from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess import phases, record, resume, write
 from infra.preprocess.chunks import Chunk
-from infra.preprocess.decoders import decoders
 from infra.preprocess.encode import encode, load_encoder, shard_state
-from infra.preprocess.prefetch import Prefetcher
-from infra.preprocess.prepare import PreparedSample, decode_job, prepare
+from infra.preprocess.inflight import KILLED_RUN, InFlight
+from infra.preprocess.prefetch import read_ahead
+from infra.preprocess.prepare import PreparedSample, prepare
 from infra.preprocess.read import read
 from infra.preprocess.result import ShardResult
 from infra.preprocess.state import RunState, ShardState
 from infra.preprocess.timing import stage_timing
+from infra.preprocess.unvisited import unvisited_rows
 from infra.preprocess.windows import expand
 from infra.sources import SampleRef, ShardReadError, open_source
 
@@ -61,7 +61,8 @@ class _Loop:
     """What the loop's visits share within one shard (or chunk)."""
 
     plan: BuildPlan
-    shard_id: str
+    shard: ShardPlan
+    chunk: Chunk | None
     writer: Writer
     journal: ledger.Journal
     get_encoder: Callable[[], LoadedFamily]
@@ -72,6 +73,15 @@ class _Loop:
     keys: frozenset[str] | None
     run_id: str | None
     on_row: RowCallback | None
+    inflight: InFlight
+
+    @property
+    def shard_id(self) -> str:
+        return self.shard.id
+
+    @property
+    def ledger_id(self) -> str:
+        return self.shard.id if self.chunk is None else self.chunk.ledger_id(self.shard.id)
 
 
 def process_shard(
@@ -88,7 +98,8 @@ def process_shard(
     Each new row records `run_id` (the flow run that wrote it: `rerun --failed-only` selects by it).
     A `chunk` takes only its clips and seals only their rows, into its own ledger part (`infra.preprocess.chunks`:
     merged into the shard's ledger when the shard's chunks have ended). `run` is the run's state (its stop check);
-    a shard run alone gets its own."""
+    a shard run alone gets its own. A planned sample the task does not visit gets its row (`infra.preprocess.
+    unvisited`); a task that crashes seals what it has, those rows included, and raises the crash again."""
     start = time.perf_counter()
     pin_cpu_threads(plan.config.run.device)  # this thread encodes the shard (its text phase too): same bytes anywhere
     bind_thread(plan.config.run.device)  # cuda:N placed: this thread's events and memory counters are that GPU's
@@ -98,41 +109,77 @@ def process_shard(
     logger.info("shard %s on device %s", shard.id, result.device)
     ledger_id = shard.id if chunk is None else chunk.ledger_id(shard.id)
     writer_id = shard.id if chunk is None else chunk.name(shard.id)
-    previous = ledger.read_shard(plan.out, shard.id)
+    marks: ledger.Marks = {}
+    previous = ledger.read_shard(plan.out, shard.id, marks if chunk is None else None)
     if chunk is not None:
-        previous.update(ledger.read_shard(plan.out, ledger_id))  # an interrupted run's part of this chunk
+        previous.update(ledger.read_shard(plan.out, ledger_id, marks))  # an interrupted run's part of this chunk
+    inflight = InFlight(marks, keys)
+    inflight.say(shard.id)
     rows: dict[str, LedgerRow] = dict(previous) if chunk is None else {}  # unvisited rows are kept (a chunk: merge)
-    first, stop = (0, shard.quota) if chunk is None else (chunk.start, chunk.stop)
     get_encoder = functools.cache(functools.partial(load_encoder, plan))  # loaded on first use only, then held
     state = shard_state(plan, run or RunState(shard.id))
-    wanted = functools.partial(resume.wanted, plan=plan, previous=previous, keys=keys)
-    samples = open_source(plan.config.source, plan.spec).samples(shard.shard)
-    if plan.config.run.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
-        own_pass = open_source(plan.config.source, plan.spec).samples(shard.shard)
-        phases.text_first_of(plan, own_pass, (first, stop), wanted, get_encoder, state.texts)
-    state.ahead = _prefetcher(plan, itertools.islice(samples, first, stop), wanted)
     with (
         preempt.cleanup(functools.partial(_seal_from_journal, plan, ledger_id)),
         ledger.Journal(plan.out, ledger_id) as journal,
         get_format(plan.spec.format).open_writer(plan.out, plan.spec, writer_id) as writer,
-        contextlib.closing(state.ahead) if state.ahead is not None else contextlib.nullcontext(),
     ):
-        loop = _Loop(plan, shard.id, writer, journal, get_encoder, state, previous, rows, result, keys, run_id, on_row)
-        try:
-            with contextlib.closing(samples):
-                _run(loop, state.ahead if state.ahead is not None else itertools.islice(samples, first, stop))
-        except ShardReadError as exc:
-            logger.error("shard %s: %s", shard.id, exc)
-            result.error = str(exc)
-        except DiskFull as exc:
-            _seal_what_is_done(plan, ledger_id, rows)
-            raise DiskFull(disk_full_message(plan.out, str(exc)), exc.path) from exc
+        state.mark = functools.partial(journal.mark, alone=True)  # a sample read when its turn comes: nothing ahead
+        loop = _Loop(
+            plan, shard, chunk, writer, journal, get_encoder, state, previous, rows, result, keys, run_id, on_row,
+            inflight,
+        )  # fmt: skip
+        crash = _loop_shard(loop)
     ledger.seal(plan.out, ledger_id, rows.values())
     fault_point("shard")
     record.tally(result, rows.values())
     _work(result, state)
     result.seconds = round(time.perf_counter() - start, 3)
+    if crash is not None:
+        raise crash
     return result
+
+
+def _loop_shard(loop: _Loop) -> BaseException | None:
+    """Run the loop over the task's clips (read ahead where `read_ahead` says), then give each planned sample it
+    did not visit its row; returns the error the loop crashed with (None: it ended, or was stopped). A whole-OUT
+    write error stops it at once: what is done is sealed, and the error says what to do."""
+    plan, shard, chunk = loop.plan, loop.shard, loop.chunk
+    first, stop = (0, shard.quota) if chunk is None else (chunk.start, chunk.stop)
+    wanted = functools.partial(_wanted, loop)
+    samples = open_source(plan.config.source, plan.spec).samples(shard.shard)
+    if plan.config.run.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
+        own_pass = open_source(plan.config.source, plan.spec).samples(shard.shard)
+        phases.text_first_of(plan, own_pass, (first, stop), wanted, loop.get_encoder, loop.state.texts)
+    ahead = loop.state.ahead = read_ahead(plan, itertools.islice(samples, first, stop), wanted, loop.journal)
+    read_error: Exception | None = None
+    crash: BaseException | None = None
+    try:
+        with contextlib.closing(ahead) if ahead is not None else contextlib.nullcontext(), contextlib.closing(samples):
+            _run(loop, ahead if ahead is not None else itertools.islice(samples, first, stop))
+    except ShardReadError as exc:
+        logger.error("shard %s: %s", shard.id, exc)
+        loop.result.error, read_error = str(exc), exc
+    except OutWriteError as exc:
+        _seal_what_is_done(plan, loop.ledger_id, loop.rows)
+        raise type(exc)(stopping_message(plan.out, exc), exc.path) from exc
+    except UnsafePath:
+        raise  # a link under OUT stops the run as it is (its journal is read again), not a crash of this shard
+    except Exception as exc:  # a crash: its samples get rows, then it is raised again
+        logger.error("shard %s crashed: %s", shard.id, exc, exc_info=not isinstance(exc, ShardBroken))
+        crash = exc
+    if loop.result.interrupted is None:
+        seen = {**loop.previous, **loop.rows}
+        for row in unvisited_rows(plan, shard, chunk, seen, loop.keys, read_error=read_error, crash=crash):
+            _journalled(loop, row)
+    return crash
+
+
+def _wanted(loop: _Loop, ref: SampleRef) -> bool:
+    """Whether the read-ahead takes `ref`: one the build encodes (`resume.wanted`) that no run died on."""
+    previous = loop.previous.get(ref.key)
+    if loop.inflight.suspect(ref.key) or loop.inflight.killed(ref, previous):
+        return False
+    return resume.wanted(ref, loop.plan, loop.previous, loop.keys)
 
 
 def _run(loop: _Loop, clips: Iterator[SampleRef]) -> None:
@@ -158,26 +205,62 @@ def _run(loop: _Loop, clips: Iterator[SampleRef]) -> None:
 
 def _visit(loop: _Loop, ref: SampleRef, windows: int | None) -> LedgerRow:
     """One sample of the shard: its done row kept (checked against the source), or made now and journalled (a
-    window's row records how many windows its clip has)."""
-    plan, result = loop.plan, loop.result
+    window's row records how many windows its clip has); a sample runs died on is recorded failed, not encoded."""
+    plan = loop.plan
     row, replace = loop.previous.get(ref.key), None
     if row is not None and resume.reusable(row, plan):
-        row, replace = resume.resumed(row, ref, plan, f"{loop.shard_id}/{ref.key}", result)
+        row, replace = resume.resumed(row, ref, plan, f"{loop.shard_id}/{ref.key}", loop.result)
         if row is not loop.previous[ref.key]:
             loop.journal.append(row)
-    if row is None or not resume.reusable(row, plan) or replace is not None:
-        row = process_sample(ref, plan, loop.writer, loop.get_encoder, loop.state, replace_stale=replace)
-        row.shard = loop.shard_id
-        if loop.run_id:
-            row.extra["run_id"] = loop.run_id
-        if windows is not None:
-            row.extra[WINDOWS_KEY] = windows
-        loop.journal.append(row)
-        fault_point("sample")
-        record.count_new(result, row)
-        if result.encoded == 0 and result.encode_errors >= FAIL_FAST_AFTER:
-            raise ShardBroken(f"the first {FAIL_FAST_AFTER} encodes of shard {result.shard} failed: {row.detail}")
+        if replace is None:
+            return row
+    elif loop.inflight.killed(ref, row):  # not tried again unless --only names it
+        if row is not None and row.reason == KILLED_RUN:
+            return _left_failed(loop, row)
+        detail = loop.inflight.detail(ref.key, loop.run_id)
+        return _new_row(loop, record.row(ref, plan, record.Outcome(reason=KILLED_RUN, detail=detail)), windows)
+    made = process_sample(ref, plan, loop.writer, loop.get_encoder, loop.state, replace_stale=replace)
+    return _new_row(loop, made, windows)
+
+
+def _new_row(loop: _Loop, row: LedgerRow, windows: int | None) -> LedgerRow:
+    """A row made by this run: named, journalled, counted; the shard stops when its first encodes all failed."""
+    _named(loop, row)
+    if windows is not None:
+        row.extra[WINDOWS_KEY] = windows
+    loop.journal.append(row)
+    loop.rows[row.key] = row  # here, not by the caller: a shard that stops below seals it too
+    fault_point("sample")
+    result = loop.result
+    record.count_new(result, row)
+    if result.encoded == 0 and result.encode_errors >= FAIL_FAST_AFTER:
+        raise ShardBroken(f"the first {FAIL_FAST_AFTER} encodes of shard {result.shard} failed: {row.detail}")
     return row
+
+
+def _left_failed(loop: _Loop, row: LedgerRow) -> LedgerRow:
+    """An earlier run's killed_run row, kept: this run leaves it failed too (its `rerun --failed-only` takes it)."""
+    if loop.run_id is None or row.extra.get("run_id") == loop.run_id:
+        return row
+    row = row.model_copy(deep=True)
+    _named(loop, row)
+    loop.journal.append(row)
+    return row
+
+
+def _named(loop: _Loop, row: LedgerRow) -> None:
+    row.shard = loop.shard_id
+    if loop.run_id:
+        row.extra["run_id"] = loop.run_id
+
+
+def _journalled(loop: _Loop, row: LedgerRow) -> None:
+    """A row of a planned sample the task did not visit: journalled and kept with the shard's rows."""
+    _named(loop, row)
+    loop.journal.append(row)
+    loop.rows[row.key] = row
+    if loop.on_row is not None:
+        loop.on_row(row)
 
 
 def process_sample(
@@ -202,7 +285,7 @@ def process_sample(
     outcome = record.Outcome()
     try:
         with stage_timing("prepare"):  # opt-in (bench/gpu/shot.py): which stage holds the encoder back
-            prepared = _prepared(ref, plan, state.ahead)
+            prepared = _prepared(ref, plan, state)
         fault_point("decode")
         outcome.encoded = encode(prepared, plan, get_encoder(), state)
         overwrite = replace or plan.replace_from is not None
@@ -215,7 +298,7 @@ def process_sample(
             outcome.extra["replaced"] = plan.replace_from
     except InputError as exc:
         outcome = record.Outcome("skipped", exc.reason, exc.detail)
-    except (ModelLoadError, DiskFull, UnsafePath):
+    except (ModelLoadError, OutWriteError, UnsafePath):
         raise  # fails the shard (and so the run), not each sample: a link under OUT is damage of OUT, not a sample
     except FileExistsError as exc:
         outcome = record.Outcome(reason="output_exists", detail=str(exc))
@@ -226,32 +309,14 @@ def process_sample(
     return record.row(ref, plan, outcome)
 
 
-def _prepared(ref: SampleRef, plan: BuildPlan, ahead: Prefetcher | None) -> PreparedSample:
-    """The sample read and prepared: by the read-ahead (either or both), else now."""
-    taken = ahead.take(ref) if ahead is not None else None
+def _prepared(ref: SampleRef, plan: BuildPlan, state: ShardState) -> PreparedSample:
+    """The sample read and prepared: by the read-ahead (either or both), else now (its start marked first)."""
+    taken = state.ahead.take(ref) if state.ahead is not None else None
     if isinstance(taken, PreparedSample):
         return taken
+    if taken is None and state.mark is not None:
+        state.mark(ref.key)
     return prepare(taken if taken is not None else read(ref, CaptionRules.of(plan.spec)), plan)
-
-
-def _prefetcher(plan: BuildPlan, refs: Iterator[SampleRef], wanted: Callable[[SampleRef], bool]) -> Prefetcher | None:
-    """The shard's read-ahead over the samples it will encode; None without one (``--prefetch 0 --text-batch 1``,
-    or ``windows:K``, whose samples are made from their clip as it is visited)."""
-    cfg = plan.config
-    serial = cfg.run.prefetch == 0 and cfg.run.text_batch == 1 and cfg.encoding.video_batch == 1
-    if serial or TemporalPolicy.of(plan.spec).kind == "windows":
-        return None
-    depth = max(cfg.run.prefetch, cfg.encoding.video_batch - 1)  # a batch is made of samples already prepared
-    run = cfg.run
-    pool = decoders(run.decode_pool, run.decode_workers, decode_job(plan)) if depth else None
-    return Prefetcher(
-        refs,
-        read=functools.partial(read, captions=CaptionRules.of(plan.spec)),
-        decoders=pool,
-        wanted=wanted,
-        depth=depth,
-        lookahead=cfg.run.text_batch - 1,
-    )
 
 
 def _seal_from_journal(plan: BuildPlan, shard_id: str) -> None:
@@ -260,10 +325,11 @@ def _seal_from_journal(plan: BuildPlan, shard_id: str) -> None:
 
 
 def _seal_what_is_done(plan: BuildPlan, shard_id: str, rows: dict[str, LedgerRow]) -> None:
-    """Seal on a full disk when there is room for the ledger; otherwise the journal stays (a rerun reads it)."""
+    """Seal on a full or read-only OUT when the ledger can still be written; otherwise the journal stays (a rerun
+    reads it)."""
     try:
         ledger.seal(plan.out, shard_id, rows.values())
-    except DiskFull:
+    except OutWriteError:
         logger.warning("shard %s: no room to seal its ledger; its journal is kept for the next run", shard_id)
 
 

@@ -7,6 +7,7 @@ work counts, handed to each stage.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infra.ops.progress import RunState
@@ -26,3 +27,6 @@ class ShardState:
     texts: TextCache
     vae: VideoStats = field(default_factory=VideoStats)
     ahead: Prefetcher | None = None
+    #: Notes a sample's trip starting before its bytes are read now, nothing else in flight (the journal's mark:
+    #: `infra.preprocess.inflight`); None: not noted (the sanity, a dry run).
+    mark: Callable[[str], None] | None = None

@@ -33,6 +33,7 @@ class BuildSummary(BaseModel):
     seconds: float
     latent_shape: list[int]
     text_shape: list[int]
+    run_id: str | None = None  # the flow run: what `latentforge rerun` takes
 
     @property
     def bytes_per_sample(self) -> float:
@@ -86,6 +87,8 @@ class BuildSummary(BaseModel):
             )
         lines += [f"  {n:>5} × {reason}" for reason, n in sorted(self.reasons.items())]
         lines += [f"  shard {s}: {e}" for s, e in sorted(self.shard_errors.items())]
+        if self.failed:
+            lines.append(f"retry       the failed samples: latentforge rerun {self.run_id or 'RUN_ID'} --failed-only")
         return "\n".join(lines)
 
 
@@ -98,6 +101,7 @@ def summarize(
     latent_shape: list[int],
     text_shape: list[int],
     seconds: float,
+    run_id: str | None = None,
 ) -> BuildSummary:
     """Add up shard results."""
     counts: Counter[str] = Counter()
@@ -132,4 +136,5 @@ def summarize(
         seconds=round(seconds, 3),
         latent_shape=latent_shape,
         text_shape=text_shape,
+        run_id=run_id,
     )

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from infra import outdir
 from infra.cache.ledger import FileRecord
 from infra.formats import EncodedSample, PerSampleWriter, Writer
 from infra.plan import BuildPlan
+from infra.storage import NOT_WRITABLE_ERRNOS, not_writable
 
 
 @dataclass(frozen=True)
@@ -21,7 +23,18 @@ class WrittenFiles:
 def write(plan: BuildPlan, writer: Writer, sample: EncodedSample, present: list[str], replace: bool) -> WrittenFiles:
     """Write the sample. A format without a fingerprint in its files (the trainer's exact keys) adopts files
     `present` at its paths only when they hold exactly the bytes this run renders; any other file there is not
-    overwritten (FileExistsError) unless `replace`."""
+    overwritten (FileExistsError) unless `replace`. OutNotWritable when OUT (or a folder of it) refuses the write:
+    every later sample would be refused too."""
+    try:
+        return _write(plan, writer, sample, present, replace)
+    except OSError as exc:
+        if exc.errno in NOT_WRITABLE_ERRNOS:
+            where = Path(exc.filename).parent if exc.filename and Path(exc.filename).is_absolute() else plan.out
+            raise not_writable(where, exc) from exc
+        raise
+
+
+def _write(plan: BuildPlan, writer: Writer, sample: EncodedSample, present: list[str], replace: bool) -> WrittenFiles:
     if not present or replace or not isinstance(writer, PerSampleWriter):
         return WrittenFiles(writer.write(sample, replace=replace).records(plan.out))
     rendered = writer.render(sample)

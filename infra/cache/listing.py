@@ -1,0 +1,109 @@
+"""The plan as the run listed it at its start, recorded in OUT: what reconciliation expects, and what a shard task
+accounts for when its shard vanished, shrank or changed since (DESIGN, invariant 8).
+
+``OUT/ledger/plan.json`` is the index: the newest build's planned shards, one small entry each (the plan's own
+`ShardPlan` fields: id, path, size, mtime, quota, samples, whether the listing reached the shard's end).
+``OUT/ledger/plan/<shard>.jsonl`` lists a shard's planned samples, one ``[key, id, group]`` line each in source
+order: a few dozen bytes a sample on disk, streamed while the run plans, read back one shard at a time, so nothing
+holds a whole source's samples in memory. A run lists into a spool outside OUT while it plans (OUT is not written
+before the gates decide) and `install`s the spool under the writer lock before the first shard runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from infra import outdir
+from infra.cache.ledger import LEDGER_DIR, ledger_dir
+from infra.errors import LedgerError
+from infra.storage import atomic_file, atomic_write
+
+logger = logging.getLogger(__name__)
+
+INDEX = "plan.json"
+LISTINGS = "plan"
+#: OUT-relative prefixes of the recorded plan: the build's own working record (it names the source's local paths),
+#: not published (the sealed ledgers hold a row for each planned sample).
+PLAN_PATHS = (f"{LEDGER_DIR}/{INDEX}", f"{LEDGER_DIR}/{LISTINGS}/")
+#: One planned sample: its key in the shard, its id, its group.
+Planned = tuple[str, str, str]
+
+
+def listing_path(root: Path, shard_id: str) -> Path:
+    """A shard's listing under `root` (a spool, or OUT's ``ledger/plan``)."""
+    return Path(root) / f"{shard_id}.jsonl"
+
+
+@contextlib.contextmanager
+def spool_shard(spool: Path, shard_id: str) -> Iterator[Callable[[str, str, str], None]]:
+    """Write one shard's listing into the spool directory: yields ``add(key, id, group)``, called in source order."""
+    spool.mkdir(parents=True, exist_ok=True)
+    with listing_path(spool, shard_id).open("w", encoding="ascii") as fh:  # JSON escapes: any name, even undecodable
+        yield lambda key, sid, group: fh.write(json.dumps([key, sid, group]) + "\n")
+
+
+def install(out: Path, spool: Path, shards: list[dict[str, Any]]) -> None:
+    """Record the plan in OUT, through its door (`infra.outdir`): each shard's spooled listing (replaced only where it
+    differs, so a resume of an unchanged source rewrites nothing but the index), then the index of `shards` (plan
+    entries) last."""
+    for entry in shards:
+        spooled, recorded = listing_path(spool, entry["id"]), _listing_rel(entry["id"])
+        if not spooled.is_file() or _same_bytes(spooled, out, recorded):
+            continue
+        with spooled.open("rb") as src, atomic_file(recorded, replace=True, out=out) as dst:
+            shutil.copyfileobj(src, dst)
+    body = json.dumps({"shards": shards}, indent=1, sort_keys=True)
+    atomic_write(f"{LEDGER_DIR}/{INDEX}", body.encode(), replace=True, out=out)
+
+
+def _listing_rel(shard_id: str) -> str:
+    return f"{LEDGER_DIR}/{LISTINGS}/{shard_id}.jsonl"
+
+
+def _same_bytes(spooled: Path, out: Path, rel: str) -> bool:
+    """Whether OUT's recorded listing `rel` holds the spooled one's bytes (False when there is none)."""
+    if outdir.size(out, rel) != spooled.stat().st_size:
+        return False
+    with spooled.open("rb") as fa, outdir.open_read(out, rel) as fb:
+        while block := fa.read(1 << 20):
+            if block != fb.read(len(block)):
+                return False
+    return True
+
+
+def read_index(out: Path) -> list[dict[str, Any]] | None:
+    """The recorded plan's shard entries, in plan order; None when OUT has no recorded plan (a cache of an older
+    latentforge, or none built yet). A damaged index is a LedgerError."""
+    path, rel = ledger_dir(out) / INDEX, f"{LEDGER_DIR}/{INDEX}"
+    if not outdir.is_file(out, rel):
+        return None
+    try:
+        shards = json.loads(outdir.read_text(out, rel))["shards"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LedgerError(f"{path}: not a plan index ({exc})") from exc
+    if not isinstance(shards, list) or not all(isinstance(s, dict) and "id" in s for s in shards):
+        raise LedgerError(f"{path}: not a plan index (its shards are not a list of entries)")
+    return shards
+
+
+def read_listing(out: Path, shard_id: str) -> list[Planned] | None:
+    """A shard's planned samples as recorded, in source order; None when it has no record."""
+    path, rel = listing_path(ledger_dir(out) / LISTINGS, shard_id), _listing_rel(shard_id)
+    if not outdir.is_file(out, rel):
+        return None
+    planned: list[Planned] = []
+    with io.TextIOWrapper(outdir.open_read(out, rel), encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            try:
+                key, sid, group = json.loads(line)
+            except (ValueError, TypeError) as exc:
+                raise LedgerError(f"{path}:{number}: not a planned sample ({exc})") from exc
+            planned.append((key, sid, group))
+    return planned
