@@ -245,7 +245,8 @@ def test_cli_upload_creates_the_dataset_with_its_card_and_the_manifest_last(hub_
     assert result.exit_code == 0, result.output
     files = hub_env.files(REPO)
     expected = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    expected = {p for p in expected if not p.startswith(("reports/upload-", ".latentforge"))}
+    # not sent: upload reports, the private state, the recorded plan (it names the source's local paths)
+    expected = {p for p in expected if not p.startswith(("reports/upload-", ".latentforge", "ledger/plan"))}
     assert set(files) - {".gitattributes"} == expected | {"README.md"}
     card = card_file(out, target=parse_target(f"hf://datasets/{REPO}"), license="cc-by-4.0")
     assert files["README.md"] == card.data and b"license: cc-by-4.0" in files["README.md"]

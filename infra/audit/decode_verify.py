@@ -214,12 +214,19 @@ def _pictures(pictures: list[tuple[DecodedSample, str | None, str | None]]) -> s
              "full-size PNGs are in the files folder above."]  # fmt: skip
     for row, strip, mel in pictures:
         name = row.stem or row.id
-        mel_text = f" · mel L1 {_safe(row.audio_mel_l1, 4)}" if row.audio_mel_l1 is not None else ""
-        lines += ["", f"**PSNR {_safe(row.psnr, 2)} dB · SSIM {_safe(row.ssim, 4)}{mel_text}** · `{name}`"]
+        mel_text = f" · mel L1 {_fixed(row.audio_mel_l1, 4)}" if row.audio_mel_l1 is not None else ""
+        lines += ["", f"**PSNR {_fixed(row.psnr, 2)} dB · SSIM {_fixed(row.ssim, 4)}{mel_text}** · `{name}`"]
         lines += ["", f"![strip {name}]({strip})" if strip else f"(strip not drawn here: {row.png})"]
         if row.mel_png is not None:
             lines += ["", f"![log-mel {name}]({mel})" if mel else f"(mel not drawn here: {row.mel_png})"]
     return "\n".join(lines) + "\n"
+
+
+def _fixed(value: float | None, digits: int) -> str:
+    """`value` with exactly `digits` decimals for a caption (0.5400, not 0.54); "inf" or "n/a" where there is none."""
+    if value is None:
+        return "n/a"
+    return "inf" if value == float("inf") else f"{value:.{digits}f}"
 
 
 def _safe(value: float | None, digits: int | None = None) -> float | str | None:
