@@ -404,7 +404,8 @@ def test_the_s3_card_names_the_bucket_and_its_snippet_loads_a_sample_from_it(tmp
     namespace: dict[str, Any] = {}
     exec(code[1], namespace)  # as a reader pastes it, against the loopback store (AWS_ENDPOINT_URL set)
     sample_ = namespace["sample"]
-    assert namespace["x0"].shape == tuple(sample_["latent_shape"]) and int(namespace["mask"].sum()) == sample_["seq_len"]
+    assert namespace["x0"].shape == tuple(sample_["latent_shape"])
+    assert int(namespace["mask"].sum()) == sample_["seq_len"]
     assert sample_["fingerprint"] == json.loads((out / "cache.json").read_text())["fingerprint"]
 
 

@@ -56,7 +56,7 @@ def _s3_load(target: Target, key: str) -> list[str]:
         "import boto3",
         "import torch",
         "",
-        "# credentials and endpoint from the AWS chain: AWS_PROFILE or keys; AWS_ENDPOINT_URL for an S3-compatible store",
+        "# credentials and endpoint: the AWS chain (AWS_PROFILE or keys; AWS_ENDPOINT_URL for an S3-compatible store)",
         f'body = boto3.client("s3").get_object(Bucket="{target.bucket}", Key="{key}")["Body"].read()',
         'sample = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)  # plain tensors, no code',
     ]
