@@ -77,7 +77,9 @@ def test_config_file_with_flags_winning(tmp_path, tiny_model, clips):
     group = sample(0, 0, None, None).generator
     assert data["groups"] == {group: {"done": 2}}
     assert data["samples"][group]["x0"] == {"shape": [48, 5, 3, 5], "dtype": "bfloat16"}
-    assert data["geometry"] == [FRAMES, HEIGHT, WIDTH]
+    (geometry,) = data["geometry"]
+    assert [geometry[k] for k in ("frames", "height", "width", "samples")] == [FRAMES, HEIGHT, WIDTH, 2]
+    assert geometry["outputs"]["x0"] == {"shape": [48, 5, 3, 5], "dtype": "bfloat16"} and data["buckets"] == []
     text = runner.invoke(app, ["inspect", str(out)])
     assert data["fingerprint"] in text.output and group in text.output
 

@@ -37,6 +37,7 @@ from infra.preprocess.inflight import InFlight
 from infra.preprocess.resume import reusable, selected
 from infra.reports import human_bytes
 from infra.sources import SampleRef, ShardReadError, open_source
+from infra.sources.names import sample_name
 from infra.storage import Written, atomic_write
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class SanityReport:
         if self.nothing_to_encode:
             return [("sample", f"none to encode: all {self.total_samples} planned samples are done")]
         return [
-            ("sample", f"{self.sample_group}/{self.sample_id}" if self.sample_id else "none usable"),
+            ("sample", sample_name(self.sample_group or "", self.sample_id) if self.sample_id else "none usable"),
             ("device", self.device),
             ("bucket", self.bucket or "—"),
             ("x0", f"{self.latent_shape} {self.latent_dtype}"),
@@ -328,7 +329,7 @@ def dry_run(plan: BuildPlan) -> dict[str, Any]:
     fmt = get_format(plan.spec.format)
     tensors = {fmt.label(kind): [list(t.shape), str(t.dtype)] for kind, t in sample.outputs().items()}
     return {
-        "sample": f"{sample.group}/{sample.id}",
+        "sample": sample_name(sample.group, sample.id),
         **tensors,
         "seq_len": sample.seq_len,
         "source_shape": sample.source_shape,

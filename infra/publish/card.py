@@ -33,6 +33,7 @@ from infra.publish.base import LocalFile, Target
 from infra.publish.card_store import card_store, loading_code
 from infra.reports import REPORTS_DIR, human_bytes
 from infra.sources import SourceError
+from infra.sources.names import group_name, sample_name
 
 logger = logging.getLogger(__name__)
 
@@ -225,8 +226,8 @@ def _contents(rows: list[LedgerRow]) -> str:
     groups: dict[str, Counter[str]] = defaultdict(Counter)
     sizes: Counter[str] = Counter()
     for row in rows:
-        groups[row.group or "(no group)"][row.status] += 1
-        sizes[row.group or "(no group)"] += (row.bytes or 0) if row.status == "done" else 0
+        groups[group_name(row.group)][row.status] += 1
+        sizes[group_name(row.group)] += (row.bytes or 0) if row.status == "done" else 0
     lines = ["## Contents", "", "| group | done | skipped | failed | bytes |", "|---|---|---|---|---|"]
     for group, counts in sorted(groups.items()):
         lines.append(f"| {group} | {counts['done']} | {counts['skipped']} | {counts['failed']} | {sizes[group]:,} |")
@@ -249,7 +250,8 @@ def _problems(rows: list[LedgerRow], limit: int = 20) -> str | None:
     lines += ["| shard | sample | status | reason | detail |", "|---|---|---|---|---|"]
     for row in bad[:limit]:
         detail = " ".join(str(row.detail or "").split())[:120].replace("|", "\\|")
-        lines.append(f"| {row.shard} | {row.group}/{row.id} | {row.status} | {row.reason or '—'} | {detail or '—'} |")
+        name = sample_name(row.group, row.id)
+        lines.append(f"| {row.shard} | {name} | {row.status} | {row.reason or '—'} | {detail or '—'} |")
     return "\n".join(lines)
 
 
