@@ -107,6 +107,7 @@ def audit(
     return {
         "run_report": str(path),
         "reconciled": recon.ok,
+        "gone_from_source": len(recon.gone_from_source),  # the summary's samples: those in the source now
         "decisions": [d.model_dump() for d in decisions],
         "decode_headline": decode.headline() if decode is not None else None,
         "decode_strips": [str(p) for p in decode.strip_paths] if decode is not None else [],

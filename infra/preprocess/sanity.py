@@ -73,6 +73,8 @@ class SanityReport:
     round_trip: bool = False
     bytes: int = 0
     total_samples: int = 0
+    #: Of those, the samples the run has left to encode (a resume: not done in OUT's ledger); the projection's count.
+    left_samples: int = 0
     projected_seconds: float = 0.0
     projected_bytes: int = 0
     skipped_before: list[tuple[str, str]] = field(default_factory=list)
@@ -102,8 +104,13 @@ class SanityReport:
             ("seconds per sample", f"{self.seconds:.3f}"),
             ("peak memory", human_bytes(self.peak_memory_bytes)),
             ("bytes per sample", f"{self.bytes:,}"),
-            ("projected", f"{self.total_samples} samples, {self.projected_seconds:,.1f} s, {projected}"),
+            ("projected", f"{self._left_text()}, {self.projected_seconds:,.1f} s, {projected}"),
         ]
+
+    def _left_text(self) -> str:
+        if self.left_samples == self.total_samples:
+            return f"{self.total_samples} samples"
+        return f"{self.left_samples} samples left to encode (of {self.total_samples}; the others are done)"
 
     def markdown(self) -> str:
         """A Prefect markdown artifact."""
@@ -294,6 +301,12 @@ def candidates(
             scan.skipped.append((shard.id, f"shard_unreadable: {exc}"))
 
 
+def _left(plan: BuildPlan) -> int:
+    """The planned samples a resume still has to encode, by the shard loop's own rule (`candidates`): a listing of
+    the source and the ledgers, no media read."""
+    return sum(1 for _ in candidates(plan, Scan(), pending_only=True))
+
+
 def _died_on(scratch: Path) -> str | None:
     """The sample an earlier sanity was on when its process died (it left its mark), or None."""
     try:
@@ -386,8 +399,9 @@ def run_sanity(plan: BuildPlan, repeats: int = 1, *, pending_only: bool = False)
     report.path = str(written.files[0][1].path)
     report.bytes = sum(w.bytes for _, w in written.files)
     _check(sample, written, plan, report)
-    report.projected_seconds = round(report.seconds * report.total_samples, 3)
-    report.projected_bytes = report.bytes * report.total_samples
+    report.left_samples = _left(plan) if pending_only else report.total_samples
+    report.projected_seconds = round(report.seconds * report.left_samples, 3)
+    report.projected_bytes = report.bytes * report.left_samples
     report.ok = not report.problems
     logger.info(
         "sanity %s: %.3f s per sample, %d samples",

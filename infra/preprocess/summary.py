@@ -47,6 +47,8 @@ class BuildSummary(BaseModel):
     geometries: list[dict[str, Any]] = []
     #: Done samples with fewer frames than their geometry: frames repeated to fill it (a 1-frame clip at 17).
     repeated_frames: int = 0
+    #: Of `samples`, rows of the ledger whose source file is gone since (kept; reconciliation lists them).
+    gone_from_source: int = 0
     run_id: str | None = None  # the flow run: what `latentforge rerun` takes
 
     @property
@@ -88,6 +90,14 @@ class BuildSummary(BaseModel):
             f"fingerprint {self.fingerprint[:16]}…  family {self.family}",
             f"samples     {self.samples}: {self.done} done ({self.encoded} encoded now, {self.reused} reused), "
             f"{self.skipped} skipped, {self.failed} failed",
+            *(
+                [
+                    f"            {self.samples - self.gone_from_source} in the source now; {self.gone_from_source} "
+                    "gone from it since encoded, kept in the cache (listed by reconcile)"
+                ]
+                if self.gone_from_source
+                else []
+            ),
             *geometry_lines(self.geometries[:1], indent="geometry    "),
             *geometry_lines(self.geometries[1:], indent=" " * 12),
             f"bytes       {self.bytes:,} total, {self.bytes_per_sample:,.0f} per sample",
