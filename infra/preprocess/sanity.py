@@ -69,6 +69,10 @@ class SanityReport:
     latent_dtype: str = ""
     bucket: str | None = None  # WxHxF of the sample's bucket, where the spec has buckets
     text_dtype: str = ""
+    #: What the format calls the latents and the text embeddings (pt: x0, text_embeds; ltx: latents,
+    #: video_prompt_embeds): the sanity prints the names a user finds in the files.
+    latent_key: str = "x0"
+    text_key: str = "text_embeds"
     finite: bool = False
     round_trip: bool = False
     bytes: int = 0
@@ -98,8 +102,8 @@ class SanityReport:
             ("sample", sample_name(self.sample_group or "", self.sample_id) if self.sample_id else "none usable"),
             ("device", self.device),
             ("bucket", self.bucket or "—"),
-            ("x0", f"{self.latent_shape} {self.latent_dtype}"),
-            ("text_embeds", f"{self.text_shape} {self.text_dtype}"),
+            (self.latent_key, f"{self.latent_shape} {self.latent_dtype}"),
+            (self.text_key, f"{self.text_shape} {self.text_dtype}"),
             ("finite / round trip", f"{self.finite} / {self.round_trip}"),
             ("seconds per sample", f"{self.seconds:.3f}"),
             ("peak memory", human_bytes(self.peak_memory_bytes)),
@@ -195,6 +199,9 @@ def _record(written: Written, sample: WrittenSample) -> FileRecord:
 def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, report: SanityReport) -> None:
     """Shapes, dtypes, finiteness and the bit-exact round trip through the format's reader (every file)."""
     fmt = get_format(plan.spec.format)
+    report.latent_key = fmt.label("latents")
+    if "text_embeddings" in fmt.keys:
+        report.text_key = fmt.label("text_embeddings")
     outputs = sample.outputs()
     latent = plan.latent_shape
     if plan.spec.buckets and sample.latents is not None:  # the planned shape is the sample's bucket's
