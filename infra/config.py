@@ -141,11 +141,17 @@ class AlertConfig(StrictModel):
     block: str | None = Field(None, description="Name of a saved Prefect notification block (Slack, webhook, ...)")
 
 
+#: The formats `infra.formats` registers, named here for the help (config sits below the formats; a test holds the
+#: two equal): pt (per-sample .pt), ltx (LTX-2 trainer's .precomputed), parquet (FastVideo), webdataset, musubi
+#: (musubi-tuner), diffsynth (DiffSynth-Studio).
+FORMAT_NAMES = ("pt", "ltx", "parquet", "webdataset", "musubi", "diffsynth")
+
+
 class EncodingConfig(StrictModel):
     """What decides the bytes of the cache: every field here (resolved with the family's defaults) is in
     the `CacheSpec`, under the same name."""
 
-    format: str = Field("pt", description="Output format")
+    format: str = Field("pt", description="Output format: " + ", ".join(FORMAT_NAMES))
     shard_samples: int | None = Field(
         None,
         gt=0,
@@ -452,7 +458,10 @@ class RunConfig(StrictModel):
         description="Prompts encoded in one text-encoder call (a prompt not yet encoded, with upcoming ones)",
     )
     text_cache_mb: int = Field(
-        512, ge=0, description="MiB of prompt embeddings kept per process: an identical prompt is encoded once"
+        512,
+        ge=0,
+        description="MiB of prompt embeddings kept per shard task (per chunk with --chunk-size): an identical prompt "
+        "within it is encoded once",
     )
     grace_seconds: int = Field(
         30,

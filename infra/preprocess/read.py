@@ -13,6 +13,7 @@ from infra.errors import InputError
 from infra.media.prompts import CaptionRules, caption_prompt
 from infra.sources import SampleRef
 from infra.sources.base import OUTSIDE_SOURCE
+from infra.sources.names import sample_name
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ def read(ref: SampleRef, captions: CaptionRules | None = None) -> RawSample:
         raise InputError(OUTSIDE_SOURCE, ref.extra[OUTSIDE_SOURCE])
     if "duplicate_of" in ref.extra:
         raise InputError(
-            "duplicate_id", f"{ref.group}/{ref.id} is also {ref.extra['duplicate_of']}, met first: that one is encoded"
+            "duplicate_id",
+            f"{sample_name(ref.group, ref.id)} is also {ref.extra['duplicate_of']}, met first: that one is encoded",
         )
     if "name_collision" in ref.extra:
         raise InputError("name_collision", ref.extra["name_collision"])
