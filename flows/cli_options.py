@@ -28,7 +28,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from typer.core import TyperGroup
 
-from infra.config import SECTIONS
+from infra.config import SECTIONS, BuildConfig, UploadConfig
 from infra.errors import EXIT_FAILED, LatentforgeError, exit_code
 
 logger = logging.getLogger("latentforge")
@@ -99,7 +99,9 @@ def describe(exc: BaseException) -> str:
 _SHOWN = reprlib.Repr()
 _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 80, 80, 2, 4, 4
 #: The pydantic errors of a bound (`infra.bounds`, the models' Field bounds).
-_BOUND_ERRORS = ("less_than_equal", "less_than", "greater_than", "greater_than_equal")
+_BOUND_ERRORS = ("less_than_equal", "less_than")
+#: The settings a flag of its own sets (not the nested sections upload and alerts; `upload`'s own options).
+_FLAGGED = (set(BuildConfig.settings()) - set(SECTION_FLAGS) - {"alerts"}) | set(UploadConfig.model_fields)
 
 
 def _problem(error: Mapping[str, Any]) -> str:
@@ -125,7 +127,7 @@ def _where(loc: tuple[Any, ...]) -> tuple[str, str | None]:
         parts = parts[1:]
     names = [str(p) for p in parts if not isinstance(p, int)]
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".") or "config"
-    return where, _flag(names[0]) if len(names) == 1 and names[0] not in SECTIONS else None
+    return where, _flag(names[0]) if len(names) == 1 and names[0] in _FLAGGED else None
 
 
 #: The usage error typer's parser raises. Since typer 0.2x carries its own copy of click, that is not

@@ -1,12 +1,13 @@
 """The rows of a metadata file (``.csv``, ``.json``, ``.jsonl``), each read and checked on its own.
 
 A row that cannot be a sample is a `Row` with a `problem`, which the source makes that sample's ``bad_row`` ledger
-row: every other row is still planned and built. A row is bad when it is not an object, when a path column (video,
-audio, a role's) is not a string, holds a NUL, is longer than a path can be or is not a file name, when its caption
-is not text (FastVideo's list: its first entry), when it is a jsonl line or a .json element that is not JSON or
-nests deeper than the JSON parser goes, or a CSV record the csv module refuses (a field over its 128 KiB limit).
-Bytes that are not UTF-8 are kept as lone surrogates (``surrogateescape``): a caption holding them is its sample's
-``prompt_not_utf8`` row, a media path its ``bad_layout`` row, as for a file name of a folder source.
+row: every other row is still planned and built. A row is bad when it is not an object, when it lists no media path,
+when a path column (video, audio, a role's) is not a string, holds a NUL, is longer than a path can be or is not a
+file name, when its caption is not text (FastVideo's list: its first entry), when it is a jsonl line or a .json
+element that is not JSON or nests deeper than the JSON parser goes, or a CSV record the csv module refuses (a field
+over its 128 KiB limit). Bytes that are not UTF-8 are kept as lone surrogates (``surrogateescape``): a caption
+holding them is its sample's ``prompt_not_utf8`` row, a media path its ``bad_layout`` row, as for a file name of a
+folder source.
 
 What cannot be told apart into rows is one `SourceError` naming the file: a CSV header the csv module refuses, a
 .json that is not a list or whose syntax breaks between elements.
@@ -154,6 +155,8 @@ def make_row(index: int, entry: Any, columns: tuple[tuple[str, ...], tuple[str, 
         role_problems.append(why)
         if value is not None:
             listed.append((role, value))
+    if media is None and problem is None:
+        problem = f"no media path (column {' or '.join(columns[0])})"
     problem = next((p for p in (problem, audio_problem, caption_problem, *role_problems) if p), None)
     return Row(index, media or "", caption, audio, tuple(listed), problem)
 
@@ -188,11 +191,12 @@ def _caption(entry: dict[str, Any], names: tuple[str, ...]) -> tuple[str | None,
     found = first(entry, names)
     if found is None and any(entry.get(name) == "" for name in names):
         return "", None
+    what = "the caption"
     if isinstance(found, list):  # FastVideo: several captions; the first is the sample's
-        found = found[0] if found else None
+        found, what = (found[0] if found else None), "the caption list's first entry"
     if found is None or isinstance(found, str):
         return found, None
-    return None, f"the caption is {_kind(found)}, not text"
+    return None, f"{what} is {_kind(found)}, not text"
 
 
 _KINDS = {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}
