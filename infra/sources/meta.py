@@ -15,7 +15,9 @@ Media paths are relative to the metadata file's directory; an absolute path is m
 trainer names its outputs. Sample id = the media path relative to that directory; its outputs are named by
 that path without its extension, each name made safe (`infra.sources.names.output_part`: a safe name is itself).
 A caption that is not UTF-8 (a JSON lone surrogate) is that sample's ``prompt_not_utf8`` row. A listed file that
-is missing or unreadable is a ledger row (``missing_video``, ...), never an abort of the run.
+is missing or unreadable is a ledger row (``missing_video``, ...), never an abort of the run; so is a row that
+cannot be a sample (a path of the wrong type or with a NUL, a line that is not JSON: `infra.sources.meta_rows`), a
+``bad_row`` row.
 
 Rows are split into shards of `ROWS_PER_SHARD` (``<file stem>-00000``, ...), the unit of work and resume. The
 parsed file is kept per process, keyed by its path, size and mtime, so the shard tasks do not parse it again.
