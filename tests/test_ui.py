@@ -162,14 +162,17 @@ def _screens(tmp_path: Path) -> Path:
 
 
 def _with_browser(attempt_answer, still_paused) -> None:
-    """Run `attempt_answer(driver)` in a fresh browser; a stuck browser is killed by its watchdog, and while the
-    run is still paused at the same gate one more browser tries."""
+    """Run `attempt_answer(driver)` in a fresh browser; a stuck browser is killed by its watchdog, a page that did
+    not come within WAIT_S (a loaded CI machine) is given up, and while the run is still paused at the same gate one
+    more browser tries. A second failure is the test's failure."""
+    from selenium.common.exceptions import TimeoutException  # noqa: PLC0415 - optional: only with a browser
+
     for attempt in (1, 2):
         try:
             with chromium() as driver:
                 attempt_answer(driver)
             return
-        except BrowserStuck:
+        except (BrowserStuck, TimeoutException):
             if attempt == 2 or not still_paused():
                 raise
 
