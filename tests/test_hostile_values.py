@@ -83,7 +83,7 @@ def test_a_geometry_too_big_for_one_vae_call_names_its_product(tmp_path, src, ti
     [
         (b"frames: 33\ncaption_column: caf\xe9\n", "not UTF-8 text (byte 0xe9 at offset 30)"),
         (b"frames: [33\n  x: {", "not YAML or JSON at line 2, column 4"),
-        (b"[" * 2_000, "nested too deeply"),
+        (b"[" * 1_000, "nested too deeply"),
         (b"- frames\n", "must be a mapping"),
         (b'{"frames": 33, "height": 32', "not YAML or JSON at line 1"),
     ],
