@@ -107,7 +107,7 @@ def test_flat_keys_go_to_their_sections_and_the_nested_form_is_the_same_config(t
     cfg = tmp_path / "c.yaml"
     cfg.write_text("source: vbvr:/x\nmodel: /m\nout: /o\nframes: 0\n")
     result = runner.invoke(app, ["build", "--config", str(cfg)])
-    assert result.exit_code == 2 and "invalid configuration: frames: " in result.output  # the key as given
+    assert result.exit_code == 2 and "invalid configuration: frames = 0 (--frames): " in result.output  # as given
     cfg.write_text("source: vbvr:/x\nmodel: /m\nout: /o\nencoding: {framez: 3}\n")
     result = runner.invoke(app, ["build", "--config", str(cfg)])
     assert result.exit_code == 2 and "framez" in result.output
