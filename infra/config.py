@@ -426,7 +426,7 @@ class SelectionConfig(StrictModel):
 
 
 class LimitsConfig(StrictModel):
-    """Clips refused before decoding (skipped with the reason)."""
+    """Clips refused before reading or decoding (skipped with the reason)."""
 
     max_pixels: int = Field(
         4096 * 4096,
@@ -441,6 +441,13 @@ class LimitsConfig(StrictModel):
         le=MAX_COUNT,
         description="Refuse a clip whose header declares, or whose packets count, more frames, before decoding it "
         "(skipped: too_many_frames)",
+    )
+    max_media_mb: int = Field(
+        2048,
+        gt=0,
+        le=MAX_MB,
+        description="Refuse a media file or tar member (a video, an image, an audio or reference file) larger than "
+        "this many MiB, before any of it is read (skipped: too_large; a sparse tar member at the size it expands to)",
     )
 
 

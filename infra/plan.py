@@ -7,6 +7,7 @@ so a bad geometry or a wrong model path fails in seconds.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -353,18 +354,24 @@ def shard_settings(config: BuildConfig) -> dict[str, Any]:
     return settings
 
 
+#: What the plan holds of each sample it lists, for the whole source (a source's samples may collide across its
+#: shards): its shard, its key, and a digest of its id and output name, by the digest of its collision key (about
+#: 300 bytes a sample, where the four strings took about 600: `bench/tar_memory_bench.py`).
+Claim = tuple[str, str, bytes]
+
+
 def _count_samples(
     source: Source,
     shard: Shard,
     stop_at: int | None,
-    stems: dict[str, tuple[str, str, str, str]],
+    stems: dict[bytes, Claim],
     add: Callable[[str, str, str], None],
 ) -> tuple[int, dict[str, str], dict[str, str], str | None]:
     """How many samples this run visits in `shard`; {key: ``SHARD/KEY``} of those whose group and id an earlier
     sample has (a duplicate: refused, not encoded); {key: what it collides with} of those whose output name an
     earlier sample of another id has, up to case and Unicode normalisation (``a.mp4`` and ``a.mov``, ``Clip.mp4``
     and ``clip.mp4``: refused, ``name_collision``, the first kept); the damage that cut the listing short. Output
-    names go into `stems` (collision key → shard, id, key, output name); each sample counted is handed to `add`
+    names go into `stems` (`Claim`s by the digest of their collision key); each sample counted is handed to `add`
     (key, id, group)."""
     count, duplicates, collisions, damage = 0, {}, {}, None
     with contextlib.closing(source.samples(shard)) as samples:
@@ -390,20 +397,26 @@ def _count_samples(
     return count, duplicates, collisions, damage
 
 
-def _claim(stems: dict[str, tuple[str, str, str, str]], shard_id: str, ref: SampleRef) -> tuple[str | None, str]:
+def _claim(stems: dict[bytes, Claim], shard_id: str, ref: SampleRef) -> tuple[str | None, str]:
     """Claim `ref`'s output name in `stems`: (None, "") when it is the first; ("duplicate", ``SHARD/KEY``) for the
     same group and id met before; ("collision", why) for another sample whose output name is the same up to case
     and Unicode form."""
-    folded = collision_key(ref.stem)  # the stem itself when it folds to itself: one string held, not two
-    first = stems.setdefault(ref.stem if folded == ref.stem else folded, (shard_id, ref.id, ref.key, ref.stem))
-    if (first[1], first[3]) != (ref.id, ref.stem):
+    name = _digest(collision_key(ref.stem), 16)
+    first = stems.setdefault(name, (shard_id, ref.key, _digest(f"{ref.id}\0{ref.stem}", 8)))
+    if first[2] != _digest(f"{ref.id}\0{ref.stem}", 8):
         return "collision", (
-            f"{ref.id!r} (output {ref.stem!r}) would share a file with {first[1]!r} (output {first[3]!r}, shard "
-            f"{first[0]}), met first: that one is encoded (output names are compared ignoring case and Unicode form)"
+            f"{ref.id!r} (output {ref.stem!r}) would share a file with {first[1]!r} in shard {first[0]}, met first: "
+            "that one is encoded (output names are compared ignoring case and Unicode form)"
         )
-    if (first[0], first[2]) != (shard_id, ref.key):
-        return "duplicate", f"{first[0]}/{first[2]}"
+    if first[:2] != (shard_id, ref.key):
+        return "duplicate", f"{first[0]}/{first[1]}"
     return None, ""
+
+
+def _digest(text: str, size: int) -> bytes:
+    """`size` bytes of BLAKE2b of `text` (its UTF-8, a lone surrogate kept): two names with one digest are as
+    unlikely as the disk flipping the bits of one into the other."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=size).digest()
 
 
 def _unrecorded(key: str, sid: str, group: str) -> None:
@@ -417,7 +430,7 @@ def plan_shards(config: BuildConfig, source: Source, spool: Path | None = None) 
     if not shards:
         raise ConfigError(f"no shard of {config.source} matches --shard-filter {config.selection.shard_filter!r}")
     plans, left = [], config.selection.limit
-    stems: dict[str, tuple[str, str, str, str]] = {}
+    stems: dict[bytes, Claim] = {}
     for shard in shards:
         if left is not None and left <= 0:
             break

@@ -232,9 +232,9 @@ def hostile_build(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, cl
     upsets = {"e-vanishes": lambda p: p.unlink(), "f-grows": _grow, "g-touched": _touch}
     done: set[str] = set()
 
-    def read_then_upset(tf, info, identity, shard):  # the reader's own signature
-        data = real_read(tf, info, identity, shard)
-        if shard.id in upsets and shard.id not in done and info is not None and info.name.endswith(".mp4"):
+    def read_then_upset(tf, path, member, identity, shard, max_mb):  # the reader's own signature
+        data = real_read(tf, path, member, identity, shard, max_mb)
+        if shard.id in upsets and shard.id not in done and member is not None and path.endswith(".mp4"):
             done.add(shard.id)
             upsets[shard.id](Path(shard.path))
         return data

@@ -175,4 +175,4 @@ def test_groups_that_differ_only_by_case_are_refused_at_the_plan(tmp_path, tiny_
     first, second = make_plan(config(tmp_path / "src", tiny_model, tmp_path / "out")).shards
     assert (first.collisions, first.duplicates, second.duplicates) == ({}, {}, {})
     assert list(second.collisions) == ["g-1/t_task/t_00000001"]
-    assert "'G-1/t_00000001'" in second.collisions["g-1/t_task/t_00000001"]
+    assert "'G-1/t_task/t_00000001' in shard a" in second.collisions["g-1/t_task/t_00000001"]  # the first, named

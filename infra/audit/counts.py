@@ -24,7 +24,7 @@ class GroupCounts:
         return self.expected - self.produced
 
 
-@dataclass
+@dataclass(slots=True)  # one a sample listed: no __dict__ each
 class SampleName:
     """Which sample: its id and group, and its shard and key in the source."""
 
@@ -34,7 +34,7 @@ class SampleName:
     key: str
 
 
-@dataclass
+@dataclass(slots=True)  # one a sample listed: no __dict__ each
 class MissingSample(SampleName):
     """An expected sample that is not produced; `status` is None when it has no ledger row."""
 
@@ -43,7 +43,7 @@ class MissingSample(SampleName):
     detail: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)  # one a sample listed: no __dict__ each
 class TruncatedPrompt(SampleName):
     """A done sample whose prompt had more tokens than the embedding keeps (`max_length`)."""
 
@@ -51,7 +51,7 @@ class TruncatedPrompt(SampleName):
     max_length: int
 
 
-@dataclass
+@dataclass(slots=True)  # one a sample listed: no __dict__ each
 class GoneSample(SampleName):
     """A sample the ledger has (and OUT keeps) that is no longer in the source: removed upstream since."""
 

@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -105,5 +106,5 @@ def read_listing(out: Path, shard_id: str) -> list[Planned] | None:
                 key, sid, group = json.loads(line)
             except (ValueError, TypeError) as exc:
                 raise LedgerError(f"{path}:{number}: not a planned sample ({exc})") from exc
-            planned.append((key, sid, group))
+            planned.append((key, sid, sys.intern(group)))  # a shard's few groups held once, not once a sample
     return planned

@@ -283,7 +283,7 @@ def candidates(
     build would encode (the shard loop's rule, `resume.wanted`: selected by ``--only`` and not kept from OUT's
     ledger, those counted in `scan.kept`), and none a run died on; `avoid` (the sample the last sanity died on) is
     added to `scan.skipped`, as is an unreadable shard."""
-    source = open_source(plan.config.source, plan.spec)
+    source = open_source(plan.config.source, plan.spec, plan.config.limits)
     selection = parse_only(plan.config.selection.only) if pending_only else None
     for shard in plan.shards:
         keys = selection.get(shard.id) if selection is not None else None

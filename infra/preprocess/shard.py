@@ -146,9 +146,9 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
     plan, shard, chunk = loop.plan, loop.shard, loop.chunk
     first, stop = (0, shard.quota) if chunk is None else (chunk.start, chunk.stop)
     wanted = functools.partial(_wanted, loop)
-    samples = open_source(plan.config.source, plan.spec).samples(shard.shard)
+    samples = open_source(plan.config.source, plan.spec, plan.config.limits).samples(shard.shard)
     if plan.config.run.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
-        own_pass = open_source(plan.config.source, plan.spec).samples(shard.shard)
+        own_pass = open_source(plan.config.source, plan.spec, plan.config.limits).samples(shard.shard)
         phases.text_first_of(plan, own_pass, (first, stop), wanted, loop.get_encoder, loop.state.texts)
     ahead = loop.state.ahead = read_ahead(plan, itertools.islice(samples, first, stop), wanted, loop.journal)
     read_error: Exception | None = None

@@ -164,10 +164,12 @@ def register_source(kind: str) -> Callable[[type[Source]], type[Source]]:
     return wrap
 
 
-def open_source(spec: str, settings: object = None) -> Source:
-    """Build a Source from ``KIND:PATH``; `settings` (an `EncodingConfig` or a `CacheSpec`: the same names) gives
-    the source kind the settings it takes (`Source.settings`) that are not None."""
+def open_source(spec: str, *settings: object) -> Source:
+    """Build a Source from ``KIND:PATH``; `settings` (an `EncodingConfig` or a `CacheSpec`: the same names; a
+    `LimitsConfig` for the readers' cap) give the source kind the settings it takes (`Source.settings`), each from
+    the first that has it not None. A setting none gives keeps the source's default (``max_media_mb``: its cap,
+    `infra.sources.bounded.DEFAULT_MAX_MEDIA_MB`, so every reader is bounded)."""
     kind, _, path = spec.partition(":")
     cls = SOURCES.get(kind)
-    given = {name: getattr(settings, name, None) for name in cls.settings}
-    return cls(path, **{name: value for name, value in given.items() if value is not None})
+    given = {name: [v for s in settings if (v := getattr(s, name, None)) is not None] for name in cls.settings}
+    return cls(path, **{name: values[0] for name, values in given.items() if values})

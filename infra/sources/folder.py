@@ -31,6 +31,7 @@ from infra.sources.base import (
     outside_root,
     register_source,
 )
+from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB, read_file
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import name_key, nameable, output_stem
 
@@ -56,11 +57,12 @@ class FolderSource(Source):
     """Images or videos with ``.txt`` captions beside them, in nested folders. A file (or caption) that is a link
     out of the folder is not read (skipped, ``outside_source``) unless `follow_symlinks`."""
 
-    settings = ("follow_symlinks",)
+    settings = ("follow_symlinks", "max_media_mb")
 
-    def __init__(self, path: str, follow_symlinks: bool = False) -> None:
+    def __init__(self, path: str, follow_symlinks: bool = False, max_media_mb: int = DEFAULT_MAX_MEDIA_MB) -> None:
         self.root = Path(path).expanduser()
         self.follow_symlinks = follow_symlinks
+        self.max_media_mb = max_media_mb  # a file over it: skipped too_large, before it is read
         name = self.root.resolve().name
         self.prefix = name if is_safe_name(name) else "folder"
 
@@ -103,8 +105,10 @@ class FolderSource(Source):
             id=sid,
             group=name_key(rel.parts[0]) if len(rel.parts) > 1 else "",
             key=sid,
-            read_media=lambda: _read(self._inside(media), identity),
-            read_prompt=lambda: _read(self._inside(caption), identity, MAX_PROMPT_BYTES) if captioned else None,
+            read_media=lambda: _read(self._inside(media), identity, self.max_media_mb),
+            read_prompt=lambda: (
+                _read(self._inside(caption), identity, self.max_media_mb, prompt=True) if captioned else None
+            ),
             extra=extra,
             identity=identity,
             stem="" if bad else output_stem(parts),
@@ -120,16 +124,17 @@ class FolderSource(Source):
         return path
 
 
-def _read(path: Path, identity: SourceIdentity, cap: int | None = None) -> bytes | None:
-    """The file's bytes (sha256 noted), after checking it is the file listed; InputError when it changed."""
+def _read(path: Path, identity: SourceIdentity, max_mb: int, *, prompt: bool = False) -> bytes | None:
+    """The file's bytes (sha256 noted), after checking it is the file listed and not too large to read (a caption
+    over `MAX_PROMPT_BYTES`, media over `max_mb` MiB: `infra.sources.bounded`); InputError when it changed."""
     listed = identity.members.get(name_key(path.name))
     try:
         st = path.stat()
         if listed is not None and (st.st_size != listed.size or st.st_mtime != listed.mtime):
             raise InputError("source_changed", f"{path} changed since it was listed: not read")
-        if cap is not None and st.st_size > cap:
-            raise InputError("prompt_too_long", f"{path}: {st.st_size} bytes, over {cap}: not read")
-        data = path.read_bytes()
+        if prompt and st.st_size > MAX_PROMPT_BYTES:
+            raise InputError("prompt_too_long", f"{path}: {st.st_size} bytes, over {MAX_PROMPT_BYTES}: not read")
+        data = read_file(path, max_mb)
     except FileNotFoundError:
         raise InputError("source_vanished", f"{path} vanished since it was listed") from None
     except OSError as exc:

@@ -43,6 +43,7 @@ from infra.sources.base import (
     outside_root,
     register_source,
 )
+from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB, read_file
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.meta_rows import Row, decode, entries, make_row
 from infra.sources.names import nameable, output_stem, safe_text
@@ -101,7 +102,7 @@ def sample_id(media: str) -> str | None:
 class MetaSource(Source):
     """A metadata file (csv, json, jsonl; the LTX-2 trainer's or FastVideo's columns) listing media and captions."""
 
-    settings = ("video_column", "caption_column", "duplicate_rows", "mode", "follow_symlinks")
+    settings = ("video_column", "caption_column", "duplicate_rows", "mode", "follow_symlinks", "max_media_mb")
 
     def __init__(
         self,
@@ -111,8 +112,10 @@ class MetaSource(Source):
         duplicate_rows: str = "refuse",
         mode: str = "t2v",
         follow_symlinks: bool = False,
+        max_media_mb: int = DEFAULT_MAX_MEDIA_MB,
     ) -> None:
         self.path = Path(path).expanduser()
+        self.max_media_mb = max_media_mb  # a listed file over it: skipped too_large, before it is read
         self.follow_symlinks = follow_symlinks  # a relative media path that leads out of the file's folder: read
         if self.path.suffix.lower() not in SUFFIXES:
             raise SourceError(f"meta source {path!r}: expected a {', '.join(SUFFIXES)} file")
@@ -217,7 +220,7 @@ class MetaSource(Source):
         listing)."""
         if why := self._outside([entry or ""]):
             raise InputError(OUTSIDE_SOURCE, why)
-        return _read(path, name, identity)
+        return _read(path, name, identity, self.max_media_mb)
 
 
 def _bad_row(row: Row) -> SampleRef:
@@ -249,12 +252,13 @@ def _members(files: dict[str, Path | None], caption: bytes | None) -> dict[str, 
     return members
 
 
-def _read(path: Path | None, name: str, identity: SourceIdentity) -> bytes | None:
-    """A listed file's bytes (their sha256 noted in `identity`); None when it is not there."""
+def _read(path: Path | None, name: str, identity: SourceIdentity, max_mb: int) -> bytes | None:
+    """A listed file's bytes (their sha256 noted in `identity`); None when it is not there; InputError
+    ``too_large`` for one over `max_mb` MiB, nothing of it read (`infra.sources.bounded`)."""
     if path is None or not path.exists():
         return None
     try:
-        data = path.read_bytes()
+        data = read_file(path, max_mb)
     except OSError as exc:  # a directory, no permission
         raise InputError(f"{name}_unreadable", f"{path}: {exc}") from exc
     identity.read_sha256[name] = hashlib.sha256(data).hexdigest()

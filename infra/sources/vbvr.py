@@ -16,7 +16,7 @@ import logging
 import re
 import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import InputError, SourceError
@@ -31,8 +31,10 @@ from infra.sources.base import (
     refuse_outside,
     register_source,
 )
+from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import is_text, name_key
+from infra.sources.tars import Member, TarDamaged, read_member, scan
 
 __all__ = ["ShardReadError", "VbvrSource", "check_unchanged", "open_shard_tar", "shard_id_for", "tar_shards"]
 
@@ -44,11 +46,17 @@ TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
 _SAMPLE_DIR = re.compile(r"(?:^|.*/)(?P<group>[^/]+)/(?P<task>[^/]+)_task/(?P<id>(?P=task)_\d{8})$")
 
 
-@dataclass
+@dataclass(slots=True)
 class _SampleMembers:
+    """A sample directory as listed: its video and prompt members (`tars.Member` records, not tarfile's headers)."""
+
     directory: str
-    members: dict[str, tarfile.TarInfo] = field(default_factory=dict)
+    video: Member | None = None
+    prompt: Member | None = None
     cut: bool = False  # the last sample listed before the tar's damage: a member it lacks may be past the cut
+
+    def members(self) -> dict[str, Member]:
+        return {n: m for n, m in ((VIDEO_MEMBER, self.video), (PROMPT_MEMBER, self.prompt)) if m is not None}
 
 
 def shard_id_for(path: Path) -> str:
@@ -84,20 +92,6 @@ def open_shard_tar(shard: Shard) -> tarfile.TarFile:
         raise ShardReadError(f"{shard.path}: not a readable tar ({exc})") from exc
 
 
-def tar_headers(tf: tarfile.TarFile) -> tuple[list[tarfile.TarInfo], str | None]:
-    """Every member header of a tar opened for streaming, in order (no member's bytes are read), and the
-    damage that stopped the listing (``tar damaged: ...``) or None."""
-    headers: list[tarfile.TarInfo] = []
-    while True:
-        try:
-            info = tf.next()
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            return headers, f"tar damaged: {exc}"
-        if info is None:
-            return headers, None
-        headers.append(info)
-
-
 def _find_tars(spec: str, follow_symlinks: bool = False) -> list[Path]:
     path = Path(spec).expanduser()
     if any(ch in spec for ch in "*?["):
@@ -117,11 +111,12 @@ def _find_tars(spec: str, follow_symlinks: bool = False) -> list[Path]:
 class VbvrSource(Source):
     """A directory of VBVR tar shards, one tar, or a glob."""
 
-    settings = ("follow_symlinks",)
+    settings = ("follow_symlinks", "max_media_mb")
 
-    def __init__(self, path: str, follow_symlinks: bool = False) -> None:
+    def __init__(self, path: str, follow_symlinks: bool = False, max_media_mb: int = DEFAULT_MAX_MEDIA_MB) -> None:
         self.path = path
         self.follow_symlinks = follow_symlinks  # a shard file that is a link out of the source's folder: listed
+        self.max_media_mb = max_media_mb  # a member over it (a sparse one at its expanded size): skipped too_large
 
     def shards(self) -> list[Shard]:
         tars = _find_tars(self.path, self.follow_symlinks)
@@ -136,29 +131,34 @@ class VbvrSource(Source):
             if error is not None and groups:
                 groups[-1].cut = True
             for sample in groups:
-                yield mark_duplicate(_to_ref(tf, sample, shard), shard)
+                yield mark_duplicate(_to_ref(tf, sample, shard, self.max_media_mb), shard)
         if error is not None:
             raise ShardReadError(f"{shard.path}: {error} (listed {len(groups)} samples before it)")
 
 
 def _list_members(tf: tarfile.TarFile) -> tuple[list[_SampleMembers], str | None]:
-    """Group file members by sample directory, in first-seen order."""
+    """Group file members by sample directory, in first-seen order (headers only, kept as `tars.Member` records);
+    the damage that stopped the listing, or None."""
     by_dir: dict[str, _SampleMembers] = {}
-    headers, error = tar_headers(tf)
-    ignored = 0
-    for info in headers:
-        directory, _, name = info.name.removeprefix("./").rpartition("/")
-        if name in (VIDEO_MEMBER, PROMPT_MEMBER):
-            by_dir.setdefault(directory, _SampleMembers(directory)).members[name] = info
-        elif info.isfile() and _SAMPLE_DIR.match(directory):
-            by_dir.setdefault(directory, _SampleMembers(directory))  # a sample dir without either member
-        else:
-            ignored += 1
+    ignored, error = 0, None
+    try:
+        for path, member in scan(tf):
+            directory, _, name = path.removeprefix("./").rpartition("/")
+            if name == VIDEO_MEMBER:
+                by_dir.setdefault(directory, _SampleMembers(directory)).video = member
+            elif name == PROMPT_MEMBER:
+                by_dir.setdefault(directory, _SampleMembers(directory)).prompt = member
+            elif member.regular and _SAMPLE_DIR.match(directory):
+                by_dir.setdefault(directory, _SampleMembers(directory))  # a sample dir without either member
+            else:
+                ignored += 1
+    except TarDamaged as exc:
+        error = str(exc)
     logger.debug("%d members ignored in %s", ignored, tf.name)
     return list(by_dir.values()), error
 
 
-def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers, shard: Shard) -> SampleRef:
+def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers, shard: Shard, max_mb: int) -> SampleRef:
     match = _SAMPLE_DIR.match(sample.directory)
     group, sid = (match["group"], match["id"]) if match else ("", sample.directory)
     extra: dict[str, str] = {}
@@ -172,14 +172,14 @@ def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers, shard: Shard) -> Sample
         extra["layout_error"] = f"a group or id that is not UTF-8 cannot name an output: {shown}"
     elif not (is_safe_name(group) and is_safe_name(sid)):  # a generator's layout: its names are safe, or damaged
         extra["layout_error"] = f"unsafe group or id for a path: {sample.directory!r}"
-    members = {name: MemberIdentity(size=info.size, mtime=info.mtime) for name, info in sample.members.items()}
+    members = {name: MemberIdentity(size=m.size, mtime=m.mtime) for name, m in sample.members().items()}
     identity = SourceIdentity(members=members)
     return SampleRef(
         id=name_key(sid),
         group=name_key(group),
         key=shown,
-        read_media=lambda: _read_member(tf, sample, VIDEO_MEMBER, identity, shard),
-        read_prompt=lambda: _read_member(tf, sample, PROMPT_MEMBER, identity, shard),
+        read_media=lambda: _read_member(tf, sample, VIDEO_MEMBER, identity, shard, max_mb),
+        read_prompt=lambda: _read_member(tf, sample, PROMPT_MEMBER, identity, shard, max_mb),
         extra=extra,
         identity=identity,
         stem=f"{group}/{sid}" if group and "layout_error" not in extra else "",
@@ -187,33 +187,35 @@ def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers, shard: Shard) -> Sample
 
 
 def _read_member(
-    tf: tarfile.TarFile, sample: _SampleMembers, name: str, identity: SourceIdentity, shard: Shard
+    tf: tarfile.TarFile, sample: _SampleMembers, name: str, identity: SourceIdentity, shard: Shard, max_mb: int
 ) -> bytes | None:
     """The sample's member `name` (see `_read`); InputError ``shard_truncated`` for one that is missing from the
     last sample before a tar's damage (it may be past the cut)."""
-    info = sample.members.get(name)
-    if info is None and sample.cut:
+    member = sample.members().get(name)
+    if member is None and sample.cut:
         raise InputError("shard_truncated", f"the shard ends inside {sample.directory!r}: its {name} is not there")
-    return _read(tf, info, identity, shard)
+    return _read(tf, f"{sample.directory}/{name}", member, identity, shard, max_mb)
 
 
-def _read(tf: tarfile.TarFile, info: tarfile.TarInfo | None, identity: SourceIdentity, shard: Shard) -> bytes | None:
-    """A member's bytes (their sha256 noted in `identity`); None when missing or not a regular file; InputError
-    when the shard cuts it off, vanished or changed since it was listed, or for a prompt too large to read."""
-    if info is None or not info.isfile():
+def _read(
+    tf: tarfile.TarFile, path: str, member: Member | None, identity: SourceIdentity, shard: Shard, max_mb: int
+) -> bytes | None:
+    """The bytes of the member at `path` (their sha256 noted in `identity`); None when missing or not a regular
+    file; InputError when the shard cuts it off, vanished or changed since it was listed, for a prompt too large to
+    read, or a member over `max_mb` MiB (``too_large``, nothing of it read)."""
+    if member is None or not member.regular:
         return None
     check_unchanged(shard)
-    if info.name.rpartition("/")[2] == PROMPT_MEMBER and info.size > MAX_PROMPT_BYTES:
-        raise InputError("prompt_too_long", f"{info.name}: {info.size} bytes, over {MAX_PROMPT_BYTES}: not read")
+    name = path.rpartition("/")[2]
+    if name == PROMPT_MEMBER and member.size > MAX_PROMPT_BYTES:
+        raise InputError("prompt_too_long", f"{path}: {member.size} bytes, over {MAX_PROMPT_BYTES}: not read")
     try:
-        handle = tf.extractfile(info)
-        data = handle.read() if handle is not None else None
+        data = read_member(tf, path, member, max_mb)
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise InputError("member_unreadable", f"{info.name}: {exc}") from exc
-    if data is not None and len(data) != info.size:
-        raise InputError("member_unreadable", f"{info.name}: {len(data)} of {info.size} bytes (shard cut short)")
-    if data is not None:
-        identity.read_sha256[info.name.rpartition("/")[2]] = hashlib.sha256(data).hexdigest()
+        raise InputError("member_unreadable", f"{path}: {exc}") from exc
+    if len(data) != member.size:
+        raise InputError("member_unreadable", f"{path}: {len(data)} of {member.size} bytes (shard cut short)")
+    identity.read_sha256[name] = hashlib.sha256(data).hexdigest()
     return data
 
 

@@ -18,7 +18,7 @@ import logging
 import re
 import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import InputError, SourceError
@@ -33,9 +33,11 @@ from infra.sources.base import (
     refuse_outside,
     register_source,
 )
+from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import name_key, nameable, output_stem
-from infra.sources.vbvr import TAR_SUFFIXES, check_unchanged, open_shard_tar, tar_headers, tar_shards
+from infra.sources.tars import Member, TarDamaged, read_member, scan, short
+from infra.sources.vbvr import TAR_SUFFIXES, check_unchanged, open_shard_tar, tar_shards
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +87,14 @@ def find_tars(spec: str, follow_symlinks: bool = False) -> list[Path]:
     return tars
 
 
-@dataclass
+@dataclass(slots=True)
 class _Sample:
     key: str
-    members: dict[str, tarfile.TarInfo] = field(default_factory=dict)  # extension → header
+    #: (extension, member record) in tar order, the first of each extension (a tuple: a dict per sample is ~4×)
+    members: tuple[tuple[str, Member], ...] = ()
+
+    def member(self, ext: str) -> Member | None:
+        return next((m for e, m in self.members if e == ext), None)
 
 
 def split_key(name: str) -> tuple[str, str]:
@@ -102,11 +108,12 @@ def split_key(name: str) -> tuple[str, str]:
 class WdsSource(Source):
     """WebDataset tars of images and captions (CC12M's layout)."""
 
-    settings = ("follow_symlinks",)
+    settings = ("follow_symlinks", "max_media_mb")
 
-    def __init__(self, path: str, follow_symlinks: bool = False) -> None:
+    def __init__(self, path: str, follow_symlinks: bool = False, max_media_mb: int = DEFAULT_MAX_MEDIA_MB) -> None:
         self.path = path
         self.follow_symlinks = follow_symlinks  # a shard file that is a link out of the source's folder: listed
+        self.max_media_mb = max_media_mb  # a member over it (a sparse one at its expanded size): skipped too_large
 
     def shards(self) -> list[Shard]:
         return tar_shards(find_tars(self.path, self.follow_symlinks))
@@ -116,19 +123,25 @@ class WdsSource(Source):
         with open_shard_tar(shard) as tf:
             samples, error = _list(tf)
             for sample in samples:
-                yield mark_duplicate(_to_ref(tf, sample, shard), shard)
+                yield mark_duplicate(_to_ref(tf, sample, shard, self.max_media_mb), shard)
         if error is not None:
             raise ShardReadError(f"{shard.path}: {error} (listed {len(samples)} samples before it)")
 
 
 def _list(tf: tarfile.TarFile) -> tuple[list[_Sample], str | None]:
-    """Regular members grouped by key, in first-seen order (headers only: no member's bytes are read)."""
+    """Regular members grouped by key, in first-seen order (headers only, kept as `tars.Member` records: no member's
+    bytes are read); the damage that stopped the listing, or None."""
     by_key: dict[str, _Sample] = {}
-    headers, error = tar_headers(tf)
-    for info in headers:
-        if info.isfile():
-            key, ext = split_key(info.name)
-            by_key.setdefault(key, _Sample(key)).members.setdefault(ext, info)
+    error = None
+    try:
+        for name, member in scan(tf):
+            if member.regular:
+                key, ext = split_key(name)
+                sample = by_key.setdefault(key, _Sample(key))
+                if sample.member(ext) is None:
+                    sample.members += ((short(ext), member),)
+    except TarDamaged as exc:
+        error = str(exc)
     return list(by_key.values()), error
 
 
@@ -136,26 +149,26 @@ def _layout_error(sample: _Sample) -> str | None:
     parts = sample.key.split("/")
     if not all(nameable(p) for p in parts):  # "..", "", or not UTF-8; any other name is made safe (`output_stem`)
         return f"unsafe key for a path: {name_key(sample.key)}"
-    images = [ext for ext in sample.members if ext in IMAGE_EXTS]
+    images = [ext for ext, _ in sample.members if ext in IMAGE_EXTS]
     if len(images) > 1:
         return f"{sample.key!r} has {len(images)} images ({', '.join(images)}): one expected"
     return None
 
 
-def _to_ref(tf: tarfile.TarFile, sample: _Sample, shard: Shard) -> SampleRef:
+def _to_ref(tf: tarfile.TarFile, sample: _Sample, shard: Shard, max_mb: int) -> SampleRef:
     error = _layout_error(sample)
     extra = {"layout_error": error} if error else {}
     key = name_key(sample.key)
     identity = SourceIdentity(
-        members={f"{key}.{ext}": MemberIdentity(size=i.size, mtime=i.mtime) for ext, i in sample.members.items()}
+        members={f"{key}.{ext}": MemberIdentity(size=m.size, mtime=m.mtime) for ext, m in sample.members}
     )
-    image = next((sample.members[e] for e in IMAGE_EXTS if e in sample.members), None)
+    image = next((e for e in IMAGE_EXTS if sample.member(e) is not None), None)
     return SampleRef(
         id=key,
         group=shard.id,
         key=key,
-        read_media=lambda: _read(tf, image, identity, shard),
-        read_prompt=lambda: _read(tf, sample.members.get(CAPTION_EXT), identity, shard, MAX_PROMPT_BYTES),
+        read_media=lambda: _read(tf, sample, image, identity, shard, max_mb),
+        read_prompt=lambda: _read(tf, sample, CAPTION_EXT, identity, shard, max_mb, MAX_PROMPT_BYTES),
         extra=extra,
         identity=identity,
         stem="" if error else output_stem((shard.id, *sample.key.split("/"))),
@@ -163,22 +176,29 @@ def _to_ref(tf: tarfile.TarFile, sample: _Sample, shard: Shard) -> SampleRef:
 
 
 def _read(
-    tf: tarfile.TarFile, info: tarfile.TarInfo | None, identity: SourceIdentity, shard: Shard, cap: int | None = None
+    tf: tarfile.TarFile,
+    sample: _Sample,
+    ext: str | None,
+    identity: SourceIdentity,
+    shard: Shard,
+    max_mb: int,
+    cap: int | None = None,
 ) -> bytes | None:
-    """A member's bytes (their sha256 noted in `identity`), None when absent; InputError for a member over `cap`,
-    cut short, or a shard changed since it was listed."""
-    if info is None:
+    """The bytes of the sample's member `ext` (their sha256 noted in `identity`), None when absent; InputError for
+    a prompt over `cap`, a member over `max_mb` MiB (``too_large``, nothing of it read), one cut short, or a shard
+    changed since it was listed."""
+    member = sample.member(ext) if ext is not None else None
+    if member is None:
         return None
+    name = f"{sample.key}.{ext}"
     check_unchanged(shard)
-    if cap is not None and info.size > cap:
-        raise InputError("prompt_too_long", f"{info.name}: {info.size} bytes, over {cap}: not read")
+    if cap is not None and member.size > cap:
+        raise InputError("prompt_too_long", f"{name}: {member.size} bytes, over {cap}: not read")
     try:
-        handle = tf.extractfile(info)
-        data = handle.read() if handle is not None else None
+        data = read_member(tf, name, member, max_mb)
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise InputError("member_unreadable", f"{info.name}: {exc}") from exc
-    if data is None or len(data) != info.size:
-        raise InputError("member_unreadable", f"{info.name}: not all of its {info.size} bytes (shard cut short)")
-    key, ext = split_key(info.name)
-    identity.read_sha256[f"{name_key(key)}.{ext}"] = hashlib.sha256(data).hexdigest()
+        raise InputError("member_unreadable", f"{name}: {exc}") from exc
+    if len(data) != member.size:
+        raise InputError("member_unreadable", f"{name}: not all of its {member.size} bytes (shard cut short)")
+    identity.read_sha256[f"{name_key(sample.key)}.{ext}"] = hashlib.sha256(data).hexdigest()
     return data
