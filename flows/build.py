@@ -30,7 +30,7 @@ from flows.stale import resolve_stale
 from flows.steps import set_step
 from flows.upload import upload_step
 from infra import outdir
-from infra.cache.cachedir import CACHE_JSON, write_cache_json
+from infra.cache.cachedir import CACHE_JSON, read_cache_json, write_cache_json
 from infra.cache.lock import out_lock
 from infra.config import BuildConfig
 from infra.errors import GateFailed, Preempted
@@ -97,7 +97,7 @@ def _planned_build(config: BuildConfig, spool: Path | None) -> dict[str, Any]:
             held.enter_context(out_lock(plan.out))
         set_step("conflict-gate")
         plan, conflict = resolve_conflict(plan, report)
-        if conflict is not None:  # nothing is written into a conflicting OUT (not even the lock) before a decision
+        if report.kind not in WRITABLE:  # nothing is written into a conflicting OUT (not even the lock) before this
             held.enter_context(out_lock(plan.out))  # the decided OUT: the same one, or OUT-v2
         if conflict is not None and conflict.choice == "reuse":
             report = verify_existing(plan)  # the adopted spec's resume: its stale samples
@@ -163,7 +163,7 @@ def _prepare_out(plan: BuildPlan) -> BuildPlan:
     """cache.json, the plan recorded (`record_plan`: with the shards it carries over), temp files of a killed run
     removed; returns the plan the shards run."""
     provenance = {"model_path": str(plan.config.model), "source": plan.config.source, "recipe": plan.config.recipe}
-    if plan.replace_from is not None and plan.replace_from != plan.fingerprint:
+    if plan.replace_from is not None and _cache_json_fingerprint(plan.out) != plan.fingerprint:
         kept = keep_old_cache_json(plan.out, plan.replace_from)
         get_run_logger().warning("approved overwrite of %s; old cache.json kept as %s", plan.out, kept)
         write_cache_json(plan.out, plan.spec, {**provenance, "replaces": plan.replace_from}, replace=True)
@@ -173,6 +173,15 @@ def _prepare_out(plan: BuildPlan) -> BuildPlan:
     if removed:
         get_run_logger().warning("removed %d partial temp files left by an interrupted run", removed)
     return record_plan(plan)
+
+
+def _cache_json_fingerprint(out: Path) -> str | None:
+    """The fingerprint OUT's cache.json declares (None: no readable one). An overwrite that an interrupted run began
+    has written this spec's already: it is not written again."""
+    try:
+        return read_cache_json(out).get("fingerprint")
+    except (OSError, ValueError, outdir.UnsafePath):
+        return None
 
 
 def _publish(summary: BuildSummary) -> None:

@@ -32,6 +32,8 @@ def default_policy() -> str:
 def resolve_conflict(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, Decision | None]:
     """The plan to run — unchanged, adopted (reuse), moved (new_dir) or allowed to replace (overwrite) — and the
     recorded decision (None when OUT was writable and nothing had to be decided)."""
+    if report.kind in WRITABLE and report.overwrite:
+        return _resumed_overwrite(plan, report)
     if report.kind in WRITABLE:
         return plan, None
     token = overwrite_token(plan.out, report.existing_fingerprint, plan.fingerprint)
@@ -53,6 +55,23 @@ def resolve_conflict(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, 
             raise ConflictAborted(f"reuse needs a latentforge cache in {plan.out}; it is {report.kind}")
         return plan_build(adopt_existing_spec(plan.config, plan.spec, plan.out), spool), decision
     return plan.model_copy(update={"replace_from": report.existing_fingerprint or "foreign"}), decision
+
+
+def _resumed_overwrite(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, Decision]:
+    """OUT holds this spec's cache.json over an approved overwrite that an interrupted run began: this change, in
+    progress. Its approval is on record in OUT (cache.json names what it replaces; the old one is kept beside), so
+    the run goes on replacing the old spec's samples, and records that it did."""
+    replaced, pending = report.overwrite["from"], report.overwrite["pending"]
+    details = {"out": str(plan.out), "state": "overwrite in progress", "existing": replaced, "pending": pending}
+    decision = Decision(
+        gate="conflict",
+        choice="overwrite",
+        how="resumed",
+        by=f"the overwrite of {replaced[:16]}… approved for an earlier, interrupted run (cache.json records it)",
+        details={**details, "planned": plan.fingerprint},
+    )
+    get_run_logger().warning("%s: resuming the approved overwrite, %d sample(s) still to replace", plan.out, pending)
+    return plan.model_copy(update={"replace_from": replaced}), decision
 
 
 def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:

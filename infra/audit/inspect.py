@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from infra.cache import ledger
-from infra.cache.cachedir import read_cache_json
+from infra.cache.cachedir import overwrite_in_progress, read_cache_json
 from infra.cache.ledger import FileRecord
 from infra.config import CacheSpec
 from infra.errors import DamagedCacheError
@@ -66,14 +66,19 @@ def inspect_cache(out: Path) -> dict[str, Any]:
     fmt = get_format(meta["spec"]["format"])
     groups: dict[str, Counter[str]] = defaultdict(Counter)
     reasons: Counter[str] = Counter()
+    prints: Counter[str | None] = Counter()  # done samples per fingerprint
     first_done: dict[str, list[FileRecord]] = {}
     total_bytes = 0
     for rows in ledger.read_all(out).values():
         for row in rows.values():
-            groups[row.group or "(no group)"][row.status] += 1
+            own = row.fingerprint in (None, meta["fingerprint"])
+            status = "to_replace" if row.status == "done" and not own else row.status  # an overwrite's old samples
+            groups[row.group or "(no group)"][status] += 1
             if row.reason:
                 reasons[row.reason] += 1
             if row.status == "done":
+                prints[row.fingerprint] += 1
+            if status == "done":
                 total_bytes += row.bytes or 0
                 first_done.setdefault(row.group, row.output_files())
     samples = {}
@@ -96,6 +101,8 @@ def inspect_cache(out: Path) -> dict[str, Any]:
         "groups": {g: dict(c) for g, c in sorted(groups.items())},
         "reasons": dict(reasons),
         "done": sum(c["done"] for c in groups.values()),
+        "fingerprints": {str(fp): n for fp, n in prints.items()},
+        "overwrite": overwrite_in_progress(meta, prints),
         "bytes": total_bytes,
         "samples": samples,
         **({"shards": shard_summary(out, fmt)} if isinstance(fmt, ShardFormat) else {}),
@@ -113,12 +120,19 @@ def format_report(report: dict[str, Any]) -> str:
         f"written for  {report['consumer']['consumer']}",
         "  it sees    " + ", ".join(f"{k} {v}" for k, v in report["consumer"].items() if k != "consumer"),
         f"done         {report['done']} samples, {report['bytes']:,} bytes",
-        "",
-        f"{'group':<50} {'done':>6} {'skipped':>8} {'failed':>7}",
     ]
-    for group, counts in report["groups"].items():
+    overwrite = report.get("overwrite")
+    if overwrite:
         lines.append(
-            f"{group:<50} {counts.get('done', 0):>6} {counts.get('skipped', 0):>8} {counts.get('failed', 0):>7}"
+            f"overwrite    in progress: {overwrite['pending']} of {overwrite['from'][:16]}…'s samples still to "
+            "replace (approved; the same build command resumes it)"
+        )
+    replacing = f" {'to replace':>11}" if overwrite else ""
+    lines += ["", f"{'group':<50} {'done':>6} {'skipped':>8} {'failed':>7}{replacing}"]
+    for group, counts in report["groups"].items():
+        old = f" {counts.get('to_replace', 0):>11}" if overwrite else ""
+        lines.append(
+            f"{group:<50} {counts.get('done', 0):>6} {counts.get('skipped', 0):>8} {counts.get('failed', 0):>7}{old}"
         )
     if "shards" in report:
         shards = report["shards"]

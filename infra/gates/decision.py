@@ -4,7 +4,8 @@ Every gate that stops a run for a person records one (conflict, loss, upload rep
 upload report, the artifacts and the card. ``how`` says where the answer came from: a person (the Prefect form,
 `latentforge approve`, the terminal's prompt), a token bound to the change (``--approve-overwrite``/
 ``--approve-replace``), a standing policy (``--on-conflict new_dir``, ``--on-loss accept``), a timeout, or nobody to
-ask (a terminal run without a terminal: the default); the last two are always abort.
+ask (a terminal run without a terminal: the default), both always abort; or ``resumed``: an approved overwrite an
+interrupted run began, which the next run of the same spec goes on with (cache.json records it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-How = Literal["person", "token", "policy", "timeout", "default"]
+How = Literal["person", "token", "policy", "timeout", "default", "resumed"]
 
 
 def utc_now() -> str:

@@ -1,0 +1,151 @@
+"""Recovery as printed: every exit 75 and every gate that stops a build names what to run next, and what it names is
+run here as printed (`latentforge build` in this process, on the session's Prefect API) and finishes the cache.
+
+The command is the test's; the flags added or left out are parsed from the run's own ``error:`` line, never written
+here by hand. Each gate's error is one ``error:`` line first (what, and the flag that answers it), its detail after.
+An interrupted approved overwrite (Ctrl-C after a few rows) is "this change, in progress": the same command resumes
+it, and `inspect` and `verify` count the cache's samples per fingerprint as the ledger does, with what is pending.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from flows.cli import app
+from flows.run import run_build
+from infra.cache import ledger
+from infra.errors import EXIT_PREEMPTED
+from infra.faults import HOLD_ENV, LOG_ENV
+from infra.ops import preempt
+from tests.conftest import HEIGHT, WIDTH, config, make_shards, sample
+from tests.media_utils import cut_clip
+
+OLD_FRAMES, NEW_FRAMES = 9, 5  # both ≡ 1 mod 4: the cache's spec and the one a later command asks for
+SAMPLES = 4
+WAIT_S = 120
+
+
+@pytest.fixture(scope="module")
+def source(clips, tmp_path_factory) -> Path:
+    videos = [cut_clip(clips["carphone"], 9), cut_clip(clips["bikes"], 9, width=160)]
+    samples = [sample(i % 2, i, videos[i % 2], f"clip {i}: something moves".encode()) for i in range(SAMPLES)]
+    return make_shards(tmp_path_factory.mktemp("recovery-src"), {"s": samples})
+
+
+@pytest.fixture(scope="module")
+def cache(source, tiny_model, tmp_path_factory) -> Path:
+    """A finished cache at OLD_FRAMES: what later commands conflict with (copied per test)."""
+    out = tmp_path_factory.mktemp("recovery") / "cache"
+    ok, result = run_build(config(source, tiny_model, out, frames=OLD_FRAMES, workers=1))
+    assert ok and result["done"] == SAMPLES, result
+    return out
+
+
+def _copy(cache: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(cache, out)
+    return out
+
+
+def _build(source: Path, model: Path, out: Path, *extra: str) -> list[str]:
+    """A user's `latentforge build` (its arguments): the gates' policies given, so that no gate waits for a person."""
+    return [
+        "build", "--source", f"vbvr:{source}", "--model", str(model), "--out", str(out),
+        "--frames", str(NEW_FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH), "--device", "cpu",
+        "--dtype", "fp32", "--workers", "1", "--decode-samples", "0", "--on-loss", "accept", *extra,
+    ]  # fmt: skip
+
+
+def _run(args: list[str]) -> Result:
+    return CliRunner().invoke(app, args)
+
+
+def _error(result: Result) -> str:
+    """The run's one ``error:`` line (there must be exactly one)."""
+    lines = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, result.output[-3000:]
+    return lines[0]
+
+
+def _interrupted(args: list[str], after: int, tmp: Path) -> Result:
+    """The build, held after its `after`-th journalled sample and sent SIGINT there (Ctrl-C), as a terminal does."""
+    hold, log = tmp / "hold", tmp / "points.log"
+    hold.touch()
+    log.write_text("")
+    finished = threading.Event()
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + WAIT_S
+        while log.read_text().count("sample\n") < after and not finished.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not finished.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
+            while not preempt.requested() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        hold.unlink()
+
+    thread = threading.Thread(target=interrupt, daemon=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(HOLD_ENV, f"sample:{after}={hold}")
+        mp.setenv(LOG_ENV, str(log))
+        thread.start()
+        try:
+            return _run(args)
+        finally:
+            finished.set()
+            thread.join(timeout=30)
+
+
+def _per_fingerprint(out: Path) -> dict[str, int]:
+    rows = [row for rows in ledger.read_all(out).values() for row in rows.values() if row.status == "done"]
+    return dict(Counter(row.fingerprint for row in rows))
+
+
+def test_an_interrupted_overwrite_is_resumed_by_the_same_command_and_inspect_and_verify_agree_with_the_ledger(
+    cache, source, tiny_model, tmp_path
+):
+    out = _copy(cache, tmp_path)
+    old = json.loads((out / "cache.json").read_text())["fingerprint"]
+    verify = _run(["verify", str(out), "--frames", str(NEW_FRAMES)])
+    token = re.search(r"--approve-overwrite (\S+)", verify.output).group(1)
+    args = _build(source, tiny_model, out, "--approve-overwrite", token)
+
+    stopped = _interrupted(args, 2, tmp_path)
+    assert stopped.exit_code == EXIT_PREEMPTED, stopped.output[-3000:]
+    assert "to resume, run the same command again" in _error(stopped)
+    new = json.loads((out / "cache.json").read_text())["fingerprint"]
+    counts = _per_fingerprint(out)
+    assert counts == {new: 2, old: SAMPLES - 2}, counts  # half overwritten
+
+    inspected = json.loads(_run(["inspect", str(out), "--json"]).output)
+    assert inspected["fingerprints"] == counts
+    assert (inspected["done"], inspected["overwrite"]) == (2, {"from": old, "pending": SAMPLES - 2})
+    assert inspected["geometry"][0] == NEW_FRAMES
+    assert all(s["fingerprint"] == new for s in inspected["samples"].values())  # a sample of this spec, not the old
+    text = _run(["inspect", str(out)]).output
+    assert f"{SAMPLES - 2} of {old[:16]}" in text and "the same build command resumes it" in text, text
+    checked = _run(["verify", str(out), "--json"])
+    assert checked.exit_code == 0, checked.output[-3000:]  # a build may write there: it resumes the overwrite
+    report = json.loads(checked.output)
+    assert (report["kind"], report["done"], report["problems"]) == ("compatible", 2, [])
+    assert report["fingerprints"] == counts and report["overwrite"] == {"from": old, "pending": SAMPLES - 2}
+    assert report["overwrite_token"] is None
+
+    again = _run(args)  # as printed: the same command
+    assert again.exit_code == 0, again.output[-3000:]
+    assert re.search(rf"samples\s+{SAMPLES}: {SAMPLES} done \({SAMPLES - 2} encoded now, 2 reused\)", again.output)
+    assert _per_fingerprint(out) == {new: SAMPLES}
+    assert json.loads((out / f"cache.{old[:16]}.json").read_text())["fingerprint"] == old  # the old spec kept
+    finished = json.loads(_run(["inspect", str(out), "--json"]).output)
+    assert (finished["done"], finished["overwrite"]) == (SAMPLES, None)
