@@ -156,7 +156,11 @@ def _check_unchanged(plan: BuildPlan) -> None:
         return
     if plan.replace_from is not None and (report.existing_fingerprint or "foreign") == plan.replace_from:
         return
-    raise ConflictAborted(f"{plan.out} changed while this run was deciding: {report.text()}")
+    raise ConflictAborted(
+        f"{plan.out} changed while this run was deciding (it is {report.kind} now): nothing was written; run the "
+        "same command again to decide on what is there now",
+        detail=report.text(),
+    )
 
 
 def _prepare_out(plan: BuildPlan) -> BuildPlan:

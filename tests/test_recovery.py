@@ -107,6 +107,10 @@ def _interrupted(args: list[str], after: int, tmp: Path) -> Result:
             thread.join(timeout=30)
 
 
+def _files(out: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
 def _per_fingerprint(out: Path) -> dict[str, int]:
     rows = [row for rows in ledger.read_all(out).values() for row in rows.values() if row.status == "done"]
     return dict(Counter(row.fingerprint for row in rows))
@@ -149,3 +153,83 @@ def test_an_interrupted_overwrite_is_resumed_by_the_same_command_and_inspect_and
     assert json.loads((out / f"cache.{old[:16]}.json").read_text())["fingerprint"] == old  # the old spec kept
     finished = json.loads(_run(["inspect", str(out), "--json"]).output)
     assert (finished["done"], finished["overwrite"]) == (SAMPLES, None)
+
+
+def _with(args: list[str], flag: str, value: str | None = None) -> list[str]:
+    """`args` with `flag` (and its value) set as a user adds it: a value given before is replaced."""
+    args = _without(args, flag)
+    return [*args, flag, *([value] if value is not None else [])]
+
+
+def _without(args: list[str], flag: str) -> list[str]:
+    """`args` with `flag` and its value left out."""
+    if flag not in args:
+        return list(args)
+    at = args.index(flag)
+    return args[:at] + args[at + 2 :]
+
+
+def _last_flow_run_message() -> str:
+    from prefect.client.orchestration import get_client  # noqa: PLC0415 - test helper: the session's API
+    from prefect.client.schemas.sorting import FlowRunSort  # noqa: PLC0415
+
+    with get_client(sync_client=True) as client:
+        (run,) = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)
+    return run.state.message or ""
+
+
+def test_a_conflict_stops_with_one_short_error_line_and_each_answer_it_prints_runs_as_printed(
+    cache, source, tiny_model, tmp_path
+):
+    out = _copy(cache, tmp_path)
+    before = {p: p.read_bytes() for p in out.rglob("*.pt")}
+    args = _build(source, tiny_model, out, "--on-conflict", "abort")
+    stopped = _run(args)
+    assert stopped.exit_code == 1, stopped.output[-3000:]
+    error = _error(stopped)
+    assert stopped.output.startswith("error: ") and error.startswith(f"error: ConflictAborted: {out} holds another")
+    assert f"frames {OLD_FRAMES} → {NEW_FRAMES}" in error and f"{SAMPLES} sample(s) done" in error
+    detail = stopped.output.splitlines()[1:]
+    assert 0 < len(detail) <= 6 and "identity_scheme" not in stopped.output, stopped.output  # the diff, not the spec
+    assert "abort by the setting on_conflict=abort" in stopped.output and "(default)" not in stopped.output
+    state = _last_flow_run_message()  # the Prefect Failed state: the same line, short
+    assert "\n" not in state and "holds another cache" in state and len(state) < 600, state
+
+    token = re.search(r"add to the same command --approve-overwrite (\w+) to replace it", error).group(1)
+    assert re.search(r"--on-conflict new_dir to write \S+out-v2 instead", error)
+    leave_out = re.search(r"--on-conflict reuse without (--[\w-]+) to resume it", error).group(1)
+    assert leave_out == "--frames"
+
+    reused = _run(_with(_without(args, leave_out), "--on-conflict", "reuse"))
+    assert reused.exit_code == 0, reused.output[-3000:]
+    assert re.search(rf"{SAMPLES} done \(0 encoded now, {SAMPLES} reused\)", reused.output), reused.output
+    assert {p: p.read_bytes() for p in out.rglob("*.pt")} == before
+    moved = _run(_with(args, "--on-conflict", "new_dir"))
+    assert moved.exit_code == 0, moved.output[-3000:]
+    assert _per_fingerprint(tmp_path / "out-v2") and (tmp_path / "out-v2" / "cache.json").exists()
+    assert {p: p.read_bytes() for p in out.rglob("*.pt")} == before
+    replaced = _run([*args, "--approve-overwrite", token])
+    assert replaced.exit_code == 0, replaced.output[-3000:]
+    new = json.loads((out / "cache.json").read_text())["fingerprint"]
+    assert _per_fingerprint(out) == {new: SAMPLES}
+
+
+def test_reuse_with_a_setting_that_asks_for_another_value_is_refused_up_front_naming_it(
+    cache, source, tiny_model, tmp_path
+):
+    out = _copy(cache, tmp_path)
+    before = _files(out)
+    args = _build(source, tiny_model, out, "--on-conflict", "reuse")  # and --frames NEW_FRAMES: the cache has OLD
+    refused = _run(args)
+    assert refused.exit_code == 2, refused.output[-3000:]
+    error = _error(refused)
+    assert f"--frames {NEW_FRAMES} asks for another" in error and f"frames {OLD_FRAMES}" in error, error
+    assert _files(out) == before  # refused before anything ran
+    leave_out = re.search(r"to reuse it, leave out (--[\w-]+);", error).group(1)
+    token = re.search(r"use --approve-overwrite (\w+) \(replace", error).group(1)
+    reused = _run(_without(args, leave_out))
+    assert reused.exit_code == 0 and f"{SAMPLES} done (0 encoded now, {SAMPLES} reused)" in reused.output
+    replaced = _run(_with(_without(args, "--on-conflict"), "--approve-overwrite", token))
+    assert replaced.exit_code == 0, replaced.output[-3000:]
+    assert len(_per_fingerprint(out)) == 1
+    assert json.loads((out / "cache.json").read_text())["spec"]["frames"] == NEW_FRAMES

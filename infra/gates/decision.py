@@ -37,7 +37,19 @@ class Decision(BaseModel):
     details: dict[str, Any] = Field(default_factory=dict, description="what was decided about (counts, paths)")
 
     def text(self) -> str:
-        """``abort by data-lead (person): keep last week's cache``."""
-        return f"{self.choice} by {self.by or 'someone (no name given)'} ({self.how})" + (
+        """``overwrite by data-lead (a person): keep last week's cache``, ``abort: no answer within 60 s``: the choice,
+        then who or what made it, never a bare word in brackets that could be read as the choice's own default."""
+        return HOW_TEXT[self.how].format(choice=self.choice, by=self.by or "someone (no name given)") + (
             f": {self.note}" if self.note else ""
         )
+
+
+#: How each kind of answer reads after the choice.
+HOW_TEXT: dict[str, str] = {
+    "person": "{choice} by {by} (a person)",
+    "token": "{choice} by {by} (a token bound to this change)",
+    "policy": "{choice} by the setting {by}",
+    "timeout": "{choice}: {by}",
+    "default": "{choice}: {by}",
+    "resumed": "{choice}, resumed: {by}",
+}

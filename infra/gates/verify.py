@@ -403,7 +403,7 @@ def _settle(report: VerifyReport) -> None:
     if report.kind == "compatible" and check is not None and not check["matches"]:
         report.problems.append(f"{check['path']}: differs from the plan with the same fingerprint: {check['differs']}")
     counts = f"{report.done} sample(s) done in {len(report.groups)} group(s)"
-    fields = [label for label, _ in _difference_rows(report.differences)]  # model_identity per component
+    fields = [label for label, _ in difference_rows(report.differences)]  # model_identity per component
     differs = f"; differs in: {', '.join(fields)}" if fields else ""
     if report.problems and report.kind != "damaged":
         report.kind = "damaged"
@@ -430,7 +430,7 @@ def _flat(name: str, value: Any) -> list[tuple[str, str]]:
     return [(name, str(value))]
 
 
-def _difference_rows(differences: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+def difference_rows(differences: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
     """One row per differing field, or per differing component of a dict field."""
     rows = []
     for name, pair in differences.items():
@@ -451,7 +451,7 @@ def _sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, str]]]]:
             ("overwrite in progress", f"{_overwrite_text(report.overwrite)} (a build of this spec resumes it)")
         )
     sections = [("Cache", cache), ("Done per group", [(g, str(n)) for g, n in report.groups.items()])]
-    sections.append(("What differs (existing → planned)", _difference_rows(report.differences)))
+    sections.append(("What differs (existing → planned)", difference_rows(report.differences)))
     sections.append(("Outputs", list(report.outputs.items())))
     if report.sample_check:
         check = report.sample_check
