@@ -233,3 +233,55 @@ def test_reuse_with_a_setting_that_asks_for_another_value_is_refused_up_front_na
     assert replaced.exit_code == 0, replaced.output[-3000:]
     assert len(_per_fingerprint(out)) == 1
     assert json.loads((out / "cache.json").read_text())["spec"]["frames"] == NEW_FRAMES
+
+
+def test_the_loss_and_stale_gates_answers_run_as_printed(clips, tiny_model, tmp_path):
+    video = cut_clip(clips["carphone"], 9)
+
+    def samples(prompt: bytes) -> list:
+        return [sample(0, 0, video, prompt), sample(0, 1, video, b"clip 1"), sample(1, 2, clips["audio_only"], b"x")]
+
+    src = make_shards(tmp_path / "src", {"s": samples(b"clip 0")})
+    out = tmp_path / "out"
+    args = _with(_with(_build(src, tiny_model, out), "--on-loss", "abort"), "--on-stale", "abort")
+    lost = _run(args)  # one sample has no video stream: a shortfall, and nobody accepted it
+    assert lost.exit_code == 1, lost.output[-3000:]
+    error = _error(lost)
+    assert error.startswith(f"error: LossAborted: 1 sample(s) missing from {out}"), error
+    assert "decided: abort by the setting on_loss=abort" in lost.output and "(default)" not in lost.output
+    flag, value = re.search(r"add (--on-loss) (\w+) to the same command", error).groups()
+    args = _with(args, flag, value)
+    accepted = _run(args)
+    assert accepted.exit_code == 0 and "2 done (0 encoded now, 2 reused)" in accepted.output, accepted.output[-3000:]
+
+    (src / "s.tar").unlink()
+    make_shards(src, {"s": samples(b"clip 0, told again")})  # a done sample's caption changes: stale
+    stale = _run(args)
+    assert stale.exit_code == 1, stale.output[-3000:]
+    error = _error(stale)
+    assert error.startswith(f"error: StaleAborted: 1 done sample(s) of {out} changed in the source"), error
+    assert sorted(re.findall(r"add to the same command --on-stale (\w+) to|, or --on-stale (\w+) to", error)) == [
+        ("", "keep"),
+        ("replace", ""),
+    ], error
+    kept_out = tmp_path / "kept"
+    shutil.copytree(out, kept_out)
+    kept = _run(_with(_with(args, "--out", str(kept_out)), "--on-stale", "keep"))
+    assert kept.exit_code == 0 and "2 done (0 encoded now, 2 reused)" in kept.output, kept.output[-3000:]
+    replaced = _run(_with(args, "--on-stale", "replace"))
+    assert replaced.exit_code == 0 and "2 done (1 encoded now, 1 reused)" in replaced.output, replaced.output[-3000:]
+
+
+def test_the_decode_gates_answer_runs_as_printed(cache, source, tiny_model, tmp_path):
+    out = _copy(cache, tmp_path)
+    args = _with(_build(source, tiny_model, out), "--frames", str(OLD_FRAMES))  # the cache's own spec: a resume
+    args = _with(_with(args, "--decode-samples", "1"), "--min-psnr", "99")
+    judged = _run(args)
+    assert judged.exit_code == 1, judged.output[-3000:]
+    error = _error(judged)
+    assert "decode-verify: FAILED" in error and "look at the strips in" in error, error
+    floor = re.search(r"to accept these numbers, add --min-psnr (\S+) to the same command", error).group(1)
+    accepted = _run(_with(args, "--min-psnr", floor))
+    assert accepted.exit_code == 0, accepted.output[-3000:]
+    assert f"{SAMPLES} done (0 encoded now, {SAMPLES} reused)" in accepted.output
+    assert "decode-verify: OK" in accepted.output
