@@ -71,6 +71,8 @@ def aborted(plan: BuildPlan, report: VerifyReport, token: str, decided: str) -> 
     (each answer as it is typed); the detail after it: what differs, field by field, and who decided."""
     what = {"foreign": "holds files latentforge did not write", "damaged": "holds a damaged cache"}
     said = what.get(report.kind, "holds another cache")
+    if report.kind == "damaged" and report.problems:
+        said += f" ({len(report.problems)} problem(s), first: {report.problems[0]})"
     answers = [
         f"--approve-overwrite {token} to replace it sample by sample",
         f"--on-conflict new_dir to write {next_free_dir(plan.out)} instead",
@@ -87,6 +89,7 @@ def aborted(plan: BuildPlan, report: VerifyReport, token: str, decided: str) -> 
     headline = f"{plan.out} {said}, so nothing was written; to go on, add to the same command {listed}"
     rows = [f"  {label}: {value}" for label, value in difference_rows(report.differences)]
     detail = [decided, *(["what differs (existing → planned):", *rows] if rows else [])]
+    detail += [f"  {problem}" for problem in report.problems[1:6]]
     detail.append(f"`latentforge verify {plan.out}` with this command's settings shows what is there in full")
     return ConflictAborted(headline, detail="\n".join(detail))
 
