@@ -20,11 +20,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
 
 from flows.cli import app
 from flows.run import run_build
 from infra.cache import ledger
+from infra.cache.cachedir import overwrite_in_progress
 from infra.errors import EXIT_PREEMPTED
 from infra.faults import HOLD_ENV, LOG_ENV
 from infra.ops import preempt
@@ -285,3 +288,28 @@ def test_the_decode_gates_answer_runs_as_printed(cache, source, tiny_model, tmp_
     assert accepted.exit_code == 0, accepted.output[-3000:]
     assert f"{SAMPLES} done (0 encoded now, {SAMPLES} reused)" in accepted.output
     assert "decode-verify: OK" in accepted.output
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+FINGERPRINTS = st.sampled_from(["a" * 64, "b" * 64, "foreign"]) | st.none()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    meta=JSON
+    | st.fixed_dictionaries(
+        {"fingerprint": FINGERPRINTS, "provenance": JSON | st.dictionaries(st.just("replaces"), FINGERPRINTS | JSON)}
+    ),
+    done=st.dictionaries(FINGERPRINTS, st.integers(0, 5), max_size=3),
+)
+def test_an_overwrite_in_progress_is_read_from_any_cache_json_without_an_error(meta, done):
+    """cache.json is the user's disk: whatever it holds, the overwrite in progress is a plain answer, never a crash,
+    and only ever a fingerprint the ledgers hold done samples of that is not the cache's own."""
+    found = overwrite_in_progress(meta, done)
+    if found is not None:
+        assert found["pending"] == done[found["from"]] > 0
+        assert found["from"] != meta.get("fingerprint")

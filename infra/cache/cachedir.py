@@ -51,7 +51,7 @@ def overwrite_in_progress(meta: Mapping[str, Any], done: Mapping[str | None, int
     a cache is this cache, an approved change half made: the next build of its spec resumes the change."""
     provenance = meta.get("provenance") if isinstance(meta, Mapping) else None
     old = provenance.get("replaces") if isinstance(provenance, Mapping) else None
-    pending = done.get(old, 0) if old and old != meta.get("fingerprint") else 0
+    pending = done.get(old, 0) if isinstance(old, str) and old and old != meta.get("fingerprint") else 0
     return {"from": old, "pending": pending} if pending else None
 
 

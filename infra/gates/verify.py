@@ -227,10 +227,10 @@ def _count_fingerprints(out: Path, report: VerifyReport, prints: Counter[str | N
         meta = read_cache_json(out)
     except (OSError, ValueError, outdir.UnsafePath):
         return
-    if not isinstance(meta, dict):
+    if not isinstance(meta, dict) or report.existing_fingerprint is None:
         return  # an unreadable cache.json: damage, said already by its classification
     report.overwrite = overwrite_in_progress(meta, prints)
-    expected = {None, meta.get("fingerprint"), (report.overwrite or {}).get("from")}
+    expected = {None, report.existing_fingerprint, (report.overwrite or {}).get("from")}
     for fp, n in prints.items():
         if fp not in expected:
             report.problems.append(
