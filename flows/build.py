@@ -87,7 +87,8 @@ def _planned_build(config: BuildConfig, spool: Path | None) -> dict[str, Any]:
     fault_point("plan")
     set_step("verify-existing")
     report = verify_existing(plan)
-    logger.info("%s", report.text())
+    logger.info("verify-existing: %s — %s", report.kind.upper(), report.message)  # its one line; in full at DEBUG,
+    logger.debug("%s", report.text())  # in `latentforge verify` and, at a conflict, in the decision's artifact
     if config.run.dry_run:
         shapes = dry_run_sample(plan)
         logger.info("dry run (nothing written): %s", shapes)
