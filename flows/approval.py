@@ -12,7 +12,7 @@ from __future__ import annotations
 import getpass
 import sys
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import click
 from prefect import get_run_logger
@@ -20,6 +20,7 @@ from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.settings import get_current_settings
+from pydantic import Field, WithJsonSchema
 
 from flows.alerting import alert_paused
 from infra.gates.conflicts import ConflictChoice
@@ -30,12 +31,37 @@ from infra.ops import ephemeral, preempt
 POLL_SECONDS = 2
 
 
+def _decision(choices: type[StrEnum], description: str) -> WithJsonSchema:
+    """An answer's choice as the UI's form shows it: labelled "Decision" with what each choice does, its options the
+    choices' values (inline: a ``$ref`` to the enum made the V2 form label the field with the enum's class name)."""
+    return WithJsonSchema(
+        {"type": "string", "enum": [c.value for c in choices], "title": "Decision", "description": description}
+    )
+
+
+def _note() -> Any:
+    """An answer's free-text why, titled for the UI's form (a field's title is its label there)."""
+    return Field("", title="Note", description="Why: recorded in the run report and the card")
+
+
+def _by() -> Any:
+    """Who answered, titled for the UI's form."""
+    return Field("", title="Decided by", description="Your name: recorded in the run report and the card")
+
+
 class ConflictAnswer(RunInput):
     """OUT holds something else: reuse its spec, write OUT-vN, overwrite (replace sample by sample), or abort."""
 
-    choice: ConflictChoice
-    note: str = ""
-    by: str = ""
+    choice: Annotated[
+        ConflictChoice,
+        _decision(
+            ConflictChoice,
+            "reuse: adopt the existing spec and resume; "
+            "new_dir: write OUT-vN; overwrite: replace samples one by one; abort: stop, nothing written",
+        ),
+    ]
+    note: str = _note()
+    by: str = _by()
 
 
 class LossChoice(StrEnum):
@@ -48,9 +74,15 @@ class LossChoice(StrEnum):
 class LossAnswer(RunInput):
     """Samples are missing from the cache: accept the loss (recorded with who and why) or abort."""
 
-    choice: LossChoice
-    note: str = ""
-    by: str = ""
+    choice: Annotated[
+        LossChoice,
+        _decision(
+            LossChoice,
+            "accept_loss: finish without the missing samples (recorded with who and why); abort: stop the run",
+        ),
+    ]
+    note: str = _note()
+    by: str = _by()
 
 
 class StaleChoice(StrEnum):
@@ -65,9 +97,16 @@ class StaleChoice(StrEnum):
 class StaleAnswer(RunInput):
     """Samples changed in the source since they were encoded: replace exactly those, keep them, or abort."""
 
-    choice: StaleChoice
-    note: str = ""
-    by: str = ""
+    choice: Annotated[
+        StaleChoice,
+        _decision(
+            StaleChoice,
+            "replace_stale: re-encode exactly the changed samples; "
+            "keep: keep them as they are (recorded); abort: stop the run",
+        ),
+    ]
+    note: str = _note()
+    by: str = _by()
 
 
 class ReplaceChoice(StrEnum):
@@ -80,9 +119,14 @@ class ReplaceChoice(StrEnum):
 class ReplaceAnswer(RunInput):
     """Remote files at the upload target differ from this cache's: replace exactly those, or abort."""
 
-    choice: ReplaceChoice
-    note: str = ""
-    by: str = ""
+    choice: Annotated[
+        ReplaceChoice,
+        _decision(
+            ReplaceChoice, "replace: replace exactly the differing remote files (recorded); abort: stop the upload"
+        ),
+    ]
+    note: str = _note()
+    by: str = _by()
 
 
 C = TypeVar("C", bound=StrEnum)

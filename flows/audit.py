@@ -28,6 +28,9 @@ from tasks.audio_gate import audio_gate
 from tasks.decode_verify import decode_verify
 from tasks.reconcile import reconcile_counts
 
+#: Missing samples the reconciliation artifact lists (the reconcile report in OUT lists every one).
+MISSING_LISTED = 50
+
 
 class LossAborted(GateFailed):
     """Samples are missing and nobody accepted the loss."""
@@ -51,6 +54,12 @@ def audit(
     recon = reconcile_counts(plan)
     logger.info("%s", recon.text())
     create_table_artifact(recon.table(), key="reconciliation", description=f"expected vs produced in {plan.out}")
+    if not recon.ok:  # which samples are missing, and why (capped; the reconcile report lists them all)
+        create_markdown_artifact(
+            recon.missing_markdown(limit=MISSING_LISTED),
+            key="reconciliation-missing",
+            description=f"{recon.shortfall} sample(s) missing from {plan.out}",
+        )
     decisions = list(decisions)
     failure: Exception | None = None
     if not recon.ok:
@@ -58,6 +67,11 @@ def audit(
         loss = _loss_decision(plan, recon)
         decisions.append(loss)
         logger.warning("%d sample(s) missing: %s", recon.shortfall, loss.text())
+        create_markdown_artifact(
+            f"## Loss at `{plan.out}`: **{loss.choice}**\n\n{loss.text()}\n\n{recon.missing_markdown(limit=20)}",
+            key="loss-decision",
+            description=f"{recon.shortfall} missing: {loss.choice}",
+        )
         if loss.choice == LossChoice.abort:
             failure = LossAborted(
                 f"{recon.shortfall} sample(s) missing from {plan.out} {recon.reasons()}; to accept the loss (recorded "
@@ -99,6 +113,7 @@ def audit(
     return {
         "run_report": str(path),
         "reconciled": recon.ok,
+        "gone_from_source": len(recon.gone_from_source),  # the summary's samples: those in the source now
         "decisions": [d.model_dump() for d in decisions],
         "decode_headline": decode.headline() if decode is not None else None,
         "decode_strips": [str(p) for p in decode.strip_paths] if decode is not None else [],
@@ -110,7 +125,8 @@ def _loss_decision(plan: BuildPlan, recon: ReconcileReport) -> Decision:
     policy = plan.config.gates.on_loss or default_policy()
     if policy == "ask":
         timeout, unattended = plan.config.gates.approval_timeout, "--on-loss accept"
-        return decide("loss", LossAnswer, LossChoice, recon.markdown(), timeout, unattended=unattended, **details)
+        preview = recon.missing_markdown(limit=20)  # three narrow columns: the resume dialog needs no sideways scroll
+        return decide("loss", LossAnswer, LossChoice, preview, timeout, unattended=unattended, **details)
     choice = LossChoice.accept_loss if policy == "accept" else LossChoice.abort
     return Decision(gate="loss", choice=choice.value, how="policy", by=f"on_loss={policy}", details=details)
 

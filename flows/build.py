@@ -30,10 +30,12 @@ from flows.stale import resolve_stale
 from flows.steps import set_step
 from flows.upload import upload_step
 from infra import outdir
+from infra.audit.inspect import cache_geometries, repeated_frames
+from infra.cache import ledger
 from infra.cache.cachedir import CACHE_JSON, read_cache_json, write_cache_json
 from infra.cache.lock import out_lock
 from infra.config import BuildConfig
-from infra.errors import GateFailed, Preempted
+from infra.errors import DamagedCacheError, GateFailed, Preempted
 from infra.faults import fault_point
 from infra.gates.conflicts import keep_old_cache_json
 from infra.gates.decision import Decision
@@ -124,8 +126,7 @@ def _build_locked(plan: BuildPlan, decided: list[Decision]) -> dict[str, Any]:
         out=str(plan.out),
         fingerprint=plan.fingerprint,
         family=plan.family,
-        latent_shape=list(plan.latent_shape),
-        text_shape=list(plan.text_shape),
+        **_geometries(plan),
         seconds=time.perf_counter() - start,
         run_id=str(flow_run.get_id()) if flow_run.get_id() else None,
     )
@@ -133,6 +134,19 @@ def _build_locked(plan: BuildPlan, decided: list[Decision]) -> dict[str, Any]:
     timings = {"sanity_sample_seconds": sanity.seconds, "preprocess_seconds": summary.seconds}
     audited = audit(plan, summary.model_dump(), timings, decided)  # a crashed shard's samples are missing there
     return {**summary.model_dump(), **audited, "sanity": sanity.to_dict(), "sanity_text": sanity.text()}
+
+
+def _geometries(plan: BuildPlan) -> dict[str, Any]:
+    """What the summary shows of the cache as written: its geometries (a bucketed cache has several) with the format's
+    output keys, and how many samples had frames repeated to fill theirs."""
+    rows = [row for shard in ledger.read_all(plan.out).values() for row in shard.values()]
+    rows = [row for row in rows if row.fingerprint in (None, plan.fingerprint)]  # not an overwrite's, left to replace
+    try:
+        geometries = cache_geometries(plan.out, plan.spec.model_dump(mode="json"), rows)
+    except DamagedCacheError as exc:  # verify and reconcile name it; the summary goes on without the shapes
+        get_run_logger().warning("the summary shows no shapes: %s", exc)
+        geometries = []
+    return {"geometries": geometries, "repeated_frames": repeated_frames(rows)}
 
 
 def _gates(plan: BuildPlan) -> SanityReport:

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 import flows  # noqa: F401  (offline defaults before Prefect loads)
-from flows.cli_options import DEBUG_ENV, cli_errors, config_command, console_logging
+from flows.cli_options import DEBUG_ENV, OneLineGroup, cli_errors, config_command, console_logging
 from flows.cli_publish import rerun, upload
 from flows.cli_server import app as server_app
 from flows.preflight import check_build, check_reuse
@@ -32,6 +32,7 @@ from infra.plan import config_for_out, make_plan, make_spec
 from infra.recipes import RECIPES, with_recipe
 
 app = typer.Typer(
+    cls=OneLineGroup,  # click's usage errors as one `error:` line too
     add_completion=False,
     no_args_is_help=True,
     rich_markup_mode=None,  # help texts hold literal brackets ([ray], [/path], [$PREFECT_HOME]): never markup

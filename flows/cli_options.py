@@ -9,23 +9,26 @@ command through `cli_errors`, the one place that prints them and picks the exit 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import os
+import reprlib
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import click
 import typer
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
+from typer.core import TyperGroup
 
-from infra.config import SECTIONS
+from infra.config import SECTIONS, BuildConfig, UploadConfig
 from infra.errors import EXIT_FAILED, LatentforgeError, exit_code
 
 logger = logging.getLogger("latentforge")
@@ -87,19 +90,81 @@ def fail(message: str, code: int = 2) -> typing.NoReturn:
 def describe(exc: BaseException) -> str:
     """The error line of any error a command ends with (one line per problem), then its detail, if it has one."""
     if isinstance(exc, ValidationError):
-        problems = "; ".join(f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(_problem(error) for error in exc.errors())
         return f"invalid configuration: {problems}"
     detail = getattr(exc, "detail", "") if isinstance(exc, LatentforgeError) else ""
     return f"{exc}\n{detail.rstrip()}" if detail else str(exc)
 
 
-def _where(loc: tuple[Any, ...]) -> str:
-    """A problem's key as the user wrote it: a section's setting by its flat name (``frames``, not
-    ``encoding.frames``)."""
-    parts = list(map(str, loc))
+#: The value a problem names, bounded: a config can hold a 1 GB string or a YAML alias bomb.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 80, 80, 2, 4, 4
+#: The pydantic errors of a bound (`infra.bounds`, the models' Field bounds).
+_BOUND_ERRORS = ("less_than_equal", "less_than")
+#: The settings a flag of its own sets (not the nested sections upload and alerts; `upload`'s own options).
+_FLAGGED = (set(BuildConfig.settings()) - set(SECTION_FLAGS) - {"alerts"}) | set(UploadConfig.model_fields)
+
+
+def _problem(error: Mapping[str, Any]) -> str:
+    """One problem as the user wrote it: the setting, its flag, the value given and what is wrong
+    (``frames = 1000000001 (--frames): Input should be less than or equal to 10000 (a sanity bound ...)``)."""
+    where, flag = _where(error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] in _BOUND_ERRORS:
+        message += " (a sanity bound, far above real data: it keeps allocations sane)"
+    value = error.get("input")
+    if error["type"] == "missing" or where in ("config", *SECTIONS) or isinstance(value, Mapping | BaseModel):
+        text = message if where in SECTIONS else f"{where}: {message}"  # a whole section's check names its settings
+    else:
+        text = f"{where} = {_SHOWN.repr(value)}{f' ({flag})' if flag else ''}: {message}"
+    return " ".join(text.splitlines())
+
+
+def _where(loc: tuple[Any, ...]) -> tuple[str, str | None]:
+    """A problem's key as the user wrote it, a section's setting by its flat name (``frames``, not
+    ``encoding.frames``; a list's item as ``only[1]``), and the flag that sets it (None: a nested key)."""
+    parts = list(loc)
     if len(parts) > 1 and parts[0] in SECTIONS:
         parts = parts[1:]
-    return ".".join(parts) or "config"
+    names = [str(p) for p in parts if not isinstance(p, int)]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".") or "config"
+    return where, _flag(names[0]) if len(names) == 1 and names[0] in _FLAGGED else None
+
+
+#: The usage error typer's parser raises. Since typer 0.2x carries its own copy of click, that is not
+#: `click.UsageError`, and typer names it nowhere public: it is the base of `typer.BadParameter`, which is public.
+_UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class UsageLine(_UsageError):  # type: ignore[misc, valid-type]
+    """A usage error the parser finds (an unknown option, a value that is not a number, a missing argument), shown as
+    every other error of the command line is: one ``error: ...`` line, exit 2."""
+
+    def show(self, file: typing.IO[Any] | None = None) -> None:
+        typer.echo(f"error: {' '.join(self.format_message().splitlines())}", file=file, err=file is None)
+
+
+@contextlib.contextmanager
+def _one_line() -> Iterator[None]:
+    try:
+        yield
+    except _UsageError as exc:
+        if isinstance(exc, UsageLine) or type(exc).__name__ == "NoArgsIsHelpError":  # typer tells it so too
+            raise  # the help a bare command shows stays the help
+        raise UsageLine(exc.format_message(), exc.ctx) from exc
+
+
+class OneLineGroup(TyperGroup):
+    """The command line's group: the parser's usage errors, its own and its commands' (a nested group's too: they
+    run inside its `invoke`), become `UsageLine`s."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        with _one_line():
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _one_line():
+            return super().invoke(ctx)
 
 
 def cli_errors(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -17,13 +17,28 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
+from infra.bounds import (
+    MAX_BYTES,
+    MAX_COUNT,
+    MAX_FPS,
+    MAX_FRAMES,
+    MAX_MB,
+    MAX_SECONDS,
+    MAX_SIDE,
+    MAX_TEXT_TOKENS,
+    bucket_sizes,
+    check_geometry,
+    seconds_list,
+    text_problem,
+)
 from infra.errors import ConfigError, QuantizeOffCpu
 
 #: Bump when the meaning of a spec field or the stored layout changes: old caches stop matching.
@@ -93,6 +108,9 @@ def parse_temporal(text: str) -> tuple[str, float]:
     kind, value = (m.group(2), m.group(3)) if m.group(2) else (m.group(4), m.group(5))
     if float(value) <= 0:
         raise ConfigError(f"--temporal {text!r}: {kind} needs a positive number")
+    bound = MAX_FPS if kind == "fps" else MAX_COUNT
+    if float(value) > bound:
+        raise ConfigError(f"--temporal {text[:80]!r}: {kind} over the bound of {bound:g}")
     return kind, float(value)
 
 
@@ -100,6 +118,25 @@ class StrictModel(BaseModel):
     """Base for every config model: unknown keys are errors, not silently ignored."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """``frames: yes`` is not 1 frame: a number setting refuses true/false (pydantic's lax mode takes it)."""
+        annotation = cls.model_fields[str(info.field_name)].annotation
+        kinds = typing.get_args(annotation) or (annotation,)
+        if isinstance(value, bool) and bool not in kinds and {int, float} & set(kinds):
+            raise ValueError(f"{value!r} is true/false, not a number")
+        return value
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _text_is_text(cls, value: Any) -> Any:
+        """Every string setting, alone or in a list: no NUL, UTF-8 text, not absurdly long (`text_problem`)."""
+        for text in [value] if isinstance(value, str) else value if isinstance(value, list | tuple) else []:
+            if isinstance(text, str) and (problem := text_problem(text)):
+                raise ValueError(problem)
+        return value
 
 
 class UploadConfig(StrictModel):
@@ -121,7 +158,9 @@ class UploadConfig(StrictModel):
     )
     workers: int = Field(8, ge=1, le=64, description="Parallel transfers")
     chunk_mb: int = Field(64, ge=5, le=5120, description="S3 multipart threshold and part size (MiB)")
-    commit_every: int = Field(100, ge=1, description="Hub: files per commit (a resume point each; Hub advice: ≤ 100)")
+    commit_every: int = Field(
+        100, ge=1, le=10_000, description="Hub: files per commit (a resume point each; Hub advice: ≤ 100)"
+    )
     license: str = Field("other", description="Dataset card license field (an SPDX-like id the Hub knows)")
     private: bool = Field(True, description="Hub: create the dataset repo private when it does not exist")
     hub_token_block: str | None = Field(
@@ -141,19 +180,27 @@ class AlertConfig(StrictModel):
     block: str | None = Field(None, description="Name of a saved Prefect notification block (Slack, webhook, ...)")
 
 
+#: The formats `infra.formats` registers, named here for the help (config sits below the formats; a test holds the
+#: two equal): pt (per-sample .pt), ltx (LTX-2 trainer's .precomputed), parquet (FastVideo), webdataset, musubi
+#: (musubi-tuner), diffsynth (DiffSynth-Studio).
+FORMAT_NAMES = ("pt", "ltx", "parquet", "webdataset", "musubi", "diffsynth")
+
+
 class EncodingConfig(StrictModel):
     """What decides the bytes of the cache: every field here (resolved with the family's defaults) is in
     the `CacheSpec`, under the same name."""
 
-    format: str = Field("pt", description="Output format")
+    format: str = Field("pt", description="Output format: " + ", ".join(FORMAT_NAMES))
     shard_samples: int | None = Field(
         None,
         gt=0,
+        le=MAX_COUNT,
         description="Shard formats (webdataset, parquet): samples per shard file before the next (default 10000)",
     )
     shard_bytes: int | None = Field(
         None,
         gt=0,
+        le=MAX_BYTES,
         description="Shard formats: bytes per shard file before the next (default 1 GiB; a file ends after the "
         "sample that reaches it)",
     )
@@ -167,9 +214,9 @@ class EncodingConfig(StrictModel):
         description="parquet: dtype of the tensor bytes (default fp32: FastVideo's reader ignores the *_dtype "
         "columns and decodes float32)",
     )
-    frames: int = Field(33, gt=0, description="Frames per sample (F)")
-    height: int = Field(832, gt=0, description="Height of the encoded frames (H)")
-    width: int = Field(832, gt=0, description="Width of the encoded frames (W)")
+    frames: int = Field(33, gt=0, le=MAX_FRAMES, description="Frames per sample (F)")
+    height: int = Field(832, gt=0, le=MAX_SIDE, description="Height of the encoded frames (H)")
+    width: int = Field(832, gt=0, le=MAX_SIDE, description="Width of the encoded frames (W)")
     buckets: str | None = Field(
         None,
         description="Resolution buckets WxHxF;WxHxF (images WxHx1): per clip the nearest aspect ratio among those "
@@ -182,9 +229,12 @@ class EncodingConfig(StrictModel):
         "trainer's), fps:N (by time at N fps: FastVideo's), stride:K (frame --start, then every K-th) or windows:K "
         "(every stride-K window of F frames, each a sample ID@FIRST). Default: the family's",
     )
-    start: int | None = Field(None, ge=0, description="First source frame for stride:K and windows:K (0)")
+    start: int | None = Field(None, ge=0, le=MAX_COUNT, description="First source frame for stride:K and windows:K (0)")
     window_step: int | None = Field(
-        None, gt=0, description="windows:K: source frames between window starts (default: non-overlapping)"
+        None,
+        gt=0,
+        le=MAX_COUNT,
+        description="windows:K: source frames between window starts (default: non-overlapping)",
     )
     short_clips: Literal["repeat", "skip"] | None = Field(
         None,
@@ -199,7 +249,10 @@ class EncodingConfig(StrictModel):
         "number: the CC12M seed's). Default: the family's",
     )
     text_max_length: int | None = Field(
-        None, gt=0, description="Tokenizer max_length; embeddings padded to it. Default: the family's (512, LTX-2 1024)"
+        None,
+        gt=0,
+        le=MAX_TEXT_TOKENS,
+        description="Tokenizer max_length; embeddings padded to it. Default: the family's (512, LTX-2 1024)",
     )
     text_stage: Literal["pre_connector", "post_connector"] | None = Field(
         None,
@@ -248,12 +301,14 @@ class EncodingConfig(StrictModel):
     reference_downscale_factor: int = Field(
         1,
         ge=1,
+        le=MAX_SIDE,
         description="LTX-2 IC-LoRA (--mode v2v-ic-lora, av2av-ic-lora): the reference video is encoded at the bucket's "
         "height and width divided by this, as the trainer's --reference-downscale-factor (> 1: one bucket only)",
     )
     reference_temporal_scale_factor: int = Field(
         1,
         ge=1,
+        le=MAX_FRAMES,
         description="LTX-2 IC-LoRA: the reference keeps frame 0, then every Nth frame of the bucket's frames (stored "
         "fps divided by N), as the trainer's --reference-temporal-scale-factor (> 1: one bucket only)",
     )
@@ -331,13 +386,38 @@ class EncodingConfig(StrictModel):
             parse_temporal(value)
         return value
 
+    @field_validator("buckets")
+    @classmethod
+    def _buckets_parse(cls, value: str | None) -> str | None:
+        if value is not None:
+            bucket_sizes(value)
+        return value
+
+    @field_validator("audio_durations")
+    @classmethod
+    def _durations_parse(cls, value: str | None) -> str | None:
+        if value is not None:
+            seconds_list(value, "--audio-durations")
+        return value
+
+    @model_validator(mode="after")
+    def _geometry_bounded(self) -> EncodingConfig:
+        """The pixels of one VAE call stay allocatable: each geometry (frames × height × width, or each bucket's)
+        times video_batch under `infra.bounds.MAX_CALL_PIXELS`."""
+        if self.buckets is None:
+            check_geometry(self.frames, self.height, self.width, self.video_batch, "frames, height, width")
+        else:
+            for width, height, frames in bucket_sizes(self.buckets):
+                check_geometry(frames, height, width, self.video_batch, f"--buckets {width}x{height}x{frames}")
+        return self
+
 
 class SelectionConfig(StrictModel):
     """Which of the source's samples this run takes."""
 
-    limit: int | None = Field(None, gt=0, description="Process at most N samples in total")
+    limit: int | None = Field(None, gt=0, le=MAX_COUNT, description="Process at most N samples in total")
     shard_filter: str | None = Field(None, description="Only shards whose name contains this text")
-    max_samples_per_shard: int | None = Field(None, gt=0, description="At most N samples per shard")
+    max_samples_per_shard: int | None = Field(None, gt=0, le=MAX_COUNT, description="At most N samples per shard")
     only: list[str] | None = Field(
         None,
         description="Process only these shards (SHARD) or samples (SHARD/KEY); every other ledger row is kept "
@@ -351,12 +431,14 @@ class LimitsConfig(StrictModel):
     max_pixels: int = Field(
         4096 * 4096,
         gt=0,
+        le=MAX_SIDE * MAX_SIDE,
         description="Refuse a clip whose stream declares more pixels per frame (width × height), before decoding "
         "it (skipped: too_many_pixels)",
     )
     max_frames: int = Field(
         100_000,
         gt=0,
+        le=MAX_COUNT,
         description="Refuse a clip whose header declares, or whose packets count, more frames, before decoding it "
         "(skipped: too_many_frames)",
     )
@@ -380,15 +462,23 @@ class GatesConfig(StrictModel):
         "person), abort, replace (re-encode exactly those, replacing their files) or keep (record that the "
         "cache knowingly holds them). Default: ask on a Prefect server, else abort.",
     )
-    approval_timeout: int = Field(86400, gt=0, description="Seconds an approval waits; no answer means abort")
+    approval_timeout: int = Field(
+        86400, gt=0, le=MAX_SECONDS, description="Seconds an approval waits; no answer means abort"
+    )
     on_loss: Literal["ask", "abort", "accept"] | None = Field(
         None,
         description="When reconciliation finds samples missing: ask (pause), abort (exit non-zero) or accept "
         "(recorded in the run report). Default: ask on a Prefect server, else abort.",
     )
-    decode_samples: int = Field(4, ge=0, description="Samples decoded back to pixels after the build (0: none)")
+    decode_samples: int = Field(
+        4, ge=0, le=MAX_COUNT, description="Samples decoded back to pixels after the build (0: none)"
+    )
     min_psnr: float | None = Field(
-        None, description="Make decode-and-verify a gate: every decoded sample ≥ this PSNR (dB)"
+        None,
+        ge=0,
+        le=1000,
+        allow_inf_nan=False,
+        description="Make decode-and-verify a gate: every decoded sample ≥ this PSNR (dB)",
     )
 
 
@@ -424,6 +514,7 @@ class RunConfig(StrictModel):
     chunk_size: int | None = Field(
         None,
         gt=0,
+        le=MAX_COUNT,
         description="Split a shard of more samples into chunks of this many, each its own task and ledger part "
         "(merged into the shard's ledger when its chunks end); none: one task per shard",
     )
@@ -452,11 +543,16 @@ class RunConfig(StrictModel):
         description="Prompts encoded in one text-encoder call (a prompt not yet encoded, with upcoming ones)",
     )
     text_cache_mb: int = Field(
-        512, ge=0, description="MiB of prompt embeddings kept per process: an identical prompt is encoded once"
+        512,
+        ge=0,
+        le=MAX_MB,
+        description="MiB of prompt embeddings kept per shard task (per chunk with --chunk-size): an identical prompt "
+        "within it is encoded once",
     )
     grace_seconds: int = Field(
         30,
         gt=0,
+        le=86_400,
         description="On SIGTERM or Ctrl-C: seconds to finish the samples in flight and seal the ledgers before "
         "the run ends at once (exit 75 either way; a second signal ends it at once)",
     )
@@ -731,12 +827,38 @@ def fingerprint_of(data: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+#: A config file over this size is not one (a config is a few hundred bytes; read whole, so bounded).
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def load_config_file(path: Path) -> dict[str, Any]:
-    """Read a YAML config file into a plain dict (keys use underscores, like the flags)."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    if not isinstance(data, dict):
+    """Read a YAML (or JSON) config file into a plain dict (keys use underscores, like the flags); ConfigError, one
+    line naming the file, for one that cannot be read, is not UTF-8, is not YAML, nests too deep or is not a
+    mapping."""
+    try:
+        with Path(path).open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: cannot be read ({exc.strerror or exc})") from exc
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"--config {path}: over {MAX_CONFIG_BYTES} bytes, not a config file")
+    try:
+        loaded = yaml.safe_load(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"--config {path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}): a config file "
+            "is UTF-8 YAML or JSON"
+        ) from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"--config {path}: not YAML or JSON{at}: {problem}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"--config {path}: nested too deeply to be a config file") from exc
+    if not isinstance(loaded, dict | None):
         raise ConfigError(f"{path}: a config file must be a mapping of keys to values")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    return {str(k).replace("-", "_"): v for k, v in (loaded or {}).items()}
 
 
 def merge_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> BuildConfig:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from infra.bounds import seconds_list
 from infra.cache import listing
 from infra.cache.cachedir import read_cache_json
 from infra.config import (
@@ -326,13 +327,7 @@ def audio_durations(config: BuildConfig) -> list[float] | None:
             f"--audio-durations: for the audio-only modes ({', '.join(AUDIO_ONLY_MODES)}); in --mode {mode} a "
             "clip's audio follows its video"
         )
-    try:
-        durations = [float(part) for part in text.split(";")]
-    except ValueError as exc:
-        raise ConfigError(f"--audio-durations {text!r}: expected seconds like 2.0;4.0;8.0") from exc
-    if any(not d > 0 for d in durations):
-        raise ConfigError(f"--audio-durations {text!r}: all audio durations must be positive")
-    return durations
+    return seconds_list(text, "--audio-durations")
 
 
 def caption_settings(config: BuildConfig) -> dict[str, Any]:

@@ -100,7 +100,7 @@ def _by() -> Any:
 
 
 def _field(label: str, tail: str) -> tuple[str, str]:
-    """A form field by its label ("Choice", "Note (Optional)"): the exact class token, since the outer
+    """A form field by its label ("Decision", "Note (Optional)"): the exact class token, since the outer
     ``schema-form-property-object`` containers contain the same text and would match every field."""
     return (
         _by().XPATH,
@@ -136,7 +136,7 @@ def open_resume_form(driver: Any, ui_url: str, run_id: str, screenshot: Path | N
 
 
 def _choice() -> tuple[str, str]:
-    return _field("Choice", "//select[not(contains(@class,'p-native-select__control--placeholder'))]")
+    return _field("Decision", "//select[not(contains(@class,'p-native-select__control--placeholder'))]")
 
 
 def submit_answer(driver: Any, choice: str | None, note: str = "", by: str = "") -> None:
@@ -149,7 +149,7 @@ def submit_answer(driver: Any, choice: str | None, note: str = "", by: str = "")
     if choice is not None:
         Select(wait.until(ec.presence_of_element_located(_choice()))).select_by_value(choice)
         wait.until(lambda d: Select(d.find_element(*_choice())).first_selected_option.get_attribute("value") == choice)
-    for label, value in (("Note", note), ("By", by)):
+    for label, value in (("Note", note), ("Decided by", by)):
         if value:
             area = wait.until(ec.element_to_be_clickable(_field(label, "//textarea")))
             area.clear()
@@ -262,7 +262,7 @@ def submit_answer_v2(driver: Any, choice: str | None, note: str = "", by: str = 
         wait.until(ec.element_to_be_clickable(_v2_choice())).click()
         wait.until(ec.element_to_be_clickable((xpath, f"//*[@role='option'][normalize-space()='{choice}']"))).click()
         wait.until(lambda d: d.find_element(*_v2_choice()).text.strip() == choice)
-    for label, value in (("Note", note), ("By", by)):
+    for label, value in (("Note", note), ("Decided by", by)):
         if value:
             area = _v2_textarea(driver, label)
             area.clear()

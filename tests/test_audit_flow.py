@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -63,6 +65,20 @@ def test_on_loss_accept_finishes_decodes_and_records_the_decision(tmp_path, tiny
     assert len(decoded) == 2 and all(row["psnr"] is not None for row in decoded)
     assert all(Path(row["mp4"]).is_file() and Path(row["png"]).is_file() for row in decoded)
     assert sorted(p.name for p in (out / "reports").glob("run-*.json")) == [Path(result["run_report"]).name]
+    artifacts = _artifacts(report["flow_run_id"])  # what the UI shows, read back from the session's Prefect API
+    assert "**accept_loss**" in artifacts["loss-decision"] and "on_loss=accept" in artifacts["loss-decision"]
+    for key in ("loss-decision", "reconciliation-missing"):  # which samples are missing, and why
+        listed = artifacts[key]
+        assert "| sample | reason | detail |" in listed, listed
+        assert "| no_video_stream |" in listed and "| empty_prompt |" in listed
+        assert all(f"{m['group']}/{m['id']}" in listed for m in reasons)
+
+
+def _artifacts(run_id: str) -> dict[str, str]:
+    """Key → data of every artifact of the flow run, through the Prefect API."""
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(flow_run_filter=FlowRunFilter(id={"any_": [run_id]}))
+    return {a.key: str(a.data) for a in found if a.key}
 
 
 @pytest.mark.soak  # ~30 s; the same pause and `latentforge approve` path is tested at the conflict gate

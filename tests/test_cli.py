@@ -77,7 +77,9 @@ def test_config_file_with_flags_winning(tmp_path, tiny_model, clips):
     group = sample(0, 0, None, None).generator
     assert data["groups"] == {group: {"done": 2}}
     assert data["samples"][group]["x0"] == {"shape": [48, 5, 3, 5], "dtype": "bfloat16"}
-    assert data["geometry"] == [FRAMES, HEIGHT, WIDTH]
+    (geometry,) = data["geometry"]
+    assert [geometry[k] for k in ("frames", "height", "width", "samples")] == [FRAMES, HEIGHT, WIDTH, 2]
+    assert geometry["outputs"]["x0"] == {"shape": [48, 5, 3, 5], "dtype": "bfloat16"} and data["buckets"] == []
     text = runner.invoke(app, ["inspect", str(out)])
     assert data["fingerprint"] in text.output and group in text.output
 
@@ -105,7 +107,7 @@ def test_flat_keys_go_to_their_sections_and_the_nested_form_is_the_same_config(t
     cfg = tmp_path / "c.yaml"
     cfg.write_text("source: vbvr:/x\nmodel: /m\nout: /o\nframes: 0\n")
     result = runner.invoke(app, ["build", "--config", str(cfg)])
-    assert result.exit_code == 2 and "invalid configuration: frames: " in result.output  # the key as given
+    assert result.exit_code == 2 and "invalid configuration: frames = 0 (--frames): " in result.output  # as given
     cfg.write_text("source: vbvr:/x\nmodel: /m\nout: /o\nencoding: {framez: 3}\n")
     result = runner.invoke(app, ["build", "--config", str(cfg)])
     assert result.exit_code == 2 and "framez" in result.output
@@ -211,3 +213,23 @@ def test_the_single_steps_take_the_builds_options(tmp_path, tiny_model, clips):
     assert counted.exit_code == 0 and "OK (1 of 1" in counted.output, counted.output
     refused = runner.invoke(app, ["verify", str(out), "--text-padding", "nonsense"])
     assert refused.exit_code == 2 and "nonsense" in refused.output
+
+
+def test_build_help_names_the_formats_and_where_the_text_cache_lives():
+    from infra.config import FORMAT_NAMES  # noqa: PLC0415 - this test only
+    from infra.formats import FORMATS  # noqa: PLC0415
+
+    assert set(FORMAT_NAMES) == set(FORMATS.names())  # the help's list is the registry's
+    shown = " ".join(runner.invoke(app, ["build", "--help"], terminal_width=400).output.split())
+    assert "--format <str> Output format: " + ", ".join(FORMAT_NAMES) in shown
+    assert "kept per shard task" in shown and "per process" not in shown  # as README and the code hold them
+
+
+def test_a_model_folder_without_model_index_says_what_each_family_lacks(tmp_path, tiny_model):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model / "vae", model / "vae")  # a VAE alone: no model_index.json, no text encoder
+    result = runner.invoke(app, _flags(tmp_path / "src", model, tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "no model_index.json" in text and "wan22 lacks text_encoder/, tokenizer/" in text
+    assert "pass --family" not in text and not (tmp_path / "out").exists()

@@ -2,10 +2,10 @@
 
 * the lock is the project's requirement tree less the host's packages (a new dependency shows here);
 * a build imports nothing the wheelhouse drops (its CLI and its Prefect server traced with ``-X importtime``);
-* on Python 3.12 with the registry (skipped where either is missing): the wheelhouse fits, installs with
-  ``pip install --no-index --no-deps --target``, and with stand-ins of the host's own packages (the host's pinned
-  versions where its notes give them) every requirement of every wheel is met, the project's non-torch imports load,
-  and the Prefect server starts ``--no-ui`` from it (no UI files, no apprise) and runs a flow.
+* in ``make soak``, on Python 3.12 with the registry (skipped where either is missing): the wheelhouse fits,
+  installs with ``pip install --no-index --no-deps --target``, and with stand-ins of the host's own packages (the
+  host's pinned versions where its notes give them) every requirement of every wheel is met, the project's non-torch
+  imports load, and the Prefect server starts ``--no-ui`` from it (no UI files, no apprise) and runs a flow.
 
 What the 3.12 test cannot do here: ``latentforge build --help`` imports torch (``infra.devices``,
 ``infra.cache.cachedir``), and no cp312 torch that imports without CUDA reaches this machine (the registry's Linux
@@ -154,7 +154,7 @@ print("flow-ok")
 """
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # minutes (the registry's ~75 MiB twice, a --target install, a server start): make soak
 def test_the_wheelhouse_fits_one_transfer_and_installs_for_the_host(tmp_path) -> None:
     python = python312()
     if python is None:

@@ -31,6 +31,7 @@ LAYERS = ("flows", "tasks", "infra")
 #: its own; two folders on one floor never import each other. ARCHITECTURE.md shows the same table.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("infra", "errors", "faults", "heap", "runtime"),  # ground: imports nothing of the project
+    ("bounds",),  # the sanity bounds of every setting: only infra.errors
     ("config", "outdir"),  # the settings: only pydantic, yaml and infra.errors; the door to OUT: only infra.errors
     ("storage", "registry", "recipes", "devices", "media", "procs"),
     ("reports", "sources", "models"),
@@ -309,8 +310,9 @@ def test_the_architecture_map_shows_the_tested_floors():
     assert shown == {i: {u for u in floor if u in units and u != "infra"} for i, floor in enumerate(FLOORS)}
 
 
-def test_the_config_is_the_ground_floor_and_every_step_names_real_settings():
-    assert {i.target for i in _imports("infra.config")} == {"infra.errors"}  # nothing above it
+def test_the_config_stands_on_the_errors_and_bounds_only_and_every_step_names_real_settings():
+    assert {i.target for i in _imports("infra.config")} == {"infra.errors", "infra.bounds"}  # nothing above it
+    assert {i.target for i in _imports("infra.bounds")} == {"infra.errors"}
     for step in STEP_SETTINGS:
         assert set(step_settings(step)) <= set(BuildConfig.settings()), step
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -257,6 +258,13 @@ def test_cli_upload_creates_the_dataset_with_its_card_and_the_manifest_last(hub_
         hub_env.blobs(REPO)[p].lfs for p in expected if p.endswith(".pt")
     )
     assert "remote verified: " in result.output
+    code = re.search(r"```python\n(.*?)```", files["README.md"].decode(), re.DOTALL)
+    assert code and f"```text\nhf://datasets/{REPO}\n" in files["README.md"].decode()
+    check = 'print(list(x0.shape) == sample["latent_shape"], int(mask.sum()) == sample["seq_len"])'
+    # the card's snippet as a reader pastes it, in a fresh python (huggingface_hub reads HF_ENDPOINT at import):
+    # a real hf_hub_download from the fake Hub
+    ran = subprocess.run([sys.executable, "-c", code[1] + check], capture_output=True, text=True, timeout=120)
+    assert ran.stdout.split() == ["True", "True"], ran.stderr[-2000:]
 
     hub_env.clear_log()
     again = _upload(out, "--commit-every", "4", "--license", "cc-by-4.0")

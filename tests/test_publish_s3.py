@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import random
@@ -388,6 +389,24 @@ def test_cli_upload_rerun_skips_unchanged_and_verify_only_finds_damage(tmp_path,
     for key in data:
         assert key.removeprefix(f"{PREFIX}/") in check.output
     assert _versions(_objects(client, bucket)) == damaged, "--verify-only changed the remote"
+
+
+def test_the_s3_card_names_the_bucket_and_its_snippet_loads_a_sample_from_it(tmp_path, small_cache, bucket, client):
+    out = _copy_cache(small_cache, tmp_path)
+    url = f"s3://{bucket}/{PREFIX}"
+    assert _upload_cli(out, url).exit_code == 0
+    card = client.get_object(Bucket=bucket, Key=f"{PREFIX}/README.md")["Body"].read().decode()
+    assert f"\n# {url}\n" in card and f"```text\n{url}\n" in card  # the title and the layout's root
+    assert "hf://" not in card and "hf_hub_download" not in card
+    assert "sha256 over every byte of every file of each component" in card and "weight headers" not in card
+    code = re.search(r"```python\n(.*?)```", card, re.DOTALL)
+    assert code, card
+    namespace: dict[str, Any] = {}
+    exec(code[1], namespace)  # as a reader pastes it, against the loopback store (AWS_ENDPOINT_URL set)
+    sample_ = namespace["sample"]
+    assert namespace["x0"].shape == tuple(sample_["latent_shape"])
+    assert int(namespace["mask"].sum()) == sample_["seq_len"]
+    assert sample_["fingerprint"] == json.loads((out / "cache.json").read_text())["fingerprint"]
 
 
 def _kill_once_some_objects_exist(

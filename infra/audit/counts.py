@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infra import reports
+from infra.sources.names import group_name, sample_name
 
 
 @dataclass
@@ -110,7 +111,10 @@ class ReconcileReport:
         kinds: Counter[str] = Counter()
         for counts in self.groups.values():
             kinds.update(counts.kinds)
-        named = [*sorted(self.groups.items()), ("total", GroupCounts(self.expected, self.produced, dict(kinds)))]
+        named = [
+            *((group_name(g), c) for g, c in sorted(self.groups.items())),
+            ("total", GroupCounts(self.expected, self.produced, dict(kinds))),
+        ]
         return [
             {"group": name, "expected": c.expected, "produced": c.produced, "missing": c.missing}
             | {f"produced {kind}": c.kinds.get(kind, 0) for kind in self.kinds}
@@ -143,19 +147,45 @@ class ReconcileReport:
             )
         return lines
 
+    def missing_markdown(self, limit: int = 20, detail_chars: int = 80) -> str:
+        """The missing samples for a narrow pane (the UI's resume dialog, an artifact): headline, counts by reason, then
+        the first `limit` as sample name, reason and a shortened detail, three columns that fit without scrolling."""
+        rows = [
+            [sample_name(m.group, m.id), m.reason, _shortened(m.detail, detail_chars)] for m in self.missing[:limit]
+        ]
+        sections: list[reports.Section] = [
+            ("Missing by reason", ["reason", "samples"], [list(item) for item in self.reasons().items()]),
+            (f"Missing samples ({reports.shown(self.missing, limit)})", ["sample", "reason", "detail"], rows),
+        ]
+        intro = [f"cache `{self.out}`", "every missing sample with its reason: `latentforge reconcile OUT`"]
+        return reports.render_markdown(self.headline(), intro, sections)
+
     def _sections(self, limit: int | None) -> list[reports.Section]:
         table, miss, cut = self.table(), self.missing, self.truncated
         return [
             ("Counts per group", list(table[0]), [list(row.values()) for row in table]),
             ("Missing by reason", ["reason", "samples"], [list(item) for item in self.reasons().items()]),
-            (f"Missing samples ({reports.shown(miss, limit)})", *reports.dataclass_rows(MissingSample, miss[:limit])),
+            (f"Missing samples ({reports.shown(miss, limit)})", *_grouped(MissingSample, miss[:limit])),
             (
                 f"Prompts truncated at max_length ({reports.shown(cut, limit)})",
-                *reports.dataclass_rows(TruncatedPrompt, cut[:limit]),
+                *_grouped(TruncatedPrompt, cut[:limit]),
             ),
             ("Shard problems", ["shard", "problem"], [list(item) for item in sorted(self.shard_problems.items())]),
             (
                 f"Gone from the source, kept in the cache ({reports.shown(self.gone_from_source, limit)})",
-                *reports.dataclass_rows(GoneSample, self.gone_from_source[:limit]),
+                *_grouped(GoneSample, self.gone_from_source[:limit]),
             ),
         ]
+
+
+def _grouped(kind: type, items: list[Any]) -> tuple[list[str], list[list[Any]]]:
+    """`reports.dataclass_rows` with the group column printed as every report prints a group (`group_name`)."""
+    header, rows = reports.dataclass_rows(kind, items)
+    at = header.index("group")
+    return header, [[*row[:at], group_name(row[at]), *row[at + 1 :]] for row in rows]
+
+
+def _shortened(text: str | None, chars: int) -> str:
+    """One line of at most `chars` characters (an ellipsis where cut)."""
+    flat = " ".join(str(text or "").split())
+    return flat if len(flat) <= chars else flat[: chars - 1] + "…"

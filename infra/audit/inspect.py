@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -10,15 +11,18 @@ import torch
 
 from infra.cache import ledger
 from infra.cache.cachedir import overwrite_in_progress, read_cache_json
-from infra.cache.ledger import FileRecord
+from infra.cache.ledger import FileRecord, LedgerRow
 from infra.config import CacheSpec
 from infra.errors import DamagedCacheError
 from infra.formats import get_format
 from infra.formats.base import Format
 from infra.formats.consumers import written_for
 from infra.formats.shards import ShardFormat, shard_summary
+from infra.media.buckets import Bucket
 from infra.outdir import UnsafePath
 from infra.plan import spec_settings
+from infra.preprocess.summary import geometry_lines
+from infra.sources.names import group_name
 
 
 def _describe(value: Any) -> Any:
@@ -59,6 +63,45 @@ def _policy_names(spec: dict[str, Any]) -> dict[str, Any]:
     return {"temporal": settings["temporal"], "resize": settings["resize"]}
 
 
+def _tensors(fmt: Format, out: Path, row: LedgerRow) -> dict[str, Any]:
+    """Every output key of one done sample, over all of its files (LTX-2: latents, conditions, audio), described."""
+    found: dict[str, Any] = {}
+    for file in row.output_files():
+        found.update({k: _describe(v) for k, v in _read(fmt, out, file).items()})
+    return found
+
+
+def cache_geometries(out: Path, spec: dict[str, Any], rows: Iterable[LedgerRow]) -> list[dict[str, Any]]:
+    """Each geometry the done samples were encoded at, most samples first: frames, height, width (the bucket a row
+    records; the spec's own without buckets), how many samples, and every output key of one of them as the format
+    wrote it (shape and dtype for a tensor)."""
+    fmt = get_format(spec["format"])
+    found: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        if row.status != "done" or not row.output_files():
+            continue
+        frames, height, width = row.extra.get("geometry") or (spec["frames"], spec["height"], spec["width"])
+        entry = found.setdefault(
+            (frames, height, width, tuple(row.latent_shape or ())),
+            {"frames": frames, "height": height, "width": width, "samples": 0, "example": row},
+        )
+        entry["samples"] += 1
+    shown = sorted(found.values(), key=lambda e: (-e["samples"], -e["frames"], -e["height"], -e["width"]))
+    for entry in shown:
+        example: LedgerRow = entry.pop("example")
+        entry["outputs"] = _tensors(fmt, out, example)
+    return shown
+
+
+def repeated_frames(rows: Iterable[LedgerRow]) -> int:
+    """Done samples whose picked frames repeat (a clip shorter than its geometry's frames: a 1-frame clip at 17)."""
+    count = 0
+    for row in rows:
+        indices = (row.extra.get("sampling") or {}).get("indices") or []
+        count += row.status == "done" and len(set(indices)) < len(indices)
+    return count
+
+
 def inspect_cache(out: Path) -> dict[str, Any]:
     """Counts per group and status, bytes, fingerprint, and the keys/shapes/dtypes of one sample per group."""
     out = Path(out)
@@ -69,18 +112,18 @@ def inspect_cache(out: Path) -> dict[str, Any]:
     prints: Counter[str | None] = Counter()  # done samples per fingerprint
     first_done: dict[str, list[FileRecord]] = {}
     total_bytes = 0
-    for rows in ledger.read_all(out).values():
-        for row in rows.values():
-            own = row.fingerprint in (None, meta["fingerprint"])
-            status = "to_replace" if row.status == "done" and not own else row.status  # an overwrite's old samples
-            groups[row.group or "(no group)"][status] += 1
-            if row.reason:
-                reasons[row.reason] += 1
-            if row.status == "done":
-                prints[row.fingerprint] += 1
-            if status == "done":
-                total_bytes += row.bytes or 0
-                first_done.setdefault(row.group, row.output_files())
+    every = [row for rows in ledger.read_all(out).values() for row in rows.values()]
+    own = [row for row in every if row.fingerprint in (None, meta["fingerprint"])]  # not an overwrite's old samples
+    for row in every:
+        old = row.status == "done" and row.fingerprint not in (None, meta["fingerprint"])  # left to replace
+        groups[group_name(row.group)]["to_replace" if old else row.status] += 1
+        if row.reason:
+            reasons[row.reason] += 1
+        if row.status == "done":
+            prints[row.fingerprint] += 1
+        if row.status == "done" and not old:
+            total_bytes += row.bytes or 0
+            first_done.setdefault(row.group, row.output_files())
     samples = {}
     for group, files in sorted(first_done.items()):
         paths = [f.path for f in files]
@@ -94,7 +137,8 @@ def inspect_cache(out: Path) -> dict[str, Any]:
         "fingerprint": meta["fingerprint"],
         "family": meta["spec"]["family"],
         "format": meta["spec"]["format"],
-        "geometry": [meta["spec"]["frames"], meta["spec"]["height"], meta["spec"]["width"]],
+        "geometry": cache_geometries(out, meta["spec"], own),
+        "buckets": [str(Bucket(*b)) for b in meta["spec"].get("buckets") or []],
         "recipe": meta.get("provenance", {}).get("recipe"),
         "consumer": written_for(meta["spec"]),
         **_policy_names(meta["spec"]),
@@ -103,6 +147,7 @@ def inspect_cache(out: Path) -> dict[str, Any]:
         "done": sum(c["done"] for c in groups.values()),
         "fingerprints": {str(fp): n for fp, n in prints.items()},
         "overwrite": overwrite_in_progress(meta, prints),
+        "repeated_frames": repeated_frames(own),
         "bytes": total_bytes,
         "samples": samples,
         **({"shards": shard_summary(out, fmt)} if isinstance(fmt, ShardFormat) else {}),
@@ -114,12 +159,16 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"cache        {report['out']}",
         f"fingerprint  {report['fingerprint']}",
-        f"family       {report['family']}   format {report['format']}   F,H,W {report['geometry']}",
+        f"family       {report['family']}   format {report['format']}"
+        + (f"   buckets (W×H×F) {';'.join(report['buckets'])}" if report["buckets"] else ""),
+        *geometry_lines(report["geometry"][:1], indent="geometry     "),
+        *geometry_lines(report["geometry"][1:], indent=" " * 13),
         f"recipe       {report['recipe'] or '(none: settings given one by one)'}   temporal {report['temporal']}"
         f"   resize {report['resize']}",
         f"written for  {report['consumer']['consumer']}",
         "  it sees    " + ", ".join(f"{k} {v}" for k, v in report["consumer"].items() if k != "consumer"),
-        f"done         {report['done']} samples, {report['bytes']:,} bytes",
+        f"done         {report['done']} samples, {report['bytes']:,} bytes"
+        + (f"; {report['repeated_frames']} with frames repeated to fill F" if report.get("repeated_frames") else ""),
     ]
     overwrite = report.get("overwrite")
     if overwrite:

@@ -36,6 +36,7 @@ from infra.models import get_family
 from infra.outdir import OutFile
 from infra.preprocess.prepare import prepare_video
 from infra.sources import SampleRef, open_source
+from infra.sources.names import sample_name
 from infra.storage import atomic_write, staged_dir
 
 logger = logging.getLogger(__name__)
@@ -86,14 +87,14 @@ def export_overfit(
     if not spec_source:
         raise ConfigError(f"{out}/cache.json does not say which source it was built from: give --source")
     refs = _source_refs(spec_source, rows, spec)
-    result = OverfitResult(str(to), samples=[f"{r.group}/{r.id}" for r in rows])
+    result = OverfitResult(str(to), samples=[sample_name(r.group, r.id) for r in rows])
     with staged_dir(to, "the overfit export") as staging:
         new_rows, prompts = [], []
         for row in rows:
             ref = refs[(row.shard, window_of(row)[0])]
             media = ref.read_media()
             if media is None:
-                raise ConfigError(f"{row.group}/{row.id}: its source sample has no video now")
+                raise ConfigError(f"{sample_name(row.group, row.id)}: its source sample has no video now")
             prompts.append({"caption": caption_prompt(ref.read_prompt(), CaptionRules.of(spec))})
             prepared = prepare_video(media, spec, window_of(row)[1])
             rel = f"reference/{sample_stem(row, get_format(spec.format))}.mp4"
@@ -117,7 +118,7 @@ def _choose(out: Path, ids: list[str] | None, n: int | None) -> list[LedgerRow]:
         if not chosen:
             raise ConfigError(f"{out} has no done sample to export")
         return chosen
-    by_name = {f"{r.group}/{r.id}": r for r in done}
+    by_name = {sample_name(r.group, r.id): r for r in done}
     by_id: dict[str, list[LedgerRow]] = {}
     for r in done:
         by_id.setdefault(r.id, []).append(r)

@@ -24,14 +24,16 @@ from infra import outdir
 from infra.cache import ledger
 from infra.cache.cachedir import OutKind, classify, overwrite_in_progress, read_cache_json
 from infra.cache.ledger import FileRecord
-from infra.config import CacheSpec
+from infra.config import TEMPORAL_ALIASES, CacheSpec
 from infra.errors import ConfigError
 from infra.formats import Format, get_format
 from infra.gates.cachefiles import cache_files
 from infra.gates.content import Content, ContentCheck, Damaged, problem, repair_commands, repair_lines
 from infra.gates.stale import StaleReport, find_stale
+from infra.media.video import resize_policy_of
 from infra.models import get_family
 from infra.plan import BuildPlan
+from infra.sources.names import group_name
 
 logger = logging.getLogger(__name__)
 
@@ -430,11 +432,23 @@ def _flat(name: str, value: Any) -> list[tuple[str, str]]:
     return [(name, str(value))]
 
 
+def flag_words(name: str, value: Any) -> Any:
+    """A spec field's value as its flag spells it: ``temporal`` and ``resize`` by their policy names (``span``,
+    ``stretch``, as `inspect` shows them), not the values the spec stores (``linspace``,
+    ``bilinear-align_corners_false``); any other field as it is."""
+    if name == "temporal" and isinstance(value, str):
+        return TEMPORAL_ALIASES.get(value, value)
+    if name == "resize" and isinstance(value, str):
+        return resize_policy_of(value)
+    return value
+
+
 def difference_rows(differences: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
     """One row per differing field, or per differing component of a dict field."""
     rows = []
     for name, pair in differences.items():
-        old, new = dict(_flat(name, pair["existing"])), dict(_flat(name, pair["planned"]))
+        old = dict(_flat(name, flag_words(name, pair["existing"])))
+        new = dict(_flat(name, flag_words(name, pair["planned"])))
         changed = [k for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
         rows += [(k, f"{old.get(k, '-')} → {new.get(k, '-')}") for k in changed]
     return rows
@@ -450,7 +464,8 @@ def _sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, str]]]]:
         cache.append(
             ("overwrite in progress", f"{_overwrite_text(report.overwrite)} (a build of this spec resumes it)")
         )
-    sections = [("Cache", cache), ("Done per group", [(g, str(n)) for g, n in report.groups.items()])]
+    groups = [(group_name(g), str(n)) for g, n in report.groups.items()]
+    sections = [("Cache", cache), ("Done per group", groups)]
     sections.append(("What differs (existing → planned)", difference_rows(report.differences)))
     sections.append(("Outputs", list(report.outputs.items())))
     if report.sample_check:
@@ -475,7 +490,8 @@ def _sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, str]]]]:
     )
     sections.append(("Source identity", notes))
     spec = report.existing_spec or {}
-    sections.append(("Spec of the existing cache", [row for k, v in sorted(spec.items()) for row in _flat(k, v)]))
+    rows = [row for k, v in sorted(spec.items()) for row in _flat(k, flag_words(k, v))]
+    sections.append(("Spec of the existing cache", rows))
     sections.append(("What would change", [("", CONSEQUENCES[report.kind])]))
     return [(title, rows) for title, rows in sections if rows]
 
@@ -489,7 +505,7 @@ _DIGEST = re.compile(r"\b([0-9a-f]{16})[0-9a-f]{16,}\b")
 
 
 def _short(value: str) -> str:
-    """For the UI's dialog: hex digests cut to their first 16 digits, and long paths given break points after
-    each ``/`` (zero-width spaces), so neither runs off the dialog. The text and JSON forms keep them whole."""
-    value = _DIGEST.sub(r"\1…", value)
-    return value.replace("/", "/\u200b") if len(value) > 40 else value
+    """For the UI's dialog: hex digests cut to their first 16 digits, so they do not run off it. Paths are kept as
+    they are, with nothing invisible in them: a person copies them into a shell (the text and JSON forms keep
+    digests whole too)."""
+    return _DIGEST.sub(r"\1…", value)

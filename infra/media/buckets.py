@@ -6,13 +6,11 @@ buckets and its own choice (the smallest |aspect-ratio difference|, the first in
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from typing import NamedTuple
 
+from infra.bounds import bucket_sizes
 from infra.errors import ConfigError, InputError
-
-_BUCKET = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
 class Bucket(NamedTuple):
@@ -27,22 +25,9 @@ class Bucket(NamedTuple):
 
 
 def parse_buckets(text: str) -> list[Bucket]:
-    """``"768x512x49;512x512x49"`` → buckets, in the given order; ConfigError names the bad part."""
-    parts = [part for part in text.split(";") if part.strip()]
-    if not parts:
-        raise ConfigError(f"--buckets {text!r}: no bucket given (expected WxHxF;WxHxF, e.g. 768x512x49)")
-    buckets = []
-    for part in parts:
-        match = _BUCKET.fullmatch(part)
-        if match is None:
-            raise ConfigError(f"--buckets: {part.strip()!r} is not WxHxF (three positive integers, e.g. 768x512x49)")
-        bucket = Bucket(*(int(g) for g in match.groups()))
-        if min(bucket) <= 0:
-            raise ConfigError(f"--buckets: {part.strip()!r} has a zero size")
-        if bucket in buckets:
-            raise ConfigError(f"--buckets: {part.strip()!r} is given twice")
-        buckets.append(bucket)
-    return buckets
+    """``"768x512x49;512x512x49"`` → buckets, in the given order; ConfigError names the bad part (the grammar and
+    its bounds: `infra.bounds.bucket_sizes`, which the config checks too)."""
+    return [Bucket(*size) for size in bucket_sizes(text)]
 
 
 def choose_bucket(buckets: list[Bucket], frames: int, height: int, width: int) -> Bucket:

@@ -6,6 +6,7 @@ import functools
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -64,13 +65,32 @@ def resolve_family(model_dir: Path, name: str | None, audio: bool = False) -> Fa
         FAMILIES.load_plugins()
         found = [get_family(n) for n in FAMILIES.names() if get_family(n).matches(model_dir, index)]
         if not found:
-            raise ConfigError(
-                f"{model_dir}: cannot tell the family from model_index.json "
-                f"(_class_name={index.get('_class_name')!r}, vae={index.get('vae')}); pass --family"
-            )
+            raise ConfigError(_unknown_family(model_dir, index, audio))
         family = found[0]
     check_model_dir(model_dir, family, audio)
     return family
+
+
+def _unknown_family(model_dir: Path, index: dict[str, Any], audio: bool) -> str:
+    """Why no family was told from `model_dir`, and what each family would miss there (a bare "pass --family" sent
+    the user to a family that then failed on its missing components)."""
+    if index:
+        why = f"model_index.json names no known family (_class_name={index.get('_class_name')!r})"
+    else:
+        why = "no model_index.json to tell the family from"
+    ready, missing = [], []
+    for name in FAMILIES.names():
+        family = get_family(name)
+        try:
+            lacks = [c + "/" for c in family.components_in(model_dir, audio) if not (model_dir / c).is_dir()]
+        except (OSError, ValueError, ConfigError):  # a family that cannot read this folder at all
+            continue
+        if lacks:
+            missing.append(f"{name} lacks {', '.join(lacks)}")
+        else:
+            ready.append(name)
+    fits = f"; all of --family {' or --family '.join(ready)}'s components are here" if ready else ""
+    return f"{model_dir}: {why}; what each family needs and this folder lacks: {'; '.join(missing)}{fits}"
 
 
 def check_model_dir(model_dir: Path, family: FamilySpec, audio: bool = False) -> None:

@@ -58,6 +58,8 @@ def row(ref: SampleRef, plan: BuildPlan, outcome: Outcome) -> LedgerRow:
     made.source_shape, made.latent_shape, made.seq_len = sample.source_shape, sample.latent_shape, sample.seq_len
     made.tokens_total, made.truncated = outcome.encoded.tokens_total, outcome.encoded.truncated
     made.extra["sampling"] = sample.info["sampling"]
+    if plan.spec.buckets and "geometry" in sample.info:  # the bucket it went to: what inspect and the summary show
+        made.extra["geometry"] = list(sample.info["geometry"])
     return made
 
 

@@ -37,6 +37,7 @@ from infra.preprocess.inflight import InFlight
 from infra.preprocess.resume import reusable, selected
 from infra.reports import human_bytes
 from infra.sources import SampleRef, ShardReadError, open_source
+from infra.sources.names import sample_name
 from infra.storage import Written, atomic_write
 
 logger = logging.getLogger(__name__)
@@ -68,10 +69,16 @@ class SanityReport:
     latent_dtype: str = ""
     bucket: str | None = None  # WxHxF of the sample's bucket, where the spec has buckets
     text_dtype: str = ""
+    #: What the format calls the latents and the text embeddings (pt: x0, text_embeds; ltx: latents,
+    #: video_prompt_embeds): the sanity prints the names a user finds in the files.
+    latent_key: str = "x0"
+    text_key: str = "text_embeds"
     finite: bool = False
     round_trip: bool = False
     bytes: int = 0
     total_samples: int = 0
+    #: Of those, the samples the run has left to encode (a resume: not done in OUT's ledger); the projection's count.
+    left_samples: int = 0
     projected_seconds: float = 0.0
     projected_bytes: int = 0
     skipped_before: list[tuple[str, str]] = field(default_factory=list)
@@ -92,17 +99,22 @@ class SanityReport:
         if self.nothing_to_encode:
             return [("sample", f"none to encode: all {self.total_samples} planned samples are done")]
         return [
-            ("sample", f"{self.sample_group}/{self.sample_id}" if self.sample_id else "none usable"),
+            ("sample", sample_name(self.sample_group or "", self.sample_id) if self.sample_id else "none usable"),
             ("device", self.device),
             ("bucket", self.bucket or "—"),
-            ("x0", f"{self.latent_shape} {self.latent_dtype}"),
-            ("text_embeds", f"{self.text_shape} {self.text_dtype}"),
+            (self.latent_key, f"{self.latent_shape} {self.latent_dtype}"),
+            (self.text_key, f"{self.text_shape} {self.text_dtype}"),
             ("finite / round trip", f"{self.finite} / {self.round_trip}"),
             ("seconds per sample", f"{self.seconds:.3f}"),
             ("peak memory", human_bytes(self.peak_memory_bytes)),
             ("bytes per sample", f"{self.bytes:,}"),
-            ("projected", f"{self.total_samples} samples, {self.projected_seconds:,.1f} s, {projected}"),
+            ("projected", f"{self._left_text()}, {self.projected_seconds:,.1f} s, {projected}"),
         ]
+
+    def _left_text(self) -> str:
+        if self.left_samples == self.total_samples:
+            return f"{self.total_samples} samples"
+        return f"{self.left_samples} samples left to encode (of {self.total_samples}; the others are done)"
 
     def markdown(self) -> str:
         """A Prefect markdown artifact."""
@@ -187,6 +199,9 @@ def _record(written: Written, sample: WrittenSample) -> FileRecord:
 def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, report: SanityReport) -> None:
     """Shapes, dtypes, finiteness and the bit-exact round trip through the format's reader (every file)."""
     fmt = get_format(plan.spec.format)
+    report.latent_key = fmt.label("latents")
+    if "text_embeddings" in fmt.keys:
+        report.text_key = fmt.label("text_embeddings")
     outputs = sample.outputs()
     latent = plan.latent_shape
     if plan.spec.buckets and sample.latents is not None:  # the planned shape is the sample's bucket's
@@ -293,6 +308,12 @@ def candidates(
             scan.skipped.append((shard.id, f"shard_unreadable: {exc}"))
 
 
+def _left(plan: BuildPlan) -> int:
+    """The planned samples a resume still has to encode, by the shard loop's own rule (`candidates`): a listing of
+    the source and the ledgers, no media read."""
+    return sum(1 for _ in candidates(plan, Scan(), pending_only=True))
+
+
 def _died_on(scratch: Path) -> str | None:
     """The sample an earlier sanity was on when its process died (it left its mark), or None."""
     try:
@@ -328,7 +349,7 @@ def dry_run(plan: BuildPlan) -> dict[str, Any]:
     fmt = get_format(plan.spec.format)
     tensors = {fmt.label(kind): [list(t.shape), str(t.dtype)] for kind, t in sample.outputs().items()}
     return {
-        "sample": f"{sample.group}/{sample.id}",
+        "sample": sample_name(sample.group, sample.id),
         **tensors,
         "seq_len": sample.seq_len,
         "source_shape": sample.source_shape,
@@ -385,8 +406,9 @@ def run_sanity(plan: BuildPlan, repeats: int = 1, *, pending_only: bool = False)
     report.path = str(written.files[0][1].path)
     report.bytes = sum(w.bytes for _, w in written.files)
     _check(sample, written, plan, report)
-    report.projected_seconds = round(report.seconds * report.total_samples, 3)
-    report.projected_bytes = report.bytes * report.total_samples
+    report.left_samples = _left(plan) if pending_only else report.total_samples
+    report.projected_seconds = round(report.seconds * report.left_samples, 3)
+    report.projected_bytes = report.bytes * report.left_samples
     report.ok = not report.problems
     logger.info(
         "sanity %s: %.3f s per sample, %d samples",

@@ -11,6 +11,17 @@ from pydantic import BaseModel
 from infra.preprocess.result import ShardResult
 
 
+def geometry_lines(geometries: list[dict[str, Any]], *, indent: str) -> list[str]:
+    """One line per geometry: F×H×W, its samples, and the tensors of its outputs (the format's own key names)."""
+    lines = []
+    for g in geometries:
+        tensors = ", ".join(
+            f"{k} {v['shape']} {v['dtype']}" for k, v in g["outputs"].items() if isinstance(v, dict) and "shape" in v
+        )
+        lines.append(f"{indent}F×H×W {g['frames']}×{g['height']}×{g['width']}: {g['samples']} sample(s); {tensors}")
+    return lines
+
+
 class BuildSummary(BaseModel):
     """What a build did, for the terminal, the artifacts and the run report."""
 
@@ -31,8 +42,13 @@ class BuildSummary(BaseModel):
     shard_errors: dict[str, str]
     bytes: int
     seconds: float
-    latent_shape: list[int]
-    text_shape: list[int]
+    #: Each geometry the cache's done samples have, with every output key as the format wrote it
+    #: (`infra.audit.inspect.cache_geometries`): a bucketed cache has several.
+    geometries: list[dict[str, Any]] = []
+    #: Done samples with fewer frames than their geometry: frames repeated to fill it (a 1-frame clip at 17).
+    repeated_frames: int = 0
+    #: Of `samples`, rows of the ledger whose source file is gone since (kept; reconciliation lists them).
+    gone_from_source: int = 0
     run_id: str | None = None  # the flow run: what `latentforge rerun` takes
 
     @property
@@ -58,10 +74,11 @@ class BuildSummary(BaseModel):
                 ("bytes/sample", round(self.bytes_per_sample)),
                 ("seconds", self.seconds),
                 ("s/encoded sample", round(self.seconds_per_encoded_sample, 3)),
-                ("latent shape", self.latent_shape),
-                ("text shape", self.text_shape),
             )
         ]
+        rows += [{"what": "geometry", "value": line.strip()} for line in geometry_lines(self.geometries, indent="")]
+        if self.repeated_frames:
+            rows.append({"what": "frames repeated", "value": self.repeated_frames})
         rows += [{"what": f"reason: {r}", "value": n} for r, n in sorted(self.reasons.items())]
         rows += [{"what": f"shard error: {s}", "value": e} for s, e in sorted(self.shard_errors.items())]
         return rows
@@ -73,10 +90,24 @@ class BuildSummary(BaseModel):
             f"fingerprint {self.fingerprint[:16]}…  family {self.family}",
             f"samples     {self.samples}: {self.done} done ({self.encoded} encoded now, {self.reused} reused), "
             f"{self.skipped} skipped, {self.failed} failed",
-            f"shapes      x0 {self.latent_shape} bf16, text_embeds {self.text_shape} bf16",
+            *(
+                [
+                    f"            {self.samples - self.gone_from_source} in the source now; {self.gone_from_source} "
+                    "gone from it since encoded, kept in the cache (listed by reconcile)"
+                ]
+                if self.gone_from_source
+                else []
+            ),
+            *geometry_lines(self.geometries[:1], indent="geometry    "),
+            *geometry_lines(self.geometries[1:], indent=" " * 12),
             f"bytes       {self.bytes:,} total, {self.bytes_per_sample:,.0f} per sample",
             f"time        {self.seconds:.1f} s, {self.seconds_per_encoded_sample:.2f} s per encoded sample",
         ]
+        if self.repeated_frames:
+            lines.append(
+                f"frames      {self.repeated_frames} sample(s) had fewer frames than their geometry: frames repeated "
+                "to fill it (a still clip becomes a still video)"
+            )
         if self.text_calls:
             calls = f"{self.text_calls} text-encoder call(s)"
             lines.append(f"text        {self.prompts_encoded} prompt(s) encoded in {calls}")
@@ -98,8 +129,8 @@ def summarize(
     out: str,
     fingerprint: str,
     family: str,
-    latent_shape: list[int],
-    text_shape: list[int],
+    geometries: list[dict[str, Any]],
+    repeated_frames: int,
     seconds: float,
     run_id: str | None = None,
 ) -> BuildSummary:
@@ -134,7 +165,7 @@ def summarize(
         shard_errors=errors,
         bytes=total_bytes,
         seconds=round(seconds, 3),
-        latent_shape=latent_shape,
-        text_shape=text_shape,
+        geometries=geometries,
+        repeated_frames=repeated_frames,
         run_id=run_id,
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import posixpath
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -31,8 +30,10 @@ from infra.formats import get_format
 from infra.gates.cachefiles import cache_files
 from infra.media.video import RESIZE_POLICIES
 from infra.publish.base import LocalFile, Target
+from infra.publish.card_store import card_store, loading_code
 from infra.reports import REPORTS_DIR, human_bytes
 from infra.sources import SourceError
+from infra.sources.names import group_name, sample_name
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,12 @@ _KEY_MEANING = {
     "fingerprint": "the cache fingerprint (below)",
     "id": "sample id",
     "group": "sample group (its folder)",
+}
+#: What the model identity hashes, by the spec's identity_scheme (infra/models/identity.py).
+_IDENTITY = {
+    "content": "sha256 over every byte of every file of each component",
+    "sampled": "latentforge 0.1's sampled scheme: each component's configs, weight headers and three 64 KiB windows "
+    "per weight file",
 }
 _DESCRIBED = {
     CARD_PATH: "this card",
@@ -140,7 +147,7 @@ def _intro(target: Target, spec: dict[str, Any], meta: dict, report: RunReport |
     model_dir = Path(str(provenance.get("model_path") or "?")).name
     built = f"{report.created}, latentforge {report.versions.get('latentforge')}" if report else "—"
     lines = [
-        f"# {target.repo_id.split('/')[-1]}{'/' + target.prefix if target.prefix else ''}",
+        f"# {card_store(target).title(target)}",
         "",
         f"A **{spec['family']}** latent cache for diffusion training, made by latentforge: per sample, the VAE latents "
         f"of a {spec['frames']}-frame {spec['height']}×{spec['width']} clip and the text-encoder embeddings of its "
@@ -155,7 +162,7 @@ def _intro(target: Target, spec: dict[str, Any], meta: dict, report: RunReport |
         f"| fingerprint | `{meta['fingerprint']}` |",
         f"| built | {built} |",
         "",
-        "Model identity (sha256 of each component's configs and weight headers):",
+        f"Model identity ({_IDENTITY.get(spec.get('identity_scheme', 'sampled'), 'per component')}):",
         "",
         "| component | identity |",
         "|---|---|",
@@ -219,8 +226,8 @@ def _contents(rows: list[LedgerRow]) -> str:
     groups: dict[str, Counter[str]] = defaultdict(Counter)
     sizes: Counter[str] = Counter()
     for row in rows:
-        groups[row.group or "(no group)"][row.status] += 1
-        sizes[row.group or "(no group)"] += (row.bytes or 0) if row.status == "done" else 0
+        groups[group_name(row.group)][row.status] += 1
+        sizes[group_name(row.group)] += (row.bytes or 0) if row.status == "done" else 0
     lines = ["## Contents", "", "| group | done | skipped | failed | bytes |", "|---|---|---|---|---|"]
     for group, counts in sorted(groups.items()):
         lines.append(f"| {group} | {counts['done']} | {counts['skipped']} | {counts['failed']} | {sizes[group]:,} |")
@@ -243,7 +250,8 @@ def _problems(rows: list[LedgerRow], limit: int = 20) -> str | None:
     lines += ["| shard | sample | status | reason | detail |", "|---|---|---|---|---|"]
     for row in bad[:limit]:
         detail = " ".join(str(row.detail or "").split())[:120].replace("|", "\\|")
-        lines.append(f"| {row.shard} | {row.group}/{row.id} | {row.status} | {row.reason or '—'} | {detail or '—'} |")
+        name = sample_name(row.group, row.id)
+        lines.append(f"| {row.shard} | {name} | {row.status} | {row.reason or '—'} | {detail or '—'} |")
     return "\n".join(lines)
 
 
@@ -326,7 +334,7 @@ def _layout(out: Path, target: Target, files: list[LocalFile] | None, rows: list
         tops[head + "/" * bool(rest)].append(size)
     tops.setdefault(CARD_PATH, [])
     names = sorted(tops, key=lambda n: (n.endswith("/"), n))
-    lines = [f"hf://datasets/{target.repo_id}" + (f"/{target.prefix}" if target.prefix else "")]
+    lines = [card_store(target).root(target)]
     for index, name in enumerate(names):
         branch = "└── " if index == len(names) - 1 else "├── "
         note = _DESCRIBED.get(name.rstrip("/"), "")
@@ -351,16 +359,7 @@ def _loading(target: Target, spec: dict[str, Any], rows: list[LedgerRow], record
     example = next((r for r in rows if r.status == "done" and r.path), None)
     if spec["format"] != "pt" or example is None or record is None:
         return None
-    key = posixpath.join(target.prefix, example.path) if target.prefix else example.path
-    code = [
-        "import torch",
-        "from huggingface_hub import hf_hub_download",
-        "",
-        f'path = hf_hub_download("{target.repo_id}", "{key}", repo_type="dataset", revision="{target.revision}")',
-        'sample = torch.load(path, map_location="cpu", weights_only=True)  # plain tensors and strings, no code',
-        'x0, text_embeds = sample["x0"], sample["text_embeds"]',
-        'mask = torch.arange(text_embeds.shape[0]) < sample["seq_len"]  # the real prompt tokens',
-    ]
+    code = loading_code(target, example.path)
     table = ["| key | value | meaning |", "|---|---|---|"]
     for name, value in record.items():
         table.append(f"| `{name}` | {_describe(value)} | {_KEY_MEANING.get(name, '—')} |")

@@ -23,6 +23,9 @@ from infra.sources.names import is_safe_name as is_safe_name
 
 #: `SampleRef.extra` key of a sample whose file is a link out of its source's root: skipped, ``outside_source``.
 OUTSIDE_SOURCE = "outside_source"
+#: `SampleRef.extra` key (and ledger reason) of a metadata file's row that cannot be a sample (a path that is not a
+#: string, a NUL, a caption that is not text, a row the parser cannot read: `infra.sources.meta_rows`).
+BAD_ROW = "bad_row"
 FOLLOW_FLAG = "--follow-symlinks"
 
 

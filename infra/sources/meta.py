@@ -15,7 +15,9 @@ Media paths are relative to the metadata file's directory; an absolute path is m
 trainer names its outputs. Sample id = the media path relative to that directory; its outputs are named by
 that path without its extension, each name made safe (`infra.sources.names.output_part`: a safe name is itself).
 A caption that is not UTF-8 (a JSON lone surrogate) is that sample's ``prompt_not_utf8`` row. A listed file that
-is missing or unreadable is a ledger row (``missing_video``, ...), never an abort of the run.
+is missing or unreadable is a ledger row (``missing_video``, ...), never an abort of the run; so is a row that
+cannot be a sample (a path of the wrong type or with a NUL, a line that is not JSON: `infra.sources.meta_rows`), a
+``bad_row`` row.
 
 Rows are split into shards of `ROWS_PER_SHARD` (``<file stem>-00000``, ...), the unit of work and resume. The
 parsed file is kept per process, keyed by its path, size and mtime, so the shard tasks do not parse it again.
@@ -23,20 +25,16 @@ parsed file is kept per process, keyed by its path, size and mtime, so the shard
 
 from __future__ import annotations
 
-import csv
 import functools
 import hashlib
-import io
-import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from infra.config import AUDIO_ONLY_MODES, MODE_ROLES
 from infra.errors import InputError, SourceError
 from infra.sources.base import (
+    BAD_ROW,
     OUTSIDE_SOURCE,
     SampleRef,
     Shard,
@@ -46,7 +44,8 @@ from infra.sources.base import (
     register_source,
 )
 from infra.sources.identity import MemberIdentity, SourceIdentity
-from infra.sources.names import nameable, output_stem
+from infra.sources.meta_rows import Row, decode, entries, make_row
+from infra.sources.names import nameable, output_stem, safe_text
 
 logger = logging.getLogger(__name__)
 
@@ -64,44 +63,6 @@ ROLE_COLUMNS: dict[str, tuple[str, ...]] = {
 SUFFIXES = (".csv", ".json", ".jsonl")
 
 
-@dataclass(frozen=True)
-class Row:
-    """One listed sample: its media path as written, the caption (None: no caption), the audio path, and the paths
-    of its other roles (`ROLE_COLUMNS`) as written."""
-
-    index: int
-    media: str
-    caption: str | None
-    audio: str | None
-    roles: tuple[tuple[str, str], ...] = ()
-
-
-def _first(entry: dict[str, Any], names: tuple[str, ...]) -> Any:
-    return next((entry[name] for name in names if name in entry and entry[name] not in (None, "")), None)
-
-
-def _caption(entry: dict[str, Any], names: tuple[str, ...]) -> Any:
-    """The first caption column with a value; ``""`` when the only ones there are empty (an empty caption, not a
-    missing one)."""
-    found = _first(entry, names)
-    return found if found is not None or not any(entry.get(name) == "" for name in names) else ""
-
-
-def _row(index: int, entry: Any, columns: tuple[tuple[str, ...], tuple[str, ...]]) -> Row:
-    if not isinstance(entry, dict):
-        raise SourceError(f"row {index + 1}: expected an object with a video and a caption, got {type(entry).__name__}")
-    media = _first(entry, columns[0])
-    caption = _caption(entry, columns[1])
-    if isinstance(caption, list):  # FastVideo: several captions; the first is the sample's
-        caption = caption[0] if caption else None
-    audio = entry.get("audio") or None
-    roles = tuple(
-        (role, str(path).strip()) for role, names in ROLE_COLUMNS.items() if (path := _first(entry, names)) is not None
-    )
-    text = None if caption is None else str(caption)
-    return Row(index, str(media).strip() if media is not None else "", text, audio, roles)
-
-
 @functools.lru_cache(maxsize=4)
 def _parse(
     path: str,
@@ -111,27 +72,18 @@ def _parse(
     caption_column: str | None = None,
     video_flag: str = "--video-column",
 ) -> tuple[Row, ...]:
-    """Every row of the metadata file (cached per process by path, size, mtime and the columns asked for)."""
-    text = Path(path).read_text(encoding="utf-8")
-    suffix = Path(path).suffix.lower()
+    """Every row of the metadata file (cached per process by path, size, mtime and the columns asked for); a row
+    that cannot be a sample has its `Row.problem` (`infra.sources.meta_rows`)."""
+    text = decode(Path(path).read_bytes())
     video_names = (video_column,) if video_column else VIDEO_COLUMNS
     caption_names = (caption_column,) if caption_column else CAPTION_COLUMNS
-    if suffix == ".csv":
-        reader = csv.DictReader(io.StringIO(text))
-        columns = set(reader.fieldnames or [])
-        if not columns & set(video_names):
-            raise SourceError(f"{path}: no video column (one of {', '.join(video_names)}); columns: {sorted(columns)}")
-        entries: list[Any] = list(reader)
-    elif suffix == ".json":
-        entries = json.loads(text)
-        if not isinstance(entries, list):
-            raise SourceError(f"{path}: a .json metadata file holds a list of objects")
-    else:
-        entries = [json.loads(line) for line in text.splitlines() if line.strip()]
+    found, columns = entries(text, Path(path).suffix.lower(), path)
+    if columns is not None and not columns & set(video_names):
+        raise SourceError(f"{path}: no video column (one of {', '.join(video_names)}); columns: {sorted(columns)}")
     for given, flag in ((video_column, video_flag), (caption_column, "--caption-column")):
-        if given and not any(isinstance(e, dict) and given in e for e in entries):
+        if given and not any(isinstance(e, dict) and given in e for e in found):
             raise SourceError(f"{path}: {flag} {given!r}: no row has that column")
-    return tuple(_row(i, entry, (video_names, caption_names)) for i, entry in enumerate(entries))
+    return tuple(make_row(i, entry, (video_names, caption_names), ROLE_COLUMNS) for i, entry in enumerate(found))
 
 
 def sample_id(media: str) -> str | None:
@@ -207,9 +159,12 @@ class MetaSource(Source):
 
     def _last_rows(self) -> dict[str, int]:
         """Each listed media file's last row (over the whole file: the trainer keeps the last caption)."""
-        return {sid: row.index for row in self.rows() if (sid := sample_id(row.media)) is not None}
+        rows = self.rows()
+        return {sid: row.index for row in rows if row.problem is None and (sid := sample_id(row.media)) is not None}
 
     def _ref(self, row: Row, seen: set[str], last: dict[str, int]) -> SampleRef:
+        if row.problem is not None:
+            return _bad_row(row)
         sid = sample_id(row.media)
         extra: dict[str, str] = {}
         if sid is None:
@@ -263,6 +218,19 @@ class MetaSource(Source):
         if why := self._outside([entry or ""]):
             raise InputError(OUTSIDE_SOURCE, why)
         return _read(path, name, identity)
+
+
+def _bad_row(row: Row) -> SampleRef:
+    """The sample of a row that cannot be one (`Row.problem`): nothing of it is read; its ledger row, ``bad_row``."""
+    key = f"row-{row.index + 1:08d}"
+    return SampleRef(
+        id=key,
+        group="root",
+        key=key,
+        read_media=lambda: None,
+        read_prompt=lambda: None,
+        extra={BAD_ROW: f"row {row.index + 1}: {safe_text(row.problem or '')}"},
+    )
 
 
 def _members(files: dict[str, Path | None], caption: bytes | None) -> dict[str, MemberIdentity]:

@@ -101,3 +101,20 @@ def output_stem(parts: Iterable[str]) -> str:
 def collision_key(stem: str) -> str:
     """What two output stems are compared by: one file on a case-insensitive, normalising file system."""
     return unicodedata.normalize("NFC", unicodedata.normalize("NFC", stem).casefold())
+
+
+#: The empty group (a top-level file of a folder source, a metadata row without one) as every report prints it.
+NO_GROUP = "(no group)"
+
+
+def group_name(group: str) -> str:
+    """A group as printed: itself, or `NO_GROUP` for the empty one."""
+    return group or NO_GROUP
+
+
+def sample_name(group: str, sample_id: str) -> str:
+    """A sample as printed, the same everywhere: ``GROUP/ID``; the id alone where it already starts with its group
+    (a folder source's ``film/Megamind.avi`` in group ``film``) or the group is empty (a top-level ``tree.avi``)."""
+    if not group or sample_id == group or sample_id.startswith(group + "/"):
+        return sample_id
+    return f"{group}/{sample_id}"
