@@ -176,8 +176,8 @@ def decide(
 def _at_terminal(gate: str, choices: type[C], preview: str, unattended: str, details: dict[str, Any]) -> Decision:
     """Ask the person at the terminal (the preview, then the choices); abort at once when stdin is no terminal."""
     if not sys.stdin.isatty():
-        by = f"nobody to ask (no Prefect server, stdin not a terminal); unattended: {unattended}"
-        get_run_logger().error("%s: %s", gate, by)
+        by = "nobody to ask (no Prefect server, stdin not a terminal)"
+        get_run_logger().error("%s: %s; what answers it unattended: %s", gate, by, unattended)
         return Decision(gate=gate, choice="abort", how="default", by=by, details=details)
     names = [choice.value for choice in choices]
     with preempt.waiting():

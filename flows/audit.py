@@ -6,6 +6,7 @@ happens, the run report is written, one per run, before the run ends.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from prefect import get_run_logger
@@ -15,12 +16,14 @@ from prefect.runtime import flow_run
 from flows.approval import LossAnswer, LossChoice, decide
 from flows.conflict import default_policy
 from flows.steps import set_step
+from infra.audit.audio_gate import AudioReport
 from infra.audit.decode_verify import DecodeReport
 from infra.audit.reconcile import ReconcileReport
 from infra.audit.run_report import run_report, write_run_report
-from infra.errors import GateFailed
+from infra.errors import ConfigError, GateFailed
+from infra.gates.conflicts import overwrite_token
 from infra.gates.decision import Decision
-from infra.plan import BuildPlan
+from infra.plan import BuildPlan, make_spec
 from tasks.audio_gate import audio_gate
 from tasks.decode_verify import decode_verify
 from tasks.reconcile import reconcile_counts
@@ -70,7 +73,12 @@ def audit(
             description=f"{recon.shortfall} missing: {loss.choice}",
         )
         if loss.choice == LossChoice.abort:
-            failure = LossAborted(f"{recon.shortfall} sample(s) missing {recon.reasons()}: {loss.text()}")
+            failure = LossAborted(
+                f"{recon.shortfall} sample(s) missing from {plan.out} {recon.reasons()}; to accept the loss (recorded "
+                "in the run report), add --on-loss accept to the same command; to fill it, fix what the reasons name "
+                "and run the same command again",
+                detail=f"decided: {loss.text()}",
+            )
     audio = None
     if failure is None:
         set_step("audio-gate")
@@ -79,7 +87,7 @@ def audit(
         if audio.audio_run:
             create_markdown_artifact(audio.markdown(), key="audio-gate", description=f"audio latents in {plan.out}")
         if not audio.ok:
-            failure = AudioGateFailed(audio.headline())
+            failure = _audio_failed(plan, audio)
     decode = None
     if failure is None and plan.config.gates.decode_samples > 0:
         set_step("decode-and-verify")
@@ -87,9 +95,7 @@ def audit(
         logger.info("%s", decode.text())
         _publish_decode(decode)
         if not decode.ok:
-            failure = DecodeGateFailed(
-                f"decode-and-verify below --min-psnr {plan.config.gates.min_psnr}: {decode.text()}"
-            )
+            failure = _decode_failed(decode)
     report = run_report(
         plan,
         summary,
@@ -123,6 +129,37 @@ def _loss_decision(plan: BuildPlan, recon: ReconcileReport) -> Decision:
         return decide("loss", LossAnswer, LossChoice, preview, timeout, unattended=unattended, **details)
     choice = LossChoice.accept_loss if policy == "accept" else LossChoice.abort
     return Decision(gate="loss", choice=choice.value, how="policy", by=f"on_loss={policy}", details=details)
+
+
+def _audio_failed(plan: BuildPlan, audio: AudioReport) -> AudioGateFailed:
+    """The audio gate's error. Silent clips: the same command with ``--skip-audio`` builds them without audio, which is
+    another spec in the same OUT, so it needs that change's overwrite token, given here (the spec is worked out as
+    the build would: `make_spec`)."""
+    if not audio.silent:
+        return AudioGateFailed(f"{audio.headline()}: `latentforge audio-check {plan.out}` names them")
+    try:
+        _, silent, _, _ = make_spec(plan.config.with_values(audio=False))
+    except ConfigError:  # a mode that trains on audio
+        mode = plan.spec.mode
+        return AudioGateFailed(f"{audio.headline(advice=False)}; --mode {mode} trains on audio: it needs clips with it")
+    token = overwrite_token(plan.out, plan.fingerprint, silent.fingerprint())
+    return AudioGateFailed(
+        f"{audio.headline(advice=False)}; silent clips train without audio: to build them so, add --skip-audio "
+        f"--approve-overwrite {token} to the same command (its samples are written again without audio)"
+    )
+
+
+def _decode_failed(decode: DecodeReport) -> DecodeGateFailed:
+    """The decode gate's error: the verdict, where the strips are, and what accepts these numbers (the cache is
+    whole: the same command again encodes nothing and judges them again)."""
+    psnrs = [row.psnr for row in decode.rows if math.isfinite(row.psnr)]
+    if decode.problems or not psnrs:
+        answer = "the problems below say which samples could not be decoded"
+    else:
+        answer = f"to accept these numbers, add --min-psnr {math.floor(min(psnrs))} to the same command"
+    return DecodeGateFailed(
+        f"{decode.headline()}: look at the strips in {decode.report_dir}; {answer}", detail=decode.text()
+    )
 
 
 def _publish_decode(decode: DecodeReport) -> None:

@@ -32,7 +32,7 @@ from flows.upload import upload_step
 from infra import outdir
 from infra.audit.inspect import cache_geometries, repeated_frames
 from infra.cache import ledger
-from infra.cache.cachedir import CACHE_JSON, write_cache_json
+from infra.cache.cachedir import CACHE_JSON, read_cache_json, write_cache_json
 from infra.cache.lock import out_lock
 from infra.config import BuildConfig
 from infra.errors import DamagedCacheError, GateFailed, Preempted
@@ -89,7 +89,8 @@ def _planned_build(config: BuildConfig, spool: Path | None) -> dict[str, Any]:
     fault_point("plan")
     set_step("verify-existing")
     report = verify_existing(plan)
-    logger.info("%s", report.text())
+    logger.info("verify-existing: %s — %s", report.kind.upper(), report.message)  # its one line; in full at DEBUG,
+    logger.debug("%s", report.text())  # in `latentforge verify` and, at a conflict, in the decision's artifact
     if config.run.dry_run:
         shapes = dry_run_sample(plan)
         logger.info("dry run (nothing written): %s", shapes)
@@ -99,7 +100,7 @@ def _planned_build(config: BuildConfig, spool: Path | None) -> dict[str, Any]:
             held.enter_context(out_lock(plan.out))
         set_step("conflict-gate")
         plan, conflict = resolve_conflict(plan, report)
-        if conflict is not None:  # nothing is written into a conflicting OUT (not even the lock) before a decision
+        if report.kind not in WRITABLE:  # nothing is written into a conflicting OUT (not even the lock) before this
             held.enter_context(out_lock(plan.out))  # the decided OUT: the same one, or OUT-v2
         if conflict is not None and conflict.choice == "reuse":
             report = verify_existing(plan)  # the adopted spec's resume: its stale samples
@@ -139,6 +140,7 @@ def _geometries(plan: BuildPlan) -> dict[str, Any]:
     """What the summary shows of the cache as written: its geometries (a bucketed cache has several) with the format's
     output keys, and how many samples had frames repeated to fill theirs."""
     rows = [row for shard in ledger.read_all(plan.out).values() for row in shard.values()]
+    rows = [row for row in rows if row.fingerprint in (None, plan.fingerprint)]  # not an overwrite's, left to replace
     try:
         geometries = cache_geometries(plan.out, plan.spec.model_dump(mode="json"), rows)
     except DamagedCacheError as exc:  # verify and reconcile name it; the summary goes on without the shapes
@@ -169,14 +171,18 @@ def _check_unchanged(plan: BuildPlan) -> None:
         return
     if plan.replace_from is not None and (report.existing_fingerprint or "foreign") == plan.replace_from:
         return
-    raise ConflictAborted(f"{plan.out} changed while this run was deciding: {report.text()}")
+    raise ConflictAborted(
+        f"{plan.out} changed while this run was deciding (it is {report.kind} now): nothing was written; run the "
+        "same command again to decide on what is there now",
+        detail=report.text(),
+    )
 
 
 def _prepare_out(plan: BuildPlan) -> BuildPlan:
     """cache.json, the plan recorded (`record_plan`: with the shards it carries over), temp files of a killed run
     removed; returns the plan the shards run."""
     provenance = {"model_path": str(plan.config.model), "source": plan.config.source, "recipe": plan.config.recipe}
-    if plan.replace_from is not None and plan.replace_from != plan.fingerprint:
+    if plan.replace_from is not None and _cache_json_fingerprint(plan.out) != plan.fingerprint:
         kept = keep_old_cache_json(plan.out, plan.replace_from)
         get_run_logger().warning("approved overwrite of %s; old cache.json kept as %s", plan.out, kept)
         write_cache_json(plan.out, plan.spec, {**provenance, "replaces": plan.replace_from}, replace=True)
@@ -186,6 +192,15 @@ def _prepare_out(plan: BuildPlan) -> BuildPlan:
     if removed:
         get_run_logger().warning("removed %d partial temp files left by an interrupted run", removed)
     return record_plan(plan)
+
+
+def _cache_json_fingerprint(out: Path) -> str | None:
+    """The fingerprint OUT's cache.json declares (None: no readable one). An overwrite that an interrupted run began
+    has written this spec's already: it is not written again."""
+    try:
+        return read_cache_json(out).get("fingerprint")
+    except (OSError, ValueError, outdir.UnsafePath):
+        return None
 
 
 def _publish(summary: BuildSummary) -> None:

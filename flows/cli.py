@@ -22,7 +22,7 @@ import flows  # noqa: F401  (offline defaults before Prefect loads)
 from flows.cli_options import DEBUG_ENV, OneLineGroup, cli_errors, config_command, console_logging
 from flows.cli_publish import rerun, upload
 from flows.cli_server import app as server_app
-from flows.preflight import check_build
+from flows.preflight import check_build, check_reuse
 from flows.selection import SELECTION, with_selection
 from flows.settings import resolve_config
 from infra.cache.lock import check_not_locked
@@ -84,8 +84,9 @@ def config_from(config_file: Path | None, flags: dict[str, Any], out: Path | Non
 def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     """Build or resume a latent cache (runs the build-cache flow)."""
     config = config_from(config_file, flags)
-    make_spec(config)  # geometry, family and model checked before anything starts
+    _, spec, _, _ = make_spec(config)  # geometry, family and model checked before anything starts
     check_build(config)  # and OUT, the source, the shard filter, the device: a mistake is one line, exit 2
+    check_reuse(config, spec)  # --on-conflict reuse with a setting that asks for another value than OUT's
     if not config.run.dry_run:
         check_not_locked(Path(config.out))  # refused at once, before any flow runs
     from flows.build import build_cache  # noqa: PLC0415 - heavy: torch, Prefect
@@ -250,7 +251,8 @@ def approve(
     choice: Annotated[
         str,
         typer.Argument(
-            help="reuse|new_dir|overwrite|abort (conflict), accept_loss|abort (loss), replace|abort (upload)"
+            help="the conflict gate: reuse, new_dir, overwrite or abort; the stale gate: replace_stale, keep or "
+            "abort; the loss gate: accept_loss or abort; the upload gate: replace or abort"
         ),
     ],
     note: Annotated[str, Opt(help="recorded with the decision")] = "",

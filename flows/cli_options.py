@@ -88,11 +88,12 @@ def fail(message: str, code: int = 2) -> typing.NoReturn:
 
 
 def describe(exc: BaseException) -> str:
-    """One line per problem, for any error a command ends with."""
+    """The error line of any error a command ends with (one line per problem), then its detail, if it has one."""
     if isinstance(exc, ValidationError):
         problems = "; ".join(_problem(error) for error in exc.errors())
         return f"invalid configuration: {problems}"
-    return str(exc)
+    detail = getattr(exc, "detail", "") if isinstance(exc, LatentforgeError) else ""
+    return f"{exc}\n{detail.rstrip()}" if detail else str(exc)
 
 
 #: The value a problem names, bounded: a config can hold a 1 GB string or a YAML alias bomb.

@@ -9,10 +9,19 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.settings import get_current_settings
 
 from flows.approval import ConflictAnswer, decide
+from infra.config import CacheSpec
 from infra.errors import ConflictError
-from infra.gates.conflicts import ConflictChoice, adopt_existing_spec, next_free_dir, overwrite_token
+from infra.gates.conflicts import (
+    ConflictChoice,
+    adopt_existing_spec,
+    flag,
+    next_free_dir,
+    overwrite_token,
+    same_model,
+    settings_that_differ,
+)
 from infra.gates.decision import Decision
-from infra.gates.verify import VerifyReport
+from infra.gates.verify import VerifyReport, difference_rows
 from infra.plan import BuildPlan
 from tasks.plan import plan_build
 
@@ -32,6 +41,8 @@ def default_policy() -> str:
 def resolve_conflict(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, Decision | None]:
     """The plan to run — unchanged, adopted (reuse), moved (new_dir) or allowed to replace (overwrite) — and the
     recorded decision (None when OUT was writable and nothing had to be decided)."""
+    if report.kind in WRITABLE and report.overwrite:
+        return _resumed_overwrite(plan, report)
     if report.kind in WRITABLE:
         return plan, None
     token = overwrite_token(plan.out, report.existing_fingerprint, plan.fingerprint)
@@ -44,15 +55,67 @@ def resolve_conflict(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, 
     )
     choice = ConflictChoice(decision.choice)
     if choice is ConflictChoice.abort:
-        raise ConflictAborted(f"{report.text()}\ndecision: {decision.text()}; nothing was written to {plan.out}")
+        raise aborted(plan, report, token, f"decided: {decision.text()}")
     spool = Path(f"{plan.listing}.{choice.value}") if plan.listing else None  # the new plan's listing, beside
     if choice is ConflictChoice.new_dir:
         return plan_build(plan.config.model_copy(update={"out": str(next_free_dir(plan.out))}), spool), decision
     if choice is ConflictChoice.reuse:
         if report.kind != "incompatible":
-            raise ConflictAborted(f"reuse needs a latentforge cache in {plan.out}; it is {report.kind}")
+            raise aborted(plan, report, token, f"decided: {decision.text()}, but reuse needs a latentforge cache")
         return plan_build(adopt_existing_spec(plan.config, plan.spec, plan.out), spool), decision
     return plan.model_copy(update={"replace_from": report.existing_fingerprint or "foreign"}), decision
+
+
+def aborted(plan: BuildPlan, report: VerifyReport, token: str, decided: str) -> ConflictAborted:
+    """The conflict gate's error: one line saying what OUT holds and what to add to the same command to go on
+    (each answer as it is typed); the detail after it: what differs, field by field, and who decided."""
+    what = {"foreign": "holds files latentforge did not write", "damaged": "holds a damaged cache"}
+    said = what.get(report.kind, "holds another cache")
+    if report.kind == "damaged" and report.problems:
+        said += f" ({len(report.problems)} problem(s), first: {report.problems[0]})"
+    answers = [
+        f"--approve-overwrite {token} to replace it sample by sample",
+        f"--on-conflict new_dir to write {next_free_dir(plan.out)} instead",
+    ]
+    existing = _spec(report)
+    if report.kind == "incompatible" and existing is not None:
+        differ = settings_that_differ(existing, plan.spec)
+        changes = "; ".join(f"{name} {old} → {new}" for name, (old, new) in differ.items()) or "another model"
+        said += f" ({changes}; {report.done} sample(s) done)"
+        if same_model(existing, plan.spec):
+            without = f" without {', '.join(map(flag, differ))}" if differ else ""
+            answers.append(f"--on-conflict reuse{without} to resume it with its own settings")
+    listed = ", ".join(answers[:-1]) + f", or {answers[-1]}"
+    headline = f"{plan.out} {said}, so nothing was written; to go on, add to the same command {listed}"
+    rows = [f"  {label}: {value}" for label, value in difference_rows(report.differences)]
+    detail = [decided, *(["what differs (existing → planned):", *rows] if rows else [])]
+    detail += [f"  {problem}" for problem in report.problems[1:6]]
+    detail.append(f"`latentforge verify {plan.out}` with this command's settings shows what is there in full")
+    return ConflictAborted(headline, detail="\n".join(detail))
+
+
+def _spec(report: VerifyReport) -> CacheSpec | None:
+    try:
+        return CacheSpec.model_validate(report.existing_spec) if report.existing_spec else None
+    except ValueError:
+        return None
+
+
+def _resumed_overwrite(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, Decision]:
+    """OUT holds this spec's cache.json over an approved overwrite that an interrupted run began: this change, in
+    progress. Its approval is on record in OUT (cache.json names what it replaces; the old one is kept beside), so
+    the run goes on replacing the old spec's samples, and records that it did."""
+    replaced, pending = report.overwrite["from"], report.overwrite["pending"]
+    details = {"out": str(plan.out), "state": "overwrite in progress", "existing": replaced, "pending": pending}
+    decision = Decision(
+        gate="conflict",
+        choice="overwrite",
+        how="resumed",
+        by=f"the overwrite of {replaced[:16]}… approved for an earlier, interrupted run (cache.json records it)",
+        details={**details, "planned": plan.fingerprint},
+    )
+    get_run_logger().warning("%s: resuming the approved overwrite, %d sample(s) still to replace", plan.out, pending)
+    return plan.model_copy(update={"replace_from": replaced}), decision
 
 
 def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:
@@ -66,9 +129,10 @@ def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:
     if config.gates.approve_overwrite is not None:
         if config.gates.approve_overwrite != token:
             raise ConflictAborted(
-                f"--approve-overwrite does not match {plan.out} and its change "
-                f"{(report.existing_fingerprint or 'foreign')[:16]} → {plan.fingerprint[:16]} "
-                "(a token approves one path and one change only; `latentforge verify` prints the current one)"
+                f"--approve-overwrite {config.gates.approve_overwrite} does not match this change of {plan.out} "
+                f"({(report.existing_fingerprint or 'foreign')[:16]}… → {plan.fingerprint[:16]}…): a token approves "
+                f"one path and one change only; `latentforge verify {plan.out}` with this command's settings prints "
+                "the one for this change"
             )
         return Decision(gate="conflict", choice="overwrite", how="token", by="--approve-overwrite", details=details)
     policy = config.gates.on_conflict or default_policy()
@@ -76,7 +140,7 @@ def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:
         preview = report.markdown() + _choices_markdown(plan, token)
         timeout, unattended = (
             config.gates.approval_timeout,
-            f"--on-conflict reuse|new_dir, or --approve-overwrite {token}",
+            f"--approve-overwrite {token}, --on-conflict new_dir or --on-conflict reuse",
         )
         return decide("conflict", ConflictAnswer, ConflictChoice, preview, timeout, unattended=unattended, **details)
     return Decision(gate="conflict", choice=policy, how="policy", by=f"on_conflict={policy}", details=details)

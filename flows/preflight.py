@@ -14,9 +14,10 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from infra.cache.cachedir import CACHE_JSON
-from infra.config import BuildConfig
+from infra.cache.cachedir import CACHE_JSON, read_cache_json
+from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConfigError
+from infra.outdir import UnsafePath
 from infra.sources import open_source
 
 #: The oldest bitsandbytes transformers 5 loads 8-bit models with (its BITSANDBYTES_MIN_VERSION); the [int8] extra's.
@@ -97,6 +98,37 @@ def check_build(config: BuildConfig) -> None:
     check_text_8bit(config)
     check_devices(config)  # a bad list is named before a missing GPU is
     check_device(config.run.device)
+
+
+def check_reuse(config: BuildConfig, planned: CacheSpec) -> None:
+    """``--on-conflict reuse`` resumes OUT's cache with its own settings: a setting given (a flag, a config key) that
+    asks for another value would be dropped, so it is refused here, naming it and what to run instead."""
+    if config.gates.on_conflict != "reuse":
+        return
+    from infra.gates.conflicts import (  # noqa: PLC0415 - heavy: torch (only a build told to reuse needs it)
+        flag,
+        next_free_dir,
+        overwrite_token,
+        settings_that_differ,
+    )
+
+    out = Path(config.out).expanduser()
+    try:
+        existing = CacheSpec.model_validate(read_cache_json(out)["spec"])
+    except (OSError, ValueError, KeyError, TypeError, UnsafePath):
+        return  # nothing to reuse: the conflict gate says so
+    given = config.given()
+    clash = {k: v for k, v in settings_that_differ(existing, planned).items() if k in given}
+    if not clash:
+        return
+    asked = ", ".join(f"{flag(k)} {new}" for k, (_, new) in clash.items())
+    kept = ", ".join(f"{k} {old}" for k, (old, _) in clash.items())
+    token = overwrite_token(out, existing.fingerprint(), planned.fingerprint())
+    raise ConfigError(
+        f"--on-conflict reuse resumes {out} with its own settings ({kept}), but {asked} asks for another: to reuse "
+        f"it, leave out {', '.join(map(flag, clash))}; to build with {asked}, use --approve-overwrite {token} (replace "
+        f"it sample by sample) or --on-conflict new_dir (write {next_free_dir(out)}) instead of --on-conflict reuse"
+    )
 
 
 def check_devices(config: BuildConfig) -> None:

@@ -13,7 +13,7 @@ from prefect.settings import PREFECT_RUNNER_HEARTBEAT_FREQUENCY, temporary_setti
 
 from flows.build import build_cache
 from infra.config import BuildConfig
-from infra.errors import RunFailed
+from infra.errors import LatentforgeError, RunFailed
 from infra.ops import ephemeral, preempt
 from infra.ops.alerts import WEBHOOK_ENV
 
@@ -56,7 +56,8 @@ def _run(flow: Flow, parameters: dict[str, Any]) -> tuple[bool, Any]:
     try:
         state.result()
     except BaseException as exc:  # noqa: BLE001  (the flow's own error, reported to the user)
-        return False, f"{type(exc).__name__}: {exc}"
+        detail = exc.detail.rstrip() if isinstance(exc, LatentforgeError) else ""
+        return False, f"{type(exc).__name__}: {exc}" + (f"\n{detail}" if detail else "")
     return False, state.message or state.name
 
 
@@ -86,10 +87,12 @@ def _env(name: str, value: str | None) -> Iterator[None]:
 
 
 def run_or_raise(flow: Flow, **parameters: Any) -> Any:
-    """Run `flow` to its end and return its result; RunFailed with the reason when it fails."""
+    """Run `flow` to its end and return its result; RunFailed with the reason when it fails (its first line the
+    error, the rest its detail)."""
     ok, result = run_flow(flow, **parameters)
     if not ok:
-        raise RunFailed(str(result))
+        headline, _, detail = str(result).partition("\n")
+        raise RunFailed(headline, detail=detail)
     return result
 
 

@@ -30,7 +30,7 @@ def resolve_stale(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, Dec
     details = {"count": len(selectors), "samples": selectors}
     policy = plan.config.gates.on_stale or default_policy()
     if policy == "ask":
-        timeout, unattended = plan.config.gates.approval_timeout, "--on-stale replace|keep"
+        timeout, unattended = plan.config.gates.approval_timeout, "--on-stale replace or --on-stale keep"
         decision = decide("stale", StaleAnswer, StaleChoice, preview(report), timeout, unattended=unattended, **details)
     else:
         choice = POLICY_CHOICE[policy].value
@@ -40,9 +40,11 @@ def resolve_stale(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, Dec
     choice = StaleChoice(decision.choice)
     if choice is StaleChoice.abort:
         raise StaleAborted(
-            f"{len(selectors)} done sample(s) changed in the source since they were encoded "
-            f"({', '.join(selectors[:5])}{', ...' if len(selectors) > 5 else ''}); {decision.text()}; "
-            "nothing was written (--on-stale replace|keep decides unattended)"
+            f"{len(selectors)} done sample(s) of {plan.out} changed in the source since they were encoded "
+            f"({', '.join(selectors[:5])}{', ...' if len(selectors) > 5 else ''}), so nothing was written; to go on, "
+            "add to the same command --on-stale replace to encode exactly those again, or --on-stale keep to keep "
+            "them as they are (recorded)",
+            detail=f"decided: {decision.text()}",
         )
     field = "stale_replace" if choice is StaleChoice.replace_stale else "stale_keep"
     return plan.model_copy(update={field: frozenset(selectors)}), decision

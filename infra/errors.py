@@ -18,9 +18,15 @@ EXIT_PREEMPTED = 75
 
 
 class LatentforgeError(Exception):
-    """Base of every error latentforge raises on purpose; `exit_code` is what the CLI exits with."""
+    """Base of every error latentforge raises on purpose; `exit_code` is what the CLI exits with. Its message is one
+    line (what happened, and the flag or command that answers it: a Prefect Failed state shows it); `detail`, lines
+    printed after it (what differs, who decided), may be empty."""
 
     exit_code: ClassVar[int] = EXIT_FAILED
+
+    def __init__(self, *args: object, detail: str = "") -> None:
+        super().__init__(*args)
+        self.detail = detail
 
 
 class ConfigError(LatentforgeError, ValueError):

@@ -173,6 +173,9 @@ def test_a_finding_inside_the_flow_ends_in_one_error_line_and_its_traceback_only
         runs[name] = subprocess.run([LF, *args], env={**env, **extra_env}, capture_output=True, text=True, timeout=600)
     quiet, debug = runs["quiet"], runs["debug"]
     assert quiet.returncode == 1 and debug.returncode == 1, quiet.stderr[-2000:]
-    assert quiet.stderr.strip().splitlines()[-1].startswith("error: ") and "video_decode_error" in quiet.stderr
+    lines = quiet.stderr.strip().splitlines()
+    (error,) = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+    assert "video_decode_error" in lines[error] and "--on-loss accept" in lines[error], lines[error:]
+    assert lines[error + 1 :] == ["decided: abort by the setting on_loss=abort"]  # its detail, after it
     assert "Traceback" not in quiet.stderr
     assert "Traceback" in debug.stderr and "LossAborted" in debug.stderr

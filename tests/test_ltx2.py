@@ -199,15 +199,29 @@ def test_the_layout_uploads_and_verifies(built, s3_env, tmp_path):
     assert sum(k.startswith("ltx/.precomputed/") for k in keys) == 8  # 3 latents, 3 conditions, 2 audio latents
 
 
-def test_an_audio_run_over_silent_clips_stops_at_the_gate_even_when_losses_are_accepted(tmp_path, ltx2_model):
+def test_an_audio_run_over_silent_clips_stops_at_the_gate_and_its_printed_answer_builds_them_without_audio(
+    tmp_path, ltx2_model
+):
     dataset = trainer_dataset(tmp_path / "data", {"bikes": "cyclists in traffic"})
     out = tmp_path / "out"
-    ok, result = run_build(_config(dataset, ltx2_model, out, on_loss="accept"))
-    assert not ok and "audio gate: FAILED" in result and "audio decode path" in result
+    args = ["build", "--source", f"meta:{dataset}", "--model", str(ltx2_model), "--out", str(out), "--format", "ltx"]
+    args += ["--audio", "--buckets", BUCKETS, "--device", "cpu", "--dtype", "fp32", "--decode-samples", "0"]
+    args += ["--on-loss", "accept", "--on-conflict", "abort"]  # losses accepted: the audio gate holds all the same
+    stopped = CliRunner().invoke(app, args)
+    assert stopped.exit_code == 1, stopped.output[-3000:]
+    (error,) = [line for line in stopped.output.splitlines() if line.startswith("error: ")]
+    assert "audio gate: FAILED" in error and "audio decode path" in error
     audio = latest_run_report(out).audio
     assert audio is not None and not audio.ok and audio.with_audio == 0
     assert not audio_check(out).ok
     assert any("audio gate failed" in p for p in gate_problems(out, latest_run_report(out).fingerprint))
+
+    answer = re.search(r"add (--skip-audio --approve-overwrite \w+) to the same command", error).group(1)
+    silent = CliRunner().invoke(app, [*args, *answer.split()])  # as printed: the same command and those flags
+    assert silent.exit_code == 0, silent.output[-3000:]
+    assert "1 done (1 encoded now, 0 reused)" in silent.output and "audio gate" not in silent.output
+    assert not json.loads((out / "cache.json").read_text())["spec"]["audio"]
+    assert audio_check(out).headline() == "audio gate: not an audio run"
 
 
 def test_a_clip_too_short_for_every_bucket_is_skipped_with_its_reason(tmp_path, ltx2_model, clips):

@@ -60,7 +60,8 @@ def test_without_a_terminal_the_embedded_runs_gate_aborts_at_once_naming_the_fla
         capture_output=True, text=True, timeout=WAIT_S,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr[-3000:]
-    assert "--on-conflict reuse|new_dir, or --approve-overwrite " in done.stderr, done.stderr[-3000:]
+    error = next(line for line in done.stderr.splitlines() if line.startswith("error: "))
+    assert "add to the same command --approve-overwrite " in error and "--on-conflict new_dir" in error, error
     assert "waiting for a person" not in done.stderr
     assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
     assert ephemeral.read_records(tmp_path / "home") == []  # its embedded server ended with it

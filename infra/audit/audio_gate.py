@@ -57,15 +57,22 @@ class AudioReport:
         """Not an audio run, or at least one audio latent and none unreadable."""
         return not self.audio_run or (self.with_audio > 0 and not self.unreadable)
 
-    def headline(self) -> str:
+    @property
+    def silent(self) -> bool:
+        """An audio run in which not one done sample has an audio latent: silent clips, or a broken audio path."""
+        return self.audio_run and bool(self.done) and self.with_audio == 0
+
+    def headline(self, *, advice: bool = True) -> str:
+        """One line: the verdict; for silent clips, with `advice`, what a build of them without audio takes (the
+        build's own error says it as a command: `flows.audit`)."""
         if not self.audio_run:
             return "audio gate: not an audio run"
-        if self.done and self.with_audio == 0:
+        if self.silent:
             cause = f"; first decode error: {self.first_error}" if self.first_error else ""
+            rebuild = ". A set of silent clips trains without audio: rebuild with --skip-audio" if advice else ""
             return (
                 f"audio gate: FAILED: not one of {self.done} done samples has an audio latent — the audio decode path "
-                f"(PyAV on the clips' audio streams) produced nothing{cause}. A set of silent clips trains without "
-                "audio: rebuild with --skip-audio"
+                f"(PyAV on the clips' audio streams) produced nothing{cause}{rebuild}"
             )
         verdict = "OK" if self.ok else f"FAILED ({len(self.unreadable)} audio latent(s) unreadable or empty)"
         return (

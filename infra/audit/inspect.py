@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from infra.cache import ledger
-from infra.cache.cachedir import read_cache_json
+from infra.cache.cachedir import overwrite_in_progress, read_cache_json
 from infra.cache.ledger import FileRecord, LedgerRow
 from infra.config import CacheSpec
 from infra.errors import DamagedCacheError
@@ -109,14 +109,19 @@ def inspect_cache(out: Path) -> dict[str, Any]:
     fmt = get_format(meta["spec"]["format"])
     groups: dict[str, Counter[str]] = defaultdict(Counter)
     reasons: Counter[str] = Counter()
+    prints: Counter[str | None] = Counter()  # done samples per fingerprint
     first_done: dict[str, list[FileRecord]] = {}
     total_bytes = 0
     every = [row for rows in ledger.read_all(out).values() for row in rows.values()]
+    own = [row for row in every if row.fingerprint in (None, meta["fingerprint"])]  # not an overwrite's old samples
     for row in every:
-        groups[group_name(row.group)][row.status] += 1
+        old = row.status == "done" and row.fingerprint not in (None, meta["fingerprint"])  # left to replace
+        groups[group_name(row.group)]["to_replace" if old else row.status] += 1
         if row.reason:
             reasons[row.reason] += 1
         if row.status == "done":
+            prints[row.fingerprint] += 1
+        if row.status == "done" and not old:
             total_bytes += row.bytes or 0
             first_done.setdefault(row.group, row.output_files())
     samples = {}
@@ -132,7 +137,7 @@ def inspect_cache(out: Path) -> dict[str, Any]:
         "fingerprint": meta["fingerprint"],
         "family": meta["spec"]["family"],
         "format": meta["spec"]["format"],
-        "geometry": cache_geometries(out, meta["spec"], every),
+        "geometry": cache_geometries(out, meta["spec"], own),
         "buckets": [str(Bucket(*b)) for b in meta["spec"].get("buckets") or []],
         "recipe": meta.get("provenance", {}).get("recipe"),
         "consumer": written_for(meta["spec"]),
@@ -140,7 +145,9 @@ def inspect_cache(out: Path) -> dict[str, Any]:
         "groups": {g: dict(c) for g, c in sorted(groups.items())},
         "reasons": dict(reasons),
         "done": sum(c["done"] for c in groups.values()),
-        "repeated_frames": repeated_frames(every),
+        "fingerprints": {str(fp): n for fp, n in prints.items()},
+        "overwrite": overwrite_in_progress(meta, prints),
+        "repeated_frames": repeated_frames(own),
         "bytes": total_bytes,
         "samples": samples,
         **({"shards": shard_summary(out, fmt)} if isinstance(fmt, ShardFormat) else {}),
@@ -162,12 +169,19 @@ def format_report(report: dict[str, Any]) -> str:
         "  it sees    " + ", ".join(f"{k} {v}" for k, v in report["consumer"].items() if k != "consumer"),
         f"done         {report['done']} samples, {report['bytes']:,} bytes"
         + (f"; {report['repeated_frames']} with frames repeated to fill F" if report.get("repeated_frames") else ""),
-        "",
-        f"{'group':<50} {'done':>6} {'skipped':>8} {'failed':>7}",
     ]
-    for group, counts in report["groups"].items():
+    overwrite = report.get("overwrite")
+    if overwrite:
         lines.append(
-            f"{group:<50} {counts.get('done', 0):>6} {counts.get('skipped', 0):>8} {counts.get('failed', 0):>7}"
+            f"overwrite    in progress: {overwrite['pending']} of {overwrite['from'][:16]}…'s samples still to "
+            "replace (approved; the same build command resumes it)"
+        )
+    replacing = f" {'to replace':>11}" if overwrite else ""
+    lines += ["", f"{'group':<50} {'done':>6} {'skipped':>8} {'failed':>7}{replacing}"]
+    for group, counts in report["groups"].items():
+        old = f" {counts.get('to_replace', 0):>11}" if overwrite else ""
+        lines.append(
+            f"{group:<50} {counts.get('done', 0):>6} {counts.get('skipped', 0):>8} {counts.get('failed', 0):>7}{old}"
         )
     if "shards" in report:
         shards = report["shards"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,6 +42,17 @@ class OutState:
 def read_cache_json(out: Path) -> dict[str, Any]:
     """The parsed cache.json (raises FileNotFoundError / ValueError)."""
     return json.loads(outdir.read_text(out, CACHE_JSON))
+
+
+def overwrite_in_progress(meta: Mapping[str, Any], done: Mapping[str | None, int]) -> dict[str, Any] | None:
+    """An approved overwrite not finished yet: ``{"from": the replaced fingerprint, "pending": its done samples
+    still in the ledgers}``, or None. `meta` is cache.json (an approved overwrite writes the fingerprint it replaces
+    into its provenance, before the first sample is replaced); `done` the ledgers' done samples per fingerprint. Such
+    a cache is this cache, an approved change half made: the next build of its spec resumes the change."""
+    provenance = meta.get("provenance") if isinstance(meta, Mapping) else None
+    old = provenance.get("replaces") if isinstance(provenance, Mapping) else None
+    pending = done.get(old, 0) if isinstance(old, str) and old and old != meta.get("fingerprint") else 0
+    return {"from": old, "pending": pending} if pending else None
 
 
 def write_cache_json(out: Path, spec: CacheSpec, provenance: dict[str, Any], *, replace: bool = False) -> Path:

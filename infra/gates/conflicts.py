@@ -11,6 +11,7 @@ import hashlib
 import re
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from infra import outdir
 from infra.cache.cachedir import CACHE_JSON, read_cache_json
@@ -57,6 +58,25 @@ def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> B
             f"--model is {planned.family}, {ours}. Reusing it would mix latents of two encoders."
         )
     return config.with_values(**spec_settings(existing))
+
+
+def settings_that_differ(existing: CacheSpec, planned: CacheSpec) -> dict[str, tuple[Any, Any]]:
+    """The build settings (by flag name, ``text_max_length`` for ``--text-max-length``) whose values make two specs
+    differ: {name: (existing, planned)}. Empty when only the model differs."""
+    old, new = spec_settings(existing), spec_settings(planned)
+    return {k: (old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
+
+
+def same_model(existing: CacheSpec, planned: CacheSpec) -> bool:
+    """Whether the two specs name the same family and model (by identity, under the same scheme): only then can
+    the existing cache be reused."""
+    same_scheme = existing.identity_scheme == planned.identity_scheme
+    return existing.family == planned.family and (not same_scheme or existing.model_identity == planned.model_identity)
+
+
+def flag(name: str) -> str:
+    """A setting's command-line flag: ``text_max_length`` → ``--text-max-length``."""
+    return "--" + name.replace("_", "-")
 
 
 #: The name `keep_old_cache_json` gives the cache.json of a replaced cache (the first 16 digits of its fingerprint).

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from infra import outdir
 from infra.cache import ledger
-from infra.cache.cachedir import OutKind, classify, read_cache_json
+from infra.cache.cachedir import OutKind, classify, overwrite_in_progress, read_cache_json
 from infra.cache.ledger import FileRecord
 from infra.config import TEMPORAL_ALIASES, CacheSpec
 from infra.errors import ConfigError
@@ -86,6 +86,10 @@ class VerifyReport:
     damaged: list[dict[str, Any]] = field(default_factory=list)
     #: What checked the files' content: every byte (all) or the samples loaded (spot).
     content: str = "spot"
+    #: Done samples per fingerprint, as the ledgers hold them (``done`` counts the cache's own).
+    fingerprints: dict[str, int] = field(default_factory=dict)
+    #: An approved overwrite half made (`infra.cache.cachedir.overwrite_in_progress`): what it replaces, what is left.
+    overwrite: dict[str, Any] | None = None
     #: Shell lines that move the damaged files out of OUT; the build run again then encodes those samples again.
     repair: list[str] = field(default_factory=list)
 
@@ -198,19 +202,43 @@ def _done_rows(out: Path, report: VerifyReport, content: ContentCheck) -> list[_
     then `content`), done and groups filled; what `_choose` needs kept of each."""
     done: list[_Done] = []
     counted: set[str] = set()  # a shard file holds many samples: its bytes count once
+    prints: Counter[str | None] = Counter()
     try:
         for shard_id in ledger.shard_ids(out):
             rows = [row for row in ledger.read_shard(out, shard_id).values() if row.status == "done"]
             _check_files(out, rows, report, counted)
             _add_damaged(out, report, [d for row in rows for d in content.row(row)])
-            done += [_Done(row.group, row.path or "", row.key, shard_id) for row in rows]
+            prints.update(row.fingerprint for row in rows)
+            own = [r for r in rows if report.existing_fingerprint in (None, r.fingerprint) or r.fingerprint is None]
+            done += [_Done(row.group, row.path or "", row.key, shard_id) for row in own]
     except (OSError, ValueError) as exc:
         report.problems.append(f"{ledger.ledger_dir(out)}: unreadable ledger ({exc})")
     except outdir.UnsafePath as exc:
         report.problems.append(str(exc))
     report.done = len(done)
     report.groups = dict(sorted(Counter(d.group for d in done).items()))
+    _count_fingerprints(out, report, prints)
     return done
+
+
+def _count_fingerprints(out: Path, report: VerifyReport, prints: Counter[str | None]) -> None:
+    """Done samples per fingerprint; the approved overwrite in progress, if one is; done rows of any other
+    fingerprint are a problem (a cache mixed from two specs that nobody approved)."""
+    report.fingerprints = {str(fp): n for fp, n in prints.items()}
+    try:
+        meta = read_cache_json(out)
+    except (OSError, ValueError, outdir.UnsafePath):
+        return
+    if not isinstance(meta, dict) or report.existing_fingerprint is None:
+        return  # an unreadable cache.json: damage, said already by its classification
+    report.overwrite = overwrite_in_progress(meta, prints)
+    expected = {None, report.existing_fingerprint, (report.overwrite or {}).get("from")}
+    for fp, n in prints.items():
+        if fp not in expected:
+            report.problems.append(
+                f"ledger: {n} done sample(s) written for fingerprint {fp}, neither this cache's nor one an approved "
+                "overwrite replaces"
+            )
 
 
 def _add_damaged(out: Path, report: VerifyReport, found: list[Damaged]) -> None:
@@ -377,7 +405,7 @@ def _settle(report: VerifyReport) -> None:
     if report.kind == "compatible" and check is not None and not check["matches"]:
         report.problems.append(f"{check['path']}: differs from the plan with the same fingerprint: {check['differs']}")
     counts = f"{report.done} sample(s) done in {len(report.groups)} group(s)"
-    fields = [label for label, _ in _difference_rows(report.differences)]  # model_identity per component
+    fields = [label for label, _ in difference_rows(report.differences)]  # model_identity per component
     differs = f"; differs in: {', '.join(fields)}" if fields else ""
     if report.problems and report.kind != "damaged":
         report.kind = "damaged"
@@ -385,10 +413,16 @@ def _settle(report: VerifyReport) -> None:
     elif report.kind == "compatible":
         gone = f", {len(report.missing)} of them missing on disk (re-encoded by the run)" if report.missing else ""
         report.message = f"{report.out} holds this cache, {counts}{gone}: a run resumes"
+        if report.overwrite:
+            report.message += f" the approved overwrite ({_overwrite_text(report.overwrite)})"
     elif report.kind == "incompatible":
         report.message = f"{report.out} holds another cache ({counts}){differs}"
     if report.damaged:
         report.message += f"; {len(report.damaged)} damaged sample(s): `latentforge verify OUT` prints their repair"
+
+
+def _overwrite_text(overwrite: dict[str, Any]) -> str:
+    return f"{overwrite['pending']} sample(s) of {overwrite['from'][:16]}… still to replace"
 
 
 def _flat(name: str, value: Any) -> list[tuple[str, str]]:
@@ -409,7 +443,7 @@ def flag_words(name: str, value: Any) -> Any:
     return value
 
 
-def _difference_rows(differences: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
+def difference_rows(differences: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
     """One row per differing field, or per differing component of a dict field."""
     rows = []
     for name, pair in differences.items():
@@ -424,9 +458,15 @@ def _sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, str]]]]:
     """What is there, what differs, what would change: shared by markdown() and text()."""
     cache = [("OUT", report.out), ("samples done", str(report.done)), ("bytes", f"{report.bytes:,}")]
     cache += [("existing fingerprint", str(report.existing_fingerprint)), ("planned", report.planned_fingerprint)]
+    if len(report.fingerprints) > 1 or report.overwrite:
+        cache += [(f"done of {fp[:16]}…", str(n)) for fp, n in sorted(report.fingerprints.items())]
+    if report.overwrite:
+        cache.append(
+            ("overwrite in progress", f"{_overwrite_text(report.overwrite)} (a build of this spec resumes it)")
+        )
     groups = [(group_name(g), str(n)) for g, n in report.groups.items()]
     sections = [("Cache", cache), ("Done per group", groups)]
-    sections.append(("What differs (existing → planned)", _difference_rows(report.differences)))
+    sections.append(("What differs (existing → planned)", difference_rows(report.differences)))
     sections.append(("Outputs", list(report.outputs.items())))
     if report.sample_check:
         check = report.sample_check

@@ -36,7 +36,7 @@ HARD_EXIT_RESERVE = 2.0
 RESUME = "to resume, run the same command again"
 
 _state: dict[str, Any] = {
-    "signal": None, "at": None, "grace": None, "announced": False, "installed": False, "waiting": 0,
+    "signal": None, "at": None, "grace": None, "announced": False, "installed": False, "waiting": 0, "timer": None,
 }  # fmt: skip
 _stop = threading.Event()
 _cleanups: dict[int, Callable[[], None]] = {}
@@ -110,6 +110,7 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     timer = threading.Timer(delay, hard_exit, args=(f"grace period of {grace:g} s over",))
     timer.daemon = True
     timer.start()
+    _state["timer"] = timer
     _say(
         f"latentforge: {_state['signal']}: stopping after the samples in flight (at most {grace:g} s; "
         "a second signal stops at once)\n"
@@ -152,16 +153,21 @@ def _install() -> dict[int, Any]:
 
 @contextlib.contextmanager
 def handling(grace_seconds: float) -> Iterator[None]:
-    """Stop cleanly on SIGTERM / SIGINT / SIGHUP while the block runs (main thread only; a no-op elsewhere)."""
+    """Stop cleanly on SIGTERM / SIGINT / SIGHUP while the block runs (main thread only; a no-op elsewhere). Each
+    block starts with no stop asked for, and its end calls off the grace period's watchdog: a process that runs
+    several commands (a test's, a notebook's) goes on after a stopped one."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    reset()
     _state.update(grace=grace_seconds, installed=True)
     previous = _install()
     try:
         yield
     finally:
         _state["installed"] = False
+        if (timer := _state["timer"]) is not None:
+            timer.cancel()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
@@ -176,4 +182,6 @@ def reclaim() -> None:
 def reset() -> None:
     """Forget a stop request (tests, and a process that runs several commands)."""
     _stop.clear()
-    _state.update(signal=None, at=None, announced=False, waiting=0)
+    if (timer := _state["timer"]) is not None:
+        timer.cancel()
+    _state.update(signal=None, at=None, announced=False, waiting=0, timer=None)
