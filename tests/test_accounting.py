@@ -239,7 +239,7 @@ def _in_progress(out: Path, shard: str) -> dict[str, int]:
     return {key: len(found) for key, found in marks.items()}
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # tens of seconds of real builds: make soak (the suite stays under 15 minutes)
 def test_a_sample_the_run_died_on_twice_is_recorded_failed_and_the_next_run_completes(tmp_path, tiny_model, video):
     src = _source(tmp_path / "src", video, {"a": 4, "z": 2})
     out, home = tmp_path / "out", tmp_path / "home"

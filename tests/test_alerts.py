@@ -87,10 +87,10 @@ def test_a_paused_run_alerts_then_is_answered_from_another_process(small, tiny_m
         finally:
             if build.poll() is None:
                 build.kill()
-        assert build.returncode == 1 and "decision: abort" in output, output
+        assert build.returncode == 1 and "decided: abort by ops" in output, output
         failed = hook.wait_for(lambda body: isinstance(body, dict) and body.get("kind") == "failed")
     assert failed["run_id"] == paused["run_id"] and failed["step"] == "conflict-gate"
-    assert "abort" in failed["reason"]
+    assert "ConflictAborted" in failed["reason"] and "holds another cache" in failed["reason"]
     assert tree_hashes(out) == before
 
 

@@ -9,6 +9,8 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 from bench import gpu_encode_bench
 from bench.gpu_bench import SmiSampler, main, union_within
 from infra.demo.tiny import TINY_UMT5, TINY_VAE_OVERRIDES, UMT5_XXL
@@ -23,6 +25,7 @@ LEG = re.compile(
 SAMPLES = 4
 
 
+@pytest.mark.soak  # tens of seconds of real builds: make soak (the suite stays under 15 minutes)
 def test_the_gpu_bench_runs_the_build_on_cpu_with_the_tiny_snapshot(tmp_path) -> None:
     argv = ["--size", "tiny", "--device", "cpu", "--dtype", "fp32", "--frames", "5", "--height", "32"]
     argv += ["--width", "32", "--samples", str(SAMPLES), "--shards", "2", "--video-batches", "2"]

@@ -14,7 +14,7 @@ TINY = ["--size", "tiny", "--device", "cpu", "--dtype", "fp32", "--frames", "9",
 TINY += ["--samples", "4", "--shards", "2", "--decode-workers", "1", "--clips", "sample_1080p", "carphone"]
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # tens of seconds of real builds: make soak (the suite stays under 15 minutes)
 def test_the_shot_runs_every_leg_on_cpu_and_the_build_equals_the_plain_loop(tmp_path) -> None:
     line = main([*TINY, "--work", str(tmp_path / "work"), "--json", str(tmp_path / "shot.json")])
     results = json.loads((tmp_path / "shot.json").read_text())

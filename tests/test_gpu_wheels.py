@@ -70,7 +70,7 @@ def imported(log: str) -> set[str]:
     }
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # tens of seconds of real builds: make soak (the suite stays under 15 minutes)
 def test_a_build_imports_nothing_the_wheelhouse_drops(tmp_path, tiny_model, clips) -> None:
     src = make_shards(tmp_path / "src", {"s0": [sample(0, 0, clips["carphone"], b"a ball rolls")]})
     port, home = free_port(), tmp_path / "home"
