@@ -91,14 +91,20 @@ def test_latent_spans_take_the_first_frame_alone():
         latent_spans(3, 0)
 
 
-def test_wan_decode_chunks_are_the_whole_decode_bit_for_bit(tiny_model: Path):
-    family = load_family(tiny_model, "wan22", torch.device("cpu"), torch.float32)
+@pytest.fixture(scope="module")
+def wan(tiny_model: Path):
+    """The tiny Wan2.2 family, loaded once for the module."""
+    return load_family(tiny_model, "wan22", torch.device("cpu"), torch.float32)
+
+
+def test_wan_decode_chunks_are_the_whole_decode_bit_for_bit(wan):
+    family = wan
     shape = (family.vae.config.z_dim, LATENT_FRAMES, HEIGHT // 16, WIDTH // 16)
     latents = torch.randn(shape, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     whole = family.decode(latents)
     assert whole.shape == (3, 1 + 4 * (LATENT_FRAMES - 1), HEIGHT, WIDTH)
     assert torch.equal(family.vae.decode(_unnormalised(family, latents)).sample[0], whole)  # diffusers' own call
-    for chunk in (1, 2, 3):
+    for chunk in (2, 3):  # the default, and one that does not divide the frames
         parts = list(family.decode_chunks(latents, chunk=chunk))
         assert [c.shape[1] for c in parts] == [1] + [4 * (b - a) for a, b in latent_spans(LATENT_FRAMES, chunk)[1:]]
         assert torch.equal(torch.cat(parts, dim=1), whole), chunk
@@ -109,9 +115,9 @@ def _unnormalised(family, latents: torch.Tensor) -> torch.Tensor:
     return latents.float().unsqueeze(0) * family.std + family.mean
 
 
-def _largest_activation(vae, decode) -> int:
-    """The most elements any of the VAE decoder's modules returned during `decode()` (the memory a decode needs
-    scales with it), read through public forward hooks."""
+def _largest_activation(vae, decode) -> tuple[int, torch.Tensor]:
+    """`decode()`'s pixels and the most elements any of the VAE decoder's modules returned on the way (the memory a
+    decode needs scales with it), read through public forward hooks."""
     largest = [0]
 
     def seen(_module, _inputs, output) -> None:
@@ -120,28 +126,28 @@ def _largest_activation(vae, decode) -> int:
 
     hooks = [m.register_forward_hook(seen) for m in vae.decoder.modules()]
     try:
-        decode()
+        pixels = decode()
     finally:
         for hook in hooks:
             hook.remove()
-    return largest[0]
+    return largest[0], pixels
 
 
-def test_wan_decode_of_a_frame_over_the_limit_is_tiled_in_bounded_memory(tiny_model: Path):
-    family = load_family(tiny_model, "wan22", torch.device("cpu"), torch.float32)
-    z = _unnormalised(
-        family, torch.randn((family.vae.config.z_dim, 2, 4, 8), generator=torch.Generator().manual_seed(4))
-    )
-    pixels = torch.rand((1, 3, 5, 64, 128), generator=torch.Generator().manual_seed(5)) * 2 - 1
+def test_wan_decode_of_a_frame_over_the_limit_is_tiled_in_bounded_memory(wan):
+    family = wan
+    latents = torch.randn((family.vae.config.z_dim, 1, 4, 8), generator=torch.Generator().manual_seed(4))
+    z = _unnormalised(family, latents)
+    pixels = torch.rand((1, 3, 1, 64, 128), generator=torch.Generator().manual_seed(5)) * 2 - 1
     encoded = family.encode_video(pixels)
-    whole_peak = _largest_activation(family.vae, lambda: decode_video(family.vae, z))
-    tile = (32, 16)  # a 32² tile every 16 pixels: 32 tiles over the 64×128 frame
-    tiled = decode_video(family.vae, z, max_area=64 * 64, tile=tile)
-    tiled_peak = _largest_activation(family.vae, lambda: decode_video(family.vae, z, max_area=64 * 64, tile=tile))
-    assert tiled.shape == (1, 3, 5, 64, 128) and float(tiled.abs().max()) <= 1.0
-    assert not torch.equal(tiled, decode_video(family.vae, z))  # the tiles were blended: another decode
-    assert tiled_peak * (64 * 128) <= whole_peak * 32 * 32  # a tile's activations, not the frame's
-    assert torch.equal(decode_video(family.vae, z, max_area=64 * 128), decode_video(family.vae, z))  # at the limit
+    whole_peak, whole = _largest_activation(family.vae, lambda: decode_video(family.vae, z))
+    tile = (64, 32)  # a 64² tile every 32 pixels: 8 tiles over the 64×128 frame
+    tiled_peak, tiled = _largest_activation(
+        family.vae, lambda: decode_video(family.vae, z, max_area=64 * 64, tile=tile)
+    )
+    assert tiled.shape == whole.shape == (1, 3, 1, 64, 128) and float(tiled.abs().max()) <= 1.0
+    assert not torch.equal(tiled, whole)  # the tiles were blended: another decode
+    assert tiled_peak * (64 * 128) <= whole_peak * 64 * 64  # a tile's activations, not the frame's
+    assert torch.equal(decode_video(family.vae, z, max_area=64 * 128), whole)  # a frame at the limit: whole
     assert torch.equal(family.encode_video(pixels), encoded)  # tiling was switched off again
 
 
