@@ -19,7 +19,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
 from prefect.client.schemas.objects import StateType
 from prefect.flow_runs import resume_flow_run
-from prefect.input.run_input import keyset_from_paused_state, read_flow_run_input
+from prefect.input import read_flow_run_input
 from prefect.settings import get_current_settings
 
 from infra import outdir
@@ -66,10 +66,10 @@ def pending_runs() -> list[PendingRun]:
         runs = client.read_flow_runs(flow_run_filter=paused)
     pending = []
     for run in sorted(runs, key=lambda r: r.state.timestamp if r.state else 0):
-        preview = ""
+        keys = run.state.state_details.run_input_keyset  # the input keys the paused run stored (as Prefect's UI reads)
         try:
-            preview = read_flow_run_input(keyset_from_paused_state(run.state)["description"], run.id) or ""
-        except (RuntimeError, ValueError):
+            preview = (read_flow_run_input(keys["description"], run.id) or "") if keys else ""  # no input asked
+        except ValueError:
             preview = "(no preview)"
         pending.append(PendingRun(str(run.id), run.name, str(run.state.timestamp), str(preview), gone_why(run)))
     return pending

@@ -2,8 +2,8 @@
 its whole decode, and the streamed comparison's files and checks.
 
 What holds how: scoring in frame chunks is bit-identical to scoring the whole tensor (every frame is reduced on
-its own, in order), and within 1e-12 of the float64 conv2d SSIM this module replaced; the Wan decode with one
-latent frame per call is the VAE's own decode bit for bit, with 2 or 3 per call within `DECODE_ATOL`."""
+its own, in order), and within 1e-12 of the float64 conv2d SSIM this module replaced; the Wan decode's chunks are
+the VAE's own `decode` bit for bit, and a frame over the limit is decoded in tiles with a tile's activations."""
 
 from __future__ import annotations
 
@@ -21,13 +21,12 @@ from PIL import Image
 from infra.audit import metrics
 from infra.audit.compare import compare, strip_picks, to_uint8
 from infra.models import load_family
-from infra.models.wan_decode import latent_spans
+from infra.models.wan_decode import decode_video, latent_spans
 from tests.conftest import HEIGHT, WIDTH
 
 SHAPE = (3, 9, 40, 57)  # an odd width and a frame count no chunk size divides
 CHUNKS = (1, 2, 4, 9)
 LATENT_FRAMES = 4  # 13 pixel frames: the first-frame path, then three 4-frame calls
-DECODE_ATOL = 1e-5  # fp32 pixels in [-1, 1]: measured max |difference| ~1e-7 here, 2e-6 at 33×832²
 
 
 def _pair(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,20 +91,64 @@ def test_latent_spans_take_the_first_frame_alone():
         latent_spans(3, 0)
 
 
-def test_wan_chunked_decode_equals_the_whole_decode(tiny_model: Path):
-    family = load_family(tiny_model, "wan22", torch.device("cpu"), torch.float32)
+@pytest.fixture(scope="module")
+def wan(tiny_model: Path):
+    """The tiny Wan2.2 family, loaded once for the module."""
+    return load_family(tiny_model, "wan22", torch.device("cpu"), torch.float32)
+
+
+def test_wan_decode_chunks_are_the_whole_decode_bit_for_bit(wan):
+    family = wan
     shape = (family.vae.config.z_dim, LATENT_FRAMES, HEIGHT // 16, WIDTH // 16)
     latents = torch.randn(shape, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     whole = family.decode(latents)
     assert whole.shape == (3, 1 + 4 * (LATENT_FRAMES - 1), HEIGHT, WIDTH)
-    one = list(family.decode_chunks(latents, chunk=1))
-    assert [c.shape[1] for c in one] == [1, 4, 4, 4]
-    assert torch.equal(torch.cat(one, dim=1), whole)  # the VAE's own frame-by-frame loop, bit for bit
-    for chunk in (2, 3):
+    assert torch.equal(family.vae.decode(_unnormalised(family, latents)).sample[0], whole)  # diffusers' own call
+    for chunk in (2, 3):  # the default, and one that does not divide the frames
         parts = list(family.decode_chunks(latents, chunk=chunk))
         assert [c.shape[1] for c in parts] == [1] + [4 * (b - a) for a, b in latent_spans(LATENT_FRAMES, chunk)[1:]]
-        assert torch.allclose(torch.cat(parts, dim=1), whole, rtol=0, atol=DECODE_ATOL), chunk
+        assert torch.equal(torch.cat(parts, dim=1), whole), chunk
     assert torch.equal(family.decode(latents), whole)  # the feature cache was cleared: the next decode is the same
+
+
+def _unnormalised(family, latents: torch.Tensor) -> torch.Tensor:
+    return latents.float().unsqueeze(0) * family.std + family.mean
+
+
+def _largest_activation(vae, decode) -> tuple[int, torch.Tensor]:
+    """`decode()`'s pixels and the most elements any of the VAE decoder's modules returned on the way (the memory a
+    decode needs scales with it), read through public forward hooks."""
+    largest = [0]
+
+    def seen(_module, _inputs, output) -> None:
+        if isinstance(output, torch.Tensor):
+            largest[0] = max(largest[0], output.numel())
+
+    hooks = [m.register_forward_hook(seen) for m in vae.decoder.modules()]
+    try:
+        pixels = decode()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return largest[0], pixels
+
+
+def test_wan_decode_of_a_frame_over_the_limit_is_tiled_in_bounded_memory(wan):
+    family = wan
+    latents = torch.randn((family.vae.config.z_dim, 1, 4, 8), generator=torch.Generator().manual_seed(4))
+    z = _unnormalised(family, latents)
+    pixels = torch.rand((1, 3, 1, 64, 128), generator=torch.Generator().manual_seed(5)) * 2 - 1
+    encoded = family.encode_video(pixels)
+    whole_peak, whole = _largest_activation(family.vae, lambda: decode_video(family.vae, z))
+    tile = (64, 32)  # a 64² tile every 32 pixels: 8 tiles over the 64×128 frame
+    tiled_peak, tiled = _largest_activation(
+        family.vae, lambda: decode_video(family.vae, z, max_area=64 * 64, tile=tile)
+    )
+    assert tiled.shape == whole.shape == (1, 3, 1, 64, 128) and float(tiled.abs().max()) <= 1.0
+    assert not torch.equal(tiled, whole)  # the tiles were blended: another decode
+    assert tiled_peak * (64 * 128) <= whole_peak * 64 * 64  # a tile's activations, not the frame's
+    assert torch.equal(decode_video(family.vae, z, max_area=64 * 128), whole)  # a frame at the limit: whole
+    assert torch.equal(family.encode_video(pixels), encoded)  # tiling was switched off again
 
 
 def _mp4_frames(data: bytes) -> np.ndarray:

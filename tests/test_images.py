@@ -27,7 +27,7 @@ from infra.models import load_family
 from infra.models.base import TextSettings
 from infra.plan import make_plan
 from infra.preprocess.shard import process_shard
-from infra.sources import open_source
+from infra.sources import Problem, open_source
 from infra.sources.wds import expand_braces
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.image_media import StillImage, rotated_jpeg, sample_images, write_folder, write_wds
@@ -158,7 +158,7 @@ def test_wds_source_streams_members_and_expands_braces(tmp_path, images):
     evil = tmp_path / "evil" / "e.tar"  # a key that would leave OUT: a layout error, no output name
     write_wds(evil, [StillImage("../../evil", images[0].data, "x", "RGB")])
     (ref,) = open_source(f"wds:{evil}").samples(open_source(f"wds:{evil}").shards()[0])
-    assert ref.stem == "" and "unsafe key" in ref.extra["layout_error"]
+    assert ref.stem == "" and "unsafe key" in ref.problems[Problem.BAD_LAYOUT]
     with pytest.raises(ConfigError, match="does not exist"):
         open_source(f"wds:{tmp_path}/wds/{{000..004}}.tar").shards()
 

@@ -11,7 +11,7 @@ import pytest
 from infra.errors import ConfigError, InputError, SourceError
 from infra.media.buckets import Bucket, choose_bucket, parse_buckets
 from infra.plan import make_plan
-from infra.sources import open_source
+from infra.sources import Problem, open_source
 from tests.conftest import config
 
 
@@ -62,9 +62,9 @@ def test_unsafe_paths_and_repeated_rows_are_layout_errors(tmp_path):
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     good, outside, twice = _refs(f"meta:{path}")
-    assert "layout_error" not in good.extra and good.stem == "a"
-    assert "cannot name an output" in outside.extra["layout_error"] and outside.stem == ""
-    assert "listed twice" in twice.extra["layout_error"] and twice.key != good.key
+    assert good.problem is None and good.stem == "a"
+    assert "cannot name an output" in outside.problems[Problem.BAD_LAYOUT] and outside.stem == ""
+    assert "listed twice" in twice.problems[Problem.BAD_LAYOUT] and twice.key != good.key
 
 
 def test_a_bad_metadata_file_is_a_source_error(tmp_path):
@@ -92,8 +92,8 @@ def test_two_media_files_with_one_output_name_are_refused_at_plan_time(tmp_path,
     (shard,) = make_plan(cfg).shards
     assert list(shard.collisions) == ["clips/a.mov"] and "'clips/a.mp4'" in shard.collisions["clips/a.mov"]
     first, second = open_source(f"meta:{path}").samples(shard.shard)
-    assert first.stem == "clips/a" and "name_collision" not in first.extra
-    assert second.stem == "" and "'clips/a.mov'" in second.extra["name_collision"]
+    assert first.stem == "clips/a" and first.problem is None
+    assert second.stem == "" and "'clips/a.mov'" in second.problems[Problem.NAME_COLLISION]
 
 
 def test_bucket_strings_and_the_trainers_choice():

@@ -213,6 +213,21 @@ def test_resource_requests_follow_the_device(tmp_path):
     assert runners.remote_options(BuildConfig(**base, device="neuron"))["resources"] == {"neuron_cores": 1}
 
 
+def test_workers_report_to_the_configured_api_else_to_the_flows_ephemeral_one(tmp_path):
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED, temporary_settings  # noqa: PLC0415
+
+    def reported() -> str | None:
+        cfg = BuildConfig(source="vbvr:/x", model="/m", out=str(tmp_path))
+        return runners.init_kwargs(cfg)["runtime_env"]["env_vars"].get("PREFECT_API_URL")
+
+    harness = str(PREFECT_API_URL.value())  # the session's server, also Prefect's ephemeral one in this process
+    assert reported() == harness
+    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={PREFECT_SERVER_EPHEMERAL_ENABLED: True}):
+        assert reported() == harness  # none configured: the server Prefect's own client talks to
+    with temporary_settings(restore_defaults={PREFECT_API_URL}, updates={PREFECT_SERVER_EPHEMERAL_ENABLED: False}):
+        assert reported() is None
+
+
 def test_chunks_cover_the_shard_once_and_the_last_runs_to_the_quota():
     shard = ShardPlan(id="s", path="/s.tar", samples=5, quota=None)
     assert plan_chunks(shard, None) is None and plan_chunks(shard, 5) is None

@@ -8,10 +8,14 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infra.demo.data import DemoSample, write_vbvr_tar
 from infra.errors import InputError
-from infra.sources import SampleRef, Shard, SourceError, is_safe_name, open_source
+from infra.preprocess.read import read
+from infra.sources import Problem, SampleRef, Shard, SourceError, is_safe_name, open_source
+from infra.sources.names import sample_name
 from infra.sources.vbvr import ShardReadError, VbvrSource
 from tests.conftest import GENERATORS, make_shards, sample
 
@@ -55,9 +59,9 @@ def only_shard(source: VbvrSource) -> Shard:
 
 
 def read_all(source: VbvrSource, shard: Shard) -> list[tuple[str, str, str, bytes | None, bytes | None, dict]]:
-    """(id, group, key, media, prompt, extra) of each sample, read while the shard is open."""
+    """(id, group, key, media, prompt, extra and problems) of each sample, read while the shard is open."""
     return [
-        (ref.id, ref.group, ref.key, ref.read_media(), ref.read_prompt(), dict(ref.extra))
+        (ref.id, ref.group, ref.key, ref.read_media(), ref.read_prompt(), ref.extra | ref.problems)
         for ref in source.samples(shard)
     ]
 
@@ -217,7 +221,9 @@ def test_directories_outside_the_layout_are_flagged_not_dropped(tmp_path: Path) 
     members = [("G-1/t_task/t_00000001/prompt.txt", b"good")]
     members += [(f"{d}/ground_truth.mp4".lstrip("/"), d.encode()) for d in LAYOUT_ERRORS]
     source = open_source(f"vbvr:{write_members(tmp_path / 's.tar', members)}")
-    refs = {ref.id: (ref.group, ref.read_media(), dict(ref.extra)) for ref in source.samples(only_shard(source))}
+    refs = {
+        ref.id: (ref.group, ref.read_media(), ref.extra | ref.problems) for ref in source.samples(only_shard(source))
+    }
 
     assert refs.pop("t_00000001") == ("G-1", None, {})
     assert sorted(refs) == sorted(LAYOUT_ERRORS.values())
@@ -225,7 +231,7 @@ def test_directories_outside_the_layout_are_flagged_not_dropped(tmp_path: Path) 
         group, media, extra = refs[sid]
         assert group == ""
         assert media == directory.encode()
-        assert extra["layout_error"].startswith("not {generator}/{task}_task/{task}_NNNNNNNN/")
+        assert extra[Problem.BAD_LAYOUT].startswith("not {generator}/{task}_task/{task}_NNNNNNNN/")
 
 
 @pytest.mark.parametrize(
@@ -243,7 +249,7 @@ def test_unsafe_names_are_flagged(tmp_path: Path, directory: str) -> None:
     source = open_source(f"vbvr:{tar}")
     ((_, _, _, media, prompt, extra),) = read_all(source, only_shard(source))
     assert (media, prompt) == (None, b"p")
-    assert extra["layout_error"]
+    assert extra[Problem.BAD_LAYOUT]
 
 
 def test_a_wrapper_folder_above_the_generator_is_accepted(tmp_path: Path) -> None:
@@ -262,7 +268,7 @@ def test_traversal_prefixes_are_not_merged_into_a_real_sample(tmp_path: Path, pr
     ]
     source = open_source(f"vbvr:{write_members(tmp_path / 's.tar', members)}")
     rows = read_all(source, only_shard(source))
-    clean = [row for row in rows if "layout_error" not in row[5]]
+    clean = [row for row in rows if Problem.BAD_LAYOUT not in row[5]]
     assert all(row[3] != HOSTILE for row in clean)  # no clean sample reads the hostile member
     assert any(row[3] == HOSTILE for row in rows)  # and it is reported, not dropped
 
@@ -272,7 +278,7 @@ def test_generator_with_a_trailing_newline_is_flagged(tmp_path: Path) -> None:
     source = open_source(f"vbvr:{tar}")
     (ref,) = list(source.samples(only_shard(source)))
     assert ref.group == "G-1\n"
-    assert ref.extra.get("layout_error")
+    assert ref.problems.get(Problem.BAD_LAYOUT)
 
 
 def test_sample_folder_without_either_member_is_listed(tmp_path: Path, videos: tuple[bytes, ...]) -> None:
@@ -330,7 +336,7 @@ def test_damaged_shard_yields_the_samples_before_then_raises(
         for ref in source.samples(only_shard(source)):
             seen.append(ref.id)
             if len(seen) <= INTACT:
-                row = (ref.id, ref.group, ref.key, ref.read_media(), ref.read_prompt(), dict(ref.extra))
+                row = (ref.id, ref.group, ref.key, ref.read_media(), ref.read_prompt(), ref.extra | ref.problems)
                 assert row == intact[len(seen) - 1]
     assert seen[:INTACT] == [row[0] for row in intact]
     assert len(seen) <= SHARD_SAMPLES
@@ -420,3 +426,35 @@ def test_unsafe_names(name: str) -> None:
 @pytest.mark.parametrize("name", ["G-1\n", "x" * MAX_NAME + "\n"])
 def test_trailing_newline_is_unsafe(name: str) -> None:
     assert not is_safe_name(name)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    found=st.dictionaries(st.sampled_from(list(Problem)), st.text(max_size=20), max_size=len(Problem)),
+    group=st.sampled_from(["G-1", "", "root"]),
+)
+def test_a_sample_is_refused_for_its_first_problem_before_a_byte_is_read(found: dict, group: str) -> None:
+    def unread() -> bytes:
+        raise AssertionError("a sample with a problem was read")
+
+    ref = SampleRef(id="t_00000001", group=group, key="k", read_media=unread, read_prompt=unread, problems=found)
+    if not found:
+        assert ref.problem is None
+        return
+    first = next(kind for kind in Problem if kind in found)  # the order read() checked the extra's strings in
+    with pytest.raises(InputError) as refused:
+        read(ref)
+    assert refused.value.reason == first.value == ref.problem.kind.value
+    if first is Problem.DUPLICATE_ID:
+        met = sample_name(group, "t_00000001")
+        assert refused.value.detail == f"{met} is also {found[first]}, met first: that one is encoded"
+    else:
+        assert refused.value.detail == found[first]
+    assert [k.value for k in Problem] == [
+        "bad_row",
+        "bad_layout",
+        "outside_source",
+        "duplicate_id",
+        "name_collision",
+        "superseded",
+    ]

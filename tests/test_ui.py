@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.flow_runs import resume_flow_run
-from prefect.input.run_input import keyset_from_paused_state, read_flow_run_input
+from prefect.input import read_flow_run_input
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.approval import ConflictAnswer, LossAnswer, ReplaceAnswer, StaleAnswer
@@ -204,7 +204,7 @@ def test_a_person_answers_the_loss_gate_in_the_new_ui(ui_server, paused, tmp_pat
     paused.answer_by_api(until="loss")  # the conflict gate: answered by the classic UI's test, or here
     with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
         state = client.read_flow_run(run_id).state
-        stored = read_flow_run_input(keyset_from_paused_state(state)["schema"], run_id)  # what the form is drawn from
+        stored = read_flow_run_input(state.state_details.run_input_keyset["schema"], run_id)  # the form
     assert stored["properties"]["choice"]["title"] == "Decision" and "LossChoice" not in json.dumps(stored)
 
     def answer(driver) -> None:

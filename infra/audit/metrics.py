@@ -10,10 +10,10 @@ Both map pixels to ``[0, 1]`` first (``(x + 1) / 2``, no clamping) and use a dat
   channel in strips of ~29 rows at 832 wide (they stay in cache; a float64 ``conv2d`` on CPU is ~10× slower);
   identical inputs give exactly 1.0 (numerator and denominator are then the same products).
 
-Scoring is streamed: `VideoScore.add` takes a chunk of frames at a time (decode-and-verify feeds it each decoder
-call's frames), and every frame is reduced on its own and added in frame order, so the result does not depend on
-how the frames were chunked (bit for bit: tests/test_decode_chunks.py). `psnr` and `ssim` score whole tensors
-the same way, one float64 frame at a time.
+Scoring is streamed: `VideoScore.add` takes a chunk of frames at a time (decode-and-verify feeds it the decode's
+frames as they reach the CPU), and every frame is reduced on its own and added in frame order, so the result does
+not depend on how the frames were chunked (bit for bit: tests/test_decode_chunks.py). `psnr` and `ssim` score
+whole tensors the same way, one float64 frame at a time.
 """
 
 from __future__ import annotations

@@ -170,7 +170,8 @@ class LoadedFamily(ABC):
     def decode_chunks(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
         """Stored latents → the pixels of `decode`, a chunk of frames (3,f,H,W) at a time, in order, each float32 on
         CPU: decode-and-verify scores and draws each chunk as it comes, so no whole decoded copy is held. This
-        default is one chunk, the whole decode; a family whose VAE decodes causally in time overrides it."""
+        default is one chunk, the whole decode; a family whose decode is large (Wan: `infra.models.wan_decode`)
+        hands it to the CPU a few frames at a time."""
         yield self.decode(latents)
 
 

@@ -22,7 +22,7 @@ from infra.models.base import (
     TextSettings,
     read_json,
 )
-from infra.models.wan_decode import DECODE_CHUNK, decode_in_chunks
+from infra.models.wan_decode import DECODE_CHUNK, decode_video, pixel_spans
 
 logger = logging.getLogger(__name__)
 
@@ -202,9 +202,10 @@ class Wan22Encoder(LoadedFamily):
 
     @torch.inference_mode()
     def decode_chunks(self, latents: torch.Tensor, chunk: int = DECODE_CHUNK) -> Iterator[torch.Tensor]:
-        """`decode`'s pixels, `chunk` latent frames (4 × as many pixel frames) per decoder call after the first
-        (`infra.models.wan_decode`): the whole decode's numbers within float tolerance; chunk=1 bit for bit."""
+        """`decode`'s pixels bit for bit (spatially tiled for a frame over `WHOLE_DECODE_MAX_AREA`:
+        `infra.models.wan_decode`), moved to the CPU as float32 `chunk` latent frames' worth at a time."""
         z = latents.float().unsqueeze(0) * self.std + self.mean
         with self._lock:
-            for pixels in decode_in_chunks(self.vae, z.to(self.device, self.dtype), chunk):
-                yield pixels.float().cpu()[0].clamp(-1, 1)
+            pixels = decode_video(self.vae, z.to(self.device, self.dtype))
+        for start, end in pixel_spans(latents.shape[1], chunk, self.vae.config.scale_factor_temporal):
+            yield pixels[:, :, start:end].float().cpu()[0].clamp(-1, 1)

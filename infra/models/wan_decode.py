@@ -1,52 +1,64 @@
-"""The Wan VAE's decode, a few latent frames per decoder call, yielding pixels as they come.
+"""The Wan VAE's decode for decode-and-verify, through diffusers' public API only.
 
-`AutoencoderKLWan._decode` runs the decoder one latent frame at a time over a causal feature cache, concatenates
-every output (a full-size copy per frame), unpatchifies and clamps. This is the same loop with two changes:
+`AutoencoderKLWan.decode` runs its decoder one latent frame at a time over a causal feature cache and returns the
+whole video; diffusers has no public way to run that loop a few frames per call or to take its frames as they come
+(the cache is the VAE's private ``_feat_map`` / ``_conv_idx``; read in diffusers 0.42.1). So:
 
-* after the first latent frame (alone, as there: the first-frame path, ``first_chunk=True``) the decoder takes
-  `chunk` latent frames per call. The causal convolutions see the same frames (their cache holds the last two),
-  so the numbers are the frame-by-frame decode's within float tolerance; ``chunk=1`` is that decode bit for bit.
-  Larger calls are fewer kernel launches on an accelerator, and on CPU they pass PyTorch's size heuristic for
-  the oneDNN 3-D convolution (a 4-frame call at full resolution with few channels falls back to a ~5× slower
-  native kernel);
-* each call's pixels are unpatchified, clamped and yielded at once, so no full-size decoded copy is built.
+* a frame of at most `WHOLE_DECODE_MAX_AREA` pixels: ``vae.decode(z)``, the whole tensor: the pixels of the
+  family's `decode` bit for bit;
+* a larger frame: the same call with diffusers' spatial tiling (``vae.enable_tiling``, `TILE` / `TILE_STRIDE`),
+  so the decoder's activations are a tile's, not the frame's; its pixels are the tiled decode's (tiles blended
+  over their overlap), not the whole decode's. Tiling is switched off again after: the VAE's encode is unchanged.
+
+The caller moves the pixels to the CPU `latent_spans` at a time (the first latent frame's pixel frame, then 4 ×
+`DECODE_CHUNK` frames), so no whole float32 copy of a bf16 decode is made on the CPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-#: Latent frames per decoder call after the first (4 × as many pixel frames).
+#: Latent frames' worth of pixel frames (4 × as many) handed to the caller at a time, after the first.
 DECODE_CHUNK = 2
+#: The largest frame (height × width, pixels) decoded whole; a larger one is decoded in spatial tiles.
+WHOLE_DECODE_MAX_AREA = 1280 * 720
+#: diffusers' own tile for the Wan VAE: 256² pixels, a new tile every 192 (64 blended).
+TILE, TILE_STRIDE = 256, 192
 
 
 def latent_spans(frames: int, chunk: int) -> list[tuple[int, int]]:
-    """[start, end) of each decoder call over `frames` latent frames: the first alone, then `chunk` at a time."""
+    """[start, end) of each chunk of `frames` latent frames: the first alone, then `chunk` at a time."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     return [(0, min(1, frames))] + [(a, min(a + chunk, frames)) for a in range(1, frames, chunk)]
 
 
-@torch.inference_mode()
-def decode_in_chunks(vae: Any, z: torch.Tensor, chunk: int = DECODE_CHUNK) -> Iterator[torch.Tensor]:
-    """Unnormalised latents `z` (1, C, F', H', W') on the VAE's device → pixels (1, 3, f, H, W) in [-1, 1], on the
-    VAE's device and dtype, in order, one decoder call at a time. The VAE's feature cache is cleared before and
-    after (also when the consumer stops early)."""
-    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify  # noqa: PLC0415 - heavy import
+def pixel_spans(latent_frames: int, chunk: int, ratio: int) -> list[tuple[int, int]]:
+    """The pixel frames [start, end) each latent span decodes to (`ratio` pixel frames per latent frame after the
+    first, which decodes to one)."""
+    return [(max(0, ratio * (a - 1) + 1), ratio * (b - 1) + 1) for a, b in latent_spans(latent_frames, chunk)]
 
-    vae.clear_cache()
+
+@torch.inference_mode()
+def decode_video(
+    vae: Any, z: torch.Tensor, max_area: int = WHOLE_DECODE_MAX_AREA, tile: tuple[int, int] = (TILE, TILE_STRIDE)
+) -> torch.Tensor:
+    """Unnormalised latents `z` (1, C, F', H', W') on the VAE's device → pixels (1, 3, f, H, W) in [-1, 1] on the
+    VAE's device and dtype: the whole decode, or the tiled one (`tile`: size and stride in pixels) when a frame is
+    larger than `max_area` pixels."""
+    ratio = vae.config.scale_factor_spatial
+    if z.shape[-2] * z.shape[-1] * ratio * ratio <= max_area:
+        return vae.decode(z).sample
+    size, stride = tile
+    vae.enable_tiling(
+        tile_sample_min_height=size,
+        tile_sample_min_width=size,
+        tile_sample_stride_height=stride,
+        tile_sample_stride_width=stride,
+    )
     try:
-        x = vae.post_quant_conv(z)
-        for start, end in latent_spans(z.shape[2], chunk):
-            vae._conv_idx = [0]  # the decoder's cache index, reset per call as _decode does
-            out = vae.decoder(
-                x[:, :, start:end], feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=start == 0
-            )
-            if vae.config.patch_size is not None:
-                out = unpatchify(out, patch_size=vae.config.patch_size)
-            yield out.clamp_(-1.0, 1.0)
+        return vae.decode(z).sample
     finally:
-        vae.clear_cache()
+        vae.disable_tiling()

@@ -95,10 +95,13 @@ def _api_url() -> str | None:
     """The Prefect API the workers must report to: the configured one, else this process's ephemeral server."""
     if PREFECT_API_URL.value():
         return str(PREFECT_API_URL.value())
-    from prefect.server.api.server import SubprocessASGIServer  # noqa: PLC0415 - heavy: Prefect's server app, Ray only
+    from prefect.client.orchestration import get_client  # noqa: PLC0415 - heavy: Prefect's client, Ray only
 
-    server = SubprocessASGIServer()  # one per process: the flow's own, already started
-    return server.api_url if server.running else None
+    try:  # the client of a flow without PREFECT_API_URL talks to Prefect's ephemeral server (the flow's own)
+        with get_client(sync_client=True) as client:
+            return str(client.api_url).rstrip("/")
+    except ValueError:  # no API configured and Prefect's ephemeral mode switched off
+        return None
 
 
 def init_kwargs(config: BuildConfig) -> dict[str, Any]:

@@ -99,7 +99,7 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
     store = STORE_DTYPES[spec.store_dtype]
     consumer_view = latent_encoder(encoder, spec)  # latents as the format's consumer reads them
     with encode_timing(plan.config.run.device):  # opt-in, for bench/gpu_bench.py; off: one environment lookup
-        latents = videos.latents(consumer_view, prepared, plan, state.ahead, state.vae).to(store)
+        latents = videos.latents(consumer_view, prepared, plan, state.batches, state.vae).to(store)
         with encode_timing(plan.config.run.device, "text"):
             text = encode_text(encoder, prepared.prompt, plan, state) if "text_embeddings" in plan.kinds else None
     fault_point("encode")

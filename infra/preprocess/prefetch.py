@@ -3,8 +3,8 @@ current one is encoded (``--prefetch N`` samples ahead, on ``--decode-workers`` 
 process``, processes: `infra.preprocess.decoders`).
 
 The shard loop iterates a `Prefetcher` instead of the source's samples; it yields the same refs in the same order.
-The shard's state (`infra.preprocess.state.ShardState`) carries it to the stages that batch with what it holds
-(`infra.preprocess.texts`, `infra.preprocess.videos`).
+The shard's state (`infra.preprocess.state.ShardState`) carries it to the stages that batch with what it has read
+or prepared ahead (`upcoming`: `infra.preprocess.texts`; `prepared_ahead`: `infra.preprocess.batching`).
 Reading a sample's bytes (prompt, video) happens on the loop's own thread, as the source's readers expect (a tar is
 one file position); only decoding and resizing run on the decoders. The shard loop takes what was prepared for its ref
 (`take`), or reads and prepares it itself when nothing was (a sample kept from the ledger is never read ahead). What
@@ -24,7 +24,6 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 from infra.cache import ledger
 from infra.media.prompts import CaptionRules
@@ -76,7 +75,6 @@ class Prefetcher:
         self._queue: deque[_Entry | _End] = deque()
         self._current: _Entry | None = None
         self._done = False
-        self._held: dict[str, Any] = {}  # ref key → latents (or the error) encoded at an earlier sample's turn
 
     def __iter__(self) -> Iterator[SampleRef]:
         return self
@@ -136,31 +134,20 @@ class Prefetcher:
             raise entry.error
         return entry.future.result() if entry.future is not None else entry.raw
 
-    def ready(self, count: int, shape: tuple[int, ...]) -> list[PreparedSample]:
-        """Up to `count` of the samples prepared ahead (waiting for their decodes) whose pixels have `shape`: what
-        `infra.preprocess.videos` batches with the current sample. A sample whose reading or decoding failed is
-        left out (its error comes at its turn), as is one already held."""
-        found: list[PreparedSample] = []
+    def prepared_ahead(self) -> Iterator[PreparedSample]:
+        """The samples prepared ahead, in order, each as its decode finishes (waited for as it is asked for): what
+        `infra.preprocess.batching` batches by shape. A sample whose reading or decoding failed is left out (its
+        error comes at its turn, from `take`)."""
         for entry in list(self._queue):
-            if len(found) >= count or not isinstance(entry, _Entry):
-                break
-            if entry.future is None or entry.error is not None or entry.ref.key in self._held:
+            if not isinstance(entry, _Entry):
+                return
+            if entry.future is None or entry.error is not None:
                 continue
             try:
                 prepared = entry.future.result()
             except Exception:  # noqa: BLE001 - raised again by `take` at its turn
                 continue
-            if prepared.video is not None and tuple(prepared.video.pixels.shape) == shape:
-                found.append(prepared)
-        return found
-
-    def hold(self, ref: SampleRef, result: Any) -> None:
-        """Keep a sample's latents (or its encode error) until its turn (`release`)."""
-        self._held[ref.key] = result
-
-    def release(self, ref: SampleRef) -> Any | None:
-        """The latents (or error) held for `ref`, forgotten here; None when none are held."""
-        return self._held.pop(ref.key, None)
+            yield prepared
 
     def upcoming(self) -> list[str]:
         """The prompts of the samples read ahead, in order (text batching encodes them with the current one)."""
@@ -170,7 +157,6 @@ class Prefetcher:
         """Drop what was prepared ahead: queued decodes are cancelled, running ones finish (one sample each)."""
         self._done = True
         self._queue.clear()
-        self._held.clear()
         if self._pool is not None:
             self._pool.shutdown()
         close = getattr(self._refs, "close", None)

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from infra.errors import InputError
 from infra.media.prompts import CaptionRules, caption_prompt
 from infra.sources import SampleRef
-from infra.sources.base import BAD_ROW, OUTSIDE_SOURCE
-from infra.sources.names import sample_name
 
 
 @dataclass(frozen=True)
@@ -32,21 +30,8 @@ def read(ref: SampleRef, captions: CaptionRules | None = None) -> RawSample:
     bytes and the bytes of its mode's other roles; InputError for what cannot be encoded (a layout error, a file
     that leads out of its source's root, a duplicate id, an output name another sample has, a row superseded by a
     later one, no video, a role's file not listed or not there: ``missing_<role>``)."""
-    if BAD_ROW in ref.extra:  # a metadata row that cannot be a sample: nothing of it is read
-        raise InputError(BAD_ROW, ref.extra[BAD_ROW])
-    if "layout_error" in ref.extra:
-        raise InputError("bad_layout", ref.extra["layout_error"])
-    if OUTSIDE_SOURCE in ref.extra:  # a link out of the source's root: not read
-        raise InputError(OUTSIDE_SOURCE, ref.extra[OUTSIDE_SOURCE])
-    if "duplicate_of" in ref.extra:
-        raise InputError(
-            "duplicate_id",
-            f"{sample_name(ref.group, ref.id)} is also {ref.extra['duplicate_of']}, met first: that one is encoded",
-        )
-    if "name_collision" in ref.extra:
-        raise InputError("name_collision", ref.extra["name_collision"])
-    if "superseded_by" in ref.extra:
-        raise InputError("superseded", ref.extra["superseded_by"])
+    if (problem := ref.problem) is not None:  # found by the listing: nothing of the sample is read
+        raise problem.error()
     prompt = caption_prompt(ref.read_prompt(), captions or CaptionRules())
     media = ref.read_media()
     if media is None:

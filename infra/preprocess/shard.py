@@ -32,6 +32,7 @@ from infra.ops import preempt
 from infra.outdir import UnsafePath
 from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess import phases, record, resume, write
+from infra.preprocess.batching import ShapeBatches
 from infra.preprocess.chunks import Chunk
 from infra.preprocess.encode import encode, load_encoder, shard_state
 from infra.preprocess.inflight import KILLED_RUN, InFlight
@@ -151,10 +152,15 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
         own_pass = open_source(plan.config.source, plan.spec, plan.config.limits).samples(shard.shard)
         phases.text_first_of(plan, own_pass, (first, stop), wanted, loop.get_encoder, loop.state.texts)
     ahead = loop.state.ahead = read_ahead(plan, itertools.islice(samples, first, stop), wanted, loop.journal)
+    batches = loop.state.batches = ShapeBatches(ahead) if ahead is not None else None
     read_error: Exception | None = None
     crash: BaseException | None = None
     try:
-        with contextlib.closing(ahead) if ahead is not None else contextlib.nullcontext(), contextlib.closing(samples):
+        with (
+            contextlib.closing(ahead) if ahead is not None else contextlib.nullcontext(),
+            contextlib.closing(batches) if batches is not None else contextlib.nullcontext(),
+            contextlib.closing(samples),
+        ):
             _run(loop, ahead if ahead is not None else itertools.islice(samples, first, stop))
     except ShardReadError as exc:
         logger.error("shard %s: %s", shard.id, exc)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infra.ops.progress import RunState
+from infra.preprocess.batching import ShapeBatches
 from infra.preprocess.prefetch import Prefetcher
 from infra.preprocess.texts import TextCache
 from infra.preprocess.videos import VideoStats
@@ -21,12 +22,15 @@ __all__ = ["RunState", "ShardState"]
 @dataclass
 class ShardState:
     """What one shard task's samples share: the run's state, the prompt embeddings of its encoder (bounded by
-    ``--text-cache-mb``), the VAE's work counts and the shard's read-ahead (None: one sample at a time)."""
+    ``--text-cache-mb``), the VAE's work counts, the shard's read-ahead (None: one sample at a time) and its video
+    batches."""
 
     run: RunState
     texts: TextCache
     vae: VideoStats = field(default_factory=VideoStats)
     ahead: Prefetcher | None = None
+    #: The video batches made of what `ahead` prepared (`infra.preprocess.batching`); None without a read-ahead.
+    batches: ShapeBatches | None = None
     #: Notes a sample's trip starting before its bytes are read now, nothing else in flight (the journal's mark:
     #: `infra.preprocess.inflight`); None: not noted (the sanity, a dry run).
     mark: Callable[[str], None] | None = None

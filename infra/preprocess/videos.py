@@ -1,10 +1,11 @@
 """Video batching (``--video-batch N``): the current sample's pixels encoded in one VAE call with up to N - 1 of the
-samples the shard's prefetcher has already prepared, those of the same shape only (one bucket, one geometry).
+samples the shard's prefetcher has already prepared, those of the same shape only (one bucket, one geometry:
+`infra.preprocess.batching`).
 
 Each sample still goes through the shard loop, its ledger row and its write one at a time, as without batching:
-the latents of the others wait on the prefetcher (`Prefetcher.hold`) until their turn, and a stop or a kill drops
-them with the rest of what was prepared ahead. A batch that fails is encoded again one sample at a time, so a
-failing sample gets its own error and its own failed row, and the others their latents.
+the latents of the others wait in the shard's batches (`ShapeBatches.hold`) until their turn, and a stop or a
+kill drops them with the rest of what was prepared ahead. A batch that fails is encoded again one sample at a
+time, so a failing sample gets its own error and its own failed row, and the others their latents.
 
 Batched and batch-one latents agree within the compute dtype's tolerance, not bit for bit (CPU, tiny Wan2.2, at
 17×128²: stored bf16 differs by at most one unit in the last place in <1% of the values; README "Memory and
@@ -24,7 +25,7 @@ import torch
 
 from infra.models import LoadedFamily
 from infra.plan import BuildPlan
-from infra.preprocess.prefetch import Prefetcher
+from infra.preprocess.batching import ShapeBatches
 from infra.preprocess.prepare import PreparedSample
 
 logger = logging.getLogger(__name__)
@@ -78,22 +79,23 @@ def _call(encoder: LoadedFamily, pixels: list[torch.Tensor], fixed: int, stats: 
 
 
 def latents(
-    encoder: LoadedFamily, prepared: PreparedSample, plan: BuildPlan, ahead: Prefetcher | None, stats: VideoStats
+    encoder: LoadedFamily, prepared: PreparedSample, plan: BuildPlan, batches: ShapeBatches | None, stats: VideoStats
 ) -> torch.Tensor:
     """The sample's latents: held from a batch encoded at an earlier sample's turn, else encoded now together
-    with up to ``--video-batch - 1`` samples of its shape prepared `ahead` (their latents held for their turns)."""
-    if ahead is not None:
-        held = ahead.release(prepared.ref)
+    with up to ``--video-batch - 1`` samples of its shape prepared ahead (`batches`; their latents held for their
+    turns)."""
+    if batches is not None:
+        held = batches.release(prepared.ref)
         if held is not None:
             if isinstance(held, Exception):
                 raise held
             return held
     pixels = prepared.video.pixels
     gather = plan.config.encoding.video_batch
-    others = ahead.ready(gather - 1, tuple(pixels.shape)) if ahead is not None and gather > 1 else []
+    others = batches.ready(gather - 1, tuple(pixels.shape)) if batches is not None and gather > 1 else []
     results = encode_group(encoder, [pixels, *(other.video.pixels for other in others)], plan.spec.video_batch, stats)
     for other, result in zip(others, results[1:], strict=True):
-        ahead.hold(other.ref, result)  # type: ignore[union-attr] - others is empty without a prefetcher
+        batches.hold(other.ref, result)  # type: ignore[union-attr] - others is empty without batches
     if isinstance(results[0], Exception):
         raise results[0]
     return results[0]

@@ -2,9 +2,21 @@
 ``folder:``)."""
 
 from infra.sources import folder, meta, vbvr, wds
-from infra.sources.base import SampleRef, Shard, ShardReadError, Source, SourceError, is_safe_name, open_source
+from infra.sources.base import (
+    Problem,
+    SampleProblem,
+    SampleRef,
+    Shard,
+    ShardReadError,
+    Source,
+    SourceError,
+    is_safe_name,
+    open_source,
+)
 
 __all__ = [
+    "Problem",
+    "SampleProblem",
     "SampleRef",
     "Shard",
     "ShardReadError",

@@ -7,6 +7,7 @@ reading or decoding their video.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import os
 from abc import ABC, abstractmethod
@@ -15,16 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from infra.errors import LatentforgeError, SourceError
+from infra.errors import InputError, LatentforgeError, SourceError
 from infra.registry import Registry
 from infra.sources.identity import SourceIdentity
 from infra.sources.names import SAFE_NAME as SAFE_NAME  # re-exported: where readers have long found it
 from infra.sources.names import is_safe_name as is_safe_name
+from infra.sources.names import sample_name
 
-#: `SampleRef.extra` key of a sample whose file is a link out of its source's root: skipped, ``outside_source``.
+#: The ledger reason of a sample whose file is a link out of its source's root (`Problem.OUTSIDE_SOURCE`).
 OUTSIDE_SOURCE = "outside_source"
-#: `SampleRef.extra` key (and ledger reason) of a metadata file's row that cannot be a sample (a path that is not a
-#: string, a NUL, a caption that is not text, a row the parser cannot read: `infra.sources.meta_rows`).
+#: The ledger reason of a metadata file's row that cannot be a sample (a path that is not a string, a NUL, a caption
+#: that is not text, a row the parser cannot read: `infra.sources.meta_rows`).
 BAD_ROW = "bad_row"
 FOLLOW_FLAG = "--follow-symlinks"
 
@@ -80,6 +82,29 @@ class Shard:
     collisions: tuple[tuple[str, str], ...] = ()
 
 
+class Problem(enum.Enum):
+    """Why a listed sample cannot be encoded, known from the listing (nothing of it is read); the value is its
+    ledger row's reason. In order of precedence: a sample with several is refused for the first."""
+
+    BAD_ROW = BAD_ROW
+    BAD_LAYOUT = "bad_layout"
+    OUTSIDE_SOURCE = OUTSIDE_SOURCE
+    DUPLICATE_ID = "duplicate_id"
+    NAME_COLLISION = "name_collision"
+    SUPERSEDED = "superseded"
+
+
+@dataclass(frozen=True)
+class SampleProblem:
+    """One problem of a sample and what the ledger row says of it."""
+
+    kind: Problem
+    detail: str
+
+    def error(self) -> InputError:
+        return InputError(self.kind.value, self.detail)
+
+
 @dataclass
 class SampleRef:
     """One source sample. `read_media` / `read_prompt` return None when the member is missing and raise
@@ -106,10 +131,24 @@ class SampleRef:
     #: A ``windows:K`` sample: the source frame its window starts at (its id, key and stem end in ``@first``);
     #: `source_key` is then the clip's key in its shard. None: the sample is the whole clip.
     window: int | None = None
+    #: What the listing found wrong with the sample, each with its detail (`Problem.DUPLICATE_ID`'s: the sample
+    #: met first): it is refused for the first (`problem`) before a byte of it is read.
+    problems: dict[Problem, str] = field(default_factory=dict)
 
     @property
     def source_key(self) -> str:
         return self.key.rpartition("@")[0] if self.window is not None else self.key
+
+    @property
+    def problem(self) -> SampleProblem | None:
+        """The problem the sample is refused for (the first in `Problem`'s order), or None."""
+        kind = next((k for k in Problem if k in self.problems), None)
+        if kind is None:
+            return None
+        detail = self.problems[kind]
+        if kind is Problem.DUPLICATE_ID:  # named as read: a window of a clip by its own id
+            detail = f"{sample_name(self.group, self.id)} is also {detail}, met first: that one is encoded"
+        return SampleProblem(kind, detail)
 
 
 class Source(ABC):
@@ -141,15 +180,15 @@ SOURCES: Registry[type[Source]] = Registry("source kind", error=SourceError)
 
 
 def mark_duplicate(ref: SampleRef, shard: Shard) -> SampleRef:
-    """`ref`, flagged (``extra["duplicate_of"]``, no output name) when the plan met its group and id earlier, or
-    (``extra["name_collision"]``) another sample's output name."""
+    """`ref`, flagged (`Problem.DUPLICATE_ID`, no output name) when the plan met its group and id earlier, or
+    (`Problem.NAME_COLLISION`) another sample's output name."""
     first = dict(shard.duplicates).get(ref.key)
     if first is not None:
-        ref.extra["duplicate_of"] = first
+        ref.problems[Problem.DUPLICATE_ID] = first
         ref.stem = ""
     collides = dict(shard.collisions).get(ref.key) if shard.collisions else None
     if collides is not None:
-        ref.extra["name_collision"] = collides
+        ref.problems[Problem.NAME_COLLISION] = collides
         ref.stem = ""
     return ref
 

@@ -23,6 +23,7 @@ from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
 from infra.sources.base import (
     OUTSIDE_SOURCE,
+    Problem,
     SampleRef,
     Shard,
     Source,
@@ -89,9 +90,9 @@ class FolderSource(Source):
         sid = name_key(rel.as_posix())
         parts = (*rel.parent.parts, rel.stem)
         bad = [p for p in parts if not nameable(p)]
-        extra = {"layout_error": f"a name that is not UTF-8 cannot name an output: {sid}"} if bad else {}
+        problems = {Problem.BAD_LAYOUT: f"a name that is not UTF-8 cannot name an output: {sid}"} if bad else {}
         if outside := self._outside(media) or self._outside(caption):
-            extra[OUTSIDE_SOURCE] = outside  # nothing of it is read, not even its size
+            problems[Problem.OUTSIDE_SOURCE] = outside  # nothing of it is read, not even its size
         listed = {rel.name: media} if not outside else {}
         if caption.is_file() and not outside:
             listed[caption.name] = caption
@@ -109,7 +110,7 @@ class FolderSource(Source):
             read_prompt=lambda: (
                 _read(self._inside(caption), identity, self.max_media_mb, prompt=True) if captioned else None
             ),
-            extra=extra,
+            problems=problems,
             identity=identity,
             stem="" if bad else output_stem(parts),
         )

@@ -34,8 +34,8 @@ from pathlib import Path, PurePosixPath
 from infra.config import AUDIO_ONLY_MODES, MODE_ROLES
 from infra.errors import InputError, SourceError
 from infra.sources.base import (
-    BAD_ROW,
     OUTSIDE_SOURCE,
+    Problem,
     SampleRef,
     Shard,
     Source,
@@ -169,17 +169,19 @@ class MetaSource(Source):
         if row.problem is not None:
             return _bad_row(row)
         sid = sample_id(row.media)
-        extra: dict[str, str] = {}
+        problems: dict[Problem, str] = {}
         if sid is None:
-            extra["layout_error"] = f"row {row.index + 1}: media path {row.media!r} cannot name an output under OUT"
+            problems[Problem.BAD_LAYOUT] = (
+                f"row {row.index + 1}: media path {row.media!r} cannot name an output under OUT"
+            )
         elif last.get(sid, row.index) != row.index:
-            extra["superseded_by"] = (
+            problems[Problem.SUPERSEDED] = (
                 f"row {row.index + 1}: {row.media!r} is listed again in row {last[sid] + 1}, whose caption is the "
                 "sample's (--duplicate-rows last)"
             )
         elif sid in seen:
-            extra["layout_error"] = f"row {row.index + 1}: {row.media!r} is listed twice in this shard"
-        key = sid if sid is not None and not extra else f"row-{row.index + 1:08d}"
+            problems[Problem.BAD_LAYOUT] = f"row {row.index + 1}: {row.media!r} is listed twice in this shard"
+        key = sid if sid is not None and not problems else f"row-{row.index + 1:08d}"
         seen.add(key)
         media = self.root / row.media if sid is not None else None
         audio = self.root / row.audio if row.audio and not self.audio_only else None
@@ -189,7 +191,7 @@ class MetaSource(Source):
         caption = None if row.caption is None else row.caption.encode("utf-8", "surrogatepass")
         files = {"video": media, "audio": audio, **roles}
         if outside := self._outside([row.media, row.audio or "", *listed.values()]):
-            extra[OUTSIDE_SOURCE] = outside  # nothing of it is read, not even its size
+            problems[Problem.OUTSIDE_SOURCE] = outside  # nothing of it is read, not even its size
         identity = SourceIdentity(members=_members(files if not outside else {}, caption))
         parts = (sid or key).split("/")
         return SampleRef(
@@ -203,9 +205,9 @@ class MetaSource(Source):
                 role: functools.partial(self._read, path, role, identity, listed.get(role) or "")
                 for role, path in roles.items()
             },
-            extra=extra,
+            problems=problems,
             identity=identity,
-            stem=output_stem(PurePosixPath(sid).with_suffix("").parts) if sid is not None and not extra else "",
+            stem=output_stem(PurePosixPath(sid).with_suffix("").parts) if sid is not None and not problems else "",
         )
 
     def _outside(self, listed: list[str]) -> str | None:
@@ -232,7 +234,7 @@ def _bad_row(row: Row) -> SampleRef:
         key=key,
         read_media=lambda: None,
         read_prompt=lambda: None,
-        extra={BAD_ROW: f"row {row.index + 1}: {safe_text(row.problem or '')}"},
+        problems={Problem.BAD_ROW: f"row {row.index + 1}: {safe_text(row.problem or '')}"},
     )
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from infra.errors import InputError, SourceError
 from infra.media.prompts import MAX_PROMPT_BYTES
 from infra.sources.base import (
+    Problem,
     SampleRef,
     Shard,
     ShardReadError,
@@ -161,17 +162,17 @@ def _list_members(tf: tarfile.TarFile) -> tuple[list[_SampleMembers], str | None
 def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers, shard: Shard, max_mb: int) -> SampleRef:
     match = _SAMPLE_DIR.match(sample.directory)
     group, sid = (match["group"], match["id"]) if match else ("", sample.directory)
-    extra: dict[str, str] = {}
+    problems: dict[Problem, str] = {}
     parts = sample.directory.split("/")
     shown = name_key(sample.directory)
     if sample.directory and (sample.directory.startswith("/") or any(p in ("", ".", "..") for p in parts)):
-        extra["layout_error"] = f"unsafe member path (absolute, '.' or '..'): {sample.directory!r}"
+        problems[Problem.BAD_LAYOUT] = f"unsafe member path (absolute, '.' or '..'): {sample.directory!r}"
     elif match is None:
-        extra["layout_error"] = f"not {{generator}}/{{task}}_task/{{task}}_NNNNNNNN/: {sample.directory!r}"
+        problems[Problem.BAD_LAYOUT] = f"not {{generator}}/{{task}}_task/{{task}}_NNNNNNNN/: {sample.directory!r}"
     elif not (is_text(group) and is_text(sid)):
-        extra["layout_error"] = f"a group or id that is not UTF-8 cannot name an output: {shown}"
+        problems[Problem.BAD_LAYOUT] = f"a group or id that is not UTF-8 cannot name an output: {shown}"
     elif not (is_safe_name(group) and is_safe_name(sid)):  # a generator's layout: its names are safe, or damaged
-        extra["layout_error"] = f"unsafe group or id for a path: {sample.directory!r}"
+        problems[Problem.BAD_LAYOUT] = f"unsafe group or id for a path: {sample.directory!r}"
     members = {name: MemberIdentity(size=m.size, mtime=m.mtime) for name, m in sample.members().items()}
     identity = SourceIdentity(members=members)
     return SampleRef(
@@ -180,9 +181,9 @@ def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers, shard: Shard, max_mb: i
         key=shown,
         read_media=lambda: _read_member(tf, sample, VIDEO_MEMBER, identity, shard, max_mb),
         read_prompt=lambda: _read_member(tf, sample, PROMPT_MEMBER, identity, shard, max_mb),
-        extra=extra,
+        problems=problems,
         identity=identity,
-        stem=f"{group}/{sid}" if group and "layout_error" not in extra else "",
+        stem=f"{group}/{sid}" if group and Problem.BAD_LAYOUT not in problems else "",
     )
 
 

@@ -25,6 +25,7 @@ from infra.errors import InputError, SourceError
 from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
 from infra.sources.base import (
+    Problem,
     SampleRef,
     Shard,
     ShardReadError,
@@ -157,7 +158,7 @@ def _layout_error(sample: _Sample) -> str | None:
 
 def _to_ref(tf: tarfile.TarFile, sample: _Sample, shard: Shard, max_mb: int) -> SampleRef:
     error = _layout_error(sample)
-    extra = {"layout_error": error} if error else {}
+    problems = {Problem.BAD_LAYOUT: error} if error else {}
     key = name_key(sample.key)
     identity = SourceIdentity(
         members={f"{key}.{ext}": MemberIdentity(size=m.size, mtime=m.mtime) for ext, m in sample.members}
@@ -169,7 +170,7 @@ def _to_ref(tf: tarfile.TarFile, sample: _Sample, shard: Shard, max_mb: int) -> 
         key=key,
         read_media=lambda: _read(tf, sample, image, identity, shard, max_mb),
         read_prompt=lambda: _read(tf, sample, CAPTION_EXT, identity, shard, max_mb, MAX_PROMPT_BYTES),
-        extra=extra,
+        problems=problems,
         identity=identity,
         stem="" if error else output_stem((shard.id, *sample.key.split("/"))),
     )
