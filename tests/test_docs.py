@@ -9,6 +9,8 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, Field, create_model
 
 from flows import config_reference
@@ -59,6 +61,34 @@ def test_field_metadata_shows_without_a_change_to_the_generator():
         "| `frames` | `--frames` | integer, > 0, ≤ 100 | `33` | Frames. *Spec.* *Taken by:* build. "
         "*Declared:* spec_name: frames; absent: None. |"
     )
+
+
+def _unescaped(text: str) -> set[str]:
+    """The markdown punctuation of `text` that no backslash escapes."""
+    found, escaped = set(), False
+    for char in text:
+        if not escaped and char in "*|_`":
+            found.add(char)
+        escaped = not escaped and char == "\\"
+    return found
+
+
+def _cells(row: str) -> int:
+    """The cells of a markdown table row: pipes not escaped (an even run of backslashes before them) split it."""
+    boundaries = [m for m in re.finditer(r"(\\*)\|", row) if len(m[1]) % 2 == 0]
+    return len(boundaries) - 1
+
+
+@settings(max_examples=60, deadline=None)
+@example("a\\|b *c* <key>.npy\nnext")  # an escaped pipe, emphasis, a tag, a line break
+@given(st.text(alphabet=st.sampled_from("\\|*<>_`[]a \n\r") | st.characters(codec="utf-8"), max_size=80))
+def test_any_description_stays_one_row_of_five_cells(description):
+    """A description holding pipes, backslashes, tags, asterisks or line breaks cannot break the reference's table."""
+    field = create_model("Any", x=(int | None, Field(None, description=description))).model_fields["x"]
+    row = config_reference.row(config_reference.Setting("x", field, ("--x",), ("build",), False))
+    assert "\n" not in row and "\r" not in row and _cells(row) == 5, row
+    cell = config_reference._cell(description)
+    assert "<" not in cell and _unescaped(cell) <= {"_", "`"}, cell  # markup that cannot open emphasis or a cell
 
 
 def _slug(heading: str) -> str:
