@@ -16,7 +16,7 @@ export PREFECT_HOME ?= $(CURDIR)/$(DEMO)/.prefect
 DEMO_GEOMETRY ?= --frames 33 --height 256 --width 256
 DEMO_FLAGS ?= $(DEMO_GEOMETRY) --dtype fp32 --on-loss accept --min-psnr 19
 
-.PHONY: demo test lint bench soak clean-demo
+.PHONY: demo test lint bench soak docs clean-demo
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ test: $(STAMP)
 soak: $(STAMP)
 	@mkdir -p $(PREFECT_HOME)
 	LATENTFORGE_SOAK=1 $(BIN)/python -m pytest -q -s -m soak
+
+# The configuration reference, docs/config.md, generated from the config models and the command line
+# (tests/test_docs.py fails when it is stale).
+docs: $(STAMP)
+	$(BIN)/python -m flows.config_reference
 
 lint: $(STAMP)
 	$(BIN)/ruff check flows tasks infra tests bench

@@ -1,5 +1,5 @@
 """Which trainer reads what, for the Wan trainers' formats: `check_consumer` refuses every family their trainer does
-not train (naming it), `inspect` names the consumer, and the README's table has a row for every pair
+not train (naming it), `inspect` names the consumer, and the table of docs/formats.md has a row for every pair
 `infra.formats.consumers.CONSUMERS` holds."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats.consumers import CONSUMERS, check_consumer, written_for
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+FORMATS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "formats.md"
 FAMILIES = ("wan22", "wan21", "ltx2", "image")
 READ_BY = {"musubi": ("wan21",), "diffsynth": ("wan21", "wan22")}
 
@@ -41,9 +41,9 @@ def test_diffsynth_refuses_the_raw_pad_rows_its_prompt_embedder_zeroes():
         check_consumer(raw, ("latents", "text_embeddings"))
 
 
-def test_the_readme_table_has_a_row_for_every_consumer_pair():
-    text = README.read_text(encoding="utf-8")
-    table = text[text.index("### Which trainer reads what") :].split("\n\n")[2]
+def test_the_formats_page_table_has_a_row_for_every_consumer_pair():
+    text = FORMATS_PAGE.read_text(encoding="utf-8")
+    table = text[text.index("## Which trainer reads what") :].split("\n\n")[2]
     covered = set()
     for row in table.splitlines()[2:]:
         fmt, families = (cell.strip() for cell in row.strip("|").split("|")[:2])

@@ -6,7 +6,7 @@ normalisation, which text rows and on which side the padding is, the text stage,
 ``fps`` means. `check_consumer` refuses at plan time a combination no consumer reads correctly, naming the
 consumer and what it would misread; `latent_norm_for` is the normalisation the spec records.
 
-The table is the README's "which trainer reads what" (keep the two in step).
+The table is docs/formats.md's "Which trainer reads what" (keep the two in step; tests/test_wan_consumers.py checks it).
 """
 
 from __future__ import annotations

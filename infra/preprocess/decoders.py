@@ -2,7 +2,7 @@
 default), or `workers` decoder processes started once for the shard task and kept for all its samples.
 
 Threads share the GIL: PyAV releases it while FFmpeg decodes, but the Python-side frame work (picking, converting,
-the resize calls) holds it, so threads stop scaling after a couple of cores (README "Throughput and memory").
+the resize calls) holds it, so threads stop scaling after a couple of cores (bench/README.md, "Decoders").
 Each thread computes with its share of the intra-op threads torch gives a thread here (`decoder_team`), not a whole
 team each.
 Processes do not share the GIL. A process is started with the spawn context (no fork of a process that holds torch's and

@@ -8,8 +8,8 @@ kill drops them with the rest of what was prepared ahead. A batch that fails is 
 time, so a failing sample gets its own error and its own failed row, and the others their latents.
 
 Batched and batch-one latents agree within the compute dtype's tolerance, not bit for bit (CPU, tiny Wan2.2, at
-17×128²: stored bf16 differs by at most one unit in the last place in <1% of the values; README "Memory and
-batching"). What does hold bit for bit is one sample's result at one batch size, whatever it is batched with: so
+17×128²: stored bf16 differs by at most one unit in the last place in <1% of the values; bench/README.md "Memory
+options"). What does hold bit for bit is one sample's result at one batch size, whatever it is batched with: so
 every VAE call is made at the spec's batch size (`CacheSpec.video_batch`), a short batch filled up with copies of
 its last sample, and the batch size is part of the fingerprint. With ``--vae-slicing`` the VAE encodes a batch
 one sample at a time: the spec's batch is then 1 and nothing is padded.
