@@ -28,10 +28,11 @@ from infra.config import (
     CacheSpec,
     spec_mark,
 )
-from infra.errors import ConfigError
+from infra.errors import ConfigError, ConflictError
 from infra.formats import get_format
 from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes, text_clean_for
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
+from infra.job import ShardJob
 from infra.media.buckets import Bucket, check_reference_buckets, parse_buckets
 from infra.media.image import IMAGE_POLICIES
 from infra.media.temporal import DEFAULT_SHORT, make_policy
@@ -77,6 +78,8 @@ class BuildPlan(BaseModel):
     family: str
     spec: CacheSpec
     fingerprint: str
+    #: What the stages below the plan take besides the spec (they never read `config`).
+    job: ShardJob
     latent_shape: tuple[int, ...]
     text_shape: tuple[int, ...]
     shards: list[ShardPlan]
@@ -99,6 +102,10 @@ class BuildPlan(BaseModel):
     @property
     def out(self) -> Path:
         return Path(self.config.out)
+
+    def config_record(self, hidden: dict[str, Any]) -> dict[str, Any]:
+        """The run's config as a record keeps it (JSON; the `hidden` fields of each section left out)."""
+        return self.config.model_dump(mode="json", exclude=hidden)
 
 
 def parse_only(only: list[str] | None) -> dict[str, frozenset[str] | None] | None:
@@ -252,14 +259,15 @@ class Resolved(NamedTuple):
     config: BuildConfig
     family: str
     spec: CacheSpec
+    job: ShardJob
     latent_shape: tuple[int, ...]
     text_shape: tuple[int, ...]
 
 
 def resolve(config: BuildConfig) -> Resolved:
-    """The one place below the flows that applies the recipe and turns a BuildConfig into a CacheSpec: resolve the
-    family, check geometry and format, hash the model. The settings the spec takes as given (`COPIED`) are copied;
-    the rest are resolved here."""
+    """The one place below the flows that applies the recipe and turns a BuildConfig into what the stages take: the
+    CacheSpec (resolve the family, check geometry and format, hash the model; the settings the spec takes as given,
+    `COPIED`, are copied, the rest resolved here) and the ShardJob (the run's part)."""
     config = apply_recipe(config)
     model_dir = Path(config.model).expanduser()
     family = resolve_family(model_dir, config.family, config.encoding.audio)
@@ -313,12 +321,13 @@ def resolve(config: BuildConfig) -> Resolved:
     check_consumer(spec, family.kinds(spec))
     get_format(spec.format).check_out(Path(config.out).expanduser(), config.source)  # musubi: one dataset per OUT
     latent_shape = family.latent_shape(model_dir, frames, height, width)
-    return Resolved(config, family.name, spec, latent_shape, family.text_shape(model_dir, TextSettings.of(spec)))
+    text_shape = family.text_shape(model_dir, TextSettings.of(spec))
+    return Resolved(config, family.name, spec, ShardJob.of(config), latent_shape, text_shape)
 
 
 def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tuple[int, ...]]:
     """`resolve`'s (family, spec, latent shape, text shape): a command's check before its flow starts."""
-    _, family, spec, latent_shape, text_shape = resolve(config)
+    _, family, spec, _, latent_shape, text_shape = resolve(config)
     return family, spec, latent_shape, text_shape
 
 
@@ -446,7 +455,7 @@ def make_plan(config: BuildConfig, spool: Path | None = None, shards: list[Shard
     """The whole plan for a build; its config has the recipe's settings filled in (`apply_recipe`). A build's plan
     lists its samples into `spool`, a directory outside OUT (`BuildPlan.listing`); given `shards` (a plan recorded
     in OUT), nothing is listed."""
-    config, family, spec, latent_shape, text_shape = resolve(config)
+    config, family, spec, job, latent_shape, text_shape = resolve(config)
     if shards is None:
         shards = plan_shards(config, open_source(config.source, config.encoding), spool)
     for note in layout_notes(spec, shards):
@@ -456,12 +465,34 @@ def make_plan(config: BuildConfig, spool: Path | None = None, shards: list[Shard
         family=family,
         spec=spec,
         fingerprint=spec.fingerprint(),
+        job=job,
         latent_shape=latent_shape,
         text_shape=text_shape,
         shards=shards,
         kinds=get_family(family).kinds(spec),
         listing=str(spool) if spool else None,
     )
+
+
+def recorded_plan(config: BuildConfig) -> BuildPlan | None:
+    """The plan OUT's newest build recorded when it began (its shards, as listed then) with `config`'s spec: what
+    `latentforge reconcile` accounts for; None when OUT has no recorded plan."""
+    entries = listing.read_index(Path(config.out))
+    return None if entries is None else make_plan(config, shards=[ShardPlan.model_validate(e) for e in entries])
+
+
+def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> BuildConfig:
+    """The config that reproduces the cache in OUT (reuse). Refused when the model differs: that would mix encoders."""
+    existing = CacheSpec.model_validate(read_cache_json(out)["spec"])
+    ours = planned.model_identity
+    if existing.identity_scheme != planned.identity_scheme:  # the model's identity under the cache's own scheme
+        ours = model_identity(Path(config.model).expanduser(), get_family(planned.family), existing.identity_scheme)
+    if existing.model_identity != ours or existing.family != planned.family:
+        raise ConflictError(
+            f"reuse refused: {out} was made with another model ({existing.family}, {existing.model_identity}); "
+            f"--model is {planned.family}, {ours}. Reusing it would mix latents of two encoders."
+        )
+    return config.with_values(**spec_settings(existing))
 
 
 def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
