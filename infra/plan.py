@@ -103,7 +103,7 @@ class BuildPlan(BaseModel):
     def out(self) -> Path:
         return Path(self.config.out)
 
-    def config_record(self, hidden: dict[str, Any]) -> dict[str, Any]:
+    def settings_record(self, hidden: dict[str, Any]) -> dict[str, Any]:
         """The run's config as a record keeps it (JSON; the `hidden` fields of each section left out)."""
         return self.config.model_dump(mode="json", exclude=hidden)
 

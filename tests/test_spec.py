@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from infra.config import ADDED_LATER, COPIED, FINGERPRINT_NAMES, BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.models.base import GeometryRules
-from infra.plan import make_spec, spec_settings
+from infra.plan import make_spec, resolve, spec_settings
 
 BASE = {
     "family": "wan22",
@@ -248,3 +249,19 @@ def test_a_cache_restated_as_settings_plans_the_same_spec(tiny_model, changes):
     spec = make_spec(BuildConfig(**common, **changes))[1]
     again = make_spec(BuildConfig(**common | spec_settings(spec)))[1]
     assert again == spec and again.fingerprint() == spec.fingerprint()
+
+
+def test_resolve_gives_the_spec_and_the_stages_job_a_frozen_picklable_part(tiny_model):
+    """`resolve` applies the recipe and splits the config: the spec (what decides the bytes) and the job (the run's
+    part the stages read): --vae-slicing makes the spec's batch 1 while the job still gathers --video-batch clips."""
+    values = {"source": "vbvr:/x", "model": str(tiny_model), "out": "/a", "frames": 5, "height": 32, "width": 32}
+    values |= {"recipe": "wan22-vbvr", "video_batch": 2, "vae_slicing": True, "max_frames": 99, "device": "cpu"}
+    resolved = resolve(BuildConfig(**values))
+    assert resolved.config.encoding.text_padding == "raw" == resolved.spec.text_padding  # the recipe's
+    assert (resolved.spec.video_batch, resolved.job.gather, resolved.job.vae_slicing) == (1, 2, True)
+    assert resolved.job.limits.max_frames == 99 and resolved.job.device == "cpu"
+    assert pickle.loads(pickle.dumps(resolved.job)) == resolved.job
+    assert pickle.loads(pickle.dumps(resolved.spec)) == resolved.spec
+    assert resolved.job.placed("cuda:1").device == "cuda:1" != resolved.job.device
+    with pytest.raises(ValueError, match="frozen"):
+        resolved.job.gather = 3

@@ -168,7 +168,7 @@ def run_report(
         model=ModelRecord(path=plan.job.model, family=plan.family, identity=dict(plan.spec.model_identity)),
         spec=plan.spec.model_dump(mode="json"),
         fingerprint=plan.fingerprint,
-        config=plan.config_record(hidden),
+        config=plan.settings_record(hidden),
         shards=[ShardRecord(id=s.id, quota=s.quota, samples=s.samples) for s in plan.shards],
         counts={name: summary.get(name) for name in COUNT_FIELDS},
         reasons=dict(summary.get("reasons") or {}),
