@@ -253,8 +253,9 @@ def check_text_8bit(config: BuildConfig, family: FamilySpec) -> None:
 
 
 class Resolved(NamedTuple):
-    """A BuildConfig resolved (`resolve`): the config with its recipe's settings filled in, the family, the spec and
-    the shapes of a sample's latents (the first bucket's, with buckets) and text embeddings."""
+    """A BuildConfig resolved (`resolve`): the config with its recipe's settings filled in, the family, the spec, the
+    job (the run's part the stages read) and the shapes of a sample's latents (the first bucket's, with buckets) and
+    text embeddings."""
 
     config: BuildConfig
     family: str
