@@ -85,9 +85,9 @@ def _config(root: Path, members: int) -> object:
 
 def child(step: str, root: Path, members: int) -> dict:
     """One step in this fresh process; what it found (its peak RSS is the parent's to read)."""
-    from infra.audit.reconcile import reconcile, recorded_plan  # noqa: PLC0415 - heavy: the child only
+    from infra.audit.reconcile import reconcile  # noqa: PLC0415 - heavy: the child only
     from infra.cache import listing  # noqa: PLC0415
-    from infra.plan import make_plan  # noqa: PLC0415
+    from infra.plan import make_plan, recorded_plan  # noqa: PLC0415
 
     config = _config(root, members)
     tar = root / f"src-{members}" / "big.tar"

@@ -28,7 +28,7 @@ from flows.settings import resolve_config
 from infra.cache.lock import check_not_locked
 from infra.config import BuildConfig, load_config_file, merge_config, step_settings
 from infra.errors import ConfigError, SourceError
-from infra.plan import config_for_out, make_plan, make_spec
+from infra.plan import config_for_out, make_plan, make_spec, recorded_plan
 from infra.recipes import RECIPES, with_recipe
 
 app = typer.Typer(
@@ -174,7 +174,7 @@ def reconcile(out: OutArg, quick: QuickOpt = False, *, config_file: Path | None,
     only); every missing sample with its reason. Exit 1 on a shortfall. Settings not given are OUT's own
     (cache.json)."""
     from infra.audit.reconcile import reconcile as count  # noqa: PLC0415 - heavy: torch
-    from infra.audit.reconcile import recorded_plan, write_reconcile_report  # noqa: PLC0415
+    from infra.audit.reconcile import write_reconcile_report  # noqa: PLC0415
 
     config = config_from(config_file, flags, out)
     recorded = None if any(flags.get(key) is not None for key in SELECTION) else recorded_plan(config)

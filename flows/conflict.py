@@ -13,7 +13,6 @@ from infra.config import CacheSpec
 from infra.errors import ConflictError
 from infra.gates.conflicts import (
     ConflictChoice,
-    adopt_existing_spec,
     flag,
     next_free_dir,
     overwrite_token,
@@ -22,7 +21,7 @@ from infra.gates.conflicts import (
 )
 from infra.gates.decision import Decision
 from infra.gates.verify import VerifyReport, difference_rows
-from infra.plan import BuildPlan
+from infra.plan import BuildPlan, adopt_existing_spec
 from tasks.plan import plan_build
 
 WRITABLE = ("absent", "compatible")

@@ -14,16 +14,19 @@ This module is the ground floor: it imports nothing of the project but `infra.er
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
 import typing
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from infra.bounds import (
     MAX_BYTES,
@@ -180,6 +183,38 @@ class AlertConfig(StrictModel):
     block: str | None = Field(None, description="Name of a saved Prefect notification block (Slack, webhook, ...)")
 
 
+_UNSET: Any = type("_Unset", (), {"__repr__": lambda self: "unset"})()
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How a field enters the `CacheSpec` and its fingerprint: the metadata of its one declaration
+    (``mode: Annotated[Mode, Spec(absent="t2v")] = Field(...)``), from which the spec, `FINGERPRINT_NAMES`,
+    `ADDED_LATER` and the settings that reproduce a spec (`infra.plan.spec_settings`) are derived.
+
+    On an `EncodingConfig` field, the spec takes the setting as given, under its name (`COPIED`: its spec field is
+    made from it). On a spec field, the plan resolves the value (`infra.plan.resolve`).
+    """
+
+    #: For a field added after latentforge 0.1: the value that means "not used", the spec's default; left out of the
+    #: fingerprint at it, so a cache made before the field keeps its fingerprint.
+    absent: Any = _UNSET
+    #: The name the fingerprint's canonical JSON gives the field (latentforge 0.1's), where it is not its own.
+    fingerprint: str | None = None
+    #: A field of latentforge 0.1 with a default in the spec (a spec without it reads this; it stays fingerprinted).
+    default: Any = _UNSET
+    #: On a spec field: restated as is under its name by the settings that reproduce a spec (a setting copied from
+    #: the config always is); a value spelled otherwise in the config is restated by `infra.plan.spec_settings`.
+    setting: bool = False
+    #: Restated even at its absent value (the config's default is another value, or a reuse must set it).
+    always: bool = False
+
+
+def spec_mark(field: FieldInfo) -> Spec | None:
+    """The `Spec` metadata of a field, if it has one."""
+    return next((m for m in field.metadata if isinstance(m, Spec)), None)
+
+
 #: The formats `infra.formats` registers, named here for the help (config sits below the formats; a test holds the
 #: two equal): pt (per-sample .pt), ltx (LTX-2 trainer's .precomputed), parquet (FastVideo), webdataset, musubi
 #: (musubi-tuner), diffsynth (DiffSynth-Studio).
@@ -190,7 +225,7 @@ class EncodingConfig(StrictModel):
     """What decides the bytes of the cache: every field here (resolved with the family's defaults) is in
     the `CacheSpec`, under the same name."""
 
-    format: str = Field("pt", description="Output format: " + ", ".join(FORMAT_NAMES))
+    format: Annotated[str, Spec()] = Field("pt", description="Output format: " + ", ".join(FORMAT_NAMES))
     shard_samples: int | None = Field(
         None,
         gt=0,
@@ -230,7 +265,7 @@ class EncodingConfig(StrictModel):
         "(every stride-K window of F frames, each a sample ID@FIRST). Default: the family's",
     )
     start: int | None = Field(None, ge=0, le=MAX_COUNT, description="First source frame for stride:K and windows:K (0)")
-    window_step: int | None = Field(
+    window_step: Annotated[int | None, Spec(absent=None)] = Field(
         None,
         gt=0,
         le=MAX_COUNT,
@@ -259,53 +294,53 @@ class EncodingConfig(StrictModel):
         description="LTX-2: the text tensor cached: pre_connector (normalised, projected Gemma features: what the "
         "LTX-2 trainer caches) or post_connector (the connectors' outputs: FastVideo's overfit parquet)",
     )
-    audio: bool = Field(
+    audio: Annotated[bool, Spec(absent=False, always=True)] = Field(
         False,
         description="Also encode each clip's audio track (families with an audio VAE; the ltx2-trainer recipe turns "
         "it on, as the trainer extracts audio unless told not to). A clip without an audio track is still encoded, "
         "its row says no_audio_track; --skip-audio is --no-audio",
         json_schema_extra={"off_flags": ["--skip-audio"]},
     )
-    audio_file_length: Literal["clip", "trainer"] = Field(
+    audio_file_length: Annotated[Literal["clip", "trainer"], Spec(absent="clip")] = Field(
         "clip",
         description="A sample's separate audio file (a metadata file's audio column): clip (trimmed or zero-padded "
         "to the clip's F / fps, as its own track) or trainer (the LTX-2 trainer's rule: trimmed to the longest "
         "bucket's F / 25 seconds, never padded; the ltx2-trainer recipe's)",
     )
-    mode: Mode = Field(
+    mode: Annotated[Mode, Spec(absent="t2v")] = Field(
         "t2v",
         description="LTX-2 training mode (format ltx): which .precomputed/ subfolders every sample must have "
-        "(README: the table of modes) and which dataset roles are read; a dataset without a role it reads is "
+        "(docs/ltx2.md, Training modes) and which dataset roles are read; a dataset without a role it reads is "
         "refused at plan time. i2v of a Wan image-to-video model (wan21 I2V, wan22 TI2V-5B): each sample "
         "also stores what its first frame conditions the model on",
     )
-    lora_trigger: str | None = Field(
+    lora_trigger: Annotated[str | None, Spec(absent=None)] = Field(
         None, description="Text prepended to every caption with one space, as the LTX-2 trainer's --lora-trigger"
     )
-    remove_llm_prefixes: bool = Field(
+    remove_llm_prefixes: Annotated[bool, Spec(absent=False)] = Field(
         False,
         description="Remove the first of the LTX-2 trainer's common LLM caption openings ('The video shows', "
         "'In this video,' ...) from each caption, as its --remove-llm-prefixes",
     )
-    empty_captions: Literal["skip", "encode"] = Field(
+    empty_captions: Annotated[Literal["skip", "encode"], Spec(absent="skip")] = Field(
         "skip",
         description="A sample whose caption is empty: skip (a ledger row, empty_prompt) or encode (the empty text, "
         "as the LTX-2 trainer does)",
     )
-    duplicate_rows: Literal["refuse", "last"] = Field(
+    duplicate_rows: Annotated[Literal["refuse", "last"], Spec(absent="refuse")] = Field(
         "refuse",
         description="meta sources: a media file listed twice: refuse (the first row is the sample, the later ones "
         "are ledger rows, bad_layout) or last (the last row's caption is the sample's, as the LTX-2 trainer keeps "
         "it; the earlier rows are ledger rows, superseded)",
     )
-    reference_downscale_factor: int = Field(
+    reference_downscale_factor: Annotated[int, Spec(absent=1)] = Field(
         1,
         ge=1,
         le=MAX_SIDE,
         description="LTX-2 IC-LoRA (--mode v2v-ic-lora, av2av-ic-lora): the reference video is encoded at the bucket's "
         "height and width divided by this, as the trainer's --reference-downscale-factor (> 1: one bucket only)",
     )
-    reference_temporal_scale_factor: int = Field(
+    reference_temporal_scale_factor: Annotated[int, Spec(absent=1)] = Field(
         1,
         ge=1,
         le=MAX_FRAMES,
@@ -318,30 +353,30 @@ class EncodingConfig(StrictModel):
         "'2.0;4.0;8.0', as the trainer's --audio-durations: each audio file trimmed to the longest that fits, one "
         "shorter than all skipped (audio_too_short); none: the whole file",
     )
-    follow_symlinks: bool = Field(
+    follow_symlinks: Annotated[bool, Spec(absent=False)] = Field(
         False,
         description="Read a source's files that are links out of its root (a folder source's files and captions, a "
         "meta source's relative media paths, vbvr/wds shard files): by default such a sample is skipped "
         "(outside_source) and such a shard refused",
     )
-    video_column: str | None = Field(
+    video_column: Annotated[str | None, Spec(absent=None)] = Field(
         None, description="meta sources: the column read as the video (default: video, else media_path, else path)"
     )
-    caption_column: str | None = Field(
+    caption_column: Annotated[str | None, Spec(absent=None)] = Field(
         None, description="meta sources: the column read as the caption (default: caption, else cap)"
     )
-    text_padding: Literal["raw", "zeros"] = Field(
+    text_padding: Annotated[Literal["raw", "zeros"], Spec()] = Field(
         "raw",
         description="Embedding rows past the prompt's tokens: raw (the encoder's output, as the published Wan2.2 "
         "recipe stores it) or zeros (what WanPipeline feeds the transformer)",
     )
-    text_storage: Literal["padded", "trimmed"] = Field(
+    text_storage: Annotated[Literal["padded", "trimmed"], Spec(absent="padded")] = Field(
         "padded",
         description="How text embeddings are stored: padded ([max_length, D], as the recipe) or trimmed ([seq_len, "
         "D] plus seq_len; needs --text-padding zeros; infra.formats.textpad.restore_padded gives the padded tensor "
         "back exactly)",
     )
-    identity_scheme: Literal["content", "sampled"] = Field(
+    identity_scheme: Annotated[Literal["content", "sampled"], Spec(absent="sampled", always=True)] = Field(
         "content",
         description="How the model's identity is computed: content (every byte of every file) or sampled "
         "(latentforge 0.1's headers and samples: only to resume a cache made with it)",
@@ -353,7 +388,7 @@ class EncodingConfig(StrictModel):
         description="Clips of one shape (one bucket) encoded in one VAE call, from the samples prepared ahead. "
         "Equal to batch one within the dtype's tolerance, not bit for bit: the batch size is in the fingerprint",
     )
-    vae_tiling: bool = Field(
+    vae_tiling: Annotated[bool, Spec(absent=False)] = Field(
         False,
         description="Encode each frame in overlapping tiles, blended (diffusers enable_tiling): bounded VAE memory at "
         "large H×W; changes the numbers, so it is in the fingerprint",
@@ -363,19 +398,21 @@ class EncodingConfig(StrictModel):
         description="With --video-batch: the VAE encodes a batch one clip at a time (diffusers enable_slicing): "
         "batch-one memory and batch-one bytes (the fingerprint's batch is then 1)",
     )
-    text_quantize: Literal["none", "int8-dynamic"] = Field(
+    text_quantize: Annotated[Literal["none", "int8-dynamic"], Spec(absent="none")] = Field(
         "none",
         description="Text encoder weights: none, or int8-dynamic (torch dynamic int8 quantization of its Linear "
         "layers, CPU only; changes the numbers, so it is in the fingerprint)",
     )
-    load_text_encoder_in_8bit: bool = Field(
+    load_text_encoder_in_8bit: Annotated[bool, Spec(absent=False)] = Field(
         False,
         description="ltx2: load Gemma in 8-bit (bitsandbytes LLM.int8() through transformers' BitsAndBytesConfig), "
         "the LTX-2 trainer's --load-text-encoder-in-8bit: about half its GPU memory. CUDA and bitsandbytes only; "
         "changes the numbers, so it is in the fingerprint",
     )
-    dtype: ComputeDtype = Field("bf16", description="Compute dtype; stored tensors are bf16 either way")
-    store_dtype: StoreDtype = Field(
+    dtype: Annotated[ComputeDtype, Spec(fingerprint="compute_dtype")] = Field(
+        "bf16", description="Compute dtype; stored tensors are bf16 either way"
+    )
+    store_dtype: Annotated[StoreDtype, Spec(default="bf16")] = Field(
         "bf16", description="Stored dtype of latents and text embeddings: bf16, or fp16 (the image family)"
     )
 
@@ -687,53 +724,9 @@ def step_settings(step: str) -> dict[str, FieldInfo]:
     return found
 
 
-#: CacheSpec fields that `fingerprint()` (and no other place) names as latentforge 0.1 did, so existing caches keep
-#: their fingerprints: the spec now has the config's names, the canonical JSON the old ones.
-FINGERPRINT_NAMES: dict[str, str] = {
-    "dtype": "compute_dtype",
-    "start": "temporal_start",
-    "text_stage": "text_encoder_output",
-}
-
-#: Spec fields added after latentforge 0.1, with the value that means "not used": left out of the fingerprint at
-#: that value, so a cache made without them keeps its fingerprint.
-ADDED_LATER: dict[str, Any] = {
-    "identity_scheme": "sampled",
-    "buckets": None,
-    "audio": False,
-    "shard_samples": None,
-    "shard_bytes": None,
-    "parquet_dtype": None,
-    "start": 0,
-    "window_step": None,
-    "short_clips": None,
-    "text_storage": "padded",
-    "video_batch": 1,
-    "vae_tiling": False,
-    "text_quantize": "none",
-    "load_text_encoder_in_8bit": False,
-    "model_version": None,
-    "layout": None,
-    "mode": "t2v",
-    "audio_file_length": "clip",
-    "lora_trigger": None,
-    "remove_llm_prefixes": False,
-    "empty_captions": "skip",
-    "duplicate_rows": "refuse",
-    "video_column": None,
-    "caption_column": None,
-    "follow_symlinks": False,
-    "preprocess": None,
-    "reference_downscale_factor": 1,
-    "reference_temporal_scale_factor": 1,
-    "audio_durations": None,
-    "conditioning": None,
-    "text_clean": None,
-}
-
-
-class CacheSpec(StrictModel):
-    """What decides the bytes of the cache, under the config's names. Its fingerprint gates resume."""
+class _PlannedSpec(StrictModel):
+    """The CacheSpec's values the plan resolves or computes (`infra.plan.resolve`); `CacheSpec` adds the settings
+    the spec takes as given, made from their `EncodingConfig` fields."""
 
     @model_validator(mode="before")
     @classmethod
@@ -747,62 +740,53 @@ class CacheSpec(StrictModel):
         return {renamed.get(k, k): v for k, v in values.items()}
 
     spec_version: int = SPEC_VERSION
-    family: str
+    family: Annotated[str, Spec(setting=True)]
     model_identity: dict[str, str] = Field(description="Per component: the hash of its files, by identity_scheme")
-    #: A cache.json without the field was made by latentforge 0.1, with the sampled identity.
-    identity_scheme: Literal["content", "sampled"] = "sampled"
-    format: str
-    frames: int
-    height: int
-    width: int
+    frames: Annotated[int, Spec(setting=True)]
+    height: Annotated[int, Spec(setting=True)]
+    width: Annotated[int, Spec(setting=True)]
     temporal: str
-    start: int = 0
-    window_step: int | None = None
-    short_clips: str | None = Field(None, description="None: the temporal policy's default")
+    start: Annotated[int, Spec(absent=0, fingerprint="temporal_start", setting=True)] = 0
+    short_clips: Annotated[str | None, Spec(absent=None, setting=True)] = Field(
+        None, description="None: the temporal policy's default"
+    )
     resize: str = "bilinear-align_corners_false"
-    buckets: list[tuple[int, int, int]] | None = Field(None, description="(W, H, F) per bucket")
-    audio: bool = False
-    dtype: ComputeDtype
-    store_dtype: StoreDtype = "bf16"
-    text_max_length: int
-    text_padding: str
-    shard_samples: int | None = Field(None, description="Shard formats: samples per shard file")
-    shard_bytes: int | None = Field(None, description="Shard formats: bytes per shard file")
-    parquet_dtype: str | None = Field(None, description="parquet: dtype of the tensor bytes")
-    text_storage: Literal["padded", "trimmed"] = "padded"
-    video_batch: int = Field(1, description="Clips per VAE call (short batches padded to it)")
-    vae_tiling: bool = Field(False, description="VAE tiled encoding (diffusers enable_tiling, its default tiles)")
-    text_quantize: Literal["none", "int8-dynamic"] = "none"
-    load_text_encoder_in_8bit: bool = Field(False, description="Gemma loaded in 8-bit (bitsandbytes LLM.int8())")
-    model_version: str | None = Field(
+    buckets: Annotated[list[tuple[int, int, int]] | None, Spec(absent=None)] = Field(
+        None, description="(W, H, F) per bucket"
+    )
+    text_max_length: Annotated[int, Spec(setting=True)]
+    shard_samples: Annotated[int | None, Spec(absent=None, setting=True)] = Field(
+        None, description="Shard formats: samples per shard file"
+    )
+    shard_bytes: Annotated[int | None, Spec(absent=None, setting=True)] = Field(
+        None, description="Shard formats: bytes per shard file"
+    )
+    parquet_dtype: Annotated[str | None, Spec(absent=None, setting=True)] = Field(
+        None, description="parquet: dtype of the tensor bytes"
+    )
+    video_batch: Annotated[int, Spec(absent=1, setting=True)] = Field(
+        1, description="Clips per VAE call (short batches padded to it)"
+    )
+    model_version: Annotated[str | None, Spec(absent=None)] = Field(
         None,
         description="The model's version, where the family records one (ltx2: 2.5, a Gemma 4 text encoder). LTX-2.0 "
         "and 2.3 record none, so caches made before the field keep their fingerprints (their model identity differs)",
     )
     latent_norm: str = Field(description="How latents are normalised before storing")
-    text_stage: str = "last_hidden_state"
-    layout: str | None = Field(
+    text_stage: Annotated[str, Spec(fingerprint="text_encoder_output")] = "last_hidden_state"
+    layout: Annotated[str | None, Spec(absent=None)] = Field(
         None, description="The consumer's layout the bytes follow (infra.formats.consumers): fastvideo, cc12m"
     )
-    mode: Mode = Field("t2v", description="LTX-2 training mode: which output kinds every sample must have")
-    audio_file_length: Literal["clip", "trainer"] = "clip"
-    lora_trigger: str | None = Field(None, description="Prepended to every caption (the trainer's --lora-trigger)")
-    remove_llm_prefixes: bool = Field(False, description="The trainer's LLM caption openings removed")
-    empty_captions: Literal["skip", "encode"] = "skip"
-    duplicate_rows: Literal["refuse", "last"] = "refuse"
-    video_column: str | None = None
-    caption_column: str | None = None
-    follow_symlinks: bool = Field(False, description="A source's links out of its root were read")
-    preprocess: str | None = Field(
+    preprocess: Annotated[str | None, Spec(absent=None)] = Field(
         None, description="The family's own image preprocessing (module:qualname), in place of the resize policy"
     )
-    reference_downscale_factor: int = Field(1, description="IC-LoRA: the reference's height and width over this")
-    reference_temporal_scale_factor: int = Field(1, description="IC-LoRA: frame 0, then every Nth reference frame")
-    audio_durations: list[float] | None = Field(None, description="Audio-only modes: duration buckets (seconds)")
-    text_clean: str | None = Field(
+    audio_durations: Annotated[list[float] | None, Spec(absent=None)] = Field(
+        None, description="Audio-only modes: duration buckets (seconds)"
+    )
+    text_clean: Annotated[str | None, Spec(absent=None)] = Field(
         None, description="The cleaning the format's consumer applies to a prompt before its tokenizer (whitespace)"
     )
-    conditioning: str | None = Field(
+    conditioning: Annotated[str | None, Spec(absent=None)] = Field(
         None,
         description="--mode i2v of an image-to-video model: what each sample stores of its first frame (the family's "
         "`conditioning`: Wan's y and CLIP features, TI2V-5B's first latent frame)",
@@ -821,11 +805,51 @@ class CacheSpec(StrictModel):
         """sha256 of the canonical JSON of the spec (sorted keys, no whitespace): see `canonical`."""
         return fingerprint_of(self.canonical())
 
-    def differences(self, other: CacheSpec) -> dict[str, tuple[Any, Any]]:
+    def differences(self, other: _PlannedSpec) -> dict[str, tuple[Any, Any]]:
         """Field by field: {field: (mine, theirs)} where they differ."""
         mine, theirs = self.model_dump(mode="json"), other.model_dump(mode="json")
         keys = sorted(set(mine) | set(theirs))
         return {k: (mine.get(k), theirs.get(k)) for k in keys if mine.get(k) != theirs.get(k)}
+
+
+def _spec_field(field: FieldInfo) -> tuple[Any, FieldInfo]:
+    """The CacheSpec field made from a setting's `EncodingConfig` field: its type, constraints and description, with
+    the spec's default (`Spec.absent`, else `Spec.default`, else none: required)."""
+    mark = spec_mark(field)
+    assert mark is not None
+    made = copy.copy(field)
+    made.default = next((d for d in (mark.absent, mark.default) if d is not _UNSET), PydanticUndefined)
+    return field.annotation, made
+
+
+#: The settings the spec takes as given: the `EncodingConfig` fields marked `Spec`, under their names.
+COPIED: tuple[str, ...] = tuple(name for name, field in EncodingConfig.model_fields.items() if spec_mark(field))
+
+#: What decides the bytes of the cache, under the config's names. Its fingerprint gates resume. The values the plan
+#: resolves are `_PlannedSpec`'s fields; each setting the spec takes as given is its `EncodingConfig` field (`COPIED`).
+CacheSpec = create_model(
+    "CacheSpec",
+    __base__=_PlannedSpec,
+    __module__=__name__,
+    __doc__="What decides the bytes of the cache, under the config's names. Its fingerprint gates resume.",
+    **{name: _spec_field(EncodingConfig.model_fields[name]) for name in COPIED},
+)
+
+#: CacheSpec fields that `fingerprint()` (and no other place) names as latentforge 0.1 did, so existing caches keep
+#: their fingerprints: the spec now has the config's names, the canonical JSON the old ones (`Spec.fingerprint`).
+FINGERPRINT_NAMES: dict[str, str] = {
+    name: mark.fingerprint
+    for name, field in CacheSpec.model_fields.items()
+    if (mark := spec_mark(field)) and mark.fingerprint
+}
+
+#: Spec fields added after latentforge 0.1, with the value that means "not used" (`Spec.absent`): left out of the
+#: fingerprint at that value, so a cache made without them keeps its fingerprint.
+ADDED_LATER: dict[str, Any] = {
+    name: mark.absent
+    for name, field in CacheSpec.model_fields.items()
+    if (mark := spec_mark(field)) and mark.absent is not _UNSET
+}
 
 
 def fingerprint_of(data: dict[str, Any]) -> str:

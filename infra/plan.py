@@ -11,7 +11,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -21,15 +21,18 @@ from infra.cache.cachedir import read_cache_json
 from infra.config import (
     ADDED_LATER,
     AUDIO_ONLY_MODES,
+    COPIED,
     MODE_ROLES,
     TEMPORAL_ALIASES,
     BuildConfig,
     CacheSpec,
+    spec_mark,
 )
-from infra.errors import ConfigError
+from infra.errors import ConfigError, ConflictError
 from infra.formats import get_format
 from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes, text_clean_for
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
+from infra.job import ShardJob
 from infra.media.buckets import Bucket, check_reference_buckets, parse_buckets
 from infra.media.image import IMAGE_POLICIES
 from infra.media.temporal import DEFAULT_SHORT, make_policy
@@ -75,6 +78,8 @@ class BuildPlan(BaseModel):
     family: str
     spec: CacheSpec
     fingerprint: str
+    #: What the stages below the plan take besides the spec (they never read `config`).
+    job: ShardJob
     latent_shape: tuple[int, ...]
     text_shape: tuple[int, ...]
     shards: list[ShardPlan]
@@ -97,6 +102,10 @@ class BuildPlan(BaseModel):
     @property
     def out(self) -> Path:
         return Path(self.config.out)
+
+    def settings_record(self, hidden: dict[str, Any]) -> dict[str, Any]:
+        """The run's config as a record keeps it (JSON; the `hidden` fields of each section left out)."""
+        return self.config.model_dump(mode="json", exclude=hidden)
 
 
 def parse_only(only: list[str] | None) -> dict[str, frozenset[str] | None] | None:
@@ -217,25 +226,20 @@ def check_reference(config: BuildConfig, buckets: list[Bucket], rules: GeometryR
     )
 
 
-def memory_settings(config: BuildConfig, temporal: str) -> dict[str, Any]:
-    """The spec's video batch (1 with --vae-slicing: the VAE then encodes each clip alone), tiling and text
-    quantization; ConfigError for a batch the shard cannot gather (``windows:K`` has no read-ahead)."""
+def video_batch(config: BuildConfig, temporal: str) -> int:
+    """The spec's video batch (1 with --vae-slicing: the VAE then encodes each clip alone); ConfigError for a batch
+    the shard cannot gather (``windows:K`` has no read-ahead)."""
     if config.encoding.video_batch > 1 and temporal.startswith("windows"):
         raise ConfigError("--video-batch batches samples prepared ahead; windows:K samples are not: use 1")
-    batch = 1 if config.encoding.vae_slicing else config.encoding.video_batch
-    return {
-        "video_batch": batch,
-        "vae_tiling": config.encoding.vae_tiling,
-        "text_quantize": config.encoding.text_quantize,
-    }
+    return 1 if config.encoding.vae_slicing else config.encoding.video_batch
 
 
-def text_8bit_setting(config: BuildConfig, family: FamilySpec) -> dict[str, bool]:
-    """The spec's ``load_text_encoder_in_8bit``; ConfigError for a family without it or a setting it cannot go with.
+def check_text_8bit(config: BuildConfig, family: FamilySpec) -> None:
+    """ConfigError for ``load_text_encoder_in_8bit`` for a family without it or a setting it cannot go with.
     Whether bitsandbytes and a CUDA device are there is checked where the run encodes (`flows.preflight`), not here:
     verifying an 8-bit cache needs neither."""
     if not config.encoding.load_text_encoder_in_8bit:
-        return {"load_text_encoder_in_8bit": False}
+        return
     if not family.text_8bit:
         raise ConfigError(
             f"--load-text-encoder-in-8bit is the LTX-2 trainer's 8-bit Gemma (family ltx2); family {family.name} "
@@ -246,13 +250,25 @@ def text_8bit_setting(config: BuildConfig, family: FamilySpec) -> dict[str, bool
     if config.run.text_offload:
         # bitsandbytes' int8 weights live on the GPU they were quantized on: parking them on the host is not offered
         raise ConfigError("--text-offload cannot park an 8-bit text encoder (bitsandbytes keeps it on its GPU)")
-    return {"load_text_encoder_in_8bit": True}
 
 
-def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tuple[int, ...]]:
-    """Resolve the family, check geometry and format, hash the model: (family, spec, latent, text shape). With
-    buckets, the latent shape is the first bucket's (each sample's is its own bucket's). The recipe `config` names
-    fills the settings not given."""
+class Resolved(NamedTuple):
+    """A BuildConfig resolved (`resolve`): the config with its recipe's settings filled in, the family, the spec, the
+    job (the run's part the stages read) and the shapes of a sample's latents (the first bucket's, with buckets) and
+    text embeddings."""
+
+    config: BuildConfig
+    family: str
+    spec: CacheSpec
+    job: ShardJob
+    latent_shape: tuple[int, ...]
+    text_shape: tuple[int, ...]
+
+
+def resolve(config: BuildConfig) -> Resolved:
+    """The one place below the flows that applies the recipe and turns a BuildConfig into what the stages take: the
+    CacheSpec (resolve the family, check geometry and format, hash the model; the settings the spec takes as given,
+    `COPIED`, are copied, the rest resolved here) and the ShardJob (the run's part)."""
     config = apply_recipe(config)
     model_dir = Path(config.model).expanduser()
     family = resolve_family(model_dir, config.family, config.encoding.audio)
@@ -271,38 +287,30 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
     for frames, height, width in geometry if config.encoding.mode not in AUDIO_ONLY_MODES else ():  # no video there
         rules.check(family.name, frames, height, width)
     check_reference(config, [Bucket(w, h, f) for f, h, w in geometry], rules)
-    get_format(config.encoding.format)
+    check_text_8bit(config, family)
     frames, height, width = (
         (config.encoding.frames, config.encoding.height, config.encoding.width) if derived else geometry[0]
     )
     spec = CacheSpec(
+        **{name: getattr(config.encoding, name) for name in COPIED},
         family=family.name,
         model_identity=model_identity(model_dir, family, config.encoding.identity_scheme, config.encoding.audio),
-        identity_scheme=config.encoding.identity_scheme,
-        format=config.encoding.format,
         frames=frames,
         height=height,
         width=width,
         buckets=[(b.width, b.height, b.frames) for b in buckets] if buckets else None,
         temporal=chosen["temporal"],
         start=config.encoding.start or 0,
-        window_step=config.encoding.window_step,
         short_clips=chosen["short_clips"],
         resize=RESIZE_POLICIES[chosen["resize"]],
         preprocess=preprocess_name(family),
-        audio=config.encoding.audio,
-        dtype=config.encoding.dtype,
-        store_dtype=config.encoding.store_dtype,
         text_max_length=chosen["text_max_length"],
-        text_padding=config.encoding.text_padding,
-        text_storage=config.encoding.text_storage,
         text_stage=chosen["text_stage"],
         latent_norm=latent_norm_for(config.encoding.format, family.name, family.latent_norm),
         text_clean=text_clean_for(config.encoding.format, family.name),
         layout=layout_for(config),
-        **caption_settings(config),
-        **memory_settings(config, chosen["temporal"]),
-        **text_8bit_setting(config, family),
+        audio_durations=audio_durations(config),
+        video_batch=video_batch(config, chosen["temporal"]),
         model_version=family.model_version(model_dir),
         conditioning=family.conditioning(model_dir, config.encoding.mode),
         **shard_settings(config),
@@ -314,7 +322,14 @@ def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tup
     check_consumer(spec, family.kinds(spec))
     get_format(spec.format).check_out(Path(config.out).expanduser(), config.source)  # musubi: one dataset per OUT
     latent_shape = family.latent_shape(model_dir, frames, height, width)
-    return family.name, spec, latent_shape, family.text_shape(model_dir, TextSettings.of(spec))
+    text_shape = family.text_shape(model_dir, TextSettings.of(spec))
+    return Resolved(config, family.name, spec, ShardJob.of(config), latent_shape, text_shape)
+
+
+def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tuple[int, ...]]:
+    """`resolve`'s (family, spec, latent shape, text shape): a command's check before its flow starts."""
+    _, family, spec, _, latent_shape, text_shape = resolve(config)
+    return family, spec, latent_shape, text_shape
 
 
 def audio_durations(config: BuildConfig) -> list[float] | None:
@@ -329,16 +344,6 @@ def audio_durations(config: BuildConfig) -> list[float] | None:
             "clip's audio follows its video"
         )
     return seconds_list(text, "--audio-durations")
-
-
-def caption_settings(config: BuildConfig) -> dict[str, Any]:
-    """The spec's mode, caption handling and metadata columns, as given (their defaults keep old fingerprints)."""
-    names = (
-        "mode", "lora_trigger", "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column",
-        "caption_column", "audio_file_length", "reference_downscale_factor", "reference_temporal_scale_factor",
-        "follow_symlinks",
-    )  # fmt: skip
-    return {name: getattr(config.encoding, name) for name in names} | {"audio_durations": audio_durations(config)}
 
 
 def shard_settings(config: BuildConfig) -> dict[str, Any]:
@@ -451,8 +456,7 @@ def make_plan(config: BuildConfig, spool: Path | None = None, shards: list[Shard
     """The whole plan for a build; its config has the recipe's settings filled in (`apply_recipe`). A build's plan
     lists its samples into `spool`, a directory outside OUT (`BuildPlan.listing`); given `shards` (a plan recorded
     in OUT), nothing is listed."""
-    config = apply_recipe(config)
-    family, spec, latent_shape, text_shape = make_spec(config)
+    config, family, spec, job, latent_shape, text_shape = resolve(config)
     if shards is None:
         shards = plan_shards(config, open_source(config.source, config.encoding), spool)
     for note in layout_notes(spec, shards):
@@ -462,12 +466,34 @@ def make_plan(config: BuildConfig, spool: Path | None = None, shards: list[Shard
         family=family,
         spec=spec,
         fingerprint=spec.fingerprint(),
+        job=job,
         latent_shape=latent_shape,
         text_shape=text_shape,
         shards=shards,
         kinds=get_family(family).kinds(spec),
         listing=str(spool) if spool else None,
     )
+
+
+def recorded_plan(config: BuildConfig) -> BuildPlan | None:
+    """The plan OUT's newest build recorded when it began (its shards, as listed then) with `config`'s spec: what
+    `latentforge reconcile` accounts for; None when OUT has no recorded plan."""
+    entries = listing.read_index(Path(config.out))
+    return None if entries is None else make_plan(config, shards=[ShardPlan.model_validate(e) for e in entries])
+
+
+def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> BuildConfig:
+    """The config that reproduces the cache in OUT (reuse). Refused when the model differs: that would mix encoders."""
+    existing = CacheSpec.model_validate(read_cache_json(out)["spec"])
+    ours = planned.model_identity
+    if existing.identity_scheme != planned.identity_scheme:  # the model's identity under the cache's own scheme
+        ours = model_identity(Path(config.model).expanduser(), get_family(planned.family), existing.identity_scheme)
+    if existing.model_identity != ours or existing.family != planned.family:
+        raise ConflictError(
+            f"reuse refused: {out} was made with another model ({existing.family}, {existing.model_identity}); "
+            f"--model is {planned.family}, {ours}. Reusing it would mix latents of two encoders."
+        )
+    return config.with_values(**spec_settings(existing))
 
 
 def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
@@ -491,40 +517,23 @@ def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
 
 
 def spec_settings(spec: CacheSpec) -> dict[str, Any]:
-    """The BuildConfig settings that reproduce `spec` (reuse, verify against OUT's own cache.json): the spec's
-    fields under the same names, its temporal and resize values as the config spells them."""
-    settings: dict[str, Any] = {
-        "family": spec.family,
-        "format": spec.format,
-        "frames": spec.frames,
-        "height": spec.height,
-        "width": spec.width,
-        "temporal": TEMPORAL_ALIASES.get(spec.temporal, spec.temporal),
-        "resize": resize_policy_of(spec.resize),
-        "dtype": spec.dtype,
-        "text_max_length": spec.text_max_length,
-        "text_padding": spec.text_padding,
-        "identity_scheme": spec.identity_scheme,
-        "audio": spec.audio,
-        "store_dtype": spec.store_dtype,
-    }
-    if spec.text_storage != "padded":
-        settings["text_storage"] = spec.text_storage
-    for name in (
-        "video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips", "mode", "lora_trigger",
-        "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column", "caption_column",
-        "audio_file_length", "load_text_encoder_in_8bit", "reference_downscale_factor",
-        "reference_temporal_scale_factor", "audio_durations", "follow_symlinks",
-    ):  # fmt: skip
-        if getattr(spec, name) != ADDED_LATER[name]:
-            settings[name] = getattr(spec, name)
+    """The BuildConfig settings that reproduce `spec` (reuse, verify against OUT's own cache.json): each setting of
+    the spec (`Spec`: those copied from the config, those marked ``setting``) under its name, left out at its absent
+    value (unless ``always``); the temporal, resize, buckets, durations, text stage and layout as the config spells
+    them."""
+    settings: dict[str, Any] = {}
+    for name, field in CacheSpec.model_fields.items():
+        mark, value = spec_mark(field), getattr(spec, name)
+        if mark is None or not (mark.setting or name in COPIED):
+            continue
+        if mark.always or name not in ADDED_LATER or value != ADDED_LATER[name]:
+            settings[name] = value
+    settings["temporal"] = TEMPORAL_ALIASES.get(spec.temporal, spec.temporal)
+    settings["resize"] = resize_policy_of(spec.resize)
     if spec.buckets:
         settings["buckets"] = ";".join(f"{w}x{h}x{f}" for w, h, f in spec.buckets)
     if spec.audio_durations:
         settings["audio_durations"] = ";".join(repr(d) for d in spec.audio_durations)
-    for name in ("shard_samples", "shard_bytes", "parquet_dtype"):
-        if getattr(spec, name) is not None:
-            settings[name] = getattr(spec, name)
     if spec.text_stage in ("pre_connector", "post_connector"):
         settings["text_stage"] = spec.text_stage
     if spec.layout == "cc12m":  # the one layout a user picks (fastvideo follows from the format)

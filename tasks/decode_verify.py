@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -15,13 +13,13 @@ from infra.preprocess.encode import load_options
 @task(name="decode-and-verify", cache_policy=NO_CACHE)
 def decode_verify(plan: BuildPlan) -> DecodeReport:
     """K samples spread over groups: PSNR, SSIM, side-by-side mp4 and PNG strips under OUT/reports/decode/."""
-    cfg = plan.config
+    gates = plan.config.gates  # the flow's settings: the decode step's own part
     return decode_and_verify(
         plan.out,
-        model_dir=Path(cfg.model).expanduser(),
-        n=cfg.gates.decode_samples,
-        device=cfg.run.device,
-        dtype=cfg.encoding.dtype,
-        min_psnr=cfg.gates.min_psnr,
-        options=load_options(cfg),
+        model_dir=plan.job.model_dir,
+        n=gates.decode_samples,
+        device=plan.job.device,
+        dtype=plan.spec.dtype,
+        min_psnr=gates.min_psnr,
+        options=load_options(plan),
     )

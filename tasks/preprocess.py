@@ -48,8 +48,7 @@ def preprocess_shard(
     or in a Ray worker: progress goes where the runner says."""
     on_row = runners.row_reporter(run)
     if device is not None:
-        placed = plan.config.run.model_copy(update={"device": device})
-        plan = plan.model_copy(update={"config": plan.config.model_copy(update={"run": placed})})
+        plan = plan.model_copy(update={"job": plan.job.placed(device)})
     return process_shard(plan, shard, on_row=on_row, run_id=flow_run.get_id(), chunk=chunk, run=run)
 
 

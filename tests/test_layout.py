@@ -33,7 +33,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("infra", "errors", "faults", "heap", "runtime"),  # ground: imports nothing of the project
     ("bounds",),  # the sanity bounds of every setting: only infra.errors
     ("config", "outdir"),  # the settings: only pydantic, yaml and infra.errors; the door to OUT: only infra.errors
-    ("storage", "registry", "recipes", "devices", "media", "procs"),
+    ("storage", "registry", "recipes", "devices", "media", "procs", "job"),
     ("reports", "sources", "models"),
     ("cache",),
     ("ops", "formats"),
@@ -315,6 +315,29 @@ def test_the_config_stands_on_the_errors_and_bounds_only_and_every_step_names_re
     assert {i.target for i in _imports("infra.bounds")} == {"infra.errors"}
     for step in STEP_SETTINGS:
         assert set(step_settings(step)) <= set(BuildConfig.settings()), step
+
+
+#: The stages below the plan: they take the plan's spec and job (`infra.job.ShardJob`), never the raw config.
+BELOW_THE_PLAN = ("preprocess", "audit", "gates", "media", "models")
+
+
+def raw_config_reads() -> list[str]:
+    """Where a module below the plan imports BuildConfig or reads a plan's ``.config`` (``plan.config``,
+    ``recorded_plan.config``; a model's ``vae.config`` is its own): ``path:line``."""
+    found = []
+    for name, path in MODULES.items():
+        if _unit(name) not in BELOW_THE_PLAN:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            imported = isinstance(node, ast.ImportFrom) and any(a.name == "BuildConfig" for a in node.names)
+            read = isinstance(node, ast.Attribute) and node.attr == "config" and "plan" in ast.unparse(node.value)
+            if imported or read:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_no_stage_below_the_plan_reads_the_raw_config():
+    assert raw_config_reads() == []
 
 
 @pytest.mark.parametrize("contract", [Source, Format, FamilySpec, Remote])

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from infra.config import ADDED_LATER, FINGERPRINT_NAMES, BuildConfig, CacheSpec
+from infra.config import ADDED_LATER, COPIED, FINGERPRINT_NAMES, BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.models.base import GeometryRules
-from infra.plan import make_spec
+from infra.plan import make_spec, resolve, spec_settings
 
 BASE = {
     "family": "wan22",
@@ -152,3 +155,113 @@ def test_geometry_rules_name_bad_values_and_nearest_valid_ones(frames, height, w
 def test_valid_geometry_passes():
     GeometryRules(4, 1, 16).check("wan22", 33, 832, 480)
     GeometryRules(4, 1, 16).check("wan22", 1, 16, 16)
+
+
+#: The hand-written lists the fields' `Spec` metadata replaced, frozen as they were: a derived list that drifts from
+#: them changes fingerprints (ADDED_LATER, FINGERPRINT_NAMES), the spec's bytes (COPIED) or what a reuse restates.
+HAND_ADDED_LATER = {
+    "identity_scheme": "sampled", "buckets": None, "audio": False, "shard_samples": None, "shard_bytes": None,
+    "parquet_dtype": None, "start": 0, "window_step": None, "short_clips": None, "text_storage": "padded",
+    "video_batch": 1, "vae_tiling": False, "text_quantize": "none", "load_text_encoder_in_8bit": False,
+    "model_version": None, "layout": None, "mode": "t2v", "audio_file_length": "clip", "lora_trigger": None,
+    "remove_llm_prefixes": False, "empty_captions": "skip", "duplicate_rows": "refuse", "video_column": None,
+    "caption_column": None, "follow_symlinks": False, "preprocess": None, "reference_downscale_factor": 1,
+    "reference_temporal_scale_factor": 1, "audio_durations": None, "conditioning": None, "text_clean": None,
+}  # fmt: skip
+HAND_FINGERPRINT_NAMES = {"dtype": "compute_dtype", "start": "temporal_start", "text_stage": "text_encoder_output"}
+#: make_spec's keywords taken from the config as given (its own, caption_settings', memory and 8-bit settings').
+HAND_COPIED = {
+    "identity_scheme", "format", "window_step", "audio", "dtype", "store_dtype", "text_padding", "text_storage",
+    "vae_tiling", "text_quantize", "load_text_encoder_in_8bit", "mode", "lora_trigger", "remove_llm_prefixes",
+    "empty_captions", "duplicate_rows", "video_column", "caption_column", "audio_file_length",
+    "reference_downscale_factor", "reference_temporal_scale_factor", "follow_symlinks",
+}  # fmt: skip
+#: spec_settings: the settings it always restated, and those it restated only away from their absent values.
+HAND_RESTATED = {
+    "family", "format", "frames", "height", "width", "temporal", "resize", "dtype", "text_max_length", "text_padding",
+    "identity_scheme", "audio", "store_dtype",
+}  # fmt: skip
+HAND_RESTATED_WHEN_USED = {
+    "text_storage", "video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips", "mode",
+    "lora_trigger", "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column", "caption_column",
+    "audio_file_length", "load_text_encoder_in_8bit", "reference_downscale_factor", "reference_temporal_scale_factor",
+    "audio_durations", "follow_symlinks", "buckets", "shard_samples", "shard_bytes", "parquet_dtype", "text_stage",
+    "layout",
+}  # fmt: skip
+#: The spec's fields that a spec without them cannot leave out, and the defaults of the others.
+HAND_REQUIRED = {"family", "model_identity", "format", "frames", "height", "width", "temporal", "dtype"}
+HAND_REQUIRED |= {"text_max_length", "text_padding", "latent_norm"}
+HAND_DEFAULTS = HAND_ADDED_LATER | {
+    "spec_version": 1, "resize": "bilinear-align_corners_false", "store_dtype": "bf16",
+    "text_stage": "last_hidden_state",
+}  # fmt: skip
+USED = {
+    "text_storage": "trimmed", "video_batch": 2, "vae_tiling": True, "text_quantize": "int8-dynamic", "start": 3,
+    "window_step": 4, "short_clips": "skip", "mode": "i2v", "lora_trigger": "sks", "remove_llm_prefixes": True,
+    "empty_captions": "encode", "duplicate_rows": "last", "video_column": "v", "caption_column": "c",
+    "audio_file_length": "trainer", "load_text_encoder_in_8bit": True, "reference_downscale_factor": 2,
+    "reference_temporal_scale_factor": 2, "audio_durations": [2.0], "follow_symlinks": True,
+    "buckets": [(96, 64, 9)], "shard_samples": 5, "shard_bytes": 1 << 20, "parquet_dtype": "bf16",
+    "text_stage": "pre_connector", "layout": "cc12m",
+}  # fmt: skip
+
+
+def test_the_lists_derived_from_each_fields_spec_metadata_are_the_hand_written_ones_they_replaced():
+    assert ADDED_LATER == HAND_ADDED_LATER
+    assert FINGERPRINT_NAMES == HAND_FINGERPRINT_NAMES
+    assert set(COPIED) == HAND_COPIED
+    fields = CacheSpec.model_fields
+    assert {name for name, field in fields.items() if field.is_required()} == HAND_REQUIRED
+    assert {name: field.default for name, field in fields.items() if not field.is_required()} == HAND_DEFAULTS
+    assert set(spec_settings(CacheSpec(**BASE))) == HAND_RESTATED
+    assert set(spec_settings(CacheSpec(**BASE, **USED))) == HAND_RESTATED | HAND_RESTATED_WHEN_USED
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    changes=st.fixed_dictionaries(
+        {},
+        optional={
+            "lora_trigger": st.sampled_from(["sks", "a b"]),
+            "remove_llm_prefixes": st.booleans(),
+            "empty_captions": st.sampled_from(["skip", "encode"]),
+            "duplicate_rows": st.sampled_from(["refuse", "last"]),
+            "video_column": st.just("clip"),
+            "caption_column": st.just("text"),
+            "follow_symlinks": st.booleans(),
+            "audio_file_length": st.sampled_from(["clip", "trainer"]),
+            "vae_tiling": st.booleans(),
+            "dtype": st.sampled_from(["bf16", "fp32"]),
+            "identity_scheme": st.sampled_from(["content", "sampled"]),
+            "temporal": st.sampled_from(["span", "head", "stride:2", "fps:8"]),
+            "video_batch": st.integers(1, 2),
+            "text_storage": st.just("trimmed"),
+        },
+    )
+)
+def test_a_cache_restated_as_settings_plans_the_same_spec(tiny_model, changes):
+    """What a reuse or a verify of OUT does: the spec's settings (`spec_settings`), planned again, give the spec."""
+    common = {"source": "vbvr:/x", "model": str(tiny_model), "out": "/a", "frames": 5, "height": 32, "width": 32}
+    if "text_storage" in changes:
+        changes["text_padding"] = "zeros"
+    if changes.get("temporal") == "stride:2":
+        changes["start"] = 2
+    spec = make_spec(BuildConfig(**common, **changes))[1]
+    again = make_spec(BuildConfig(**common | spec_settings(spec)))[1]
+    assert again == spec and again.fingerprint() == spec.fingerprint()
+
+
+def test_resolve_gives_the_spec_and_the_stages_job_a_frozen_picklable_part(tiny_model):
+    """`resolve` applies the recipe and splits the config: the spec (what decides the bytes) and the job (the run's
+    part the stages read): --vae-slicing makes the spec's batch 1 while the job still gathers --video-batch clips."""
+    values = {"source": "vbvr:/x", "model": str(tiny_model), "out": "/a", "frames": 5, "height": 32, "width": 32}
+    values |= {"recipe": "wan22-vbvr", "video_batch": 2, "vae_slicing": True, "max_frames": 99, "device": "cpu"}
+    resolved = resolve(BuildConfig(**values))
+    assert resolved.config.encoding.text_padding == "raw" == resolved.spec.text_padding  # the recipe's
+    assert (resolved.spec.video_batch, resolved.job.gather, resolved.job.vae_slicing) == (1, 2, True)
+    assert resolved.job.limits.max_frames == 99 and resolved.job.device == "cpu"
+    assert pickle.loads(pickle.dumps(resolved.job)) == resolved.job
+    assert pickle.loads(pickle.dumps(resolved.spec)) == resolved.spec
+    assert resolved.job.placed("cuda:1").device == "cuda:1" != resolved.job.device
+    with pytest.raises(ValueError, match="frozen"):
+        resolved.job.gather = 3

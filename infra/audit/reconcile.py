@@ -26,16 +26,15 @@ from infra import outdir, reports
 from infra.audit.counts import GoneSample, GroupCounts, MissingSample, ReconcileReport, TruncatedPrompt
 from infra.cache import ledger, listing
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow, windows_by_clip
-from infra.config import BuildConfig
 from infra.errors import LedgerError
 from infra.formats import ShardFormat, get_format
 from infra.formats.shards import part_record, write_meta
 from infra.gates.content import ContentCheck
 from infra.models import get_family
-from infra.plan import BuildPlan, ShardPlan, make_plan
+from infra.plan import BuildPlan, ShardPlan
 from infra.sources import Source, open_source
 
-__all__ = ["GoneSample", "MissingSample", "ReconcileReport", "reconcile", "recorded_plan", "write_reconcile_report"]
+__all__ = ["GoneSample", "MissingSample", "ReconcileReport", "reconcile", "write_reconcile_report"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,28 +46,19 @@ DUPLICATE = "duplicate_output"  # two source samples (same group and id, two sha
 DAMAGED = "file_damaged"  # on disk at its size, but not the bytes the ledger recorded (content checked)
 
 
-def recorded_plan(config: BuildConfig) -> BuildPlan | None:
-    """The plan OUT's newest build recorded when it began (its shards, as listed then) with `config`'s spec: what
-    `latentforge reconcile` accounts for; None when OUT has no recorded plan."""
-    entries = listing.read_index(Path(config.out))
-    return None if entries is None else make_plan(config, shards=[ShardPlan.model_validate(e) for e in entries])
-
-
 def reconcile(plan: BuildPlan, content: bool = False) -> ReconcileReport:
     """Account for every sample of the plan (its recorded listing, else the source listed now) in the ledgers and on
     disk; `content`: every file's sha256 against the ledger too (reads every byte: the build's own step does not)."""
     spec = plan.spec
     kinds = list(get_family(spec.family).kinds(spec))
-    report = ReconcileReport(
-        str(plan.out), plan.config.source, plan.fingerprint, spec.format, kinds, spec.text_max_length
-    )
+    report = ReconcileReport(str(plan.out), plan.job.source, plan.fingerprint, spec.format, kinds, spec.text_max_length)
     tally = _Tally(plan, report, functools.cache(functools.partial(_size, plan.out)))
     if content:
         tally.content = ContentCheck(plan.out, files=True, parts="sha256")
     fmt = get_format(spec.format)
     if isinstance(fmt, ShardFormat):
         tally.members = functools.cache(lambda rel: frozenset(part_record(plan.out, rel, fmt).members))
-    source = open_source(plan.config.source, plan.spec)
+    source = open_source(plan.job.source, plan.spec)
     recorded = {entry["id"]: entry for entry in _index(plan, report)}
     for shard in plan.shards:
         listed, every_key, whole = _expected(plan, source, shard, recorded.get(shard.id), report)

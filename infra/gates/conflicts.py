@@ -2,7 +2,7 @@
 
 Nothing here asks a person: the flow does (a Prefect pause). These are the plain rules: the
 overwrite token that binds an approval to one path and one old→new fingerprint change, the next
-free ``OUT-vN`` directory, adopting an existing cache's spec, keeping the old ``cache.json``.
+free ``OUT-vN`` directory, keeping the old ``cache.json``.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from infra import outdir
-from infra.cache.cachedir import CACHE_JSON, read_cache_json
-from infra.config import BuildConfig, CacheSpec
-from infra.errors import ConflictError
-from infra.models import get_family, model_identity
+from infra.cache.cachedir import CACHE_JSON
+from infra.config import CacheSpec
 from infra.plan import spec_settings
 from infra.storage import atomic_write
 
@@ -44,20 +42,6 @@ def next_free_dir(out: Path) -> Path:
     while (candidate := out.with_name(f"{out.name}-v{version}")).exists():
         version += 1
     return candidate
-
-
-def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> BuildConfig:
-    """The config that reproduces the cache in OUT (reuse). Refused when the model differs: that would mix encoders."""
-    existing = CacheSpec.model_validate(read_cache_json(out)["spec"])
-    ours = planned.model_identity
-    if existing.identity_scheme != planned.identity_scheme:  # the model's identity under the cache's own scheme
-        ours = model_identity(Path(config.model).expanduser(), get_family(planned.family), existing.identity_scheme)
-    if existing.model_identity != ours or existing.family != planned.family:
-        raise ConflictError(
-            f"reuse refused: {out} was made with another model ({existing.family}, {existing.model_identity}); "
-            f"--model is {planned.family}, {ours}. Reusing it would mix latents of two encoders."
-        )
-    return config.with_values(**spec_settings(existing))
 
 
 def settings_that_differ(existing: CacheSpec, planned: CacheSpec) -> dict[str, tuple[Any, Any]]:

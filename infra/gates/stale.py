@@ -104,7 +104,7 @@ def _reusable(out_row: LedgerRow, plan: BuildPlan) -> bool:
 def find_stale(plan: BuildPlan) -> StaleReport:
     """Every done sample of the plan's selection whose source changed (a pass over the source's listing)."""
     report = StaleReport()
-    source = open_source(plan.config.source, plan.spec, plan.config.limits)
+    source = open_source(plan.job.source, plan.spec, plan.job.limits)
     for shard in plan.shards:
         try:
             rows = ledger.read_shard(plan.out, shard.id)

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from infra.config import BuildConfig, CacheSpec
+from infra.config import CacheSpec
 from infra.devices import pin_cpu_threads, resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
 from infra.faults import fault_point
@@ -52,29 +51,29 @@ class Encoded:
 
 def load_encoder(plan: BuildPlan) -> LoadedFamily:
     """The plan's family, loaded once per process on the configured device."""
-    cfg = plan.config
-    pin_cpu_threads(cfg.run.device)  # also for what the family computes while loading
+    job = plan.job
+    pin_cpu_threads(job.device)  # also for what the family computes while loading
     try:
-        device, dtype = resolve_device(cfg.run.device), resolve_dtype(cfg.encoding.dtype)
-        return load_family(Path(cfg.model).expanduser(), plan.family, device, dtype, load_options(cfg))
+        device, dtype = resolve_device(job.device), resolve_dtype(plan.spec.dtype)
+        return load_family(job.model_dir, plan.family, device, dtype, load_options(plan))
     except Exception as exc:
-        raise ModelLoadError(f"cannot load {plan.family} from {cfg.model}: {type(exc).__name__}: {exc}") from exc
+        raise ModelLoadError(f"cannot load {plan.family} from {job.model}: {type(exc).__name__}: {exc}") from exc
 
 
-def load_options(cfg: BuildConfig) -> LoadOptions:
+def load_options(plan: BuildPlan) -> LoadOptions:
     """The memory options a build loads its family with (the decode step reuses that same loaded family)."""
     return LoadOptions(
-        vae_tiling=cfg.encoding.vae_tiling,
-        vae_slicing=cfg.encoding.vae_slicing,
-        text_quantize=cfg.encoding.text_quantize,
-        text_offload=cfg.run.text_offload,
-        text_8bit=cfg.encoding.load_text_encoder_in_8bit,
+        vae_tiling=plan.spec.vae_tiling,
+        vae_slicing=plan.job.vae_slicing,
+        text_quantize=plan.spec.text_quantize,
+        text_offload=plan.job.run.text_offload,
+        text_8bit=plan.spec.load_text_encoder_in_8bit,
     )
 
 
 def shard_state(plan: BuildPlan, run: RunState) -> ShardState:
     """The state a shard task's samples share, for `plan` in `run` (its text cache bounded by ``--text-cache-mb``)."""
-    return ShardState(run, TextCache(plan.config.run.text_cache_mb * 2**20))
+    return ShardState(run, TextCache(plan.job.run.text_cache_mb * 2**20))
 
 
 def encode_sample(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, state: ShardState | None = None) -> Encoded:
@@ -95,12 +94,12 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
     if prepared.video is None:
         return encode_audio_only(prepared, plan, encoder, state)
     spec, video, ref = plan.spec, prepared.video, prepared.ref
-    pin_cpu_threads(plan.config.run.device)  # the same kernels, so the same bytes, on every runner
+    pin_cpu_threads(plan.job.device)  # the same kernels, so the same bytes, on every runner
     store = STORE_DTYPES[spec.store_dtype]
     consumer_view = latent_encoder(encoder, spec)  # latents as the format's consumer reads them
-    with encode_timing(plan.config.run.device):  # opt-in, for bench/gpu_bench.py; off: one environment lookup
+    with encode_timing(plan.job.device):  # opt-in, for bench/gpu_bench.py; off: one environment lookup
         latents = videos.latents(consumer_view, prepared, plan, state.batches, state.vae).to(store)
-        with encode_timing(plan.config.run.device, "text"):
+        with encode_timing(plan.job.device, "text"):
             text = encode_text(encoder, prepared.prompt, plan, state) if "text_embeddings" in plan.kinds else None
     fault_point("encode")
     extras: dict[str, Any] = dict(text.extras) if text is not None else {}
@@ -160,7 +159,7 @@ def encode_audio_only(prepared: PreparedSample, plan: BuildPlan, encoder: Loaded
     audio track or is shorter than every duration bucket: the sample has nothing to train on), a reference audio
     file's by the same rule (recorded missing when it has no track), an audio mask on the audio latents' steps."""
     spec, ref = plan.spec, prepared.ref
-    pin_cpu_threads(plan.config.run.device)
+    pin_cpu_threads(plan.job.device)
     text = encode_text(encoder, prepared.prompt, plan, state)
     fault_point("encode")
     extras: dict[str, Any] = dict(text.extras)
@@ -221,16 +220,16 @@ def trainer_audio_seconds(data: bytes, durations: list[float] | None) -> float:
 def encode_text(encoder: LoadedFamily, prompt: str, plan: BuildPlan, state: ShardState) -> TextEmbedding:
     """The prompt's embedding: held by the shard's text cache, or encoded now in one batch with the prompts read
     ahead (``--text-batch``, ``--text-cache-mb``)."""
-    cfg, cache = plan.config, state.texts
-    upcoming = state.ahead.upcoming() if state.ahead is not None and cfg.run.text_cache_mb else []
+    run, cache = plan.job.run, state.texts
+    upcoming = state.ahead.upcoming() if state.ahead is not None and run.text_cache_mb else []
     settings = TextSettings.of(plan.spec)
-    if cfg.run.text_offload:  # encoded in the shard's text phase; a prompt not held brings the parked encoder back
+    if run.text_offload:  # encoded in the shard's text phase; a prompt not held brings the parked encoder back
         held = cache.lookup(prompt, settings)
         if held is not None:
             return held
         with memory.text_in_use(encoder):
-            return cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.run.text_batch)
-    return cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.run.text_batch)
+            return cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=run.text_batch)
+    return cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=run.text_batch)
 
 
 def _audio(

@@ -42,18 +42,18 @@ def text_first(
     prompts = shard_prompts(refs, CaptionRules.of(plan.spec))
     if not prompts:
         return 0
-    encoder, cfg, settings = get_encoder(), plan.config, TextSettings.of(plan.spec)
+    encoder, run, settings = get_encoder(), plan.job.run, TextSettings.of(plan.spec)
     with memory.text_in_use(encoder):
         for i, prompt in enumerate(prompts):
-            upcoming = prompts[i + 1 : i + cfg.run.text_batch]
-            cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=cfg.run.text_batch)
+            upcoming = prompts[i + 1 : i + run.text_batch]
+            cache.embedding(encoder, prompt, settings, upcoming=upcoming, batch=run.text_batch)
     lost = sum(not cache.holds(prompt, settings) for prompt in prompts)
     if lost:
         logger.warning(
             "--text-offload: %d of %d prompts did not fit --text-cache-mb %d; each brings the text encoder back",
             lost,
             len(prompts),
-            cfg.run.text_cache_mb,
+            run.text_cache_mb,
         )
     return lost
 

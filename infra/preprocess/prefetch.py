@@ -175,12 +175,11 @@ def read_ahead(
     """The shard's read-ahead over the samples it will encode, each marked in `journal` before it is read; None
     without one (``--prefetch 0 --text-batch 1``, or ``windows:K``, whose samples are made from their clip as it is
     visited)."""
-    cfg = plan.config
-    serial = cfg.run.prefetch == 0 and cfg.run.text_batch == 1 and cfg.encoding.video_batch == 1
+    run = plan.job.run
+    serial = run.prefetch == 0 and run.text_batch == 1 and plan.job.gather == 1
     if serial or TemporalPolicy.of(plan.spec).kind == "windows":
         return None
-    depth = max(cfg.run.prefetch, cfg.encoding.video_batch - 1)  # a batch is made of samples already prepared
-    run = cfg.run
+    depth = max(run.prefetch, plan.job.gather - 1)  # a batch is made of samples already prepared
     pool = decoders(run.decode_pool, run.decode_workers, decode_job(plan)) if depth else None
     return Prefetcher(
         refs,
@@ -188,7 +187,7 @@ def read_ahead(
         decoders=pool,
         wanted=wanted,
         depth=depth,
-        lookahead=cfg.run.text_batch - 1,
+        lookahead=run.text_batch - 1,
     )
 
 

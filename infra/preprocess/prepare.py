@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -76,7 +75,7 @@ class PreparedSample:
 
 def media_limits(plan: BuildPlan) -> MediaLimits:
     """The plan's ``--max-pixels`` and ``--max-frames``."""
-    return MediaLimits(max_pixels=plan.config.limits.max_pixels, max_frames=plan.config.limits.max_frames)
+    return MediaLimits(max_pixels=plan.job.limits.max_pixels, max_frames=plan.job.limits.max_frames)
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ def decode_job(plan: BuildPlan) -> DecodeJob:
     """The plan's `DecodeJob` (the family's geometry rules read only where the mode has a video mask)."""
     multiples = None
     if "video_masks" in plan.kinds:
-        rules = get_family(plan.family).rules(Path(plan.config.model).expanduser())
+        rules = get_family(plan.family).rules(plan.job.model_dir)
         multiples = (rules.frame_multiple, rules.spatial_multiple)
     return DecodeJob(plan.spec, media_limits(plan), "latents" in plan.kinds, multiples)
 

@@ -206,7 +206,7 @@ def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, repor
     latent = plan.latent_shape
     if plan.spec.buckets and sample.latents is not None:  # the planned shape is the sample's bucket's
         frames, height, width = sample.info["geometry"]
-        latent = get_family(plan.family).latent_shape(Path(plan.config.model).expanduser(), frames, height, width)
+        latent = get_family(plan.family).latent_shape(plan.job.model_dir, frames, height, width)
     planned = {"latents": list(latent), "text_embeddings": list(plan.text_shape)}
     if plan.spec.text_storage == "trimmed":  # the prompt's rows only
         planned["text_embeddings"] = [sample.seq_len, *plan.text_shape[1:]]
@@ -283,8 +283,8 @@ def candidates(
     build would encode (the shard loop's rule, `resume.wanted`: selected by ``--only`` and not kept from OUT's
     ledger, those counted in `scan.kept`), and none a run died on; `avoid` (the sample the last sanity died on) is
     added to `scan.skipped`, as is an unreadable shard."""
-    source = open_source(plan.config.source, plan.spec, plan.config.limits)
-    selection = parse_only(plan.config.selection.only) if pending_only else None
+    source = open_source(plan.job.source, plan.spec, plan.job.limits)
+    selection = parse_only(plan.job.selection.only) if pending_only else None
     for shard in plan.shards:
         keys = selection.get(shard.id) if selection is not None else None
         marks: ledger.Marks = {}
@@ -367,7 +367,7 @@ def run_sanity(plan: BuildPlan, repeats: int = 1, *, pending_only: bool = False)
     says so (ok, `nothing_to_encode`) without loading the model or reading media. Raises SanityDirError, or
     ModelLoadError."""
     scratch = sanity_dir(plan.out)
-    device = resolve_device(plan.config.run.device)
+    device = resolve_device(plan.job.device)
     report = SanityReport(device=str(device), total_samples=sum(s.samples for s in plan.shards))
     scan = Scan(skipped=report.skipped_before)
     refs = candidates(plan, scan, pending_only=pending_only, avoid=_died_on(scratch))

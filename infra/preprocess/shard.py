@@ -102,11 +102,11 @@ def process_shard(
     a shard run alone gets its own. A planned sample the task does not visit gets its row (`infra.preprocess.
     unvisited`); a task that crashes seals what it has, those rows included, and raises the crash again."""
     start = time.perf_counter()
-    pin_cpu_threads(plan.config.run.device)  # this thread encodes the shard (its text phase too): same bytes anywhere
-    bind_thread(plan.config.run.device)  # cuda:N placed: this thread's events and memory counters are that GPU's
-    selection = parse_only(plan.config.selection.only)
+    pin_cpu_threads(plan.job.device)  # this thread encodes the shard (its text phase too): same bytes anywhere
+    bind_thread(plan.job.device)  # cuda:N placed: this thread's events and memory counters are that GPU's
+    selection = parse_only(plan.job.selection.only)
     keys = selection.get(shard.id) if selection is not None else None
-    result = ShardResult(shard=shard.id, device=plan.config.run.device)
+    result = ShardResult(shard=shard.id, device=plan.job.device)
     logger.info("shard %s on device %s", shard.id, result.device)
     ledger_id = shard.id if chunk is None else chunk.ledger_id(shard.id)
     writer_id = shard.id if chunk is None else chunk.name(shard.id)
@@ -147,9 +147,9 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
     plan, shard, chunk = loop.plan, loop.shard, loop.chunk
     first, stop = (0, shard.quota) if chunk is None else (chunk.start, chunk.stop)
     wanted = functools.partial(_wanted, loop)
-    samples = open_source(plan.config.source, plan.spec, plan.config.limits).samples(shard.shard)
-    if plan.config.run.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
-        own_pass = open_source(plan.config.source, plan.spec, plan.config.limits).samples(shard.shard)
+    samples = open_source(plan.job.source, plan.spec, plan.job.limits).samples(shard.shard)
+    if plan.job.run.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
+        own_pass = open_source(plan.job.source, plan.spec, plan.job.limits).samples(shard.shard)
         phases.text_first_of(plan, own_pass, (first, stop), wanted, loop.get_encoder, loop.state.texts)
     ahead = loop.state.ahead = read_ahead(plan, itertools.islice(samples, first, stop), wanted, loop.journal)
     batches = loop.state.batches = ShapeBatches(ahead) if ahead is not None else None

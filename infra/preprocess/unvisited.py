@@ -101,7 +101,7 @@ def record_plan(plan: BuildPlan) -> BuildPlan:
 def _carried(plan: BuildPlan) -> list[ShardPlan]:
     """The recorded plan's shards this plan lacks although its selection takes every shard it has, whose planned
     samples are not all in their ledger."""
-    selection = plan.config.selection
+    selection = plan.job.selection
     if selection.limit is not None or selection.only is not None:
         return []  # a narrower run: a shard it lacks was not selected, not lost
     planned = {s.id for s in plan.shards}

@@ -91,7 +91,7 @@ def latents(
                 raise held
             return held
     pixels = prepared.video.pixels
-    gather = plan.config.encoding.video_batch
+    gather = plan.job.gather
     others = batches.ready(gather - 1, tuple(pixels.shape)) if batches is not None and gather > 1 else []
     results = encode_group(encoder, [pixels, *(other.video.pixels for other in others)], plan.spec.video_batch, stats)
     for other, result in zip(others, results[1:], strict=True):

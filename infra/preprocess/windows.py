@@ -32,9 +32,7 @@ def expand(ref: SampleRef, plan: BuildPlan, known: list[LedgerRow]) -> list[Samp
         media = read()
         if media is None:
             return [ref]
-        total, fps = probe_frames(
-            media, limits=MediaLimits(plan.config.limits.max_pixels, plan.config.limits.max_frames)
-        )
+        total, fps = probe_frames(media, limits=MediaLimits(plan.job.limits.max_pixels, plan.job.limits.max_frames))
         windows = choose_windows(policy, total, fps, plan.spec.frames)
     except InputError:
         return [ref]  # encoding it gives the row its reason
