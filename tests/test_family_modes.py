@@ -11,12 +11,13 @@ import re
 import typing
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 from flows.cli_options import field_option
 from infra.config import EncodingConfig, Mode
-from infra.models import FAMILIES, ROLES, declared_modes, get_family, mode_roles
+from infra.models import FAMILIES, ROLES, FamilySpec, declared_modes, get_family, mode_roles
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,9 +106,28 @@ def test_a_mode_reads_the_same_roles_in_every_family():
             roles = family.roles(mode)
             assert roles == mode_roles(mode) and set(roles) <= set(ROLES), (name, mode)
             assert "caption" in roles and ("video" in roles or "audio" in roles), (name, mode)
+    assert {get_family("ltx2").roles(mode) for mode in ("t2a", "a2a-ic-lora", "audio-inpaint")} == {
+        ("audio", "caption"),
+        ("audio", "reference_audio", "caption"),
+        ("audio", "audio_mask", "caption"),
+    }
 
 
 if __name__ == "__main__":
     for line in offenders():
         print(line)
     print(f"{len(offenders())} mode names in the code of the generic stages")
+
+
+def test_a_family_that_gives_a_mode_other_roles_fails_at_its_definition():
+    with pytest.raises(TypeError, match=r"--mode t2a reads video, caption, where another family's reads audio"):
+
+        class Other(FamilySpec):
+            name, components, latent_norm = "other", ("vae",), "z"
+            mode_roles: ClassVar[dict[str, tuple[str, ...]]] = {"t2a": ("video", "caption")}
+
+    with pytest.raises(TypeError, match="roles not in ROLES: smell"):
+
+        class Smelly(FamilySpec):
+            name, components, latent_norm = "smelly", ("vae",), "z"
+            mode_roles: ClassVar[dict[str, tuple[str, ...]]] = {"t2v": ("video", "smell")}

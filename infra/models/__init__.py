@@ -13,6 +13,7 @@ import torch
 from infra.errors import ConfigError
 from infra.models import memory
 from infra.models.base import (
+    ROLE_MEDIA,
     ROLES,
     TEXT_TO_VIDEO,
     FamilySpec,
@@ -42,6 +43,7 @@ FAMILIES.add("wan21", Wan21Spec())
 __all__ = [
     "FAMILIES",
     "ROLES",
+    "ROLE_MEDIA",
     "TEXT_TO_VIDEO",
     "FamilySpec",
     "GeometryRules",

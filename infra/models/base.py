@@ -27,6 +27,17 @@ ROLES: dict[str, str] = {
     "video_mask": "video_masks",
     "audio_mask": "audio_masks",
 }
+#: What each role's file is, so the stages know how to read and encode it: a video (the VAE), an audio file (the
+#: audio encoder), the caption (the text encoder), a mask laid on the video's or the audio's latents.
+ROLE_MEDIA: dict[str, str] = {
+    "video": "video",
+    "caption": "text",
+    "audio": "audio",
+    "reference_video": "video",
+    "reference_audio": "audio",
+    "video_mask": "video_mask",
+    "audio_mask": "audio_mask",
+}
 #: What every family makes, its default mode: a video and its caption.
 DEFAULT_MODE = "t2v"
 TEXT_TO_VIDEO: tuple[str, ...] = ("video", "caption")

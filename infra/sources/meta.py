@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from infra.errors import InputError, SourceError
-from infra.models import TEXT_TO_VIDEO, mode_roles
+from infra.models import ROLES, TEXT_TO_VIDEO, mode_roles
 from infra.sources.base import (
     OUTSIDE_SOURCE,
     Problem,
@@ -53,13 +53,13 @@ logger = logging.getLogger(__name__)
 ROWS_PER_SHARD = 1000
 VIDEO_COLUMNS = ("video", "media_path", "path")
 CAPTION_COLUMNS = ("caption", "cap")
-#: The LTX-2 trainer's other roles (`infra.models.base.ROLES`) → their columns, the trainer's legacy alias after
-#: the role's own name. A sample reads those its mode needs (`SampleRef.read_roles`).
+#: The trainer's legacy names of a role's column.
+LEGACY_COLUMNS: dict[str, tuple[str, ...]] = {"reference_video": ("ref_media_path",)}
+#: The other roles a mode may read (`infra.models.base.ROLES`, past the video, caption and audio columns) → their
+#: columns: the role's own name, then the trainer's legacy alias. A sample reads those its mode needs
+#: (`SampleRef.read_roles`).
 ROLE_COLUMNS: dict[str, tuple[str, ...]] = {
-    "reference_video": ("reference_video", "ref_media_path"),
-    "reference_audio": ("reference_audio",),
-    "video_mask": ("video_mask",),
-    "audio_mask": ("audio_mask",),
+    role: (role, *LEGACY_COLUMNS.get(role, ())) for role in ROLES if role not in ("video", "caption", "audio")
 }
 SUFFIXES = (".csv", ".json", ".jsonl")
 
