@@ -51,7 +51,8 @@ Device = Literal["auto", "cpu", "cuda", "neuron"]
 ComputeDtype = Literal["bf16", "fp32"]
 StoreDtype = Literal["bf16", "fp16"]
 OnConflict = Literal["ask", "abort", "new_dir", "reuse"]
-#: The LTX-2 training modes (`--mode`): each decides which `.precomputed/` subfolders a sample must have.
+#: The modes (`--mode`) the families declare (`infra.models.base.FamilySpec.mode_roles`; LTX-2's:
+#: `infra.models.ltx2_modes`): each decides which roles a sample reads and which output kinds it holds.
 Mode = Literal[
     "t2v", "i2v", "t2a", "v2v-ic-lora", "av2av-ic-lora", "a2a-ic-lora", "a2v", "v2a", "video-inpaint", "audio-inpaint"
 ]  # fmt: skip
@@ -60,45 +61,6 @@ Mode = Literal[
 #: ``linspace`` is latentforge 0.1's name for span.
 _TEMPORAL = re.compile(r"^(span|head|linspace)$|^(fps):(\d+(?:\.\d+)?)$|^(stride|windows):(\d+)$")
 TEMPORAL_ALIASES = {"linspace": "span"}
-
-
-#: Per LTX-2 mode: the dataset roles it reads (the trainer's column names) and the output kinds every sample must
-#: have (ltx format: latents/, conditions/, audio_latents/, reference_latents/, reference_audio_latents/,
-#: video_masks/, audio_masks/). A video mode gets audio_latents too when its spec has audio.
-MODE_ROLES: dict[str, tuple[str, ...]] = {
-    "t2v": ("video", "caption"),
-    "i2v": ("video", "caption"),
-    "t2a": ("audio", "caption"),
-    "v2v-ic-lora": ("video", "reference_video", "caption"),
-    "av2av-ic-lora": ("video", "audio", "reference_video", "reference_audio", "caption"),
-    "a2a-ic-lora": ("audio", "reference_audio", "caption"),
-    "a2v": ("video", "audio", "caption"),
-    "v2a": ("video", "audio", "caption"),
-    "video-inpaint": ("video", "video_mask", "caption"),
-    "audio-inpaint": ("audio", "audio_mask", "caption"),
-}
-#: Each role → the output kind it is written as.
-ROLE_KINDS: dict[str, str] = {
-    "video": "latents",
-    "caption": "text_embeddings",
-    "audio": "audio_latents",
-    "reference_video": "reference_latents",
-    "reference_audio": "reference_audio_latents",
-    "video_mask": "video_masks",
-    "audio_mask": "audio_masks",
-}
-#: The audio-only modes: no video, no ``latents/``; a sample is its ``audio`` file (named by it).
-AUDIO_ONLY_MODES: tuple[str, ...] = tuple(mode for mode, roles in MODE_ROLES.items() if "video" not in roles)
-
-
-def mode_kinds(mode: str, audio: bool) -> tuple[str, ...]:
-    """The output kinds every sample of `mode` must have, in a stable order; `audio` (the spec's) adds audio
-    latents to a video mode."""
-    roles = MODE_ROLES[mode]
-    kinds = [ROLE_KINDS[role] for role in ROLE_KINDS if role in roles]
-    if audio and "audio_latents" not in kinds:
-        kinds.insert(kinds.index("text_embeddings") + 1, "audio_latents")
-    return tuple(kinds)
 
 
 def parse_temporal(text: str) -> tuple[str, float]:

@@ -20,9 +20,7 @@ from infra.cache import listing
 from infra.cache.cachedir import read_cache_json
 from infra.config import (
     ADDED_LATER,
-    AUDIO_ONLY_MODES,
     COPIED,
-    MODE_ROLES,
     TEMPORAL_ALIASES,
     BuildConfig,
     CacheSpec,
@@ -37,7 +35,7 @@ from infra.media.buckets import Bucket, check_reference_buckets, parse_buckets
 from infra.media.image import IMAGE_POLICIES
 from infra.media.temporal import DEFAULT_SHORT, make_policy
 from infra.media.video import IMAGE_ONLY_POLICIES, RESIZE_POLICIES, resize_policy_of
-from infra.models import FamilySpec, get_family, model_identity, resolve_family
+from infra.models import FamilySpec, declared_modes, get_family, makers, mode_roles, model_identity, resolve_family
 from infra.models.base import GeometryRules, TextSettings, preprocess_name
 from infra.recipes import apply_recipe
 from infra.sources import SampleRef, Shard, ShardReadError, Source, open_source
@@ -158,7 +156,7 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
     )
     if config.encoding.buckets is not None and policy.kind != "head":
         raise ConfigError("--buckets choose among the first frames of a clip: use them with --temporal head")
-    aligned = [role for role in ("reference_video", "video_mask") if role in MODE_ROLES[config.encoding.mode]]
+    aligned = [role for role in ("reference_video", "video_mask") if role in family.roles(config.encoding.mode)]
     if aligned and policy.kind != "head":
         raise ConfigError(
             f"--mode {config.encoding.mode}: its {aligned[0]} is read from its first frames, as the trainer reads "
@@ -186,19 +184,18 @@ def check_image_resize(config: BuildConfig, family: FamilySpec, resize: str) -> 
         )
 
 
-def check_mode(config: BuildConfig, family: FamilySpec | None = None) -> None:
-    """ConfigError for a mode this run cannot make: a mode outside the LTX-2 layout (but i2v of a family that stores
-    image conditioning: `FamilySpec.takes_image`), an audio mode without audio. (Every mode's roles are read; a
-    dataset without a role the mode needs is refused when its source is listed.)"""
+def check_mode(config: BuildConfig, family: FamilySpec) -> None:
+    """ConfigError for a mode this run cannot make: the family that makes it checks the run's settings
+    (`FamilySpec.check`); a mode the family does not make, each family that makes it (the first refusal is raised:
+    what is left is refused by the format's own checks)."""
     mode = config.encoding.mode
-    if mode == "t2v" or (mode == "i2v" and family is not None and family.takes_image):
-        return
-    if config.encoding.format != "ltx":
-        raise ConfigError(
-            f"--mode {mode}: modes are the LTX-2 trainer's, for --format ltx (this run: {config.encoding.format})"
-        )
-    if "audio" in MODE_ROLES[mode] and not config.encoding.audio:
-        raise ConfigError(f"--mode {mode} trains on audio: drop --skip-audio / --no-audio (or give --audio)")
+    for maker in [family] if mode in family.modes else makers(mode):
+        maker.check(config.encoding)
+
+
+def modes_reading(role: str, reads: bool = True) -> list[str]:
+    """The declared modes whose samples read `role` (or, not `reads`, do not), in the order declared."""
+    return [mode for mode in declared_modes() if (role in mode_roles(mode)) == reads]
 
 
 def check_reference(config: BuildConfig, buckets: list[Bucket], rules: GeometryRules) -> None:
@@ -209,12 +206,12 @@ def check_reference(config: BuildConfig, buckets: list[Bucket], rules: GeometryR
         "--reference-downscale-factor": enc.reference_downscale_factor,
         "--reference-temporal-scale-factor": enc.reference_temporal_scale_factor,
     }
-    if "reference_video" not in MODE_ROLES[enc.mode]:
+    if "reference_video" not in mode_roles(enc.mode):
         for flag, factor in factors.items():
             if factor != 1:
+                readers = " or ".join(modes_reading("reference_video"))
                 raise ConfigError(
-                    f"{flag} {factor} scales the reference video of --mode v2v-ic-lora or av2av-ic-lora "
-                    f"(this run: --mode {enc.mode})"
+                    f"{flag} {factor} scales the reference video of --mode {readers} (this run: --mode {enc.mode})"
                 )
         return
     check_reference_buckets(
@@ -284,7 +281,7 @@ def resolve(config: BuildConfig) -> Resolved:
     if family.media == "image":  # a still is one frame, whatever --frames says (the default is a video's 33)
         geometry = [(1, height, width) for _, height, width in geometry]
     rules = family.rules(model_dir)
-    for frames, height, width in geometry if config.encoding.mode not in AUDIO_ONLY_MODES else ():  # no video there
+    for frames, height, width in geometry if "video" in family.roles(config.encoding.mode) else ():  # audio only: none
         rules.check(family.name, frames, height, width)
     check_reference(config, [Bucket(w, h, f) for f, h, w in geometry], rules)
     check_text_8bit(config, family)
@@ -338,10 +335,10 @@ def audio_durations(config: BuildConfig) -> list[float] | None:
     text, mode = config.encoding.audio_durations, config.encoding.mode
     if text is None:
         return None
-    if mode not in AUDIO_ONLY_MODES:
+    if "video" in mode_roles(mode):
         raise ConfigError(
-            f"--audio-durations: for the audio-only modes ({', '.join(AUDIO_ONLY_MODES)}); in --mode {mode} a "
-            "clip's audio follows its video"
+            f"--audio-durations: for the audio-only modes ({', '.join(modes_reading('video', reads=False))}); in "
+            f"--mode {mode} a clip's audio follows its video"
         )
     return seconds_list(text, "--audio-durations")
 

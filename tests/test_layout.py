@@ -34,7 +34,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("bounds",),  # the sanity bounds of every setting: only infra.errors
     ("config", "outdir"),  # the settings: only pydantic, yaml and infra.errors; the door to OUT: only infra.errors
     ("storage", "registry", "recipes", "devices", "media", "procs", "job"),
-    ("reports", "sources", "models"),
+    ("reports", "models"),
+    ("sources",),  # a metadata file's columns: the roles its mode reads, as the families declare them
     ("cache",),
     ("ops", "formats"),
     ("plan",),

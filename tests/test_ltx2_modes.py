@@ -21,11 +21,12 @@ from flows.run import run_build
 from infra.audit.audio_gate import audio_check
 from infra.audit.reconcile import reconcile
 from infra.cache import ledger
-from infra.config import MODE_ROLES, CacheSpec
+from infra.config import CacheSpec
 from infra.errors import ConfigError, InputError, SourceError
 from infra.media.prompts import LLM_START_PHRASES, CaptionRules
 from infra.media.video import resize_pixels
 from infra.models import get_family
+from infra.models.ltx2_modes import MODE_ROLES
 from infra.plan import make_plan, make_spec
 from infra.preprocess.prepare import prepare_video
 from infra.preprocess.read import read

@@ -6,7 +6,7 @@ trainer's quiet failure (its audio decode catches the exception, logs at debug l
 audio-free). The message names the likely cause (the audio decode path) and the first decode error recorded.
 Clips without an audio track (or whose audio could not be decoded) are listed by name; they are also short in
 reconciliation (the trainer's loader drops a sample that lacks a file in any source), where the loss gate
-decides them. The gate holds for every mode with audio (`infra.config.mode_kinds`: t2v and i2v with ``--audio``,
+decides them. The gate holds for every mode with audio (`infra.models.base.role_kinds`: t2v and i2v with ``--audio``,
 the ltx2-trainer recipe's default; a2v and v2a always). A spec without audio gets "not an audio run".
 """
 
@@ -22,8 +22,9 @@ import torch
 from infra import reports
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
-from infra.config import CacheSpec, mode_kinds
+from infra.config import CacheSpec
 from infra.formats import AUDIO_KIND, get_format
+from infra.models import mode_roles, role_kinds
 
 logger = logging.getLogger(__name__)
 NO_TRACK = "no_audio_track"
@@ -99,7 +100,7 @@ def audio_check(out: Path) -> AudioReport:
     """Load every done sample's audio latent; list the samples without one with the reason."""
     out = Path(out)
     spec = CacheSpec.model_validate(read_cache_json(out)["spec"])
-    audio_run = AUDIO_KIND in mode_kinds(spec.mode, spec.audio)  # every mode with audio (a2v: whatever --audio says)
+    audio_run = AUDIO_KIND in role_kinds(mode_roles(spec.mode), spec.audio)  # a mode with audio (a2v: --audio's say)
     report = AudioReport(str(out), audio_run)
     if not audio_run:
         return report

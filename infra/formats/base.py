@@ -18,17 +18,18 @@ import torch
 
 from infra import outdir
 from infra.cache.ledger import FileRecord
+from infra.models.base import ROLES
 from infra.outdir import OutFile
 from infra.storage import Written, atomic_write
 
 #: The output kind a family with audio adds (LTX-2): its tensor travels in ``EncodedSample.extras``.
-AUDIO_KIND = "audio_latents"
-#: The LTX-2 modes' other output kinds (`infra.config.MODE_ROLES`), also in ``EncodedSample.extras``: an IC-LoRA
-#: sample's reference video and audio latents, an inpainting sample's masks.
-REFERENCE_KIND = "reference_latents"
-REFERENCE_AUDIO_KIND = "reference_audio_latents"
-VIDEO_MASK_KIND = "video_masks"
-AUDIO_MASK_KIND = "audio_masks"
+AUDIO_KIND = ROLES["audio"]
+#: The kinds of the other roles a family's modes read (`infra.models.base.ROLES`), also in ``EncodedSample.extras``:
+#: an IC-LoRA sample's reference video and audio latents, an inpainting sample's masks.
+REFERENCE_KIND = ROLES["reference_video"]
+REFERENCE_AUDIO_KIND = ROLES["reference_audio"]
+VIDEO_MASK_KIND = ROLES["video_mask"]
+AUDIO_MASK_KIND = ROLES["audio_mask"]
 #: An image-to-video sample's conditioning (`infra.models.base.ImageConditioning`, ``--mode i2v``): Wan I2V's ``y``
 #: (mask + first-frame latents), its CLIP features, TI2V-5B's first latent frame.
 IMAGE_LATENTS_KIND = "image_latents"

@@ -43,7 +43,7 @@ from infra.media.temporal import effective_fps
 from infra.outdir import OutFile
 
 PRECOMPUTED = ".precomputed"
-#: Output kind → the trainer's directory for it: every subfolder the trainer's modes name (`infra.config.MODE_ROLES`).
+#: Output kind → the trainer's directory for it: every subfolder the trainer's modes name (`infra.models.ltx2_modes`).
 DIRS: dict[str, str] = {
     "latents": "latents",
     "text_embeddings": "conditions",

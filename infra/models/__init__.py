@@ -12,7 +12,19 @@ import torch
 
 from infra.errors import ConfigError
 from infra.models import memory
-from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, read_json
+from infra.models.base import (
+    ROLE_MEDIA,
+    ROLES,
+    TEXT_TO_VIDEO,
+    FamilySpec,
+    GeometryRules,
+    LoadedFamily,
+    TextEmbedding,
+    declared_modes,
+    mode_roles,
+    read_json,
+    role_kinds,
+)
 from infra.models.identity import Scheme, component_identity
 from infra.models.image import ImageSpec
 from infra.models.ltx2 import Ltx2Spec
@@ -30,15 +42,22 @@ FAMILIES.add("wan21", Wan21Spec())
 
 __all__ = [
     "FAMILIES",
+    "ROLES",
+    "ROLE_MEDIA",
+    "TEXT_TO_VIDEO",
     "FamilySpec",
     "GeometryRules",
     "LoadedFamily",
     "TextEmbedding",
     "check_model_dir",
+    "declared_modes",
     "get_family",
     "load_family",
+    "makers",
+    "mode_roles",
     "model_identity",
     "resolve_family",
+    "role_kinds",
 ]
 
 
@@ -51,6 +70,11 @@ def get_family(name: str) -> FamilySpec:
     if family.name != name:  # a plugin whose class names itself otherwise: the registry's name is the one kept
         family = FAMILIES.replace(name, as_family(family, name))
     return family
+
+
+def makers(mode: str) -> list[FamilySpec]:
+    """The registered families that make `mode` (`FamilySpec.modes`), in the registry's order."""
+    return [family for name in FAMILIES.names() if mode in (family := get_family(name)).modes]
 
 
 def resolve_family(model_dir: Path, name: str | None, audio: bool = False) -> FamilySpec:

@@ -12,8 +12,61 @@ from typing import Any, ClassVar
 
 import torch
 
-from infra.config import CacheSpec, mode_kinds
+from infra.config import CacheSpec
 from infra.errors import ConfigError
+
+#: The roles a sample can read (the dataset's columns, by the names the LTX-2 trainer gives them) → the output kind
+#: each is written as, in the order a sample's kinds are listed. A family's modes say which roles each reads
+#: (`FamilySpec.mode_roles`); the stages below the plan know roles and kinds, never a mode's name.
+ROLES: dict[str, str] = {
+    "video": "latents",
+    "caption": "text_embeddings",
+    "audio": "audio_latents",
+    "reference_video": "reference_latents",
+    "reference_audio": "reference_audio_latents",
+    "video_mask": "video_masks",
+    "audio_mask": "audio_masks",
+}
+#: What each role's file is, so the stages know how to read and encode it: a video (the VAE), an audio file (the
+#: audio encoder), the caption (the text encoder), a mask laid on the video's or the audio's latents.
+ROLE_MEDIA: dict[str, str] = {
+    "video": "video",
+    "caption": "text",
+    "audio": "audio",
+    "reference_video": "video",
+    "reference_audio": "audio",
+    "video_mask": "video_mask",
+    "audio_mask": "audio_mask",
+}
+#: What every family makes, its default mode: a video and its caption.
+DEFAULT_MODE = "t2v"
+TEXT_TO_VIDEO: tuple[str, ...] = ("video", "caption")
+#: The image-to-video mode of a family that `FamilySpec.takes_image`: a video and its caption (the first frame's
+#: conditioning is made from the video).
+IMAGE_TO_VIDEO = "i2v"
+
+#: Every mode a family declares → its roles, as the families are defined (`FamilySpec.__init_subclass__`): a mode's
+#: name means the same roles in every family that makes it.
+_DECLARED: dict[str, tuple[str, ...]] = {DEFAULT_MODE: TEXT_TO_VIDEO}
+
+
+def mode_roles(mode: str) -> tuple[str, ...]:
+    """The roles a sample of `mode` reads, as every family that makes `mode` declares them."""
+    return _DECLARED[mode]
+
+
+def declared_modes() -> tuple[str, ...]:
+    """Every mode some family declares, in the order they were declared."""
+    return tuple(_DECLARED)
+
+
+def role_kinds(roles: Sequence[str], audio: bool) -> tuple[str, ...]:
+    """The output kinds a sample reading `roles` holds, in a stable order; `audio` (the spec's) adds audio latents
+    to a mode that reads no audio of its own."""
+    kinds = [kind for role, kind in ROLES.items() if role in roles]
+    if audio and ROLES["audio"] not in kinds:
+        kinds.insert(kinds.index(ROLES["caption"]) + 1, ROLES["audio"])
+    return tuple(kinds)
 
 
 @dataclass(frozen=True)
@@ -212,16 +265,34 @@ class FamilySpec(ABC):
     #: Whether `load` takes ``text_encoder_8bit=True`` (``--load-text-encoder-in-8bit``: bitsandbytes, CUDA).
     text_8bit: ClassVar[bool] = False
     #: Whether ``--mode i2v`` stores the model's image conditioning (`conditioning`, `LoadedFamily.encode_conditioning`)
-    #: in any format that has a place for it (the LTX-2 modes are the ltx format's).
+    #: in any format that has a place for it: i2v is then one of its `modes`.
     takes_image: ClassVar[bool] = False
+    #: The modes (``--mode``) the family makes → the roles a sample of each reads (`ROLES`); every family makes t2v.
+    mode_roles: ClassVar[dict[str, tuple[str, ...]]] = {DEFAULT_MODE: TEXT_TO_VIDEO}
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The modes the family makes: its `mode_roles`, and i2v where it `takes_image`."""
+        own = tuple(self.mode_roles)
+        return (*own, IMAGE_TO_VIDEO) if self.takes_image and IMAGE_TO_VIDEO not in own else own
+
+    def roles(self, mode: str) -> tuple[str, ...]:
+        """The roles a sample of `mode` reads (a mode of another family: as that family declares it)."""
+        return self.mode_roles.get(mode) or mode_roles(mode)
+
+    def check(self, encoding: Any) -> None:
+        """ConfigError for settings of `encoding` (an `EncodingConfig`) this family cannot make in its mode. Every
+        family makes t2v, and i2v where it `takes_image`: nothing to refuse here; a family with modes of its own
+        (LTX-2: `infra.models.ltx2_modes`) checks them."""
+        return None
 
     def kinds(self, spec: Any) -> tuple[str, ...]:
-        """The output kinds of a cache of this family made with `spec` (a CacheSpec: audio adds a kind; an LTX-2
-        mode other than t2v has its own set, `infra.config.mode_kinds`)."""
-        mode, audio = getattr(spec, "mode", "t2v"), getattr(spec, "audio", False)
-        if mode != "t2v":
-            return mode_kinds(mode, audio)
-        return (*self.output_kinds, "audio_latents") if audio else self.output_kinds
+        """The output kinds of a cache of this family made with `spec` (a CacheSpec: audio adds a kind; a mode other
+        than t2v has the kinds of its roles, `role_kinds`)."""
+        mode, audio = getattr(spec, "mode", DEFAULT_MODE), getattr(spec, "audio", False)
+        if mode != DEFAULT_MODE:
+            return role_kinds(self.roles(mode), audio)
+        return (*self.output_kinds, ROLES["audio"]) if audio else self.output_kinds
 
     def components_for(self, audio: bool) -> tuple[str, ...]:
         """The components a cache depends on (their identity is in the fingerprint): audio adds the audio VAE."""
@@ -248,6 +319,15 @@ class FamilySpec(ABC):
         missing = [a for a in declared if not inspect.isabstract(cls) and not hasattr(cls, a)]
         if missing:
             raise TypeError(f"family {cls.__name__} does not declare {', '.join(missing)}")
+        makes = {**cls.mode_roles, **({IMAGE_TO_VIDEO: TEXT_TO_VIDEO} if cls.takes_image else {})}
+        for mode, roles in makes.items():
+            if unknown := [role for role in roles if role not in ROLES]:
+                raise TypeError(f"family {cls.__name__}: --mode {mode} reads roles not in ROLES: {', '.join(unknown)}")
+            if _DECLARED.setdefault(mode, tuple(roles)) != tuple(roles):
+                raise TypeError(
+                    f"family {cls.__name__}: --mode {mode} reads {', '.join(roles)}, where another family's reads "
+                    f"{', '.join(_DECLARED[mode])}: a mode's name means the same roles in every family"
+                )
 
     @abstractmethod
     def matches(self, model_dir: Path, index: dict[str, Any]) -> bool:

@@ -27,6 +27,7 @@ import torch
 
 from infra.errors import ConfigError
 from infra.media.audio import trainer_audio
+from infra.models import ltx2_modes
 from infra.models.base import (
     AudioEmbedding,
     FamilySpec,
@@ -61,6 +62,10 @@ class Ltx2Spec(FamilySpec):
     has_audio = True
     text_trimmable = False  # left padding; the pre-connector pad rows are the projection's bias, not zeros
     text_8bit = True
+    mode_roles: ClassVar[dict[str, tuple[str, ...]]] = ltx2_modes.MODE_ROLES
+
+    def check(self, encoding: Any) -> None:
+        ltx2_modes.check(encoding)
 
     def components_for(self, audio: bool) -> tuple[str, ...]:
         return (*self.components, "audio_vae") if audio else self.components

@@ -17,13 +17,13 @@ from infra.devices import pin_cpu_threads, resolve_device, resolve_dtype
 from infra.errors import InputError, ModelLoadError
 from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, EncodedSample, textpad
-from infra.formats.base import AUDIO_MASK_KIND, REFERENCE_AUDIO_KIND, REFERENCE_KIND, STORE_DTYPES, kind_dtype
+from infra.formats.base import AUDIO_MASK_KIND, REFERENCE_KIND, STORE_DTYPES, kind_dtype
 from infra.formats.consumers import latent_encoder
 from infra.media.audio import decode_audio
 from infra.media.masks import audio_mask
 from infra.media.prompts import CaptionRules
 from infra.models import LoadedFamily, load_family, memory
-from infra.models.base import TextEmbedding, TextSettings
+from infra.models.base import ROLE_MEDIA, ROLES, TextEmbedding, TextSettings
 from infra.models.memory import LoadOptions
 from infra.plan import BuildPlan
 from infra.preprocess import videos
@@ -37,7 +37,7 @@ from infra.sources import SampleRef
 #: The frame rate the LTX-2 trainer divides its longest bucket's frames by for a separate audio file's length.
 TRAINER_AUDIO_FPS = 25.0
 #: Where an audio kind's duration (seconds) goes in ``EncodedSample.info``, for the writer.
-DURATION_KEYS = {AUDIO_KIND: "audio_duration", REFERENCE_AUDIO_KIND: "reference_audio_duration"}
+DURATION_KEYS = {kind: f"{role}_duration" for role, kind in ROLES.items() if ROLE_MEDIA[role] == "audio"}
 
 
 @dataclass(frozen=True)
@@ -116,10 +116,8 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
         extras.update(conditioning_outputs(encoder, video.pixels, latents, spec.store_dtype))
     seconds = video.pixels.shape[2] / video.clip.fps
     made = [_audio(encoder, ref, prepared.media, seconds, spec)] if spec.audio else []
-    if "reference_audio" in prepared.audio_roles:  # IC-LoRA: the reference's audio, by the audio column's rule
-        made.append(
-            _audio_file(encoder, prepared.audio_roles["reference_audio"], REFERENCE_AUDIO_KIND, seconds, True, spec)
-        )
+    for role, data in prepared.audio_roles.items():  # IC-LoRA: the reference's audio, by the audio column's rule
+        made.append(_audio_file(encoder, data, ROLES[role], seconds, True, spec))
     for tensors, facts in made:
         extras.update(tensors)
         missing = {**info.get("missing_outputs", {}), **facts.pop("missing_outputs", {})}
@@ -171,18 +169,18 @@ def encode_audio_only(prepared: PreparedSample, plan: BuildPlan, encoder: Loaded
     extras[AUDIO_KIND], info["audio_duration"] = audio.latents, audio.duration
     if prepared.audio_mask is not None:
         extras[AUDIO_MASK_KIND] = audio_mask(prepared.audio_mask, int(audio.latents.shape[1]))
-    if "reference_audio" in prepared.audio_roles:
-        data = prepared.audio_roles["reference_audio"]
+    for role, data in prepared.audio_roles.items():  # a reference audio file (a2a-ic-lora)
+        kind = ROLES[role]
         try:  # its own bucket, as the trainer runs compute_audio_latents over each audio column alone
-            reference = encoder.encode_audio(data, trainer_audio_seconds(data, spec.audio_durations), False)
-        except InputError as exc:  # the reference shorter than every bucket, without a track, undecodable
-            reference, missing = None, f"{exc.reason}: {exc.detail}"
+            other = encoder.encode_audio(data, trainer_audio_seconds(data, spec.audio_durations), False)
+        except InputError as exc:  # shorter than every bucket, without a track, undecodable
+            other, missing = None, f"{exc.reason}: {exc.detail}"
         else:
             missing = "no_audio_track: the file has no audio stream"
-        if reference is None:
-            info["missing_outputs"] = {REFERENCE_AUDIO_KIND: missing}
+        if other is None:
+            info.setdefault("missing_outputs", {})[kind] = missing
         else:
-            extras[REFERENCE_AUDIO_KIND], info["reference_audio_duration"] = reference.latents, reference.duration
+            extras[kind], info[DURATION_KEYS[kind]] = other.latents, other.duration
     sample = EncodedSample(
         id=ref.id,
         group=ref.group,

@@ -34,13 +34,14 @@ from infra.media.video import (
     sample_frames,
 )
 from infra.models import get_family
-from infra.models.base import preprocess_name, preprocess_of
+from infra.models.base import ROLE_MEDIA, preprocess_name, preprocess_of
 from infra.plan import BuildPlan
 from infra.preprocess.read import RawSample
 from infra.sources import SampleRef
 
-#: The roles whose bytes go to the audio encoder (`PreparedSample.audio_roles`).
-AUDIO_ROLES = ("reference_audio",)
+#: The roles whose bytes go to the audio encoder (`PreparedSample.audio_roles`): every audio file a mode reads but the
+#: sample's own (`SampleRef.read_audio`).
+AUDIO_ROLES = tuple(role for role, medium in ROLE_MEDIA.items() if medium == "audio" and role != "audio")
 
 
 @dataclass(frozen=True)

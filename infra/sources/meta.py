@@ -31,8 +31,8 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from infra.config import AUDIO_ONLY_MODES, MODE_ROLES
 from infra.errors import InputError, SourceError
+from infra.models import ROLES, TEXT_TO_VIDEO, mode_roles
 from infra.sources.base import (
     OUTSIDE_SOURCE,
     Problem,
@@ -53,13 +53,13 @@ logger = logging.getLogger(__name__)
 ROWS_PER_SHARD = 1000
 VIDEO_COLUMNS = ("video", "media_path", "path")
 CAPTION_COLUMNS = ("caption", "cap")
-#: The LTX-2 trainer's other roles (`infra.config.MODE_ROLES`) → their columns, the trainer's legacy alias after
-#: the role's own name. A sample reads those its mode needs (`SampleRef.read_roles`).
+#: The trainer's legacy names of a role's column.
+LEGACY_COLUMNS: dict[str, tuple[str, ...]] = {"reference_video": ("ref_media_path",)}
+#: The other roles a mode may read (`infra.models.base.ROLES`, past the video, caption and audio columns) → their
+#: columns: the role's own name, then the trainer's legacy alias. A sample reads those its mode needs
+#: (`SampleRef.read_roles`).
 ROLE_COLUMNS: dict[str, tuple[str, ...]] = {
-    "reference_video": ("reference_video", "ref_media_path"),
-    "reference_audio": ("reference_audio",),
-    "video_mask": ("video_mask",),
-    "audio_mask": ("audio_mask",),
+    role: (role, *LEGACY_COLUMNS.get(role, ())) for role in ROLES if role not in ("video", "caption", "audio")
 }
 SUFFIXES = (".csv", ".json", ".jsonl")
 
@@ -110,7 +110,7 @@ class MetaSource(Source):
         video_column: str | None = None,
         caption_column: str | None = None,
         duplicate_rows: str = "refuse",
-        mode: str = "t2v",
+        mode: str | None = None,
         follow_symlinks: bool = False,
         max_media_mb: int = DEFAULT_MAX_MEDIA_MB,
     ) -> None:
@@ -120,14 +120,15 @@ class MetaSource(Source):
         if self.path.suffix.lower() not in SUFFIXES:
             raise SourceError(f"meta source {path!r}: expected a {', '.join(SUFFIXES)} file")
         self.root = self.path.parent
+        reads = mode_roles(mode) if mode is not None else TEXT_TO_VIDEO  # the roles the mode's samples read
         #: An audio-only mode (t2a ...): a sample is its ``audio`` file, named by it, as the trainer names it.
-        self.audio_only = mode in AUDIO_ONLY_MODES
+        self.audio_only = "video" not in reads
         self.columns = (video_column or ("audio" if self.audio_only else None), caption_column)
         own = self.audio_only and not video_column
         self.video_flag = f"--mode {mode} reads its samples from the column" if own else "--video-column"
         self.duplicate_rows = duplicate_rows
         #: The roles past video, audio and caption that the mode reads (a reference video, a mask ...).
-        self.roles = tuple(role for role in MODE_ROLES[mode] if role in ROLE_COLUMNS)
+        self.roles = tuple(role for role in reads if role in ROLE_COLUMNS)
 
     def rows(self) -> tuple[Row, ...]:
         try:
