@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from infra.bounds import seconds_list
 from infra.cache import listing
@@ -55,6 +55,7 @@ class ShardPlan(BaseModel):
     path: str
     size: int = 0
     mtime_ns: int = 0
+    version: str | None = None  # an object in a store: its version as listed (None: a local file)
     quota: int | None = None
     duplicates: dict[str, str] = {}  # key → SHARD/KEY of an earlier sample with the same group and id
     collisions: dict[str, str] = {}  # key → the earlier sample of another id whose output name it would take
@@ -62,10 +63,17 @@ class ShardPlan(BaseModel):
     whole: bool = True  # the listing reached the shard's end (no quota stopped it, no damage cut it)
     damage: str | None = None  # what cut the listing short (a damaged tar), where something did
 
+    @model_serializer(mode="wrap")
+    def _without_absent_version(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("version") is None:  # a local source's recorded plan keeps the bytes it had
+            data.pop("version", None)
+        return data
+
     @property
     def shard(self) -> Shard:
         duplicates, collisions = tuple(sorted(self.duplicates.items())), tuple(sorted(self.collisions.items()))
-        listed = {"size": self.size, "mtime_ns": self.mtime_ns}
+        listed = {"size": self.size, "mtime_ns": self.mtime_ns, "version": self.version or ""}
         return Shard(id=self.id, path=self.path, **listed, duplicates=duplicates, collisions=collisions)
 
 
@@ -445,6 +453,7 @@ def plan_shards(config: BuildConfig, source: Source, spool: Path | None = None) 
             count, duplicates, collisions, damage = _count_samples(source, shard, cap, stems, add)
         whole = damage is None and (cap is None or count < cap)
         listed = {"size": shard.size, "mtime_ns": shard.mtime_ns, "duplicates": duplicates, "collisions": collisions}
+        listed |= {"version": shard.version or None}
         listed |= {"whole": whole, "damage": damage}
         plans.append(ShardPlan(id=shard.id, path=shard.path, quota=cap, samples=count, **listed))
         if left is not None:
