@@ -30,7 +30,7 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hub"}
 #: A tar's read-ahead: what a range request asks for past what is read (a tar header is 512 bytes; a caption
 #: member and the header after it usually arrive in the same request).
-TAR_BLOCK = 64 * 1024
+TAR_BLOCK = 16 * 1024
 #: The keys of an object's listing that name its version, most specific first (S3, GCS, the Hub, others).
 VERSION_KEYS = ("VersionId", "generation", "blob_id", "ETag", "etag", "md5Hash", "checksum")
 

@@ -1,0 +1,249 @@
+"""Sources in an object store: every source kind read from a loopback S3 (moto's server behind a counting proxy,
+`tests/s3_proxy.py`) builds the same sample files as from local disk; a changed object is stale; a 503 SlowDown is
+retried; a vanished object is its sample's row; the test's keys never reach OUT or the logs. One build a kind and a
+place, shared by the module."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.run import run_build
+from infra.errors import InputError
+from infra.sources import open_source, store
+from tests.conftest import config, make_shards, sample, tree_hashes
+from tests.image_media import sample_images, suffix, write_folder, write_wds
+from tests.media_utils import cut_clip
+from tests.s3_proxy import Proxy
+
+ACCESS_KEY, SECRET_KEY = "AKIDSTORESOURCETEST", "store-source-secret-never-written"
+BUCKET = "lf-sources"
+IMAGE_HEIGHT, IMAGE_WIDTH = 32, 48
+KINDS = ("vbvr", "wds", "folder", "meta")
+SAMPLES, MEMBER_BYTES = 4, 1 << 20  # the listing test's tar: members far larger than its read-ahead
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+    """moto's server on 127.0.0.1 behind the counting proxy; the AWS chain aimed at the proxy for the module."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    proxy = Proxy(upstream=f"{host}:{port}")
+    proxy.start()
+    home = tmp_path_factory.mktemp("aws")
+    env = {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": proxy.url,
+        "AWS_CONFIG_FILE": str(home / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+            patch.delenv(name, raising=False)
+        for name, value in env.items():
+            patch.setenv(name, value)
+        _clear_store_clients()
+        boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket=BUCKET)
+        try:
+            yield proxy
+        finally:
+            _clear_store_clients()
+            proxy.stop()
+            server.stop()
+
+
+def _clear_store_clients() -> None:
+    """fsspec keeps one client per store and options: each module's server is another endpoint."""
+    import s3fs  # noqa: PLC0415 - a store's library, as the sources import it
+
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def _client() -> Any:
+    return boto3.client("s3")
+
+
+def _upload(local: Path, prefix: str) -> None:
+    """Every file under `local` (or the file) to ``s3://BUCKET/prefix/...``, at the same relative paths."""
+    files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+    for path in files:
+        rel = path.name if local.is_file() else path.relative_to(local).as_posix()
+        _client().put_object(Bucket=BUCKET, Key=f"{prefix}/{rel}", Body=path.read_bytes())
+
+
+@pytest.fixture(scope="module")
+def image_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("models") / "kl-none"
+    result = CliRunner().invoke(
+        app, ["make-tiny-model", str(out), "--family", "image", "--vae", "kl", "--text", "none"]
+    )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def sources(s3: Proxy, tmp_path_factory: pytest.TempPathFactory, clips: dict[str, bytes]) -> dict[str, tuple]:
+    """Per kind: (the local source, the same files' source on the loopback S3)."""
+    root = tmp_path_factory.mktemp("store-sources")
+    videos = [cut_clip(clips["bikes"], 6, width=160), cut_clip(clips["carphone"], 6)]
+    vbvr = make_shards(root / "vbvr", {"part-00000": [sample(0, i, v, b"clip %d" % i) for i, v in enumerate(videos)]})
+    images = sample_images()[:3]
+    wds = write_wds(root / "wds" / "000.tar", images)
+    folder = write_folder(root / "folder", images)
+    meta = root / "meta"
+    for image in images:
+        (meta / "media").mkdir(parents=True, exist_ok=True)
+        (meta / "media" / f"{image.key}.{suffix(image.data)}").write_bytes(image.data)
+    rows = [{"video": f"media/{i.key}.{suffix(i.data)}", "caption": i.caption} for i in images]
+    (meta / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for kind in KINDS:
+        _upload(root / kind, kind)
+    url = f"s3://{BUCKET}"
+    return {
+        "vbvr": (f"vbvr:{vbvr}", f"vbvr:{url}/vbvr"),
+        "wds": (f"wds:{wds}", f"wds:{url}/wds/{{000..000}}.tar"),
+        "folder": (f"folder:{folder}", f"folder:{url}/folder"),
+        "meta": (f"meta:{meta / 'data.jsonl'}", f"meta:{url}/meta/data.jsonl"),
+    }
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+def _config(kind: str, spec: str, out: Path, tiny_model: Path, image_model: Path) -> Any:
+    if kind == "vbvr":
+        return config(Path("-"), tiny_model, out, source=spec, workers=1)
+    values = {"source": spec, "family": None, "height": IMAGE_HEIGHT, "width": IMAGE_WIDTH, "frames": 1}
+    return config(Path("-"), image_model, out, workers=1, **values)
+
+
+@pytest.fixture(scope="module")
+def builds(
+    s3: Proxy, sources: dict[str, tuple], tiny_model: Path, image_model: Path, tmp_path_factory
+) -> dict[str, Any]:
+    """Each kind built from local files and from S3 (the vbvr build through two injected 503 SlowDowns), with every
+    log record of the S3 builds kept."""
+    root = tmp_path_factory.mktemp("store-builds")
+    records = _Records()
+    logging.getLogger().addHandler(records)
+    noisy = [logging.getLogger(name) for name in ("infra", "s3fs", "fsspec")]
+    levels = [logger.level for logger in noisy]
+    for logger in noisy:
+        logger.setLevel(logging.DEBUG)
+    results: dict[str, Any] = {"outs": {}, "logs": records.lines}
+    try:
+        for kind in KINDS:
+            local, remote = sources[kind]
+            ok, result = run_build(_config(kind, local, root / f"{kind}-local", tiny_model, image_model))
+            assert ok, result
+            if kind == "vbvr":
+                s3.slow_down(2, "/vbvr/")
+            s3.reset()
+            ok, result = run_build(_config(kind, remote, root / f"{kind}-s3", tiny_model, image_model))
+            assert ok, result
+            results[kind] = {"result": result, "counts": dict(s3.counts), "faults": s3.faults_sent}
+            results["outs"][kind] = (root / f"{kind}-local", root / f"{kind}-s3")
+    finally:
+        logging.getLogger().removeHandler(records)
+        for logger, level in zip(noisy, levels, strict=True):
+            logger.setLevel(level)
+    return results
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_from_s3_builds_the_same_sample_files_as_from_disk(builds, kind):
+    local, remote = builds["outs"][kind]
+    ours = {k: v for k, v in tree_hashes(remote).items() if k.split("/")[0] not in ("ledger", "reports")}
+    theirs = {k: v for k, v in tree_hashes(local).items() if k.split("/")[0] not in ("ledger", "reports")}
+    samples = {k for k in theirs if k.endswith(".pt")}
+    assert samples and {k: ours.get(k) for k in samples} == {k: theirs[k] for k in samples}
+    assert builds[kind]["result"]["done"] == len(samples) and builds[kind]["result"]["failed"] == 0
+
+
+def test_a_slow_down_from_the_store_is_retried_and_the_build_finishes(builds):
+    assert builds["vbvr"]["faults"] == 2  # both answered 503 SlowDown; the build above finished, its files equal
+
+
+def test_listing_reads_tar_headers_not_members(s3, tmp_path):
+    """Listing a vbvr shard in S3 fetches its headers (and a read-ahead after each), not its members; reading a
+    sample fetches that sample's bytes only."""
+    members = [sample(0, i, random.Random(i).randbytes(MEMBER_BYTES), b"clip %d" % i) for i in range(SAMPLES)]
+    tar = make_shards(tmp_path / "big", {"part-00000": members}) / "part-00000.tar"
+    _upload(tar, "big")
+    source = open_source(f"vbvr:s3://{BUCKET}/big")
+    s3.reset()
+    (shard,) = source.shards()
+    listing = source.samples(shard)  # the tar stays open while its samples are iterated
+    refs = [next(listing) for _ in range(SAMPLES)]
+    listed = s3.bytes_out
+    assert listed < tar.stat().st_size / 20, (listed, tar.stat().st_size)
+    s3.reset()
+    assert refs[1].read_media() == members[1].files["ground_truth.mp4"]
+    assert MEMBER_BYTES <= s3.bytes_out < MEMBER_BYTES + 2 * store.TAR_BLOCK + 4096
+    listing.close()
+
+
+def test_the_keys_never_reach_out_or_the_logs(builds):
+    secrets = (ACCESS_KEY.encode(), SECRET_KEY.encode())
+    for _, remote in builds["outs"].values():
+        for path in (p for p in remote.rglob("*") if p.is_file()):
+            data = path.read_bytes()
+            assert not any(s in data for s in secrets), path
+    logs = "\n".join(builds["logs"])
+    assert logs and not any(s.decode() in logs for s in secrets)
+
+
+def test_a_changed_object_is_stale(s3, sources, builds, image_model, tiny_model):
+    """An object rewritten after the build (same size, new version) stops the next run at the stale gate."""
+    _, remote = sources["folder"]
+    out = builds["outs"]["folder"][1]
+    listed = _client().list_objects_v2(Bucket=BUCKET, Prefix="folder/")["Contents"]
+    key = next(o["Key"] for o in listed if o["Key"].endswith(".txt"))
+    body = _client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    _client().put_object(Bucket=BUCKET, Key=key, Body=body.swapcase())
+    try:
+        copy = out.parent / "folder-stale"
+        shutil.copytree(out, copy)
+        ok, result = run_build(_config("folder", remote, copy, tiny_model, image_model))
+        assert not ok and "stale" in str(result).lower(), result
+    finally:
+        _client().put_object(Bucket=BUCKET, Key=key, Body=body)
+
+
+def test_a_vanished_object_is_its_samples_row(s3, sources):
+    """A media object deleted after the listing ends that sample's row (source_vanished), never the run."""
+    _, remote = sources["meta"]
+    source = open_source(remote)
+    shard = source.shards()[0]
+    refs = list(source.samples(shard))
+    key = f"meta/{refs[0].id}"
+    body = _client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    _client().delete_object(Bucket=BUCKET, Key=key)
+    try:
+        with pytest.raises(InputError) as caught:
+            refs[0].read_media()
+        assert caught.value.reason == "source_vanished", caught.value
+        assert refs[1].read_media()
+    finally:
+        _client().put_object(Bucket=BUCKET, Key=key, Body=body)
