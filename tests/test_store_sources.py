@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import shutil
 from collections.abc import Iterator
@@ -20,8 +21,11 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.run import run_build
+from infra import fetch
 from infra.errors import InputError
+from infra.plan import make_spec
 from infra.sources import open_source, store
+from tests import fakehub
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.image_media import sample_images, suffix, write_folder, write_wds
 from tests.media_utils import cut_clip
@@ -31,6 +35,7 @@ ACCESS_KEY, SECRET_KEY = "AKIDSTORESOURCETEST", "store-source-secret-never-writt
 BUCKET = "lf-sources"
 IMAGE_HEIGHT, IMAGE_WIDTH = 32, 48
 KINDS = ("vbvr", "wds", "folder", "meta")
+fake_hub, hub_env = fakehub.fake_hub, fakehub.hub_env  # the fixtures, by name
 SAMPLES, MEMBER_BYTES = 4, 1 << 20  # the listing test's tar: members far larger than its read-ahead
 
 
@@ -97,7 +102,9 @@ def image_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sources(s3: Proxy, tmp_path_factory: pytest.TempPathFactory, clips: dict[str, bytes]) -> dict[str, tuple]:
+def sources(
+    s3: Proxy, tmp_path_factory: pytest.TempPathFactory, clips: dict[str, bytes], tiny_model: Path
+) -> dict[str, tuple]:
     """Per kind: (the local source, the same files' source on the loopback S3)."""
     root = tmp_path_factory.mktemp("store-sources")
     videos = [cut_clip(clips["bikes"], 6, width=160), cut_clip(clips["carphone"], 6)]
@@ -113,6 +120,7 @@ def sources(s3: Proxy, tmp_path_factory: pytest.TempPathFactory, clips: dict[str
     (meta / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for kind in KINDS:
         _upload(root / kind, kind)
+    _upload(tiny_model, "models/tiny-wan22")
     url = f"s3://{BUCKET}"
     return {
         "vbvr": (f"vbvr:{vbvr}", f"vbvr:{url}/vbvr"),
@@ -131,9 +139,9 @@ class _Records(logging.Handler):
         self.lines.append(self.format(record))
 
 
-def _config(kind: str, spec: str, out: Path, tiny_model: Path, image_model: Path) -> Any:
+def _config(kind: str, spec: str, out: Path, tiny_model: Path | str, image_model: Path) -> Any:
     if kind == "vbvr":
-        return config(Path("-"), tiny_model, out, source=spec, workers=1)
+        return config(Path("-"), tiny_model, out, source=spec, workers=1)  # type: ignore[arg-type]
     values = {"source": spec, "family": None, "height": IMAGE_HEIGHT, "width": IMAGE_WIDTH, "frames": 1}
     return config(Path("-"), image_model, out, workers=1, **values)
 
@@ -160,7 +168,8 @@ def builds(
             if kind == "vbvr":
                 s3.slow_down(2, "/vbvr/")
             s3.reset()
-            ok, result = run_build(_config(kind, remote, root / f"{kind}-s3", tiny_model, image_model))
+            model = f"s3://{BUCKET}/models/tiny-wan22" if kind == "vbvr" else image_model  # the model by URL too
+            ok, result = run_build(_config(kind, remote, root / f"{kind}-s3", model, image_model))
             assert ok, result
             results[kind] = {"result": result, "counts": dict(s3.counts), "faults": s3.faults_sent}
             results["outs"][kind] = (root / f"{kind}-local", root / f"{kind}-s3")
@@ -179,6 +188,48 @@ def test_every_kind_from_s3_builds_the_same_sample_files_as_from_disk(builds, ki
     samples = {k for k in theirs if k.endswith(".pt")}
     assert samples and {k: ours.get(k) for k in samples} == {k: theirs[k] for k in samples}
     assert builds[kind]["result"]["done"] == len(samples) and builds[kind]["result"]["failed"] == 0
+
+
+def test_a_model_in_s3_has_the_fingerprint_of_the_same_files_on_disk(builds):
+    """The vbvr build from S3 read its model from S3 too (fetched into the machine's cache): same fingerprint."""
+    local, remote = builds["outs"]["vbvr"]
+    fingerprints = [json.loads((out / "cache.json").read_text())["fingerprint"] for out in (local, remote)]
+    assert fingerprints[0] == fingerprints[1]
+    fetched = list((Path(os.environ["LATENTFORGE_CACHE_DIR"]) / "models").glob(f"*/{fetch.MANIFEST}"))
+    assert len(fetched) == 1 and (fetched[0].parent / "vae").is_dir()
+
+
+def test_a_model_on_the_hub_fetches_its_components_only(hub_env, tiny_model, tmp_path):
+    """``--model hf://ORG/NAME``: the components and description files, not the transformer; the fingerprint is the
+    local folder's."""
+    files = {p.relative_to(tiny_model).as_posix(): p.read_bytes() for p in tiny_model.rglob("*") if p.is_file()}
+    hub_env.create("org/tiny-wan22", private=False)
+    hub_env.commit("org/tiny-wan22", {**files, "transformer/diffusion_pytorch_model.safetensors": b"\0" * 4096})
+    local = make_spec(config(Path("-"), tiny_model, tmp_path / "a"))[1].fingerprint()
+    remote = make_spec(config(Path("-"), "hf://org/tiny-wan22@main", tmp_path / "b"))[1].fingerprint()  # type: ignore[arg-type]
+    assert local == remote
+    fetched = [r.path for r in hub_env.requests if "/resolve/" in r.path]
+    assert fetched and not any("transformer" in path for path in fetched)
+    assert any(path.endswith("vae/diffusion_pytorch_model.safetensors") for path in fetched)
+
+
+def test_a_vbvr_source_on_the_hub_builds_the_same_files(hub_env, sources, builds, tiny_model, tmp_path, caplog):
+    """``vbvr:hf://datasets/ORG/NAME/PATH``: the same sample files as from disk; the token is written nowhere."""
+    local_spec, _ = sources["vbvr"]
+    tar = Path(local_spec.removeprefix("vbvr:")) / "part-00000.tar"
+    hub_env.create("org/vbvr", private=True)
+    hub_env.commit("org/vbvr", {"data/part-00000.tar": tar.read_bytes()})
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "hub-out"
+    ok, result = run_build(_config("vbvr", "vbvr:hf://datasets/org/vbvr@main/data", out, tiny_model, tiny_model))
+    assert ok, result
+    local = builds["outs"]["vbvr"][0]
+    ours, theirs = tree_hashes(out), tree_hashes(local)
+    samples = {k for k in theirs if k.endswith(".pt")}
+    assert samples and {k: ours.get(k) for k in samples} == {k: theirs[k] for k in samples}
+    token = os.environ["HF_TOKEN"]
+    assert not any(token.encode() in p.read_bytes() for p in out.rglob("*") if p.is_file())
+    assert caplog.text and token not in caplog.text
 
 
 def test_a_slow_down_from_the_store_is_retried_and_the_build_finishes(builds):
