@@ -638,8 +638,14 @@ class BuildConfig(StrictModel):
                 sorted_values[key] = value
         return sorted_values
 
-    source: str = Field(description="KIND:PATH, e.g. vbvr:/data/shards (a directory, one .tar, or a glob)")
-    model: str = Field(description="Local diffusers pipeline directory (model_index.json, vae/, ...)")
+    source: str = Field(
+        description="KIND:PATH, e.g. vbvr:/data/shards (a directory, one .tar, or a glob); PATH may be a URL "
+        "(s3://, hf://datasets/ORG/NAME[@rev]/..., gs://: docs/object-storage.md)"
+    )
+    model: str = Field(
+        description="Local diffusers pipeline directory (model_index.json, vae/, ...), or hf://ORG/NAME[@rev] or "
+        "s3://BUCKET/PREFIX: the parts the cache needs, fetched once per machine"
+    )
     out: str = Field(description="Cache root directory")
     family: str | None = Field(None, description="Model family; detected from model_index.json when omitted")
     recipe: str | None = Field(

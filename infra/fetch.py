@@ -66,10 +66,18 @@ def _from_hub(url: str, parts: tuple[str, ...]) -> Path:
     name, _, revision = url.removeprefix("hf://").strip("/").partition("@")
     if name.count("/") != 1:
         raise ConfigError(f"--model {url}: expected hf://ORG/NAME[@revision]")
-    endpoint = os.environ.get("HF_ENDPOINT") or None  # huggingface_hub reads it once, at import
+    # huggingface_hub reads HF_ENDPOINT and HF_HOME once, at import: read here at call time, as the Hub tools do
+    endpoint = os.environ.get("HF_ENDPOINT") or None
+    home = os.environ.get("HF_HOME")
+    cache = os.environ.get("HF_HUB_CACHE") or (str(Path(home).expanduser() / "hub") if home else None)
     try:
         path = snapshot_download(
-            name, revision=revision or None, allow_patterns=patterns(parts), endpoint=endpoint, repo_type="model"
+            name,
+            revision=revision or None,
+            allow_patterns=patterns(parts),
+            endpoint=endpoint,
+            cache_dir=cache,
+            repo_type="model",
         )
     except OSError as exc:  # the Hub's errors (no such repo, no access, offline) are OSErrors
         raise ConfigError(f"--model {url}: cannot be fetched from the Hub ({type(exc).__name__}: {exc})") from exc
