@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
+from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from infra.bounds import (
     MAX_BYTES,
@@ -614,6 +614,10 @@ SECTIONS: dict[str, type[StrictModel]] = {
 SECTION_OF: dict[str, str] = {name: section for section, model in SECTIONS.items() for name in model.model_fields}
 
 
+#: The error type of a source or model URL that holds credentials: shown without its value (`flows.cli_options`).
+URL_CREDENTIALS = "url_credentials"
+
+
 class BuildConfig(StrictModel):
     """Everything `latentforge build` takes: a few top-level settings and the sections. Every setting is a
     config-file key and a ``--flag``, flat (``frames``, ``--frames``); `STEP_SETTINGS` says which the single
@@ -666,6 +670,17 @@ class BuildConfig(StrictModel):
     def _source_has_kind(cls, value: str) -> str:
         if ":" not in value or value.index(":") == 0:
             raise ValueError(f"source must be KIND:PATH (e.g. vbvr:/data/shards), got {value!r}")
+        return value
+
+    @field_validator("source", "model")
+    @classmethod
+    def _no_credentials_in_a_url(cls, value: str) -> str:
+        """A URL with ``user:password@`` is refused (and not shown): the settings are recorded in OUT and in Prefect;
+        a store's credentials come from its own chain (docs/object-storage.md)."""
+        if re.match(r"^(?:[A-Za-z]+:)?[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@", value):
+            raise PydanticCustomError(
+                URL_CREDENTIALS, "a URL with user:password@ is refused: credentials come from the store's own chain"
+            )
         return value
 
     @model_validator(mode="after")

@@ -17,11 +17,14 @@ from typing import Any
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from flows.cli import app
+from flows.cli_options import describe
 from flows.run import run_build
 from infra import fetch
+from infra.config import BuildConfig
 from infra.errors import InputError
 from infra.plan import make_spec
 from infra.sources import open_source, store
@@ -298,3 +301,31 @@ def test_a_vanished_object_is_its_samples_row(s3, sources):
         assert refs[1].read_media()
     finally:
         _client().put_object(Bucket=BUCKET, Key=key, Body=body)
+
+
+def test_a_url_with_credentials_is_refused_and_never_echoed():
+    for values in (
+        {"source": f"vbvr:s3://{ACCESS_KEY}:{SECRET_KEY}@{BUCKET}/x"},
+        {"model": f"s3://k:{SECRET_KEY}@b/m"},
+    ):
+        with pytest.raises(ValidationError) as caught:
+            BuildConfig(**{"source": "vbvr:/data", "model": "/m", "out": "/o", **values})
+        assert "user:password@ is refused" in describe(caught.value) and SECRET_KEY not in describe(caught.value)
+
+
+def test_a_metadata_file_in_a_store_reads_only_below_its_folder(s3):
+    """Rows of a metadata file in S3 with ``..``, an absolute path or a URL of their own are not read."""
+    rows = [
+        {"video": "media/astronaut.png", "caption": "inside", "audio": "../outside.wav"},
+        {"video": "/etc/passwd.mp4", "caption": "absolute"},
+        {"video": "../meta/media/astronaut.png", "caption": "up and back"},
+    ]
+    body = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    _client().put_object(Bucket=BUCKET, Key="meta/hostile.jsonl", Body=body)
+    source = open_source(f"meta:s3://{BUCKET}/meta/hostile.jsonl")
+    refs = [ref for shard in source.shards() for ref in source.samples(shard)]
+    assert [ref.problem.kind.value if ref.problem else None for ref in refs] == [
+        "outside_source",
+        "outside_source",
+        "bad_layout",
+    ]

@@ -26,6 +26,7 @@ from infra.sources.bounded import check_size
 logger = logging.getLogger(__name__)
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")
 #: The extra that brings each store's library (a missing one is named in the error).
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hub"}
 #: A tar's read-ahead: what a range request asks for past what is read (a tar header is 512 bytes; a caption
@@ -53,6 +54,8 @@ def filesystem(url: str) -> tuple[Any, str]:
     import fsspec  # noqa: PLC0415 - only a source in a store needs it
 
     scheme = url.split("://", 1)[0].lower()
+    if _USERINFO.match(url):  # the spec is recorded in OUT (cache.json, the run report): it must hold no secret
+        raise SourceError(f"{shown(url)}: a URL with user:password@ is refused: credentials come from the store")
     options: dict[str, Any] = {}
     if scheme == "hf" and os.environ.get("HF_ENDPOINT"):  # huggingface_hub reads it once, at import
         options["endpoint"] = os.environ["HF_ENDPOINT"]
@@ -68,7 +71,7 @@ def filesystem(url: str) -> tuple[Any, str]:
 
 def shown(url: str) -> str:
     """`url` as it may be printed: any ``user:password@`` part dropped (a URL names a place, never a key)."""
-    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1", url)
+    return _USERINFO.sub(lambda m: m[0].split("://")[0] + "://", url)
 
 
 def version_of(info: dict[str, Any]) -> str:
