@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -81,6 +83,31 @@ def _aim(endpoint: str) -> None:
     s3fs.S3FileSystem.clear_instance_cache()
 
 
+def builds(vbvr: Path, root: Path, repeats: int) -> dict[str, float]:
+    """Whole `latentforge build` runs (a fresh process each, one migrated Prefect home, the tiny Wan2.2 model at
+    17×48×80 on the CPU) of the same clips from local disk and from the S3 (straight at moto): best wall seconds."""
+    from infra.demo.tiny import make_tiny_wan22  # noqa: PLC0415 - only the build comparison needs a model
+
+    model = make_tiny_wan22(root / "tiny-wan22", seed=0)
+    home = root / "prefect-home"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+    prefect, latentforge = (str(Path(sys.executable).with_name(n)) for n in ("prefect", "latentforge"))
+    subprocess.run([prefect, "server", "database", "upgrade", "-y"], env=env, check=True, capture_output=True)
+    flags = ["--model", str(model), "--frames", "17", "--height", "48", "--width", "80", "--device", "cpu"]
+    flags += ["--dtype", "fp32", "--decode-samples", "0", "--on-loss", "accept", "--on-conflict", "abort"]
+    seconds: dict[str, list[float]] = {"local": [], "s3": []}
+    for attempt in range(repeats):
+        for where, spec in (("local", f"vbvr:{vbvr}"), ("s3", f"vbvr:s3://{BUCKET}/vbvr")):
+            out = root / f"out-{where}-{attempt}"
+            start = time.perf_counter()
+            run = subprocess.run([latentforge, "build", "--source", spec, "--out", str(out), *flags], env=env,
+                                 capture_output=True, text=True)  # fmt: skip
+            seconds[where].append(time.perf_counter() - start)
+            if run.returncode != 0:
+                raise RuntimeError(f"build from {where} failed: {run.stderr[-2000:]}")
+    return {where: min(times) for where, times in seconds.items()}
+
+
 def best(fn: Callable[[], object], repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -94,6 +121,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--build", action="store_true", help="also whole builds, local against S3 (minutes)")
     args = parser.parse_args()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -135,6 +163,13 @@ def main() -> None:
                 f"{proxy.bytes_out / 2**10:.0f} KiB fetched of a {tar_bytes / 2**20:.1f} MiB tar "
                 f"({proxy.bytes_out / tar_bytes:.2%}); requests: {dict(proxy.counts)}"
             )
+            if args.build:
+                _aim(f"http://{host}:{port}")
+                took = builds(vbvr, Path(tmp), max(1, args.repeats - 1))
+                print(
+                    f"\nwhole builds, {args.samples} clips (start-up included): local {took['local']:.1f} s, "
+                    f"S3 {took['s3']:.1f} s: S3 at {took['local'] / took['s3']:.2f}× local"
+                )
     finally:
         proxy.stop()
         server.stop()
