@@ -15,6 +15,7 @@ import hashlib
 import logging
 import re
 import tarfile
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
@@ -95,7 +96,10 @@ def open_shard_tar(shard: Shard) -> tarfile.TarFile:
     `infra.sources.store.open_stream`); ShardReadError when it is gone or not a tar."""
     try:
         if store.is_url(shard.path):
-            return tarfile.open(fileobj=store.open_stream(shard.path), mode="r:*")
+            stream = store.open_stream(shard.path)
+            tf = tarfile.open(fileobj=stream, mode="r:*")
+            weakref.finalize(tf, stream.close)  # tarfile leaves a file it was handed open when it closes
+            return tf
         return tarfile.open(shard.path, "r:*")
     except FileNotFoundError as exc:
         raise ShardReadError(f"{shard.path}: the shard vanished since it was listed") from exc
