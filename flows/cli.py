@@ -28,7 +28,8 @@ from flows.settings import resolve_config
 from infra.cache.lock import check_not_locked
 from infra.config import BuildConfig, load_config_file, merge_config, step_settings
 from infra.errors import ConfigError, SourceError
-from infra.plan import config_for_out, make_plan, make_spec, recorded_plan
+from infra.fetch import local_model
+from infra.plan import config_for_out, make_plan, make_spec, model_parts, recorded_plan
 from infra.recipes import RECIPES, with_recipe
 
 app = typer.Typer(
@@ -204,7 +205,7 @@ def decode(
     config = config_from(config_file, flags, out)
     report = decode_and_verify(
         out,
-        model_dir=Path(config.model).expanduser(),
+        model_dir=local_model(config.model, model_parts(config)),
         source=None if config.source == NO_SOURCE else config.source,
         n=None if all_samples else config.gates.decode_samples,
         device=config.run.device,

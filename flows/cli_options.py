@@ -28,7 +28,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from typer.core import TyperGroup
 
-from infra.config import SECTIONS, BuildConfig, UploadConfig
+from infra.config import SECTIONS, URL_CREDENTIALS, BuildConfig, UploadConfig
 from infra.errors import EXIT_FAILED, LatentforgeError, exit_code
 
 logger = logging.getLogger("latentforge")
@@ -113,7 +113,8 @@ def _problem(error: Mapping[str, Any]) -> str:
     if error["type"] in _BOUND_ERRORS:
         message += " (a sanity bound, far above real data: it keeps allocations sane)"
     value = error.get("input")
-    if error["type"] == "missing" or where in ("config", *SECTIONS) or isinstance(value, Mapping | BaseModel):
+    hidden = error["type"] in ("missing", URL_CREDENTIALS)  # a URL with a password in it is not echoed
+    if hidden or where in ("config", *SECTIONS) or isinstance(value, Mapping | BaseModel):
         text = message if where in SECTIONS else f"{where}: {message}"  # a whole section's check names its settings
     else:
         text = f"{where} = {_SHOWN.repr(value)}{f' ({flag})' if flag else ''}: {message}"

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
+from pydantic_core import PydanticCustomError, PydanticUndefined
 
 from infra.bounds import (
     MAX_BYTES,
@@ -576,6 +576,10 @@ SECTIONS: dict[str, type[StrictModel]] = {
 SECTION_OF: dict[str, str] = {name: section for section, model in SECTIONS.items() for name in model.model_fields}
 
 
+#: The error type of a source or model URL that holds credentials: shown without its value (`flows.cli_options`).
+URL_CREDENTIALS = "url_credentials"
+
+
 class BuildConfig(StrictModel):
     """Everything `latentforge build` takes: a few top-level settings and the sections. Every setting is a
     config-file key and a ``--flag``, flat (``frames``, ``--frames``); `STEP_SETTINGS` says which the single
@@ -600,8 +604,14 @@ class BuildConfig(StrictModel):
                 sorted_values[key] = value
         return sorted_values
 
-    source: str = Field(description="KIND:PATH, e.g. vbvr:/data/shards (a directory, one .tar, or a glob)")
-    model: str = Field(description="Local diffusers pipeline directory (model_index.json, vae/, ...)")
+    source: str = Field(
+        description="KIND:PATH, e.g. vbvr:/data/shards (a directory, one .tar, or a glob); PATH may be a URL "
+        "(s3://, hf://datasets/ORG/NAME[@rev]/..., gs://: docs/object-storage.md)"
+    )
+    model: str = Field(
+        description="Local diffusers pipeline directory (model_index.json, vae/, ...), or hf://ORG/NAME[@rev] or "
+        "s3://BUCKET/PREFIX: the parts the cache needs, fetched once per machine"
+    )
     out: str = Field(description="Cache root directory")
     family: str | None = Field(None, description="Model family; detected from model_index.json when omitted")
     recipe: str | None = Field(
@@ -622,6 +632,17 @@ class BuildConfig(StrictModel):
     def _source_has_kind(cls, value: str) -> str:
         if ":" not in value or value.index(":") == 0:
             raise ValueError(f"source must be KIND:PATH (e.g. vbvr:/data/shards), got {value!r}")
+        return value
+
+    @field_validator("source", "model")
+    @classmethod
+    def _no_credentials_in_a_url(cls, value: str) -> str:
+        """A URL with ``user:password@`` is refused (and not shown): the settings are recorded in OUT and in Prefect;
+        a store's credentials come from its own chain (docs/object-storage.md)."""
+        if re.match(r"^(?:[A-Za-z]+:)?[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@", value):
+            raise PydanticCustomError(
+                URL_CREDENTIALS, "a URL with user:password@ is refused: credentials come from the store's own chain"
+            )
         return value
 
     @model_validator(mode="after")

@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.config import BuildConfig, LimitsConfig, RunConfig, SelectionConfig
+from infra.fetch import local_model
 
 
 class ShardJob(BaseModel):
@@ -21,7 +22,10 @@ class ShardJob(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     source: str = Field(description="KIND:PATH of the samples")
-    model: str = Field(description="The model directory, as given")
+    model: str = Field(description="The model directory, as given (or its URL: `infra.fetch`)")
+    model_parts: tuple[str, ...] = Field(
+        (), description="The components a model given by URL is fetched for (`infra.fetch.local_model`)"
+    )
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     run: RunConfig = Field(default_factory=RunConfig)
@@ -33,11 +37,12 @@ class ShardJob(BaseModel):
     vae_slicing: bool = Field(False, description="The VAE encodes a gathered batch one clip at a time")
 
     @classmethod
-    def of(cls, config: BuildConfig) -> ShardJob:
+    def of(cls, config: BuildConfig, model_parts: tuple[str, ...] = ()) -> ShardJob:
         """The job of `config` (its recipe applied: `infra.plan.resolve`)."""
         return cls(
             source=config.source,
             model=config.model,
+            model_parts=model_parts,
             selection=config.selection,
             limits=config.limits,
             run=config.run,
@@ -47,7 +52,8 @@ class ShardJob(BaseModel):
 
     @property
     def model_dir(self) -> Path:
-        return Path(self.model).expanduser()
+        """The model's local folder (a model given by URL: fetched once per machine)."""
+        return local_model(self.model, self.model_parts)
 
     @property
     def device(self) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from infra.bounds import seconds_list
 from infra.cache import listing
@@ -27,6 +27,7 @@ from infra.config import (
     spec_mark,
 )
 from infra.errors import ConfigError, ConflictError
+from infra.fetch import is_url, local_model
 from infra.formats import get_format
 from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes, text_clean_for
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
@@ -35,7 +36,16 @@ from infra.media.buckets import Bucket, check_reference_buckets, parse_buckets
 from infra.media.image import IMAGE_POLICIES
 from infra.media.temporal import DEFAULT_SHORT, make_policy
 from infra.media.video import IMAGE_ONLY_POLICIES, RESIZE_POLICIES, resize_policy_of
-from infra.models import FamilySpec, declared_modes, get_family, makers, mode_roles, model_identity, resolve_family
+from infra.models import (
+    FAMILIES,
+    FamilySpec,
+    declared_modes,
+    get_family,
+    makers,
+    mode_roles,
+    model_identity,
+    resolve_family,
+)
 from infra.models.base import GeometryRules, TextSettings, preprocess_name
 from infra.recipes import apply_recipe
 from infra.sources import SampleRef, Shard, ShardReadError, Source, open_source
@@ -53,6 +63,7 @@ class ShardPlan(BaseModel):
     path: str
     size: int = 0
     mtime_ns: int = 0
+    version: str | None = None  # an object in a store: its version as listed (None: a local file)
     quota: int | None = None
     duplicates: dict[str, str] = {}  # key → SHARD/KEY of an earlier sample with the same group and id
     collisions: dict[str, str] = {}  # key → the earlier sample of another id whose output name it would take
@@ -60,10 +71,17 @@ class ShardPlan(BaseModel):
     whole: bool = True  # the listing reached the shard's end (no quota stopped it, no damage cut it)
     damage: str | None = None  # what cut the listing short (a damaged tar), where something did
 
+    @model_serializer(mode="wrap")
+    def _without_absent_version(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("version") is None:  # a local source's recorded plan keeps the bytes it had
+            data.pop("version", None)
+        return data
+
     @property
     def shard(self) -> Shard:
         duplicates, collisions = tuple(sorted(self.duplicates.items())), tuple(sorted(self.collisions.items()))
-        listed = {"size": self.size, "mtime_ns": self.mtime_ns}
+        listed = {"size": self.size, "mtime_ns": self.mtime_ns, "version": self.version or ""}
         return Shard(id=self.id, path=self.path, **listed, duplicates=duplicates, collisions=collisions)
 
 
@@ -267,7 +285,8 @@ def resolve(config: BuildConfig) -> Resolved:
     CacheSpec (resolve the family, check geometry and format, hash the model; the settings the spec takes as given,
     `COPIED`, are copied, the rest resolved here) and the ShardJob (the run's part)."""
     config = apply_recipe(config)
-    model_dir = Path(config.model).expanduser()
+    parts = model_parts(config)
+    model_dir = local_model(config.model, parts)
     family = resolve_family(model_dir, config.family, config.encoding.audio)
     chosen = _settings(config, family)
     derived = get_format(config.encoding.format).derived_buckets(config, chosen["temporal"])  # musubi's own
@@ -320,7 +339,18 @@ def resolve(config: BuildConfig) -> Resolved:
     get_format(spec.format).check_out(Path(config.out).expanduser(), config.source)  # musubi: one dataset per OUT
     latent_shape = family.latent_shape(model_dir, frames, height, width)
     text_shape = family.text_shape(model_dir, TextSettings.of(spec))
-    return Resolved(config, family.name, spec, ShardJob.of(config), latent_shape, text_shape)
+    return Resolved(config, family.name, spec, ShardJob.of(config, parts), latent_shape, text_shape)
+
+
+def model_parts(config: BuildConfig) -> tuple[str, ...]:
+    """The components a model given by URL is fetched for (`infra.fetch`): its family's, or every family's when the
+    family is told from the model (audio ones included: a few small folders)."""
+    if not is_url(config.model):
+        return ()
+    if config.family is not None:
+        return get_family(config.family).components_for(True)
+    FAMILIES.load_plugins()
+    return tuple(sorted({c for name in FAMILIES.names() for c in get_family(name).components_for(True)}))
 
 
 def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tuple[int, ...]]:
@@ -442,6 +472,7 @@ def plan_shards(config: BuildConfig, source: Source, spool: Path | None = None) 
             count, duplicates, collisions, damage = _count_samples(source, shard, cap, stems, add)
         whole = damage is None and (cap is None or count < cap)
         listed = {"size": shard.size, "mtime_ns": shard.mtime_ns, "duplicates": duplicates, "collisions": collisions}
+        listed |= {"version": shard.version or None}
         listed |= {"whole": whole, "damage": damage}
         plans.append(ShardPlan(id=shard.id, path=shard.path, quota=cap, samples=count, **listed))
         if left is not None:
@@ -484,7 +515,8 @@ def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> B
     existing = CacheSpec.model_validate(read_cache_json(out)["spec"])
     ours = planned.model_identity
     if existing.identity_scheme != planned.identity_scheme:  # the model's identity under the cache's own scheme
-        ours = model_identity(Path(config.model).expanduser(), get_family(planned.family), existing.identity_scheme)
+        model_dir = local_model(config.model, model_parts(config))
+        ours = model_identity(model_dir, get_family(planned.family), existing.identity_scheme)
     if existing.model_identity != ours or existing.family != planned.family:
         raise ConflictError(
             f"reuse refused: {out} was made with another model ({existing.family}, {existing.model_identity}); "

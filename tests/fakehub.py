@@ -3,14 +3,16 @@
 Standard library only (ThreadingHTTPServer on 127.0.0.1, a free port). It serves the endpoints the real
 `huggingface_hub` 2.4 client calls to create a dataset repo, upload (preupload, LFS batch, PUT, verify,
 ndjson commit, validate-yaml), list (revision info, recursive tree with Link paging, paths-info) and
-download (resolve, HEAD and GET), with the xet transport disabled (`HF_HUB_DISABLE_XET=1`: xet uploads go through
-the compiled `hf_xet` client to a separate content-addressed store, which this fake does not speak; with xet
-off the client falls back to the LFS batch + PUT path served here).
+download (resolve, HEAD and GET, a Range answered 206), with the xet transport disabled (`HF_HUB_DISABLE_XET=1`:
+xet uploads go through the compiled `hf_xet` client to a separate content-addressed store, which this fake does
+not speak; with xet off the client falls back to the LFS batch + PUT path served here).
 
 Mirrored Hub rules: a new repo starts with an initial commit holding `.gitattributes`; a file is LFS when it is
 binary (a NUL byte or invalid UTF-8 in its first 512 bytes) or ≥ 10 MiB, regular otherwise, and empty files are
 regular; a commit with a `parentCommit` that is not the branch head fails with 412 ("A commit has happened
 since"); errors carry `X-Error-Code` (RepoNotFound, RevisionNotFound, EntryNotFound). Files live in memory.
+
+A model repo is served by the same routes under ``/api/models/`` and ``/{repo}/resolve/`` (read only).
 
 Every request is logged (method, path, bytes received, status) so tests can count what was sent; a test can
 make the Nth commit fail with a 4xx (`fail_commit`), drop the connection before (`drop_commit`) or after
@@ -396,6 +398,10 @@ class _Handler(BaseHTTPRequestHandler):
         siblings = [{"rfilename": p, "size": len(b.data)} for p, b in sorted(tree.items())]
         return 200, {"id": repo, "sha": oid, "private": self.hub.repos[repo].private, "siblings": siblings}, {}
 
+    def info(self, body: bytes, query: dict[str, str], repo: str) -> tuple[int, Any, dict]:
+        """The repo's info at its main branch (what `HfFileSystem` asks to resolve a path without a revision)."""
+        return self.revision(body, query, repo, "main")
+
     def tree(self, body: bytes, query: dict[str, str], repo: str, rev: str, path: str | None = None) -> tuple:
         oid, tree = self.hub.tree_at(repo, rev)
         recursive, expand = query.get("recursive", "").lower() == "true", query.get("expand", "").lower() == "true"
@@ -484,7 +490,13 @@ class _Handler(BaseHTTPRequestHandler):
         if blob is None:
             raise HubError(404, f"{path} does not exist", "EntryNotFound")
         etag = blob.sha256 if blob.lfs else blob.oid
-        return 200, blob.data, {"X-Repo-Commit": oid, "ETag": f'"{etag}"', "Content-Type": "application/octet-stream"}
+        headers = {"X-Repo-Commit": oid, "ETag": f'"{etag}"', "Content-Type": "application/octet-stream"}
+        wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        if wanted is None:
+            return 200, blob.data, headers
+        start, end = int(wanted[1]), min(int(wanted[2] or len(blob.data) - 1), len(blob.data) - 1)
+        headers["Content-Range"] = f"bytes {start}-{end}/{len(blob.data)}"
+        return 206, blob.data[start : end + 1], headers
 
 
 class _Drop(Exception):
@@ -496,6 +508,7 @@ _ROUTES: list[tuple[str, str, str]] = [
     ("POST", r"/api/validate-yaml", "validate_yaml"),
     ("POST", rf"/api/datasets/{_REPO}/branch/(?P<branch>[^/]+)", "create_branch"),
     ("GET", rf"/api/datasets/{_REPO}/revision/{_REV}", "revision"),
+    ("GET", rf"/api/datasets/{_REPO}", "info"),
     ("GET", rf"/api/datasets/{_REPO}/tree/{_REV}(?:/(?P<path>.+))?", "tree"),
     ("POST", rf"/api/datasets/{_REPO}/paths-info/{_REV}", "paths_info"),
     ("POST", rf"/api/datasets/{_REPO}/preupload/{_REV}", "preupload"),
@@ -504,6 +517,10 @@ _ROUTES: list[tuple[str, str, str]] = [
     ("PUT", r"/lfs-upload/(?P<repo>[^/]+)/(?P<oid>[0-9a-f]{64})", "lfs_upload"),
     ("POST", r"/lfs-verify/(?P<repo>[^/]+)/(?P<oid>[0-9a-f]{64})", "lfs_verify"),
     ("GET", rf"/datasets/{_REPO}/resolve/{_REV}/(?P<path>.+)", "resolve"),
+    # a model repo (``--model hf://ORG/NAME``): its revision and its files, the same state as a dataset's
+    ("GET", rf"/api/models/{_REPO}/revision/{_REV}", "revision"),
+    ("GET", rf"/api/models/{_REPO}/tree/{_REV}(?:/(?P<path>.+))?", "tree"),
+    ("GET", rf"/{_REPO}/resolve/{_REV}/(?P<path>.+)", "resolve"),
 ]
 
 

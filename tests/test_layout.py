@@ -32,7 +32,7 @@ LAYERS = ("flows", "tasks", "infra")
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("infra", "errors", "faults", "heap", "runtime"),  # ground: imports nothing of the project
     ("bounds",),  # the sanity bounds of every setting: only infra.errors
-    ("config", "outdir"),  # the settings: only pydantic, yaml and infra.errors; the door to OUT: only infra.errors
+    ("config", "outdir", "fetch"),  # the settings; the door to OUT; a model by URL fetched: only infra.errors
     ("storage", "registry", "recipes", "devices", "media", "procs", "job"),
     ("reports", "models"),
     ("sources",),  # a metadata file's columns: the roles its mode reads, as the families declare them

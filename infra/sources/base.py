@@ -74,6 +74,8 @@ class Shard:
     size: int = 0
     #: The file's mtime (ns) when listed; with `size`, what a reader checks before each read (0: not known).
     mtime_ns: int = 0
+    #: An object in a store (`infra.sources.store`): its version as listed, checked with `size` before each read.
+    version: str = ""
     #: (key, ``SHARD/KEY`` of the first) for each sample whose group and id an earlier sample of the plan has:
     #: set by the plan, so the later one is refused (``duplicate_id``) and never competes for the first's files.
     duplicates: tuple[tuple[str, str], ...] = ()

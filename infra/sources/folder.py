@@ -16,11 +16,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 
 from infra.errors import InputError, SourceError
 from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
+from infra.sources import store
 from infra.sources.base import (
     OUTSIDE_SOURCE,
     Problem,
@@ -44,13 +45,29 @@ FILES_PER_SHARD = 1000
 
 def list_media(root: Path) -> list[Path]:
     """Every media file under `root` (relative paths), sorted; hidden names left out."""
-    suffixes = IMAGE_SUFFIXES + VIDEO_SUFFIXES
     found = []
     for path in root.rglob("*"):
         rel = path.relative_to(root)
-        if path.suffix.lower() in suffixes and path.is_file() and not any(p.startswith(".") for p in rel.parts):
+        if _is_media(rel) and path.is_file():
             found.append(rel)
     return sorted(found, key=lambda p: p.as_posix())
+
+
+def _is_media(rel: PurePath) -> bool:
+    return rel.suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES and not any(p.startswith(".") for p in rel.parts)
+
+
+def list_objects(root: str) -> dict[str, store.Stat]:
+    """Every object below the folder URL `root`, by its path relative to it, as listed: SourceError when the store
+    cannot list it (no permission, no such bucket)."""
+    try:
+        found = store.find(root)
+    except FileNotFoundError:
+        found = {}
+    except OSError as exc:
+        raise SourceError(f"folder source {store.shown(root)!r}: cannot be listed ({exc})") from exc
+    base = store.join(root, "")
+    return {url[len(base) :]: stat for url, stat in found.items() if url.startswith(base)}
 
 
 @register_source("folder")
@@ -61,13 +78,21 @@ class FolderSource(Source):
     settings = ("follow_symlinks", "max_media_mb")
 
     def __init__(self, path: str, follow_symlinks: bool = False, max_media_mb: int = DEFAULT_MAX_MEDIA_MB) -> None:
-        self.root = Path(path).expanduser()
+        #: A folder in a store (`infra.sources.store`): its URL, its objects listed once; None: a local folder.
+        self.url = path.rstrip("/") if store.is_url(path) else None
+        self._objects: dict[str, store.Stat] | None = None
+        self.root = Path(path).expanduser() if self.url is None else Path(store.name(path))
         self.follow_symlinks = follow_symlinks
         self.max_media_mb = max_media_mb  # a file over it: skipped too_large, before it is read
-        name = self.root.resolve().name
+        name = self.root.resolve().name if self.url is None else store.name(self.url)
         self.prefix = name if is_safe_name(name) else "folder"
 
-    def _files(self) -> list[Path]:
+    def _files(self) -> list[PurePath]:
+        if self.url is not None:
+            if self._objects is None:
+                self._objects = list_objects(self.url)
+            media = (PurePosixPath(rel) for rel in self._objects)
+            return sorted((rel for rel in media if _is_media(rel)), key=lambda p: p.as_posix())
         if not self.root.is_dir():
             raise SourceError(f"folder source {str(self.root)!r}: not a directory")
         return list_media(self.root)
@@ -75,15 +100,43 @@ class FolderSource(Source):
     def shards(self) -> list[Shard]:
         files = self._files()
         if not files:
-            raise SourceError(f"folder source {str(self.root)!r}: no images or videos found")
+            raise SourceError(f"folder source {store.shown(self.url or str(self.root))!r}: no images or videos found")
         count = -(-len(files) // FILES_PER_SHARD)
-        return [Shard(id=f"{self.prefix}-{i:05d}", path=str(self.root)) for i in range(count)]
+        return [Shard(id=f"{self.prefix}-{i:05d}", path=self.url or str(self.root)) for i in range(count)]
 
     def samples(self, shard: Shard) -> Iterator[SampleRef]:
         index = int(shard.id.rpartition("-")[2])
         chunk = self._files()[index * FILES_PER_SHARD : (index + 1) * FILES_PER_SHARD]
         for rel in chunk:
-            yield mark_duplicate(self._ref(rel), shard)
+            yield mark_duplicate(self._ref(rel) if self.url is None else self._object_ref(rel), shard)
+
+    def _object_ref(self, rel: PurePath) -> SampleRef:
+        """`_ref` of a media object in a store: its members by size and version as listed (no link to follow)."""
+        assert self.url is not None and self._objects is not None
+        sid = name_key(rel.as_posix())
+        parts = (*rel.parent.parts, rel.stem)
+        bad = [p for p in parts if not nameable(p)]
+        problems = {Problem.BAD_LAYOUT: f"a name that is not UTF-8 cannot name an output: {sid}"} if bad else {}
+        caption = rel.with_suffix(".txt")
+        listed = {rel.name: rel, **({caption.name: caption} if caption.as_posix() in self._objects else {})}
+        stats = {name: self._objects[path.as_posix()] for name, path in listed.items()}
+        members = {name_key(n): MemberIdentity(size=st.size, mtime=0, version=st.version) for n, st in stats.items()}
+        identity = SourceIdentity(members=members)
+        url, max_mb = self.url, self.max_media_mb
+        return SampleRef(
+            id=sid,
+            group=name_key(rel.parts[0]) if len(rel.parts) > 1 else "",
+            key=sid,
+            read_media=lambda: _read_object(store.join(url, rel.as_posix()), identity, max_mb),
+            read_prompt=lambda: (
+                _read_object(store.join(url, caption.as_posix()), identity, max_mb, prompt=True)
+                if caption.name in listed
+                else None
+            ),
+            problems=problems,
+            identity=identity,
+            stem="" if bad else output_stem(parts),
+        )
 
     def _ref(self, rel: Path) -> SampleRef:
         media, caption = self.root / rel, (self.root / rel).with_suffix(".txt")
@@ -141,4 +194,15 @@ def _read(path: Path, identity: SourceIdentity, max_mb: int, *, prompt: bool = F
     except OSError as exc:
         raise InputError("member_unreadable", f"{path}: {exc}") from exc
     identity.read_sha256[name_key(path.name)] = hashlib.sha256(data).hexdigest()
+    return data
+
+
+def _read_object(url: str, identity: SourceIdentity, max_mb: int, *, prompt: bool = False) -> bytes:
+    """`_read` of an object in a store: checked against its listing (size, version) before a byte is fetched."""
+    listed = identity.members[name_key(store.name(url))]
+    if prompt and listed.size > MAX_PROMPT_BYTES:
+        why = f"{store.shown(url)}: {listed.size} bytes, over {MAX_PROMPT_BYTES}: not read"
+        raise InputError("prompt_too_long", why)
+    data = store.read(url, store.Stat(listed.size, listed.version or ""), max_mb)
+    identity.read_sha256[name_key(store.name(url))] = hashlib.sha256(data).hexdigest()
     return data

@@ -8,17 +8,29 @@ ledger row.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 
 class MemberIdentity(BaseModel):
-    """One member of a sample as listed: size and mtime (and its content hash when the listing has it)."""
+    """One member of a sample as listed: size and mtime (and its content hash when the listing has it); an object
+    in a store (`infra.sources.store`) by size and its store's version (mtime 0)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     size: int
     mtime: float
     sha256: str | None = None
+    #: The object's version as its store lists it (an ETag, a version id, a Hub blob id); None: a local file.
+    version: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_version(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("version") is None:  # a local file's row keeps the bytes it had before stores were read
+            data.pop("version", None)
+        return data
 
 
 class SourceIdentity(BaseModel):
@@ -40,6 +52,8 @@ class SourceIdentity(BaseModel):
                 changed[name] = f"size {old.size} → {new.size}"
             elif old.sha256 is not None and new.sha256 is not None and old.sha256 != new.sha256:
                 changed[name] = "content"
+            elif old.version and new.version and old.version != new.version:
+                changed[name] = "version"
             elif old.mtime != new.mtime:
                 changed[name] = "mtime"
         return changed

@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 
 from infra.errors import InputError, SourceError
 from infra.models import ROLES, TEXT_TO_VIDEO, mode_roles
+from infra.sources import store
 from infra.sources.base import (
     OUTSIDE_SOURCE,
     Problem,
@@ -68,17 +69,17 @@ SUFFIXES = (".csv", ".json", ".jsonl")
 def _parse(
     path: str,
     size: int,
-    mtime_ns: int,
+    mtime_ns: int | str,
     video_column: str | None = None,
     caption_column: str | None = None,
     video_flag: str = "--video-column",
 ) -> tuple[Row, ...]:
     """Every row of the metadata file (cached per process by path, size, mtime and the columns asked for); a row
     that cannot be a sample has its `Row.problem` (`infra.sources.meta_rows`)."""
-    text = decode(Path(path).read_bytes())
+    text = decode(store.read_whole(path) if store.is_url(path) else Path(path).read_bytes())
     video_names = (video_column,) if video_column else VIDEO_COLUMNS
     caption_names = (caption_column,) if caption_column else CAPTION_COLUMNS
-    found, columns = entries(text, Path(path).suffix.lower(), path)
+    found, columns = entries(text, PurePosixPath(path).suffix.lower(), store.shown(path))
     if columns is not None and not columns & set(video_names):
         raise SourceError(f"{path}: no video column (one of {', '.join(video_names)}); columns: {sorted(columns)}")
     for given, flag in ((video_column, video_flag), (caption_column, "--caption-column")):
@@ -114,11 +115,14 @@ class MetaSource(Source):
         follow_symlinks: bool = False,
         max_media_mb: int = DEFAULT_MAX_MEDIA_MB,
     ) -> None:
-        self.path = Path(path).expanduser()
+        #: A metadata file in a store (`infra.sources.store`): its URL; its rows' media are read from its folder
+        #: there. None: a local file.
+        self.url = path if store.is_url(path) else None
+        self.path = Path(path).expanduser() if self.url is None else Path(store.name(path))
         self.max_media_mb = max_media_mb  # a listed file over it: skipped too_large, before it is read
         self.follow_symlinks = follow_symlinks  # a relative media path that leads out of the file's folder: read
         if self.path.suffix.lower() not in SUFFIXES:
-            raise SourceError(f"meta source {path!r}: expected a {', '.join(SUFFIXES)} file")
+            raise SourceError(f"meta source {store.shown(path)!r}: expected a {', '.join(SUFFIXES)} file")
         self.root = self.path.parent
         reads = mode_roles(mode) if mode is not None else TEXT_TO_VIDEO  # the roles the mode's samples read
         #: An audio-only mode (t2a ...): a sample is its ``audio`` file, named by it, as the trainer names it.
@@ -131,6 +135,8 @@ class MetaSource(Source):
         self.roles = tuple(role for role in reads if role in ROLE_COLUMNS)
 
     def rows(self) -> tuple[Row, ...]:
+        if self.url is not None:
+            return self._object_rows()
         try:
             st = self.path.stat()
             return _parse(str(self.path.resolve()), st.st_size, st.st_mtime_ns, *self.columns, self.video_flag)
@@ -149,9 +155,30 @@ class MetaSource(Source):
                     f"meta source {self.path}: the mode reads the role {role} (column "
                     f"{' or '.join(ROLE_COLUMNS[role])}), which no row has"
                 )
-        size, stem = self.path.stat().st_size, self.path.stem
+        size = self.path.stat().st_size if self.url is None else self._object_stat().size
+        stem = self.path.stem
         count = -(-len(rows) // ROWS_PER_SHARD)
-        return [Shard(id=f"{stem}-{i:05d}", path=str(self.path), size=size) for i in range(count)]
+        return [Shard(id=f"{stem}-{i:05d}", path=self.url or str(self.path), size=size) for i in range(count)]
+
+    def _object_stat(self) -> store.Stat:
+        assert self.url is not None
+        try:
+            return store.stat(self.url)
+        except FileNotFoundError as exc:
+            raise SourceError(f"meta source {store.shown(self.url)}: no such object") from exc
+        except OSError as exc:  # no permission, no such bucket
+            raise SourceError(f"meta source {store.shown(self.url)}: cannot be read ({exc})") from exc
+
+    def _object_rows(self) -> tuple[Row, ...]:
+        """`rows` of a metadata file in a store: parsed once per process for each version of it."""
+        assert self.url is not None
+        now = self._object_stat()
+        try:
+            return _parse(self.url, now.size, now.version, *self.columns, self.video_flag)
+        except OSError as exc:
+            raise SourceError(f"meta source {store.shown(self.url)}: cannot be read ({exc})") from exc
+        except ValueError as exc:  # not UTF-8, not JSON
+            raise SourceError(f"meta source {store.shown(self.url)}: cannot be read ({exc})") from exc
 
     def samples(self, shard: Shard) -> Iterator[SampleRef]:
         number = int(shard.id.rsplit("-", 1)[1])
@@ -184,10 +211,10 @@ class MetaSource(Source):
             problems[Problem.BAD_LAYOUT] = f"row {row.index + 1}: {row.media!r} is listed twice in this shard"
         key = sid if sid is not None and not problems else f"row-{row.index + 1:08d}"
         seen.add(key)
-        media = self.root / row.media if sid is not None else None
-        audio = self.root / row.audio if row.audio and not self.audio_only else None
+        media = self._where(row.media) if sid is not None else None
+        audio = self._where(row.audio) if row.audio and not self.audio_only else None
         listed = dict(row.roles)
-        roles = {role: self.root / listed[role] if listed.get(role) else None for role in self.roles}
+        roles = {role: self._where(listed[role]) if listed.get(role) else None for role in self.roles}
         # A caption with a lone surrogate (JSON "\udcff") keeps it as bytes that are not UTF-8: prompt_not_utf8.
         caption = None if row.caption is None else row.caption.encode("utf-8", "surrogatepass")
         files = {"video": media, "audio": audio, **roles}
@@ -211,14 +238,25 @@ class MetaSource(Source):
             stem=output_stem(PurePosixPath(sid).with_suffix("").parts) if sid is not None and not problems else "",
         )
 
+    def _where(self, entry: str) -> Path | str:
+        """Where a row's media path `entry` is: below the metadata file's folder (its URL's for a file in a store)."""
+        return self.root / entry if self.url is None else store.join(store.parent(self.url), entry)
+
     def _outside(self, listed: list[str]) -> str | None:
         """Why a relative media path of a row may not be read: it leads out of the metadata file's folder (an
-        absolute path is the user's own choice of place)."""
+        absolute path is the user's own choice of place; in a store, where a row's path can only be relative to the
+        metadata file, an absolute path or a ``..`` is outside it)."""
+        if self.url is not None:
+            parts = ((e, PurePosixPath(e.replace("\\", "/"))) for e in listed if e)
+            found = (e for e, p in parts if p.is_absolute() or ".." in p.parts or "://" in e)
+            bad = next(found, None)
+            where = store.shown(store.parent(self.url))
+            return None if bad is None else f"{bad!r} is not below {where}, the metadata file's folder: not read"
         relative = [entry for entry in listed if entry and not PurePosixPath(entry).is_absolute()]
         found = (outside_root(self.root, self.root / e, follow_symlinks=self.follow_symlinks) for e in relative)
         return next((why for why in found if why), None)
 
-    def _read(self, path: Path | None, name: str, identity: SourceIdentity, entry: str | None) -> bytes | None:
+    def _read(self, path: Path | str | None, name: str, identity: SourceIdentity, entry: str | None) -> bytes | None:
         """`_read` of the file the row lists as `entry`, checked again as it is read (a link swapped in since the
         listing)."""
         if why := self._outside([entry or ""]):
@@ -239,12 +277,18 @@ def _bad_row(row: Row) -> SampleRef:
     )
 
 
-def _members(files: dict[str, Path | None], caption: bytes | None) -> dict[str, MemberIdentity]:
-    """The sample's members as listed: media files (video, audio, the mode's other roles) by size and mtime, the
-    caption by its hash."""
+def _members(files: dict[str, Path | str | None], caption: bytes | None) -> dict[str, MemberIdentity]:
+    """The sample's members as listed: media files (video, audio, the mode's other roles) by size and mtime (an
+    object in a store by size and version), the caption by its hash."""
     members = {}
     for name, path in files.items():
-        if path is not None:
+        if isinstance(path, str):
+            try:
+                now = store.stat(path)
+            except OSError:  # missing or not readable: the sample's reader says so
+                continue
+            members[name] = MemberIdentity(size=now.size, mtime=0, version=now.version or None)
+        elif path is not None:
             try:
                 st = path.stat()
                 members[name] = MemberIdentity(size=st.st_size, mtime=st.st_mtime)
@@ -255,9 +299,17 @@ def _members(files: dict[str, Path | None], caption: bytes | None) -> dict[str, 
     return members
 
 
-def _read(path: Path | None, name: str, identity: SourceIdentity, max_mb: int) -> bytes | None:
+def _read(path: Path | str | None, name: str, identity: SourceIdentity, max_mb: int) -> bytes | None:
     """A listed file's bytes (their sha256 noted in `identity`); None when it is not there; InputError
-    ``too_large`` for one over `max_mb` MiB, nothing of it read (`infra.sources.bounded`)."""
+    ``too_large`` for one over `max_mb` MiB, nothing of it read (`infra.sources.bounded`). An object in a store:
+    checked against its listing (``source_changed``, ``source_vanished``) before a byte is fetched."""
+    if isinstance(path, str):
+        listed = identity.members.get(name)
+        if listed is None:
+            return None  # not there when listed
+        data = store.read(path, store.Stat(listed.size, listed.version or ""), max_mb, reason=f"{name}_unreadable")
+        identity.read_sha256[name] = hashlib.sha256(data).hexdigest()
+        return data
     if path is None or not path.exists():
         return None
     try:

@@ -15,12 +15,14 @@ import hashlib
 import logging
 import re
 import tarfile
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 
 from infra.errors import InputError, SourceError
 from infra.media.prompts import MAX_PROMPT_BYTES
+from infra.sources import store
 from infra.sources.base import (
     Problem,
     SampleRef,
@@ -60,7 +62,7 @@ class _SampleMembers:
         return {n: m for n, m in ((VIDEO_MEMBER, self.video), (PROMPT_MEMBER, self.prompt)) if m is not None}
 
 
-def shard_id_for(path: Path) -> str:
+def shard_id_for(path: PurePath) -> str:
     """The shard id: the file name without its tar suffix."""
     name = path.name
     for suffix in TAR_SUFFIXES:
@@ -69,23 +71,35 @@ def shard_id_for(path: Path) -> str:
     return path.stem
 
 
-def tar_shards(tars: list[Path]) -> list[Shard]:
-    """One shard per tar file, its id from the file name (safe and unique, or a SourceError naming both files)."""
+def tar_shards(tars: list[Path] | dict[str, store.Stat]) -> list[Shard]:
+    """One shard per tar file (local paths, or objects in a store by URL as listed), its id from the file name
+    (safe and unique, or a SourceError naming both files)."""
     shards: dict[str, Shard] = {}
     for tar in tars:
-        sid = shard_id_for(tar)
+        name = PurePosixPath(tar).name if isinstance(tar, str) else tar.name
+        sid = shard_id_for(PurePosixPath(name))
         if not is_safe_name(sid):
-            raise SourceError(f"shard file name {tar.name!r} cannot be used as a shard id")
+            raise SourceError(f"shard file name {name!r} cannot be used as a shard id")
         if sid in shards:
             raise SourceError(f"two shards share the id {sid!r}: {shards[sid].path} and {tar}")
+        if isinstance(tars, dict):
+            listed = tars[tar]
+            shards[sid] = Shard(id=sid, path=str(tar), size=listed.size, version=listed.version)
+            continue
         stat = tar.stat()
         shards[sid] = Shard(id=sid, path=str(tar), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
     return list(shards.values())
 
 
 def open_shard_tar(shard: Shard) -> tarfile.TarFile:
-    """The shard's tar, opened for streaming its members; ShardReadError when it is gone or not a tar."""
+    """The shard's tar, opened for streaming its members (an object in a store: as a stream of range requests,
+    `infra.sources.store.open_stream`); ShardReadError when it is gone or not a tar."""
     try:
+        if store.is_url(shard.path):
+            stream = store.open_stream(shard.path)
+            tf = tarfile.open(fileobj=stream, mode="r:*")
+            weakref.finalize(tf, stream.close)  # tarfile leaves a file it was handed open when it closes
+            return tf
         return tarfile.open(shard.path, "r:*")
     except FileNotFoundError as exc:
         raise ShardReadError(f"{shard.path}: the shard vanished since it was listed") from exc
@@ -93,7 +107,20 @@ def open_shard_tar(shard: Shard) -> tarfile.TarFile:
         raise ShardReadError(f"{shard.path}: not a readable tar ({exc})") from exc
 
 
-def _find_tars(spec: str, follow_symlinks: bool = False) -> list[Path]:
+def find_store_tars(spec: str, kind: str) -> dict[str, store.Stat]:
+    """The tars a URL names (a pattern, a folder searched recursively, one object), by URL as listed."""
+    try:
+        found = store.find(spec)
+    except FileNotFoundError:
+        found = {}
+    except OSError as exc:  # no permission, no such bucket: the run cannot list its source
+        raise SourceError(f"{kind} source {store.shown(spec)!r}: cannot be listed ({exc})") from exc
+    return {url: stat for url, stat in found.items() if url.endswith(TAR_SUFFIXES)}
+
+
+def _find_tars(spec: str, follow_symlinks: bool = False) -> list[Path] | dict[str, store.Stat]:
+    if store.is_url(spec):
+        return find_store_tars(spec, "vbvr")
     path = Path(spec).expanduser()
     if any(ch in spec for ch in "*?["):
         found = [Path(p) for p in glob.glob(str(path), recursive=True)]
@@ -224,6 +251,9 @@ def check_unchanged(shard: Shard) -> None:
     """InputError when the shard file is gone, or is not the file that was listed (its size or mtime differ)."""
     if not shard.size and not shard.mtime_ns:
         return  # listed without a stat (an older plan): nothing to compare with
+    if store.is_url(shard.path):
+        _check_object(shard)
+        return
     try:
         stat = Path(shard.path).stat()
     except FileNotFoundError:
@@ -235,3 +265,16 @@ def check_unchanged(shard: Shard) -> None:
         changes.append(f"mtime {shard.mtime_ns / 1e9:.3f} → {stat.st_mtime_ns / 1e9:.3f}")
     if changes:
         raise InputError("shard_changed", f"{shard.path} changed since it was listed ({', '.join(changes)}): not read")
+
+
+def _check_object(shard: Shard) -> None:
+    """`check_unchanged` of a shard that is an object in a store: its size and version as listed."""
+    where = store.shown(shard.path)
+    try:
+        changes = store.changed(shard.path, store.Stat(shard.size, shard.version))
+    except FileNotFoundError:
+        raise InputError("shard_vanished", f"{where} vanished since it was listed: not read") from None
+    except OSError as exc:
+        raise InputError("member_unreadable", f"{where}: {exc}") from exc
+    if changes:
+        raise InputError("shard_changed", f"{where} changed since it was listed ({changes}): not read")

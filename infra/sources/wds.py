@@ -24,6 +24,7 @@ from pathlib import Path
 from infra.errors import InputError, SourceError
 from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
+from infra.sources import store
 from infra.sources.base import (
     Problem,
     SampleRef,
@@ -38,7 +39,7 @@ from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import name_key, nameable, output_stem
 from infra.sources.tars import Member, TarDamaged, read_member, scan, short
-from infra.sources.vbvr import TAR_SUFFIXES, check_unchanged, open_shard_tar, tar_shards
+from infra.sources.vbvr import TAR_SUFFIXES, check_unchanged, find_store_tars, open_shard_tar, tar_shards
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +65,24 @@ def expand_braces(pattern: str) -> list[str]:
     return list(itertools.chain.from_iterable(expand_braces(head + o + tail) for o in options))
 
 
-def find_tars(spec: str, follow_symlinks: bool = False) -> list[Path]:
+def find_store_tars_in(spec: str) -> dict[str, store.Stat]:
+    """The tars a URL with brace patterns names, by URL as listed, sorted; SourceError when it names nothing."""
+    found: dict[str, store.Stat] = {}
+    for part in expand_braces(spec):
+        listed = find_store_tars(part, "wds")
+        if not listed and "{" in spec:
+            raise SourceError(f"wds source {store.shown(spec)!r}: {store.shown(part)} does not exist")
+        found |= listed
+    if not found:
+        raise SourceError(f"wds source {store.shown(spec)!r}: no tar shards found ({', '.join(TAR_SUFFIXES)})")
+    return dict(sorted(found.items()))
+
+
+def find_tars(spec: str, follow_symlinks: bool = False) -> list[Path] | dict[str, store.Stat]:
     """The tars `spec` names, sorted; SourceError when it names nothing, or a tar that is a link out of the folder a
-    part of it names (unless `follow_symlinks`)."""
+    part of it names (unless `follow_symlinks`). A URL: the objects it names, as listed (`infra.sources.store`)."""
+    if store.is_url(spec):
+        return find_store_tars_in(spec)
     found: list[Path] = []
     for part in expand_braces(spec):
         path = Path(part).expanduser()

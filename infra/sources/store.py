@@ -1,0 +1,169 @@
+"""A source's files in an object store: ``s3://``, ``hf://datasets/ORG/NAME[@rev][/path]``, ``gs://`` or any other
+fsspec URL, read through fsspec and the store's own library (s3fs, `huggingface_hub.HfFileSystem`, gcsfs).
+
+What a local file gives by `os.stat` (size, mtime), an object gives by what its store lists: its size and its
+version (an S3 version id or ETag, a Hub blob id, a GCS generation), so a changed object is told from the one listed.
+A read is bounded like a local one (`infra.sources.bounded`): the size the store lists is checked before a byte
+arrives, and no more than that is asked for. Tars are opened as seekable streams of range requests
+(`open_stream`): listing one reads its headers and a small read-ahead after each, not its members.
+
+Credentials come from each store's own chain (the AWS chain for s3fs, ``HF_TOKEN`` or the Hub login for
+``hf://``, gcloud's for gcsfs) and never pass through latentforge's settings: a URL names a place, not a key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import IO, Any
+
+from infra.errors import InputError, SourceError
+from infra.sources.bounded import check_size
+
+logger = logging.getLogger(__name__)
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")
+#: The extra that brings each store's library (a missing one is named in the error).
+EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hub"}
+#: A tar's read-ahead: what a range request asks for past what is read (a tar header is 512 bytes; a caption
+#: member and the header after it usually arrive in the same request).
+TAR_BLOCK = 16 * 1024
+#: The keys of an object's listing that name its version, most specific first (S3, GCS, the Hub, others).
+VERSION_KEYS = ("VersionId", "generation", "blob_id", "ETag", "etag", "md5Hash", "checksum")
+
+
+def is_url(spec: str) -> bool:
+    """True when `spec` is a URL (``scheme://...``) rather than a local path."""
+    return bool(_URL.match(spec))
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """An object as its store lists it: its size and its version ("" where the store gives none)."""
+
+    size: int
+    version: str
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """(the fsspec file system, the path in it) for `url`; SourceError naming the extra when its library is missing."""
+    import fsspec  # noqa: PLC0415 - only a source in a store needs it
+
+    scheme = url.split("://", 1)[0].lower()
+    if _USERINFO.match(url):  # the spec is recorded in OUT (cache.json, the run report): it must hold no secret
+        raise SourceError(f"{shown(url)}: a URL with user:password@ is refused: credentials come from the store")
+    options: dict[str, Any] = {}
+    if scheme == "hf" and os.environ.get("HF_ENDPOINT"):  # huggingface_hub reads it once, at import
+        options["endpoint"] = os.environ["HF_ENDPOINT"]
+    try:
+        return fsspec.core.url_to_fs(url, **options)
+    except ImportError as exc:
+        extra = EXTRAS.get(scheme)
+        hint = f": pip install 'latentforge[{extra}]'" if extra else ""
+        raise SourceError(f"{scheme}:// sources need a library that is not installed ({exc}){hint}") from exc
+    except ValueError as exc:  # an unknown protocol, a Hub URL that names no repo
+        raise SourceError(f"{shown(url)}: not a store URL fsspec can open ({exc})") from exc
+
+
+def shown(url: str) -> str:
+    """`url` as it may be printed: any ``user:password@`` part dropped (a URL names a place, never a key)."""
+    return _USERINFO.sub(lambda m: m[0].split("://")[0] + "://", url)
+
+
+def version_of(info: dict[str, Any]) -> str:
+    """The version an object's listing gives (`VERSION_KEYS`), as text; "" when it gives none."""
+    lfs = info.get("lfs")
+    if isinstance(lfs, dict) and lfs.get("sha256"):
+        return f"sha256:{lfs['sha256']}"
+    for key in VERSION_KEYS:
+        if info.get(key):
+            return str(info[key]).strip('"')
+    return ""
+
+
+def stat_of(info: dict[str, Any]) -> Stat:
+    return Stat(size=int(info.get("size") or 0), version=version_of(info))
+
+
+def stat(url: str) -> Stat:
+    """The object at `url` as its store lists it now; FileNotFoundError when it is not there."""
+    fs, path = filesystem(url)
+    fs.invalidate_cache(path)  # fsspec keeps listings: the object as it is now, not as it was listed
+    return stat_of(fs.info(path))
+
+
+def find(spec: str) -> dict[str, Stat]:
+    """Every file `spec` names (a pattern, a folder searched recursively, or one object), by URL, sorted; {} when it
+    names nothing."""
+    fs, path = filesystem(spec)
+    if any(ch in path for ch in "*?["):
+        found = fs.glob(path, detail=True)
+    elif fs.isdir(path):
+        found = fs.find(path, detail=True)
+    elif fs.exists(path):
+        found = {path: fs.info(path)}
+    else:
+        found = {}
+    files = {fs.unstrip_protocol(p): stat_of(info) for p, info in found.items() if info.get("type") != "directory"}
+    return dict(sorted(files.items()))
+
+
+def join(base: str, rel: str) -> str:
+    """`rel` (a posix path, no ``..``) below the folder URL `base`."""
+    return f"{base.rstrip('/')}/{rel.lstrip('/')}"
+
+
+def parent(url: str) -> str:
+    """The folder URL an object's URL is in."""
+    return url.rstrip("/").rpartition("/")[0]
+
+
+def name(url: str) -> str:
+    return PurePosixPath(url.rstrip("/")).name
+
+
+def changed(url: str, listed: Stat) -> str | None:
+    """What differs between the object at `url` now and as `listed`; None when nothing; FileNotFoundError when gone."""
+    now = stat(url)
+    changes = []
+    if now.size != listed.size:
+        changes.append(f"size {listed.size} → {now.size}")
+    if listed.version and now.version != listed.version:
+        changes.append(f"version {listed.version} → {now.version}")
+    return ", ".join(changes) or None
+
+
+def read(url: str, listed: Stat | None, max_mb: int, *, reason: str = "member_unreadable") -> bytes:
+    """The object's bytes, checked against its listing (InputError ``source_changed`` / ``source_vanished``) and its
+    size against `max_mb` MiB (``too_large``) before any byte is fetched; no more than that size asked for. A store's
+    transient errors are retried by its own library; one that remains is InputError `reason`."""
+    try:
+        now = stat(url)
+        if listed is not None and (now.size != listed.size or (listed.version and now.version != listed.version)):
+            raise InputError("source_changed", f"{shown(url)} changed since it was listed: not read")
+        check_size(shown(url), now.size, max_mb)
+        fs, path = filesystem(url)
+        data = fs.cat_file(path, start=0, end=now.size) if now.size else b""
+    except FileNotFoundError:
+        raise InputError("source_vanished", f"{shown(url)} vanished since it was listed") from None
+    except OSError as exc:
+        raise InputError(reason, f"{shown(url)}: {exc}") from exc
+    if len(data) != now.size:
+        raise InputError(reason, f"{shown(url)}: {len(data)} of {now.size} bytes")
+    return data
+
+
+def read_whole(url: str) -> bytes:
+    """A small object's bytes (a metadata file): FileNotFoundError when it is not there."""
+    fs, path = filesystem(url)
+    return fs.cat_file(path)
+
+
+def open_stream(url: str) -> IO[bytes]:
+    """The object as a seekable file of range requests, each asking `TAR_BLOCK` past what is read."""
+    fs, path = filesystem(url)
+    return fs.open(path, "rb", block_size=TAR_BLOCK, cache_type="readahead")

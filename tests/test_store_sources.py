@@ -1,0 +1,331 @@
+"""Sources in an object store: every source kind read from a loopback S3 (moto's server behind a counting proxy,
+`tests/s3_proxy.py`) builds the same sample files as from local disk; a changed object is stale; a 503 SlowDown is
+retried; a vanished object is its sample's row; the test's keys never reach OUT or the logs. One build a kind and a
+place, shared by the module."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.cli_options import describe
+from flows.run import run_build
+from infra import fetch
+from infra.config import BuildConfig
+from infra.errors import InputError
+from infra.plan import make_spec
+from infra.sources import open_source, store
+from tests import fakehub
+from tests.conftest import config, make_shards, sample, tree_hashes
+from tests.image_media import sample_images, suffix, write_folder, write_wds
+from tests.media_utils import cut_clip
+from tests.s3_proxy import Proxy
+
+ACCESS_KEY, SECRET_KEY = "AKIDSTORESOURCETEST", "store-source-secret-never-written"
+BUCKET = "lf-sources"
+IMAGE_HEIGHT, IMAGE_WIDTH = 32, 48
+KINDS = ("vbvr", "wds", "folder", "meta")
+fake_hub, hub_env = fakehub.fake_hub, fakehub.hub_env  # the fixtures, by name
+SAMPLES, MEMBER_BYTES = 4, 1 << 20  # the listing test's tar: members far larger than its read-ahead
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+    """moto's server on 127.0.0.1 behind the counting proxy; the AWS chain aimed at the proxy for the module."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    proxy = Proxy(upstream=f"{host}:{port}")
+    proxy.start()
+    home = tmp_path_factory.mktemp("aws")
+    env = {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": proxy.url,
+        "AWS_CONFIG_FILE": str(home / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+            patch.delenv(name, raising=False)
+        for name, value in env.items():
+            patch.setenv(name, value)
+        _clear_store_clients()
+        boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket=BUCKET)
+        try:
+            yield proxy
+        finally:
+            _clear_store_clients()
+            proxy.stop()
+            server.stop()
+
+
+def _clear_store_clients() -> None:
+    """fsspec keeps one client per store and options: each module's server is another endpoint."""
+    import s3fs  # noqa: PLC0415 - a store's library, as the sources import it
+
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def _client() -> Any:
+    return boto3.client("s3")
+
+
+def _upload(local: Path, prefix: str) -> None:
+    """Every file under `local` (or the file) to ``s3://BUCKET/prefix/...``, at the same relative paths."""
+    files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+    for path in files:
+        rel = path.name if local.is_file() else path.relative_to(local).as_posix()
+        _client().put_object(Bucket=BUCKET, Key=f"{prefix}/{rel}", Body=path.read_bytes())
+
+
+@pytest.fixture(scope="module")
+def image_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("models") / "kl-none"
+    result = CliRunner().invoke(
+        app, ["make-tiny-model", str(out), "--family", "image", "--vae", "kl", "--text", "none"]
+    )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def sources(
+    s3: Proxy, tmp_path_factory: pytest.TempPathFactory, clips: dict[str, bytes], tiny_model: Path
+) -> dict[str, tuple]:
+    """Per kind: (the local source, the same files' source on the loopback S3)."""
+    root = tmp_path_factory.mktemp("store-sources")
+    videos = [cut_clip(clips["bikes"], 6, width=160), cut_clip(clips["carphone"], 6)]
+    vbvr = make_shards(root / "vbvr", {"part-00000": [sample(0, i, v, b"clip %d" % i) for i, v in enumerate(videos)]})
+    images = sample_images()[:3]
+    wds = write_wds(root / "wds" / "000.tar", images)
+    folder = write_folder(root / "folder", images)
+    meta = root / "meta"
+    for image in images:
+        (meta / "media").mkdir(parents=True, exist_ok=True)
+        (meta / "media" / f"{image.key}.{suffix(image.data)}").write_bytes(image.data)
+    rows = [{"video": f"media/{i.key}.{suffix(i.data)}", "caption": i.caption} for i in images]
+    (meta / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for kind in KINDS:
+        _upload(root / kind, kind)
+    _upload(tiny_model, "models/tiny-wan22")
+    url = f"s3://{BUCKET}"
+    return {
+        "vbvr": (f"vbvr:{vbvr}", f"vbvr:{url}/vbvr"),
+        "wds": (f"wds:{wds}", f"wds:{url}/wds/{{000..000}}.tar"),
+        "folder": (f"folder:{folder}", f"folder:{url}/folder"),
+        "meta": (f"meta:{meta / 'data.jsonl'}", f"meta:{url}/meta/data.jsonl"),
+    }
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+def _config(kind: str, spec: str, out: Path, tiny_model: Path | str, image_model: Path) -> Any:
+    if kind == "vbvr":
+        return config(Path("-"), tiny_model, out, source=spec, workers=1)  # type: ignore[arg-type]
+    values = {"source": spec, "family": None, "height": IMAGE_HEIGHT, "width": IMAGE_WIDTH, "frames": 1}
+    return config(Path("-"), image_model, out, workers=1, **values)
+
+
+@pytest.fixture(scope="module")
+def builds(
+    s3: Proxy, sources: dict[str, tuple], tiny_model: Path, image_model: Path, tmp_path_factory
+) -> dict[str, Any]:
+    """Each kind built from local files and from S3 (the vbvr build through two injected 503 SlowDowns), with every
+    log record of the S3 builds kept."""
+    root = tmp_path_factory.mktemp("store-builds")
+    records = _Records()
+    logging.getLogger().addHandler(records)
+    noisy = [logging.getLogger(name) for name in ("infra", "s3fs", "fsspec")]
+    levels = [logger.level for logger in noisy]
+    for logger in noisy:
+        logger.setLevel(logging.DEBUG)
+    results: dict[str, Any] = {"outs": {}, "logs": records.lines}
+    try:
+        for kind in KINDS:
+            local, remote = sources[kind]
+            ok, result = run_build(_config(kind, local, root / f"{kind}-local", tiny_model, image_model))
+            assert ok, result
+            if kind == "vbvr":
+                s3.slow_down(2, "/vbvr/")
+            s3.reset()
+            model = f"s3://{BUCKET}/models/tiny-wan22" if kind == "vbvr" else image_model  # the model by URL too
+            ok, result = run_build(_config(kind, remote, root / f"{kind}-s3", model, image_model))
+            assert ok, result
+            results[kind] = {"result": result, "counts": dict(s3.counts), "faults": s3.faults_sent}
+            results["outs"][kind] = (root / f"{kind}-local", root / f"{kind}-s3")
+    finally:
+        logging.getLogger().removeHandler(records)
+        for logger, level in zip(noisy, levels, strict=True):
+            logger.setLevel(level)
+    return results
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_from_s3_builds_the_same_sample_files_as_from_disk(builds, kind):
+    local, remote = builds["outs"][kind]
+    ours = {k: v for k, v in tree_hashes(remote).items() if k.split("/")[0] not in ("ledger", "reports")}
+    theirs = {k: v for k, v in tree_hashes(local).items() if k.split("/")[0] not in ("ledger", "reports")}
+    samples = {k for k in theirs if k.endswith(".pt")}
+    assert samples and {k: ours.get(k) for k in samples} == {k: theirs[k] for k in samples}
+    assert builds[kind]["result"]["done"] == len(samples) and builds[kind]["result"]["failed"] == 0
+
+
+def test_a_model_in_s3_has_the_fingerprint_of_the_same_files_on_disk(builds):
+    """The vbvr build from S3 read its model from S3 too (fetched into the machine's cache): same fingerprint."""
+    local, remote = builds["outs"]["vbvr"]
+    fingerprints = [json.loads((out / "cache.json").read_text())["fingerprint"] for out in (local, remote)]
+    assert fingerprints[0] == fingerprints[1]
+    fetched = list((Path(os.environ["LATENTFORGE_CACHE_DIR"]) / "models").glob(f"*/{fetch.MANIFEST}"))
+    assert len(fetched) == 1 and (fetched[0].parent / "vae").is_dir()
+
+
+def test_a_model_on_the_hub_fetches_its_components_only(hub_env, tiny_model, tmp_path):
+    """``--model hf://ORG/NAME``: the components and description files, not the transformer; the fingerprint is the
+    local folder's."""
+    files = {p.relative_to(tiny_model).as_posix(): p.read_bytes() for p in tiny_model.rglob("*") if p.is_file()}
+    hub_env.create("org/tiny-wan22", private=False)
+    hub_env.commit("org/tiny-wan22", {**files, "transformer/diffusion_pytorch_model.safetensors": b"\0" * 4096})
+    local = make_spec(config(Path("-"), tiny_model, tmp_path / "a"))[1].fingerprint()
+    remote = make_spec(config(Path("-"), "hf://org/tiny-wan22@main", tmp_path / "b"))[1].fingerprint()  # type: ignore[arg-type]
+    assert local == remote
+    fetched = [r.path for r in hub_env.requests if "/resolve/" in r.path]
+    assert fetched and not any("transformer" in path for path in fetched)
+    assert any(path.endswith("vae/diffusion_pytorch_model.safetensors") for path in fetched)
+
+
+def test_a_vbvr_source_on_the_hub_builds_the_same_files(hub_env, sources, builds, tiny_model, tmp_path, caplog):
+    """``vbvr:hf://datasets/ORG/NAME/PATH``: the same sample files as from disk; the token is written nowhere."""
+    local_spec, _ = sources["vbvr"]
+    tar = Path(local_spec.removeprefix("vbvr:")) / "part-00000.tar"
+    hub_env.create("org/vbvr", private=True)
+    hub_env.commit("org/vbvr", {"data/part-00000.tar": tar.read_bytes()})
+    caplog.set_level(logging.INFO)
+    out = tmp_path / "hub-out"
+    ok, result = run_build(_config("vbvr", "vbvr:hf://datasets/org/vbvr@main/data", out, tiny_model, tiny_model))
+    assert ok, result
+    local = builds["outs"]["vbvr"][0]
+    ours, theirs = tree_hashes(out), tree_hashes(local)
+    samples = {k for k in theirs if k.endswith(".pt")}
+    assert samples and {k: ours.get(k) for k in samples} == {k: theirs[k] for k in samples}
+    token = os.environ["HF_TOKEN"]
+    assert not any(token.encode() in p.read_bytes() for p in out.rglob("*") if p.is_file())
+    assert caplog.text and token not in caplog.text
+
+
+def test_a_slow_down_from_the_store_is_retried_and_the_build_finishes(builds):
+    assert builds["vbvr"]["faults"] == 2  # both answered 503 SlowDown; the build above finished, its files equal
+
+
+def test_listing_reads_tar_headers_not_members(s3, tmp_path):
+    """Listing a vbvr shard in S3 fetches its headers (and a read-ahead after each), not its members; reading a
+    sample fetches that sample's bytes only."""
+    members = [sample(0, i, random.Random(i).randbytes(MEMBER_BYTES), b"clip %d" % i) for i in range(SAMPLES)]
+    tar = make_shards(tmp_path / "big", {"part-00000": members}) / "part-00000.tar"
+    _upload(tar, "big")
+    source = open_source(f"vbvr:s3://{BUCKET}/big")
+    s3.reset()
+    (shard,) = source.shards()
+    listing = source.samples(shard)  # the tar stays open while its samples are iterated
+    refs = [next(listing) for _ in range(SAMPLES)]
+    listed = s3.bytes_out
+    assert listed < tar.stat().st_size / 20, (listed, tar.stat().st_size)
+    s3.reset()
+    assert refs[1].read_media() == members[1].files["ground_truth.mp4"]
+    assert MEMBER_BYTES <= s3.bytes_out < MEMBER_BYTES + 2 * store.TAR_BLOCK + 4096
+    listing.close()
+
+
+def test_the_keys_never_reach_out_or_the_logs(builds):
+    secrets = (ACCESS_KEY.encode(), SECRET_KEY.encode())
+    for _, remote in builds["outs"].values():
+        for path in (p for p in remote.rglob("*") if p.is_file()):
+            data = path.read_bytes()
+            assert not any(s in data for s in secrets), path
+    logs = "\n".join(builds["logs"])
+    assert logs and not any(s.decode() in logs for s in secrets)
+
+
+def test_a_changed_object_is_stale(s3, sources, builds, image_model, tiny_model):
+    """An object rewritten after the build (same size, new version) stops the next run at the stale gate."""
+    _, remote = sources["folder"]
+    out = builds["outs"]["folder"][1]
+    listed = _client().list_objects_v2(Bucket=BUCKET, Prefix="folder/")["Contents"]
+    key = next(o["Key"] for o in listed if o["Key"].endswith(".txt"))
+    body = _client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    _client().put_object(Bucket=BUCKET, Key=key, Body=body.swapcase())
+    try:
+        copy = out.parent / "folder-stale"
+        shutil.copytree(out, copy)
+        ok, result = run_build(_config("folder", remote, copy, tiny_model, image_model))
+        assert not ok and "stale" in str(result).lower(), result
+    finally:
+        _client().put_object(Bucket=BUCKET, Key=key, Body=body)
+
+
+def test_a_vanished_object_is_its_samples_row(s3, sources):
+    """A media object deleted after the listing ends that sample's row (source_vanished), never the run."""
+    _, remote = sources["meta"]
+    source = open_source(remote)
+    shard = source.shards()[0]
+    refs = list(source.samples(shard))
+    key = f"meta/{refs[0].id}"
+    body = _client().get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    _client().delete_object(Bucket=BUCKET, Key=key)
+    try:
+        with pytest.raises(InputError) as caught:
+            refs[0].read_media()
+        assert caught.value.reason == "source_vanished", caught.value
+        assert refs[1].read_media()
+    finally:
+        _client().put_object(Bucket=BUCKET, Key=key, Body=body)
+
+
+def test_a_url_with_credentials_is_refused_and_never_echoed():
+    for values in (
+        {"source": f"vbvr:s3://{ACCESS_KEY}:{SECRET_KEY}@{BUCKET}/x"},
+        {"model": f"s3://k:{SECRET_KEY}@b/m"},
+    ):
+        with pytest.raises(ValidationError) as caught:
+            BuildConfig(**{"source": "vbvr:/data", "model": "/m", "out": "/o", **values})
+        assert "user:password@ is refused" in describe(caught.value) and SECRET_KEY not in describe(caught.value)
+
+
+def test_a_metadata_file_in_a_store_reads_only_below_its_folder(s3):
+    """Rows of a metadata file in S3 with ``..``, an absolute path or a URL of their own are not read."""
+    rows = [
+        {"video": "media/astronaut.png", "caption": "inside", "audio": "../outside.wav"},
+        {"video": "/etc/passwd.mp4", "caption": "absolute"},
+        {"video": "../meta/media/astronaut.png", "caption": "up and back"},
+    ]
+    body = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    _client().put_object(Bucket=BUCKET, Key="meta/hostile.jsonl", Body=body)
+    source = open_source(f"meta:s3://{BUCKET}/meta/hostile.jsonl")
+    refs = [ref for shard in source.shards() for ref in source.samples(shard)]
+    assert [ref.problem.kind.value if ref.problem else None for ref in refs] == [
+        "outside_source",
+        "outside_source",
+        "bad_layout",
+    ]
