@@ -41,8 +41,8 @@ from infra.gates.conflicts import keep_old_cache_json
 from infra.gates.decision import Decision
 from infra.ops import preempt
 from infra.plan import BuildPlan
-from infra.preprocess.sanity import SanityReport
-from infra.preprocess.summary import BuildSummary, summarize
+from infra.preprocess.build_summary import BuildSummary, summarize
+from infra.preprocess.one_sample import SanityReport
 from infra.preprocess.unvisited import record_plan
 from infra.storage import remove_stale_temps
 from tasks.plan import plan_build

@@ -97,7 +97,7 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
         typer.echo(json.dumps(result["dry_run"], indent=2))
         typer.echo(f"out         {config.out}: {result['out_state']} (verify-existing)")
         return
-    from infra.preprocess.summary import BuildSummary  # noqa: PLC0415 - heavy: torch, Prefect
+    from infra.preprocess.build_summary import BuildSummary  # noqa: PLC0415 - heavy: torch, Prefect
 
     typer.echo(result["sanity_text"] + "\n")
     summary = {k: v for k, v in result.items() if k in BuildSummary.model_fields}

@@ -28,7 +28,7 @@ from infra.audit.run_report import latest_run_report
 from infra.cache import ledger, listing
 from infra.faults import ENV, FAIL_ENV, HOLD_ENV, LOG_ENV
 from infra.plan import make_plan, recorded_plan
-from infra.preprocess.sanity import IN_PROGRESS, prepare_sanity_dir, sanity_dir
+from infra.preprocess.one_sample import IN_PROGRESS, prepare_sanity_dir, sanity_dir
 from infra.publish.manifest import gate_problems
 from infra.sources import ShardReadError, open_source
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample

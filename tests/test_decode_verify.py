@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.run import run_build
-from infra import reports
+from infra import report_files as reports
 from infra.audit.decode_verify import (
     ARTIFACT_BYTES,
     DecodedSample,

@@ -34,7 +34,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("bounds",),  # the sanity bounds of every setting: only infra.errors
     ("config", "outdir"),  # the settings: only pydantic, yaml and infra.errors; the door to OUT: only infra.errors
     ("storage", "registry", "recipes", "devices", "media", "procs", "job"),
-    ("reports", "sources", "models"),
+    ("report_files", "sources", "models"),
     ("cache",),
     ("ops", "formats"),
     ("plan",),
