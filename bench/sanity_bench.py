@@ -10,7 +10,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.config import BuildConfig
 from infra.demo.data import make_demo_data
 from infra.demo.tiny import make_tiny_wan22

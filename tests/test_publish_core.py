@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.config import UploadConfig
 from infra.publish.base import RemoteFile, parse_target
 from infra.publish.check import check_remote

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import infra.report_files
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.reconcile import ReconcileReport, reconcile, write_reconcile_report
 from infra.audit.run_report import ReportError, RunReport, latest_run_report, run_report, write_run_report
 from infra.cache import ledger

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.demo.testmedia import real_t5_tokenizer_dir
 from infra.errors import ModelLoadError
 from infra.formats.pt import PtFormat

@@ -20,7 +20,7 @@ from prefect.settings import PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_DATAB
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.run_report import run_report_paths
 from infra.cache import ledger
 from infra.preprocess.one_sample import MARKER, sanity_dir
