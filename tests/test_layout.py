@@ -370,6 +370,12 @@ def prefect_tasks_in(text: str) -> list[int]:
     return sorted(lines)
 
 
+def defines_a_task(text: str) -> bool:
+    """Whether a module's `text` defines a ``@task``."""
+    functions = [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return any(_is_task(d) for n in functions for d in n.decorator_list)
+
+
 InfraNames = tuple[dict[str, tuple[str, str]], dict[str, str]]
 
 
@@ -443,6 +449,10 @@ def test_every_prefect_task_lives_in_tasks():
         for line in prefect_tasks_in(MODULES[name].read_text())
     ]
     assert found == [], "Prefect tasks outside tasks/:\n" + "\n".join(found)
+    taskless = [
+        n for n in MODULES if _unit(n) == "tasks" and n != "tasks" and not defines_a_task(MODULES[n].read_text())
+    ]
+    assert taskless == [], f"modules of tasks/ that hold no task: {taskless}"
 
 
 def test_a_flow_calls_the_task_not_the_infra_function_it_wraps():
@@ -475,6 +485,7 @@ def test_the_task_checks_can_fail():
     wrapped = task_wrapped(tasks_text)
     assert wrapped == {("infra.audit.reconcile", "reconcile"), ("infra.plan", "make_plan")}
     assert prefect_tasks_in(tasks_text) == [1, 4]
+    assert defines_a_task(tasks_text) and not defines_a_task("from prefect import task\n")
     flow_text = (
         "import prefect\n"
         "from infra.plan import make_plan, make_spec\n"
