@@ -109,7 +109,7 @@ def tolerance(model: Path) -> list[str]:
 
     from infra.models import load_family  # noqa: PLC0415
     from infra.models.memory import LoadOptions  # noqa: PLC0415
-    from infra.preprocess.videos import encode_group  # noqa: PLC0415
+    from infra.preprocess.vae_calls import encode_group  # noqa: PLC0415
 
     frames, height, width = TOLERANCE_GEOMETRY
     gen = torch.Generator().manual_seed(0)

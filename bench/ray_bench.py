@@ -20,7 +20,7 @@ from typing import Any
 import ray
 
 import flows  # noqa: F401  (offline defaults before Prefect loads)
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.config import BuildConfig
 from infra.demo.data import make_demo_data

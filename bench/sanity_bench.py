@@ -10,12 +10,12 @@ import logging
 import tempfile
 from pathlib import Path
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.config import BuildConfig
 from infra.demo.data import make_demo_data
 from infra.demo.tiny import make_tiny_wan22
 from infra.plan import make_plan
-from infra.preprocess.sanity import run_sanity
+from infra.preprocess.one_sample import run_sanity
 
 GEOMETRY = {"frames": 33, "height": 96, "width": 160}
 

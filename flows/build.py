@@ -41,13 +41,13 @@ from infra.gates.conflicts import keep_old_cache_json
 from infra.gates.decision import Decision
 from infra.ops import preempt
 from infra.plan import BuildPlan
-from infra.preprocess.sanity import SanityReport
-from infra.preprocess.summary import BuildSummary, summarize
+from infra.preprocess.build_summary import BuildSummary, summarize
+from infra.preprocess.one_sample import SanityReport
 from infra.preprocess.unvisited import record_plan
 from infra.storage import remove_stale_temps
+from tasks.one_sample import disk_check, one_sample_sanity
 from tasks.plan import plan_build
 from tasks.preprocess import dry_run_sample
-from tasks.sanity import disk_check, one_sample_sanity
 from tasks.verify import verify_existing
 
 #: Upper bound on threads; config.workers (≤ this) is how many shards actually run at once.

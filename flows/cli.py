@@ -20,8 +20,9 @@ import typer
 
 import flows  # noqa: F401  (offline defaults before Prefect loads)
 from flows.cli_options import DEBUG_ENV, OneLineGroup, cli_errors, config_command, console_logging
-from flows.cli_publish import rerun, upload
+from flows.cli_rerun import rerun
 from flows.cli_server import app as server_app
+from flows.cli_upload import upload
 from flows.preflight import check_build, check_reuse
 from flows.selection import SELECTION, with_selection
 from flows.settings import resolve_config
@@ -91,14 +92,14 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     if not config.run.dry_run:
         check_not_locked(Path(config.out))  # refused at once, before any flow runs
     from flows.build import build_cache  # noqa: PLC0415 - heavy: torch, Prefect
-    from flows.run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
+    from flows.terminal_run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
 
     result = run_or_raise(build_cache, config=config)
     if config.run.dry_run:
         typer.echo(json.dumps(result["dry_run"], indent=2))
         typer.echo(f"out         {config.out}: {result['out_state']} (verify-existing)")
         return
-    from infra.preprocess.summary import BuildSummary  # noqa: PLC0415 - heavy: torch, Prefect
+    from infra.preprocess.build_summary import BuildSummary  # noqa: PLC0415 - heavy: torch, Prefect
 
     typer.echo(result["sanity_text"] + "\n")
     summary = {k: v for k, v in result.items() if k in BuildSummary.model_fields}
@@ -121,8 +122,8 @@ def sanity(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     config = config_from(config_file, flags)
     make_spec(config)
     check_build(config)
-    from flows.run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
-    from flows.sanity import sanity_check  # noqa: PLC0415
+    from flows.sanity import sanity_check  # noqa: PLC0415 - heavy: torch, Prefect
+    from flows.terminal_run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
 
     result = run_or_raise(sanity_check, config=config)
     typer.echo(result["sanity_text"])
@@ -232,7 +233,7 @@ def audio_check(out: OutArg, as_json: JsonOpt = False) -> None:
 @cli_errors
 def pending() -> None:
     """Paused runs waiting for a person, with their previews (needs a Prefect server)."""
-    from flows.runs import pending_runs  # noqa: PLC0415 - heavy: Prefect
+    from flows.paused_runs import pending_runs  # noqa: PLC0415 - heavy: Prefect
 
     runs = pending_runs()
     waiting = [run for run in runs if run.gone is None]
@@ -260,7 +261,7 @@ def approve(
     by: Annotated[str | None, Opt(help="who decides (default: your user name)")] = None,
 ) -> None:
     """Answer a paused run from any process; the server validates the choice (a bad one is refused)."""
-    from flows.runs import approve as resume  # noqa: PLC0415 - heavy: Prefect
+    from flows.paused_runs import approve as resume  # noqa: PLC0415 - heavy: Prefect
 
     typer.echo(f"resumed {resume(run_id, choice, note, by or getpass.getuser())} with {choice}")
 

@@ -19,9 +19,9 @@ from infra.config import BuildConfig
 from infra.errors import GateFailed
 from infra.gates.disk import DiskCheck
 from infra.gates.verify import VerifyReport
-from infra.preprocess.sanity import SanityReport
+from infra.preprocess.one_sample import SanityReport
+from tasks.one_sample import disk_check, one_sample_sanity
 from tasks.plan import plan_build
-from tasks.sanity import disk_check, one_sample_sanity
 from tasks.verify import verify_existing
 
 

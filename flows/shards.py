@@ -26,8 +26,8 @@ from infra.ops.progress import RunState
 from infra.outdir import UnsafePath
 from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess.chunks import PARTS_DIR, Chunk, plan_chunks
-from infra.preprocess.record import tally
-from infra.preprocess.result import ShardResult
+from infra.preprocess.record_row import tally
+from infra.preprocess.shard_result import ShardResult
 from infra.storage import remove_stale_temps
 from tasks.preprocess import merge_chunks, preprocess_shard
 

@@ -28,7 +28,7 @@ from infra.publish.base import LocalFile, OnSent, Remote, RemoteConflict, parse_
 from infra.publish.diff import UploadPlan
 from infra.publish.manifest import Manifest, build_manifest
 from infra.publish.remotes import layout_warnings, open_remote
-from infra.publish.step import RemoteCheckFailed, UploadRun, check_gates, refusal, standing_decision
+from infra.publish.upload_run import RemoteCheckFailed, UploadRun, check_gates, refusal, standing_decision
 from tasks.upload import list_and_plan, send, verify_remote
 
 logger = logging.getLogger(__name__)

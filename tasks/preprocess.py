@@ -15,9 +15,9 @@ from infra.outdir import UnsafePath
 from infra.plan import BuildPlan, ShardPlan
 from infra.preprocess.chunks import Chunk
 from infra.preprocess.chunks import merge as chunks_merge
-from infra.preprocess.result import ShardResult
-from infra.preprocess.sanity import dry_run
+from infra.preprocess.one_sample import dry_run
 from infra.preprocess.shard import process_shard
+from infra.preprocess.shard_result import ShardResult
 
 
 def _retry_unless_out_refuses(task: Any, task_run: Any, state: Any) -> bool:

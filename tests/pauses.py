@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.runs import PendingRun, pending_runs
+from flows.paused_runs import PendingRun, pending_runs
 
 
 def wait_pending(

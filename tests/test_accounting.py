@@ -22,13 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.reconcile import reconcile
 from infra.audit.run_report import latest_run_report
 from infra.cache import ledger, listing
 from infra.faults import ENV, FAIL_ENV, HOLD_ENV, LOG_ENV
 from infra.plan import make_plan, recorded_plan
-from infra.preprocess.sanity import IN_PROGRESS, prepare_sanity_dir, sanity_dir
+from infra.preprocess.one_sample import IN_PROGRESS, prepare_sanity_dir, sanity_dir
 from infra.publish.manifest import gate_problems
 from infra.sources import ShardReadError, open_source
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample

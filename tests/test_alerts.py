@@ -13,7 +13,7 @@ import pytest
 from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.config import AlertConfig
 from infra.ops.alerts import Alert, destinations, post_webhook
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes
@@ -25,7 +25,7 @@ LF = str(Path(sys.executable).with_name("latentforge"))
 
 FAILING_BUILD = """
 import sys
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.config import BuildConfig
 config = BuildConfig.model_validate_json(sys.argv[1])
 ok, result = run_build(config)

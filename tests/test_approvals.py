@@ -22,9 +22,9 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from typer.testing import CliRunner, Result
 
 from flows.cli import app
-from flows.run import run_build
-from flows.runs import approve as resume
-from flows.runs import pending_runs
+from flows.paused_runs import approve as resume
+from flows.paused_runs import pending_runs
+from flows.terminal_run import run_build
 from infra.audit.run_report import latest_run_report
 from infra.gates.conflicts import overwrite_token
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample, tree_hashes

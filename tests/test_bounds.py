@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.demo.tiny_image import make_tiny_image
 from infra.sources import open_source

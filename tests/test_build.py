@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 import infra.preprocess.prepare
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.demo.testmedia import real_t5_tokenizer_dir
 from infra.plan import make_plan

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 import infra.sources
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache.cachedir import read_cache_json
 from infra.cache.ledger import read_all
 from infra.publish.base import parse_target

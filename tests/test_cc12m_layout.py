@@ -16,7 +16,7 @@ import webdataset as wds
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.errors import ConfigError
 from infra.formats.stream import stream_samples
 from infra.plan import make_plan

@@ -16,8 +16,8 @@ from prefect.settings import PREFECT_API_URL
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
-from flows.runs import approve as resume
+from flows.paused_runs import approve as resume
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.formats import get_format
 from infra.sources import open_source

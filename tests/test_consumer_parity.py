@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.decode_verify import decode_and_verify
 from infra.audit.inspect import format_report, inspect_cache
 from infra.errors import ConfigError

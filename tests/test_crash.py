@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.cache.lock import LOCK_NAME, out_lock
 from infra.storage import TEMP_SUFFIX, atomic_write, remove_stale_temps

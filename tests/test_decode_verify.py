@@ -23,8 +23,8 @@ from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
-from infra import reports
+from flows.terminal_run import run_build
+from infra import report_files as reports
 from infra.audit.decode_verify import (
     ARTIFACT_BYTES,
     DecodedSample,

@@ -21,7 +21,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.decode_verify import decode_and_verify
 from infra.formats import get_format
 from infra.gates.verify import verify_out

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from bench.feed_family import FeedFamily, busy_fraction, make_model, read_intervals
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from tests.conftest import config, make_shards, sample
 from tests.media_utils import cut_clip

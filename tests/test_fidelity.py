@@ -17,7 +17,7 @@ import torch
 from diffusers import AutoencoderKLWan
 from transformers import AutoTokenizer, UMT5EncoderModel
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
 

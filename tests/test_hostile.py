@@ -24,7 +24,7 @@ import pytest
 from PIL import Image
 
 import infra.sources.vbvr
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.cache.ledger import LedgerRow
 from infra.config import BuildConfig

@@ -13,7 +13,7 @@ import webdataset
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.reconcile import reconcile
 from infra.config import BuildConfig
 from infra.formats.stream import stream_samples

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, T5EncoderModel
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.demo.tiny_image import FLUX_SHIFT, make_tiny_image
 from infra.errors import ConfigError, InputError

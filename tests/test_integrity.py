@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.reconcile import reconcile
 from infra.audit.run_report import latest_run_report
 from infra.cache import ledger

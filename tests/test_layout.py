@@ -34,7 +34,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("bounds",),  # the sanity bounds of every setting: only infra.errors
     ("config", "outdir", "fetch"),  # the settings; the door to OUT; a model by URL fetched: only infra.errors
     ("storage", "registry", "recipes", "devices", "media", "procs", "job"),
-    ("reports", "models"),
+    ("report_files", "models"),
     ("sources",),  # a metadata file's columns: the roles its mode reads, as the families declare them
     ("cache",),
     ("ops", "formats"),
@@ -339,6 +339,165 @@ def raw_config_reads() -> list[str]:
 
 def test_no_stage_below_the_plan_reads_the_raw_config():
     assert raw_config_reads() == []
+
+
+#: flows → tasks → infra: every Prefect task lives in tasks/, and a flow calls the task, never the infra function the
+#: task wraps (that would run the step with no task run, no retries). The flow modules that may, by (module, name),
+#: and why.
+TASK_BYPASSES_ALLOWED = {
+    ("flows.cli", "make_plan"): "`latentforge verify` and `reconcile` plan in-process: one step, no flow run",
+    ("flows.cli", "verify_plan"): "`latentforge verify`: the step in-process, no flow run (nothing is written)",
+    ("flows.cli", "reconcile"): "`latentforge reconcile`: the step in-process, no flow run",
+    ("flows.cli", "write_reconcile_report"): "`latentforge reconcile`: the step in-process, no flow run",
+    ("flows.cli", "decode_and_verify"): "`latentforge decode`: the step in-process, no flow run",
+    ("flows.cli", "audio_check"): "`latentforge audio-check`: the step in-process, no flow run",
+}
+
+
+def _is_task(decorator: ast.expr) -> bool:
+    return ast.unparse(decorator.func if isinstance(decorator, ast.Call) else decorator) in ("task", "prefect.task")
+
+
+def prefect_tasks_in(text: str) -> list[int]:
+    """The lines of a module's `text` that make a Prefect task: ``@task``, ``prefect.task``, `task` imported."""
+    lines = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and node.module in ("prefect", "prefect.tasks"):
+            lines |= {node.lineno for a in node.names if a.name == "task"}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines |= {d.lineno for d in node.decorator_list if _is_task(d)}
+        elif isinstance(node, ast.Attribute) and ast.unparse(node) == "prefect.task":
+            lines.add(node.lineno)
+    return sorted(lines)
+
+
+def defines_a_task(text: str) -> bool:
+    """Whether a module's `text` defines a ``@task``."""
+    functions = [n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return any(_is_task(d) for n in functions for d in n.decorator_list)
+
+
+InfraNames = tuple[dict[str, tuple[str, str]], dict[str, str]]
+
+
+def _infra_imports(tree: ast.Module) -> InfraNames:
+    """What a module imported from infra/: local name → (module, name) for a function or class; local name →
+    module for a module."""
+    names: dict[str, tuple[str, str]] = {}
+    modules: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "infra":
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if full in MODULES:
+                    modules[a.asname or a.name] = full
+                else:
+                    names[a.asname or a.name] = (node.module, a.name)
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname: a.name for a in node.names if a.asname and a.name.startswith("infra.")}
+    return names, modules
+
+
+def _infra_name(node: ast.expr, imported: InfraNames) -> set[tuple[str, str]]:
+    """The infra function `node` names (``f`` imported, or ``module.f``), as {(module, name)}; empty otherwise."""
+    names, modules = imported
+    if isinstance(node, ast.Name) and node.id in names:
+        return {names[node.id]}
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+        return {(modules[node.value.id], node.attr)}
+    return set()
+
+
+def task_wrapped(text: str) -> set[tuple[str, str]]:
+    """The infra functions the ``@task``s of a tasks module's `text` call: {(module, name)}."""
+    tree = ast.parse(text)
+    imported = _infra_imports(tree)
+    tasks = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(map(_is_task, node.decorator_list))
+    ]
+    return {
+        name
+        for task in tasks
+        for call in ast.walk(task)
+        if isinstance(call, ast.Call)
+        for name in _infra_name(call.func, imported)
+    }
+
+
+def task_bypasses(text: str, wrapped: set[tuple[str, str]]) -> list[tuple[str, int]]:
+    """Where a flow module's `text` imports or names an infra function in `wrapped`: (its name, line)."""
+    tree = ast.parse(text)
+    imported = _infra_imports(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found += [(a.name, node.lineno) for a in node.names if (node.module, a.name) in wrapped]
+        elif isinstance(node, ast.Attribute):
+            found += [(name, node.lineno) for _, name in _infra_name(node, imported) & wrapped]
+    return sorted(found)
+
+
+WRAPPED = {name for module in MODULES if _unit(module) == "tasks" for name in task_wrapped(MODULES[module].read_text())}
+
+
+def test_every_prefect_task_lives_in_tasks():
+    found = [
+        f"{MODULES[name].relative_to(ROOT)}:{line}"
+        for name in sorted(MODULES)
+        if _unit(name) != "tasks"
+        for line in prefect_tasks_in(MODULES[name].read_text())
+    ]
+    assert found == [], "Prefect tasks outside tasks/:\n" + "\n".join(found)
+    taskless = [
+        n for n in MODULES if _unit(n) == "tasks" and n != "tasks" and not defines_a_task(MODULES[n].read_text())
+    ]
+    assert taskless == [], f"modules of tasks/ that hold no task: {taskless}"
+
+
+def test_a_flow_calls_the_task_not_the_infra_function_it_wraps():
+    seen = {
+        (name, function, line)
+        for name in sorted(MODULES)
+        if _unit(name) == "flows"
+        for function, line in task_bypasses(MODULES[name].read_text(), WRAPPED)
+    }
+    found = [
+        f"{MODULES[m].relative_to(ROOT)}:{line} {f}"
+        for m, f, line in sorted(seen)
+        if (m, f) not in TASK_BYPASSES_ALLOWED
+    ]
+    assert found == [], "flows that call what a task wraps (call the task in tasks/):\n" + "\n".join(found)
+    assert set(TASK_BYPASSES_ALLOWED) == {(m, f) for m, f, _ in seen}, "an allowed bypass that is gone: drop it"
+
+
+def test_the_task_checks_can_fail():
+    tasks_text = (
+        "from prefect import task\n"
+        "from infra.audit import reconcile as counting\n"
+        "from infra.plan import make_plan, make_spec\n"
+        "@task(name='t')\n"
+        "def t(config):\n"
+        "    return counting.reconcile(make_plan(config))\n"
+        "def helper(config):\n"
+        "    return make_spec(config)\n"
+    )
+    wrapped = task_wrapped(tasks_text)
+    assert wrapped == {("infra.audit.reconcile", "reconcile"), ("infra.plan", "make_plan")}
+    assert prefect_tasks_in(tasks_text) == [1, 4]
+    assert defines_a_task(tasks_text) and not defines_a_task("from prefect import task\n")
+    flow_text = (
+        "import prefect\n"
+        "from infra.plan import make_plan, make_spec\n"
+        "from infra.audit import reconcile\n"
+        "@prefect.task\n"
+        "def f(config):\n"
+        "    return reconcile.reconcile(make_spec(config))\n"
+    )
+    assert task_bypasses(flow_text, wrapped) == [("make_plan", 2), ("reconcile", 6)]
+    assert prefect_tasks_in(flow_text) == [4]
+    assert ("infra.plan", "make_plan") in WRAPPED and ("infra.preprocess.shard", "process_shard") in WRAPPED
 
 
 @pytest.mark.parametrize("contract", [Source, Format, FamilySpec, Remote])

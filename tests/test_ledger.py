@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache.ledger import Journal, LedgerRow, journal_path, read_all, read_shard, seal, sealed_path
 from infra.errors import LedgerError
 from infra.gates.conflicts import overwrite_token

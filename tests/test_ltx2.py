@@ -19,7 +19,7 @@ import torch
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.audio_gate import audio_check
 from infra.audit.decode_verify import decode_and_verify
 from infra.audit.reconcile import reconcile

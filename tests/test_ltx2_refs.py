@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.reconcile import reconcile
 from infra.cache import ledger
 from infra.demo.testmedia import real_clip

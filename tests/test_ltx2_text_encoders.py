@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.config import CacheSpec
 from infra.demo.tiny_ltx2 import make_tiny_ltx2
 from infra.errors import ConfigError

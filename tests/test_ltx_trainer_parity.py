@@ -21,7 +21,7 @@ from torch.utils.data import default_collate
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.demo.testmedia import real_clip
 from tests.conftest import config

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.decode_verify import decode_and_verify
 from infra.cache import ledger
 from infra.config import UploadConfig

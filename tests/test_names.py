@@ -20,7 +20,7 @@ import torch
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.plan import make_plan
 from infra.sources import is_safe_name

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.devices import STANDIN_ENV, DeviceSlots, placement, visible_accelerators
 from infra.errors import ConfigError
 from infra.ops.runners import remote_options

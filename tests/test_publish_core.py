@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.config import UploadConfig
 from infra.publish.base import RemoteFile, parse_target
 from infra.publish.check import check_remote
 from infra.publish.diff import plan_upload
 from infra.publish.manifest import build_manifest, gate_problems
-from infra.reports import write_new
+from infra.report_files import write_new
 from tests.conftest import config, make_shards, sample
 from tests.media_utils import cut_clip
 

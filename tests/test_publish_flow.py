@@ -21,7 +21,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from tests import s3_server
 from tests.conftest import config, make_shards, sample
 from tests.media_utils import cut_clip

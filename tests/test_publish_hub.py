@@ -20,7 +20,7 @@ from huggingface_hub import HfApi
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.config import UploadConfig
 from infra.publish.base import (
     LocalFile,

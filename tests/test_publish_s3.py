@@ -25,7 +25,7 @@ from botocore.exceptions import ClientError
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.config import UploadConfig
 from infra.publish.base import LocalFile, PublishError, RemoteConflict, RemoteFile, Target, parse_target, same_content
 from infra.publish.s3 import S3Remote, make_s3_remote

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.config import BuildConfig
 from infra.faults import KILL_FILE_ENV

@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.inspect import inspect_cache
 from infra.config import BuildConfig, CacheSpec
 from infra.formats import get_format

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
-import infra.reports
-from flows.run import run_build
+import infra.report_files
+from flows.terminal_run import run_build
 from infra.audit.reconcile import ReconcileReport, reconcile, write_reconcile_report
 from infra.audit.run_report import ReportError, RunReport, latest_run_report, run_report, write_run_report
 from infra.cache import ledger
@@ -192,7 +192,7 @@ def test_report_files_are_never_overwritten(tmp_path, tiny_model, good, monkeypa
     src = make_shards(tmp_path / "src", {"part": [sample(0, 0, good, b"a")]})
     out = tmp_path / "out"
     report = reconcile(make_plan(_config(src, tiny_model, out)))  # nothing built: one sample not processed
-    monkeypatch.setattr(infra.reports, "utc_stamp", lambda now=None: "20250101T000000Z")
+    monkeypatch.setattr(infra.report_files, "utc_stamp", lambda now=None: "20250101T000000Z")
     first = write_reconcile_report(out, report)
     before = [p.read_bytes() for p in first]
     second = write_reconcile_report(out, report)
@@ -236,7 +236,7 @@ def test_run_reports_one_per_run_and_the_newest_wins(tmp_path, monkeypatch):
     paths = [write_run_report(out, _report(n)) for n in range(2)]  # the same second, most likely
     assert len(set(paths)) == 2 and latest_run_report(out).flow_run_id == "1"
 
-    monkeypatch.setattr(infra.reports, "utc_stamp", lambda now=None: "29991231T235959Z")
+    monkeypatch.setattr(infra.report_files, "utc_stamp", lambda now=None: "29991231T235959Z")
     same_second = [write_run_report(out, _report(n)) for n in range(2, 13)]
     assert [p.name for p in same_second[:3]] == [
         "run-29991231T235959Z.json",

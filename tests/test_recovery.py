@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.cache.cachedir import overwrite_in_progress
 from infra.errors import EXIT_PREEMPTED

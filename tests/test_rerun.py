@@ -8,7 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.formats import get_format
 from infra.plan import parse_only

@@ -10,14 +10,14 @@ import time
 import pytest
 import torch
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.demo.testmedia import real_t5_tokenizer_dir
 from infra.errors import ModelLoadError
 from infra.formats.pt import PtFormat
 from infra.gates.disk import check_disk
 from infra.plan import make_plan
-from infra.preprocess.sanity import MARKER, SanityDirError, peak_memory, run_sanity, sanity_dir
-from infra.reports import human_bytes
+from infra.preprocess.one_sample import MARKER, SanityDirError, peak_memory, run_sanity, sanity_dir
+from infra.report_files import human_bytes
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
 
@@ -183,7 +183,7 @@ def test_the_builds_sanity_takes_the_first_sample_it_would_encode(tmp_path, tiny
     def no_model(plan):
         raise AssertionError("a finished cache's sanity loads no model")
 
-    monkeypatch.setattr("infra.preprocess.sanity.load_encoder", no_model)
+    monkeypatch.setattr("infra.preprocess.one_sample.load_encoder", no_model)
     finished = run_sanity(plan, pending_only=True)
     assert finished.ok and finished.nothing_to_encode and finished.sample_id is None
     assert "none to encode: all 6 planned samples are done" in finished.text()

@@ -20,10 +20,10 @@ from prefect.settings import PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_DATAB
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.run_report import run_report_paths
 from infra.cache import ledger
-from infra.preprocess.sanity import MARKER, sanity_dir
+from infra.preprocess.one_sample import MARKER, sanity_dir
 from tests import s3_server
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.faults import ENV, LOG_ENV
 from infra.storage import TEMP_SUFFIX
 from tests import shard_child

@@ -21,7 +21,7 @@ import webdataset
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.decode_verify import decode_and_verify
 from infra.audit.inspect import format_report, inspect_cache
 from infra.audit.reconcile import reconcile

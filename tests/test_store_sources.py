@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.cli_options import describe
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra import fetch
 from infra.config import BuildConfig
 from infra.errors import InputError

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import webdataset
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.formats.stream import stream_samples
 from tests.conftest import config, make_shards, sample
 from tests.media_utils import cut_clip

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.decode_verify import decode_and_verify
 from infra.cache import ledger
 from infra.config import CacheSpec

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.config import CacheSpec
 from infra.errors import ConfigError

@@ -22,7 +22,7 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.config import CacheSpec
 from infra.demo.tiny_image import make_tiny_image
 from infra.errors import ConfigError

@@ -29,7 +29,7 @@ from prefect.input import read_flow_run_input
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.approval import ConflictAnswer, LossAnswer, ReplaceAnswer, StaleAnswer
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.run_report import latest_run_report
 from infra.cache import ledger
 from tests.browser import (

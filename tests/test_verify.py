@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.cache.lock import LOCK_NAME
 from infra.config import CacheSpec

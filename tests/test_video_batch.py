@@ -16,7 +16,7 @@ from infra.config import ADDED_LATER, FINGERPRINT_NAMES, CacheSpec, fingerprint_
 from infra.models import load_family
 from infra.plan import make_plan
 from infra.preprocess.shard import process_shard
-from infra.preprocess.videos import encode_group
+from infra.preprocess.vae_calls import encode_group
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip, faststart
 

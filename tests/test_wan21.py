@@ -18,7 +18,7 @@ from transformers import CLIPVisionModel
 from typer.testing import CliRunner
 
 from flows.cli import app
-from flows.run import run_build
+from flows.terminal_run import run_build
 from infra.audit.decode_verify import decode_and_verify
 from infra.demo.tiny_wan21 import make_tiny_wan21
 from infra.models import resolve_family

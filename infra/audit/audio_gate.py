@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from infra import reports
+from infra import report_files as reports
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
 from infra.config import CacheSpec

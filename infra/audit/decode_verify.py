@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from PIL import Image
 
-from infra import heap, outdir, reports
+from infra import heap, outdir
+from infra import report_files as reports
 from infra.audit.compare import compare
 from infra.audit.stems import sample_stem
 from infra.cache import ledger

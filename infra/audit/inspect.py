@@ -21,7 +21,7 @@ from infra.formats.shards import ShardFormat, shard_summary
 from infra.media.buckets import Bucket
 from infra.outdir import UnsafePath
 from infra.plan import spec_settings
-from infra.preprocess.summary import geometry_lines
+from infra.preprocess.build_summary import geometry_lines
 from infra.sources.names import group_name
 
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra import outdir, reports
-from infra.audit.counts import GoneSample, GroupCounts, MissingSample, ReconcileReport, TruncatedPrompt
+from infra import outdir
+from infra import report_files as reports
+from infra.audit.reconcile_report import GoneSample, GroupCounts, MissingSample, ReconcileReport, TruncatedPrompt
 from infra.cache import ledger, listing
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow, windows_by_clip
 from infra.errors import LedgerError

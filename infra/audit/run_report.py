@@ -21,7 +21,7 @@ from infra import outdir
 from infra.errors import LatentforgeError
 from infra.gates.decision import Decision
 from infra.plan import BuildPlan
-from infra.reports import REPORTS_DIR, report_order, to_json_bytes, write_new
+from infra.report_files import REPORTS_DIR, report_order, to_json_bytes, write_new
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from infra.cache.ledger import LEDGER_DIR
 from infra.cache.listing import PLAN_PATHS
 from infra.formats.shards import META_JSON
 from infra.gates.conflicts import KEPT_SPEC
-from infra.reports import REPORTS_DIR, UNPUBLISHED_REPORTS, written_here
+from infra.report_files import REPORTS_DIR, UNPUBLISHED_REPORTS, written_here
 from infra.storage import TEMP_SUFFIX
 
 logger = logging.getLogger(__name__)

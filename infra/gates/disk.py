@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import DiskFull, OutWriteError
-from infra.reports import human_bytes
+from infra.report_files import human_bytes
 
 DISK_MARGIN_PERCENT = 5  # on top of the bytes still to write
 

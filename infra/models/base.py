@@ -169,7 +169,7 @@ class LoadedFamily(ABC):
         """Several clips of one shape, each (1,3,F,H,W) → their latents, in order. This default loops over
         `encode_video` (bit for bit what each gives alone); a family whose VAE takes a batch overrides it with one
         call: then each row equals its batch-one result within the dtype's tolerance, not bit for bit (a kernel's
-        blocking depends on the batch size; `infra.preprocess.videos` keeps the batch size fixed)."""
+        blocking depends on the batch size; `infra.preprocess.vae_calls` keeps the batch size fixed)."""
         return [self.encode_video(p) for p in pixels]
 
     def set_vae_memory(self, *, tiling: bool, slicing: bool) -> None:

@@ -7,7 +7,7 @@ the process ends at once instead: the sample in flight is abandoned (its temp fi
 ledger is sealed from its journal, the writer lock's record is cleared, the ephemeral Prefect server stopped,
 and the same line printed, with the same exit code. Either way a rerun resumes from the sealed ledgers.
 
-Handlers are installed by the terminal front (`flows.run.run_flow`), in the main thread; Prefect's flow engine
+Handlers are installed by the terminal front (`flows.terminal_run.run_flow`), in the main thread; Prefect's flow engine
 puts its own SIGTERM handler in place while a flow runs, so the flow takes ours back (`reclaim`) first thing.
 """
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from infra import outdir
 from infra.cache import ledger
 from infra.plan import ShardPlan
-from infra.preprocess.result import ShardResult
+from infra.preprocess.shard_result import ShardResult
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from infra.models import LoadedFamily, load_family, memory
 from infra.models.base import ROLE_MEDIA, ROLES, TextEmbedding, TextSettings
 from infra.models.memory import LoadOptions
 from infra.plan import BuildPlan
-from infra.preprocess import videos
+from infra.preprocess import vae_calls as videos
 from infra.preprocess.prepare import PreparedSample, prepare
 from infra.preprocess.read import read
 from infra.preprocess.state import RunState, ShardState

@@ -4,7 +4,7 @@ process``, processes: `infra.preprocess.decoders`).
 
 The shard loop iterates a `Prefetcher` instead of the source's samples; it yields the same refs in the same order.
 The shard's state (`infra.preprocess.state.ShardState`) carries it to the stages that batch with what it has read
-or prepared ahead (`upcoming`: `infra.preprocess.texts`; `prepared_ahead`: `infra.preprocess.batching`).
+or prepared ahead (`upcoming`: `infra.preprocess.texts`; `prepared_ahead`: `infra.preprocess.shape_batches`).
 Reading a sample's bytes (prompt, video) happens on the loop's own thread, as the source's readers expect (a tar is
 one file position); only decoding and resizing run on the decoders. The shard loop takes what was prepared for its ref
 (`take`), or reads and prepares it itself when nothing was (a sample kept from the ledger is never read ahead). What
@@ -136,7 +136,7 @@ class Prefetcher:
 
     def prepared_ahead(self) -> Iterator[PreparedSample]:
         """The samples prepared ahead, in order, each as its decode finishes (waited for as it is asked for): what
-        `infra.preprocess.batching` batches by shape. A sample whose reading or decoding failed is left out (its
+        `infra.preprocess.shape_batches` batches by shape. A sample whose reading or decoding failed is left out (its
         error comes at its turn, from `take`)."""
         for entry in list(self._queue):
             if not isinstance(entry, _Entry):

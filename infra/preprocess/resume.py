@@ -16,7 +16,7 @@ from infra.formats import get_format
 from infra.gates.stale import kept, refreshed, source_state
 from infra.outdir import OutFile
 from infra.plan import BuildPlan
-from infra.preprocess.result import ShardResult
+from infra.preprocess.shard_result import ShardResult
 from infra.preprocess.write import WrittenFiles
 from infra.sources import SampleRef
 

@@ -31,15 +31,16 @@ from infra.models import LoadedFamily
 from infra.ops import preempt
 from infra.outdir import UnsafePath
 from infra.plan import BuildPlan, ShardPlan, parse_only
-from infra.preprocess import phases, record, resume, write
-from infra.preprocess.batching import ShapeBatches
+from infra.preprocess import phases, resume, write
+from infra.preprocess import record_row as record
 from infra.preprocess.chunks import Chunk
 from infra.preprocess.encode import encode, load_encoder, shard_state
 from infra.preprocess.inflight import KILLED_RUN, InFlight
 from infra.preprocess.prefetch import read_ahead
 from infra.preprocess.prepare import PreparedSample, prepare
 from infra.preprocess.read import read
-from infra.preprocess.result import ShardResult
+from infra.preprocess.shape_batches import ShapeBatches
+from infra.preprocess.shard_result import ShardResult
 from infra.preprocess.state import RunState, ShardState
 from infra.preprocess.timing import stage_timing
 from infra.preprocess.unvisited import unvisited_rows

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infra.ops.progress import RunState
-from infra.preprocess.batching import ShapeBatches
 from infra.preprocess.prefetch import Prefetcher
+from infra.preprocess.shape_batches import ShapeBatches
 from infra.preprocess.texts import TextCache
-from infra.preprocess.videos import VideoStats
+from infra.preprocess.vae_calls import VideoStats
 
 __all__ = ["RunState", "ShardState"]
 
@@ -29,7 +29,7 @@ class ShardState:
     texts: TextCache
     vae: VideoStats = field(default_factory=VideoStats)
     ahead: Prefetcher | None = None
-    #: The video batches made of what `ahead` prepared (`infra.preprocess.batching`); None without a read-ahead.
+    #: The video batches made of what `ahead` prepared (`infra.preprocess.shape_batches`); None without a read-ahead.
     batches: ShapeBatches | None = None
     #: Notes a sample's trip starting before its bytes are read now, nothing else in flight (the journal's mark:
     #: `infra.preprocess.inflight`); None: not noted (the sanity, a dry run).

@@ -31,7 +31,7 @@ from infra.gates.cachefiles import cache_files
 from infra.media.video import RESIZE_POLICIES
 from infra.publish.base import LocalFile, Target
 from infra.publish.card_store import card_store, loading_code
-from infra.reports import REPORTS_DIR, human_bytes
+from infra.report_files import REPORTS_DIR, human_bytes
 from infra.sources import SourceError
 from infra.sources.names import group_name, sample_name
 

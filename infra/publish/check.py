@@ -9,7 +9,7 @@ from typing import Any
 from infra.publish.base import RemoteFile, same_content
 from infra.publish.diff import foreign
 from infra.publish.manifest import Manifest
-from infra.reports import Section, render_markdown, render_text
+from infra.report_files import Section, render_markdown, render_text
 
 
 @dataclass

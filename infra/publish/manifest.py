@@ -30,7 +30,7 @@ from infra.gates.cachefiles import CacheFiles, cache_files
 from infra.outdir import OutFile
 from infra.publish.base import ROLE_ORDER, LocalFile, PublishError, Role, Target
 from infra.publish.card import card_file
-from infra.reports import REPORTS_DIR
+from infra.report_files import REPORTS_DIR
 
 logger = logging.getLogger(__name__)
 

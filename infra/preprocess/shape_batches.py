@@ -3,7 +3,7 @@
 The read-ahead (`infra.preprocess.prefetch.Prefetcher`) only reads and prepares samples ahead and says what it has
 prepared (`Prefetcher.prepared_ahead`); this stage picks from that the samples whose pixels have the current
 sample's shape (`ready`), and keeps the latents (or the encode error) of those encoded with it until their turn
-(`hold` / `release`: `infra.preprocess.videos`). What it holds is dropped with the shard task (or `close`).
+(`hold` / `release`: `infra.preprocess.vae_calls`). What it holds is dropped with the shard task (or `close`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Video batching (``--video-batch N``): the current sample's pixels encoded in one VAE call with up to N - 1 of the
 samples the shard's prefetcher has already prepared, those of the same shape only (one bucket, one geometry:
-`infra.preprocess.batching`).
+`infra.preprocess.shape_batches`).
 
 Each sample still goes through the shard loop, its ledger row and its write one at a time, as without batching:
 the latents of the others wait in the shard's batches (`ShapeBatches.hold`) until their turn, and a stop or a
@@ -25,10 +25,10 @@ import torch
 
 from infra.models import LoadedFamily
 from infra.plan import BuildPlan
-from infra.preprocess.batching import ShapeBatches
 from infra.preprocess.prepare import PreparedSample
+from infra.preprocess.shape_batches import ShapeBatches
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("infra.preprocess.videos")  # its name before the rename: the same log lines
 
 Result = torch.Tensor | Exception
 

@@ -14,7 +14,7 @@ from typing import Any
 from infra.cache.ledger import LedgerRow
 from infra.plan import BuildPlan
 from infra.preprocess.encode import Encoded
-from infra.preprocess.result import ShardResult
+from infra.preprocess.shard_result import ShardResult
 from infra.preprocess.write import WrittenFiles
 from infra.sources import SampleRef
 

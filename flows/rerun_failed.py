@@ -20,7 +20,7 @@ from infra.cache import ledger
 from infra.config import BuildConfig
 from infra.errors import ConfigError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("flows.rerun")  # its name before the rename: the same log lines
 
 
 @dataclass(frozen=True)

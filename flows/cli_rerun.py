@@ -1,20 +1,15 @@
-"""`latentforge upload` and `latentforge rerun`: registered on the main app in flows/cli.py.
-
-`upload`'s options are UploadConfig's fields (the ``upload:`` section of a config file), flags on top.
-"""
+"""`latentforge rerun RUN_ID --failed-only`: registered on the main app in flows/cli.py (the rerun itself:
+`flows.rerun_failed`)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from flows.cli_options import cli_errors, config_command
-from flows.preflight import check_cache
-from flows.settings import check_upload
-from infra.config import BuildConfig, UploadConfig, load_config_file
+from flows.cli_options import cli_errors
+from infra.config import BuildConfig
 from infra.errors import ConfigError, RunFailed
 
 Opt = typer.Option
@@ -22,45 +17,6 @@ Opt = typer.Option
 OnLoss = BuildConfig.settings()["on_loss"].annotation
 OnConflict = BuildConfig.settings()["on_conflict"].annotation
 OnStale = BuildConfig.settings()["on_stale"].annotation
-
-
-@config_command(UploadConfig.model_fields)
-def upload(
-    out: Annotated[Path, typer.Argument(help="cache root")],
-    verify_only: Annotated[
-        bool, Opt("--verify-only", help="send nothing; check the remote against the ledger")
-    ] = False,
-    approval_timeout: Annotated[int, Opt(help="seconds a replace approval waits; then abort")] = 86400,
-    *,
-    config_file: Path | None,
-    flags: dict[str, Any],
-) -> None:
-    """Publish a finished cache (after its gates passed), resumably; verify the remote against the ledger.
-
-    Settings come from the config file's ``upload:`` section, flags on top. Exit 0 when the remote holds
-    exactly the cache, 1 when a gate, a conflict or the check failed."""
-    section = (load_config_file(config_file) if config_file else {}).get("upload") or {}
-    if not isinstance(section, dict):
-        raise ConfigError(f"{config_file}: `upload` is a section of keys, not {section!r}")
-    config = check_upload(UploadConfig.model_validate({**section, **flags}))
-    check_cache(out)  # a mistake is one line, exit 2, before any flow starts
-    from flows.run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
-    from flows.upload import upload_cache  # noqa: PLC0415
-
-    result = run_or_raise(
-        upload_cache, out=str(out), upload=config, verify_only=verify_only, approval_timeout=approval_timeout
-    )
-    counts, sent = result.get("counts"), result.get("sent")
-    if counts:
-        typer.echo(
-            f"{config.to}: sent {counts['sent']} new, updated {counts['updated']}, replaced {counts['replaced']}, "
-            f"unchanged {counts['unchanged']}"
-        )
-    if sent:
-        typer.echo(f"  {sent['files']} files, {sent['bytes']} bytes in {sent['seconds']} s ({sent['mib_per_s']} MiB/s)")
-    check = result.get("check") or {}
-    typer.echo(f"remote verified: {check.get('verified')} of {check.get('expected')} files")
-    typer.echo(f"upload report  {result['upload_report']}")
 
 
 @cli_errors
@@ -84,8 +40,8 @@ def rerun(
         )
     from prefect.exceptions import ObjectNotFound  # noqa: PLC0415 - heavy: Prefect
 
-    from flows.rerun import plan_rerun, start_deployment_rerun  # noqa: PLC0415 - heavy: torch, Prefect
-    from flows.runs import resolve_run_id  # noqa: PLC0415 - heavy: Prefect
+    from flows.paused_runs import resolve_run_id  # noqa: PLC0415 - heavy: Prefect
+    from flows.rerun_failed import plan_rerun, start_deployment_rerun  # noqa: PLC0415 - heavy: torch, Prefect
 
     gates = {k: v for k, v in {"on_loss": on_loss, "on_conflict": on_conflict, "on_stale": on_stale}.items() if v}
     try:
@@ -108,7 +64,7 @@ def rerun(
     if rerun.deployment_id:
         typer.echo(f"started {start_deployment_rerun(rerun)} on deployment {rerun.deployment_id}")
         return
-    from flows.run import run_build  # noqa: PLC0415 - heavy: torch, Prefect
+    from flows.terminal_run import run_build  # noqa: PLC0415 - heavy: torch, Prefect
 
     ok, result = run_build(rerun.config)
     if not ok:

@@ -17,7 +17,7 @@ from infra.errors import LatentforgeError, RunFailed
 from infra.ops import ephemeral, preempt
 from infra.ops.alerts import WEBHOOK_ENV
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("flows.run")  # its name before the rename: the same log lines
 
 
 def run_flow(flow: Flow, **parameters: Any) -> tuple[bool, Any]:

@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from infra.gates.disk import DiskCheck, check_disk
 from infra.plan import BuildPlan
-from infra.preprocess.sanity import SanityReport, run_sanity
+from infra.preprocess.one_sample import SanityReport, run_sanity
 
 
 @task(name="one-sample-sanity", cache_policy=NO_CACHE)

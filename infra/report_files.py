@@ -25,7 +25,7 @@ from PIL import Image
 from infra import outdir
 from infra.storage import atomic_write
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("infra.reports")  # its name before the rename: the same log lines
 
 REPORTS_DIR = "reports"
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"

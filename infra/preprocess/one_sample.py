@@ -35,12 +35,12 @@ from infra.plan import BuildPlan, parse_only
 from infra.preprocess.encode import encode_sample, load_encoder
 from infra.preprocess.inflight import InFlight
 from infra.preprocess.resume import reusable, selected
-from infra.reports import human_bytes
+from infra.report_files import human_bytes
 from infra.sources import SampleRef, ShardReadError, open_source
 from infra.sources.names import sample_name
 from infra.storage import Written, atomic_write
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("infra.preprocess.sanity")  # its name before the rename: the same log lines
 
 T = TypeVar("T")
 

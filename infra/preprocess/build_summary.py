@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from infra.preprocess.result import ShardResult
+from infra.preprocess.shard_result import ShardResult
 
 
 def geometry_lines(geometries: list[dict[str, Any]], *, indent: str) -> list[str]:

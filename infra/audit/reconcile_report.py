@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infra import reports
+from infra import report_files as reports
 from infra.sources.names import group_name, sample_name
 
 

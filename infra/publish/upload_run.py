@@ -17,7 +17,7 @@ from infra.publish.check import RemoteCheck
 from infra.publish.core import SendStats
 from infra.publish.diff import UploadPlan
 from infra.publish.manifest import Manifest, gate_problems
-from infra.reports import REPORTS_DIR, to_json_bytes, write_new
+from infra.report_files import REPORTS_DIR, to_json_bytes, write_new
 
 UPLOAD_PREFIX = "upload"
 
