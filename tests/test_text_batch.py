@@ -84,3 +84,40 @@ def test_the_text_cache_is_bounded_in_bytes(tiny_model) -> None:
     assert [b[0] for b in counting.batches] == ["a", "b", "c", "a"]
     cache.embedding(counting, "c", settings)
     assert len(counting.batches) == 4
+
+
+def test_umt5_beside_another_thread_tokenizing_gives_each_prompt_its_padded_rows(tiny_model) -> None:
+    """Shard threads share one loaded family (``--text-offload`` with 2 workers encodes two shards' prompts at once):
+    a fast tokenizer's padding and truncation are state of its one backend, so a call that does not hold
+    `TOKENIZER_LOCK` can tokenize with another thread's settings (no padding: a [seq_len, D] text, as a build wrote).
+    Another thread tokenizes without padding, under the lock as every tokenizer call of the families does; every
+    embedding keeps its max_length rows and equals the prompt's alone."""
+    import sys  # noqa: PLC0415 - this test's only
+    import threading  # noqa: PLC0415 - this test's only
+
+    from infra.models.base import TOKENIZER_LOCK  # noqa: PLC0415 - this test's only
+
+    encoder = load_family(tiny_model, "wan22", CPU, torch.float32)
+    settings = TextSettings(MAX_LENGTH, "zeros")
+    alone = {p: encoder.encode_text(p, settings) for p in PROMPTS}
+    done = threading.Event()
+
+    def other() -> None:  # the untruncated count's call: no padding, no truncation
+        while not done.is_set():
+            with TOKENIZER_LOCK:
+                encoder.tokenizer(["two cats"], add_special_tokens=True, truncation=False)
+
+    thread, interval = threading.Thread(target=other), sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes: the race shows within the test
+    bad: list[tuple[str, tuple[int, ...]]] = []
+    try:
+        thread.start()
+        for _ in range(100):
+            for prompt, got in zip(PROMPTS, encoder.encode_texts(list(PROMPTS), settings), strict=True):
+                if not torch.equal(got.embeds, alone[prompt].embeds):
+                    bad.append((prompt[:20], tuple(got.embeds.shape)))
+    finally:
+        done.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert not bad, f"{len(bad)} embeddings differ from the prompt's alone, e.g. {bad[:3]}"

@@ -20,7 +20,15 @@ from typing import Any, ClassVar
 import torch
 
 from infra.errors import ConfigError
-from infra.models.base import FamilySpec, GeometryRules, LoadedFamily, TextEmbedding, TextSettings, read_json
+from infra.models.base import (
+    TOKENIZER_LOCK,
+    FamilySpec,
+    GeometryRules,
+    LoadedFamily,
+    TextEmbedding,
+    TextSettings,
+    read_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -161,12 +169,13 @@ class ImageEncoder(LoadedFamily):
     def encode_text(self, prompt: str, settings: TextSettings) -> TextEmbedding:
         if self.text_encoder is None or self.tokenizer is None:
             raise ConfigError("this image model has no text encoder: captions are stored as text only")
-        tokens = self.tokenizer(
-            [prompt], padding="max_length", max_length=settings.max_length, truncation=True, return_tensors="pt"
-        )
+        with TOKENIZER_LOCK:
+            tokens = self.tokenizer(
+                [prompt], padding="max_length", max_length=settings.max_length, truncation=True, return_tensors="pt"
+            )
+            total = len(self.tokenizer(prompt, truncation=False).input_ids)
         mask = tokens.attention_mask
         seq_len = int(mask.gt(0).sum())
-        total = len(self.tokenizer(prompt, truncation=False).input_ids)
         with self._lock:
             out = self.text_encoder(tokens.input_ids.to(self.device), attention_mask=mask.to(self.device))
         embeds = out.last_hidden_state[0].float().cpu()

@@ -29,6 +29,7 @@ from infra.errors import ConfigError
 from infra.media.audio import trainer_audio
 from infra.models import ltx2_modes
 from infra.models.base import (
+    TOKENIZER_LOCK,
     AudioEmbedding,
     FamilySpec,
     GeometryRules,
@@ -173,7 +174,8 @@ class Ltx2Encoder(LoadedFamily):
         """One Gemma (and connectors) call for every prompt, each left-padded to max_length on its own."""
         from diffusers.pipelines.ltx2.connectors import per_layer_masked_mean_norm  # noqa: PLC0415 - heavy: diffusers
 
-        tokens, totals = trainer_tokens(self.tokenizer, prompts, settings.max_length)
+        with TOKENIZER_LOCK:  # the tokenizer's padding and truncation are shared state
+            tokens, totals = trainer_tokens(self.tokenizer, prompts, settings.max_length)
         mask = tokens.attention_mask
         with self._lock:
             out = self.text_encoder(

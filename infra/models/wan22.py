@@ -14,6 +14,7 @@ import torch
 from infra.errors import ConfigError
 from infra.media.text_clean import clean
 from infra.models.base import (
+    TOKENIZER_LOCK,
     FamilySpec,
     GeometryRules,
     ImageConditioning,
@@ -169,17 +170,18 @@ class Wan22Encoder(LoadedFamily):
         """One UMT5 call for every prompt: each is padded to max_length on its own, so a row's numbers do not depend
         on the others in the batch (tests/test_text_batch.py holds that bit for bit)."""
         prompts = [clean(prompt, settings.clean) for prompt in prompts]  # as the consumer's tokenizer reads them
-        tokens = self.tokenizer(
-            prompts,
-            padding="max_length",
-            max_length=settings.max_length,
-            truncation=True,
-            add_special_tokens=True,
-            return_attention_mask=True,
-            return_tensors="pt",
-        )
+        with TOKENIZER_LOCK:  # a fast tokenizer's padding and truncation are its backend's state, shared by threads
+            tokens = self.tokenizer(
+                prompts,
+                padding="max_length",
+                max_length=settings.max_length,
+                truncation=True,
+                add_special_tokens=True,
+                return_attention_mask=True,
+                return_tensors="pt",
+            )
+            untruncated = self.tokenizer(prompts, add_special_tokens=True, truncation=False).input_ids
         lengths = tokens.attention_mask.gt(0).sum(dim=1).tolist()
-        untruncated = self.tokenizer(prompts, add_special_tokens=True, truncation=False).input_ids
         totals = [len(ids) for ids in untruncated]
         with self._lock:
             out = self.text_encoder(
