@@ -15,8 +15,9 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
+from infra import outdir
 from infra.bounds import seconds_list
-from infra.cache import listing
+from infra.cache import ledger, listing
 from infra.cache.cachedir import read_cache_json
 from infra.config import (
     ADDED_LATER,
@@ -49,6 +50,7 @@ from infra.models import (
 from infra.models.base import GeometryRules, TextSettings, preprocess_name
 from infra.recipes import apply_recipe
 from infra.sources import SampleRef, Shard, ShardReadError, Source, open_source
+from infra.sources.identity import SourceIdentity
 from infra.sources.names import collision_key
 
 logger = logging.getLogger(__name__)
@@ -110,6 +112,9 @@ class BuildPlan(BaseModel):
     #: A build's plan: the spool its shards' samples were listed into (`infra.cache.listing`), recorded in OUT before
     #: the preprocess; None for a plan that records nothing (a step on an existing OUT, a dry run).
     listing: str | None = None
+    #: The ids of every shard the source had when the plan listed it (before `--shard-filter`): what reconcile
+    #: tells a shard gone from the source by, without listing it again; None for a plan that listed nothing.
+    source_shards: tuple[str, ...] | None = None
 
     @property
     def total_samples(self) -> int:
@@ -398,19 +403,22 @@ def _count_samples(
     stop_at: int | None,
     stems: dict[bytes, Claim],
     add: Callable[[str, str, str], None],
+    note: Callable[[str, str, str, SourceIdentity], None] | None = None,
 ) -> tuple[int, dict[str, str], dict[str, str], str | None]:
     """How many samples this run visits in `shard`; {key: ``SHARD/KEY``} of those whose group and id an earlier
     sample has (a duplicate: refused, not encoded); {key: what it collides with} of those whose output name an
     earlier sample of another id has, up to case and Unicode normalisation (``a.mp4`` and ``a.mov``, ``Clip.mp4``
     and ``clip.mp4``: refused, ``name_collision``, the first kept); the damage that cut the listing short. Output
     names go into `stems` (`Claim`s by the digest of their collision key); each sample counted is handed to `add`
-    (key, id, group)."""
+    (key, id, group), and to `note` with its source identity as listed."""
     count, duplicates, collisions, damage = 0, {}, {}, None
     with contextlib.closing(source.samples(shard)) as samples:
         try:
             for ref in samples:
                 count += 1
                 add(ref.key, ref.id, ref.group)
+                if note is not None:
+                    note(ref.key, ref.id, ref.group, ref.identity)
                 kind, first = _claim(stems, shard.id, ref) if ref.stem else (None, "")
                 if kind is not None:
                     (duplicates if kind == "duplicate" else collisions)[ref.key] = first
@@ -455,21 +463,29 @@ def _unrecorded(key: str, sid: str, group: str) -> None:
     """Where a plan that records nothing lists its samples."""
 
 
-def plan_shards(config: BuildConfig, source: Source, spool: Path | None = None) -> list[ShardPlan]:
-    """Filter shards, count their samples (tar headers only) and apply the per-shard cap and --limit; with a
-    `spool`, list each shard's planned samples into it (`infra.cache.listing`)."""
-    shards = [s for s in source.shards() if not config.selection.shard_filter or config.selection.shard_filter in s.id]
+def plan_shards(
+    config: BuildConfig, source: Source, spool: Path | None = None, listed: list[Shard] | None = None
+) -> list[ShardPlan]:
+    """Filter shards (`listed`: the source's, as listed already), count their samples (tar headers only) and apply
+    the per-shard cap and --limit; with a `spool`, list each shard's planned samples into it
+    (`infra.cache.listing`)."""
+    listed = source.shards() if listed is None else listed
+    shards = [s for s in listed if not config.selection.shard_filter or config.selection.shard_filter in s.id]
     if not shards:
         raise ConfigError(f"no shard of {config.source} matches --shard-filter {config.selection.shard_filter!r}")
     plans, left = [], config.selection.limit
     stems: dict[bytes, Claim] = {}
+    ledgered = _ledgered(Path(config.out)) if spool else frozenset()
     for shard in shards:
         if left is not None and left <= 0:
             break
         caps = [c for c in (left, config.selection.max_samples_per_shard) if c is not None]
         cap = min(caps) if caps else None
-        with listing.spool_shard(spool, shard.id) if spool else contextlib.nullcontext(_unrecorded) as add:
-            count, duplicates, collisions, damage = _count_samples(source, shard, cap, stems, add)
+        with (
+            listing.spool_shard(spool, shard.id) if spool else contextlib.nullcontext(_unrecorded) as add,
+            listing.spool_identities(spool, shard.id) if spool and shard.id in ledgered else _no_note() as note,
+        ):
+            count, duplicates, collisions, damage = _count_samples(source, shard, cap, stems, add, note)
         whole = damage is None and (cap is None or count < cap)
         listed = {"size": shard.size, "mtime_ns": shard.mtime_ns, "duplicates": duplicates, "collisions": collisions}
         listed |= {"version": shard.version or None}
@@ -480,13 +496,31 @@ def plan_shards(config: BuildConfig, source: Source, spool: Path | None = None) 
     return plans
 
 
+def _ledgered(out: Path) -> frozenset[str]:
+    """The shards OUT has a ledger of (a resume's): the plan spools what their samples are listed as, for the stale
+    check (`infra.cache.listing.spool_identities`); none where OUT has no ledger or cannot be read (its gates say
+    why)."""
+    try:
+        return frozenset(ledger.shard_ids(out))
+    except (OSError, ValueError, outdir.UnsafePath):
+        return frozenset()
+
+
+def _no_note() -> contextlib.nullcontext[None]:
+    return contextlib.nullcontext(None)
+
+
 def make_plan(config: BuildConfig, spool: Path | None = None, shards: list[ShardPlan] | None = None) -> BuildPlan:
     """The whole plan for a build; its config has the recipe's settings filled in (`apply_recipe`). A build's plan
     lists its samples into `spool`, a directory outside OUT (`BuildPlan.listing`); given `shards` (a plan recorded
     in OUT), nothing is listed."""
     config, family, spec, job, latent_shape, text_shape = resolve(config)
+    source_shards = None
     if shards is None:
-        shards = plan_shards(config, open_source(config.source, config.encoding), spool)
+        source = open_source(config.source, config.encoding)
+        listed = source.shards()
+        source_shards = tuple(s.id for s in listed)
+        shards = plan_shards(config, source, spool, listed)
     for note in layout_notes(spec, shards):
         logger.info(note)
     return BuildPlan(
@@ -500,6 +534,7 @@ def make_plan(config: BuildConfig, spool: Path | None = None, shards: list[Shard
         shards=shards,
         kinds=get_family(family).kinds(spec),
         listing=str(spool) if spool else None,
+        source_shards=source_shards,
     )
 
 

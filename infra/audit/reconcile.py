@@ -99,9 +99,11 @@ def _gone(row: LedgerRow) -> GoneSample:
 
 def _gone_shards(plan: BuildPlan, source: Source) -> list[GoneSample]:
     """Every row of the ledgers of shards the source no longer has at all (not merely filtered out), but for the
-    plan's own (a shard planned by an earlier run and gone since is accounted for as planned)."""
+    plan's own (a shard planned by an earlier run and gone since is accounted for as planned). The source's shards
+    are the plan's listing of them (a build's), or listed now (a plan recorded in OUT)."""
     try:
-        present = {s.id for s in source.shards()} | {s.id for s in plan.shards}
+        listed = plan.source_shards if plan.source_shards is not None else [s.id for s in source.shards()]
+        present = set(listed) | {s.id for s in plan.shards}
         gone = [ledger.read_shard(plan.out, sid) for sid in ledger.shard_ids(plan.out) if sid not in present]
     except (OSError, ValueError) as exc:
         logger.warning("cannot tell which shards are gone from the source: %s", exc)

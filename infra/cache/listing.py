@@ -17,13 +17,14 @@ import json
 import logging
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from infra import outdir
 from infra.cache.ledger import LEDGER_DIR, ledger_dir
 from infra.errors import LedgerError
+from infra.sources.identity import SourceIdentity
 from infra.storage import atomic_file, atomic_write
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,41 @@ def spool_shard(spool: Path, shard_id: str) -> Iterator[Callable[[str, str, str]
     spool.mkdir(parents=True, exist_ok=True)
     with listing_path(spool, shard_id).open("w", encoding="ascii") as fh:  # JSON escapes: any name, even undecodable
         yield lambda key, sid, group: fh.write(json.dumps([key, sid, group]) + "\n")
+
+
+def identities(spool: Path) -> Path:
+    """Where a plan spools what its samples were listed as (`spool_identities`), beside its listing spool: the
+    run's own working record, never recorded in OUT."""
+    return spool.with_name(f"{spool.name}-identities")
+
+
+@contextlib.contextmanager
+def spool_identities(spool: Path, shard_id: str) -> Iterator[Callable[[str, str, str, SourceIdentity], None]]:
+    """Write one shard's samples with their source identities as listed (what the stale check compares a done row
+    with: `infra.gates.stale`) beside the spool: yields ``note(key, id, group, identity)``, called in source
+    order."""
+    path = listing_path(identities(spool), shard_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="ascii") as fh:
+        yield lambda key, sid, group, identity: fh.write(
+            json.dumps([key, sid, group, identity.model_dump(mode="json")]) + "\n"
+        )
+
+
+def read_identities(spool: Path, shard_id: str) -> Iterator[tuple[str, str, str, SourceIdentity]] | None:
+    """A shard's samples as `spool_identities` spooled them ((key, id, group, identity), read as they come);
+    None when the plan spooled none for it."""
+    path = listing_path(identities(spool), shard_id)
+    if not path.is_file():
+        return None
+    return _identities(path)
+
+
+def _identities(path: Path) -> Iterator[tuple[str, str, str, SourceIdentity]]:
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            key, sid, group, identity = json.loads(line)
+            yield key, sid, group, SourceIdentity.model_validate(identity)
 
 
 def install(out: Path, spool: Path, shards: list[dict[str, Any]]) -> None:
@@ -99,12 +135,26 @@ def read_listing(out: Path, shard_id: str) -> list[Planned] | None:
     path, rel = listing_path(ledger_dir(out) / LISTINGS, shard_id), _listing_rel(shard_id)
     if not outdir.is_file(out, rel):
         return None
-    planned: list[Planned] = []
     with io.TextIOWrapper(outdir.open_read(out, rel), encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
-            try:
-                key, sid, group = json.loads(line)
-            except (ValueError, TypeError) as exc:
-                raise LedgerError(f"{path}:{number}: not a planned sample ({exc})") from exc
-            planned.append((key, sid, sys.intern(group)))  # a shard's few groups held once, not once a sample
+        return _planned(fh, path)
+
+
+def read_spooled(spool: Path, shard_id: str) -> list[Planned] | None:
+    """A shard's planned samples as this run's plan listed them into its `spool` (before they are recorded in OUT),
+    in source order; None when the plan listed none into it."""
+    path = listing_path(spool, shard_id)
+    if not path.is_file():
+        return None
+    with path.open(encoding="utf-8") as fh:
+        return _planned(fh, path)
+
+
+def _planned(lines: Iterable[str], path: Path) -> list[Planned]:
+    planned: list[Planned] = []
+    for number, line in enumerate(lines, 1):
+        try:
+            key, sid, group = json.loads(line)
+        except (ValueError, TypeError) as exc:
+            raise LedgerError(f"{path}:{number}: not a planned sample ({exc})") from exc
+        planned.append((key, sid, sys.intern(group)))  # a shard's few groups held once, not once a sample
     return planned

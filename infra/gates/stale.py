@@ -12,13 +12,16 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from infra.cache import ledger
 from infra.cache.ledger import LedgerRow
+from infra.cache.listing import read_identities
 from infra.errors import InputError
-from infra.plan import BuildPlan
+from infra.plan import BuildPlan, ShardPlan
 from infra.sources import SampleRef, ShardReadError, open_source
 from infra.sources.identity import SourceIdentity
 
@@ -102,7 +105,9 @@ def _reusable(out_row: LedgerRow, plan: BuildPlan) -> bool:
 
 
 def find_stale(plan: BuildPlan) -> StaleReport:
-    """Every done sample of the plan's selection whose source changed (a pass over the source's listing)."""
+    """Every done sample of the plan's selection whose source changed: against the plan's listing where it spooled
+    what each sample was listed as (a build's resume: `infra.cache.listing.spool_identities`), else (or where a
+    sample's bytes must be read: only its mtimes changed) a pass over the source's listing."""
     report = StaleReport()
     source = open_source(plan.job.source, plan.spec, plan.job.limits)
     for shard in plan.shards:
@@ -113,20 +118,62 @@ def find_stale(plan: BuildPlan) -> StaleReport:
             continue
         if not rows:
             continue
-        by_clip = ledger.windows_by_clip(rows)
+        spooled = _spooled(plan, shard)
+        if spooled is not None:
+            found = StaleReport()
+            try:
+                _check(plan, shard, spooled, rows, found)
+            except _NeedsBytes:  # listed below, where the sample's bytes can be read
+                pass
+            else:
+                report.stale += found.stale
+                report.kept, report.unknown = report.kept + found.kept, report.unknown + found.unknown
+                report.refreshed += found.refreshed
+                continue
         try:
             with contextlib.closing(source.samples(shard.shard)) as samples:
-                for ref in itertools.islice(samples, shard.quota):
-                    for row in [rows[ref.key]] if ref.key in rows else by_clip.get(ref.key, []):
-                        if not _reusable(row, plan):
-                            continue
-                        state, changed = source_state(row, ref)  # a windows:K row: its clip's source
-                        if state == "stale":
-                            report.stale.append(StaleSample(shard.id, row.key, row.id, ref.group, row.path, changed))
-                        elif state in ("kept", "unknown", "refreshed"):
-                            setattr(report, state, getattr(report, state) + 1)
+                _check(plan, shard, itertools.islice(samples, shard.quota), rows, report)
         except ShardReadError as exc:  # listed up to the damage; the shard's task reports it
             report.problems.append(str(exc))
     if report.stale:
         logger.warning("%d done sample(s) changed in the source since they were encoded", len(report.stale))
     return report
+
+
+def _check(
+    plan: BuildPlan, shard: ShardPlan, refs: Iterable[SampleRef], rows: dict[str, LedgerRow], report: StaleReport
+) -> None:
+    """Each done row of `rows` against its sample in `refs` (the shard's samples as listed), into `report`."""
+    by_clip = ledger.windows_by_clip(rows)
+    for ref in refs:
+        for row in [rows[ref.key]] if ref.key in rows else by_clip.get(ref.key, []):
+            if not _reusable(row, plan):
+                continue
+            state, changed = source_state(row, ref)  # a windows:K row: its clip's source
+            if state == "stale":
+                report.stale.append(StaleSample(shard.id, row.key, row.id, ref.group, row.path, changed))
+            elif state in ("kept", "unknown", "refreshed"):
+                setattr(report, state, getattr(report, state) + 1)
+
+
+class _NeedsBytes(Exception):
+    """A spooled sample's bytes were asked for: the plan's listing holds what it was listed as, not its bytes."""
+
+
+def _needs_bytes() -> bytes | None:
+    raise _NeedsBytes
+
+
+def _spooled(plan: BuildPlan, shard: ShardPlan) -> Iterator[SampleRef] | None:
+    """The shard's samples as the plan listed them (up to its quota), where it spooled their identities and
+    listed the shard without damage (a damaged one is listed again: its damage is a problem of the report); each a
+    ref whose readers raise `_NeedsBytes`. None: the source is listed."""
+    if plan.listing is None or shard.damage is not None:
+        return None
+    spooled = read_identities(Path(plan.listing), shard.id)
+    if spooled is None:
+        return None
+    return (
+        SampleRef(id=sid, group=group, key=key, read_media=_needs_bytes, read_prompt=_needs_bytes, identity=identity)
+        for key, sid, group, identity in spooled
+    )

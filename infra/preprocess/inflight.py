@@ -36,13 +36,14 @@ class InFlight:
         """In progress when a run died: tried alone (never read ahead)."""
         return key in self.marks
 
-    def killed(self, ref: SampleRef, previous: LedgerRow | None) -> bool:
-        """Not to be tried again: in progress at `DEATHS` deaths, or recorded so by an earlier run, and not named
-        by ``--only``."""
-        if self.keys is not None and selected(ref.key, self.keys):
+    def killed(self, ref: SampleRef | str, previous: LedgerRow | None) -> bool:
+        """Not to be tried again (`ref`, or its key): in progress at `DEATHS` deaths, or recorded so by an earlier
+        run, and not named by ``--only``."""
+        key = ref if isinstance(ref, str) else ref.key
+        if self.keys is not None and selected(key, self.keys):
             return False
         recorded = previous is not None and previous.status == "failed" and previous.reason == KILLED_RUN
-        return recorded or len(self.marks.get(ref.key, ())) >= DEATHS
+        return recorded or len(self.marks.get(key, ())) >= DEATHS
 
     def detail(self, key: str, run_id: str | None) -> str:
         """Why the sample is failed, with how to try it again."""

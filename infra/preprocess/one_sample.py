@@ -22,8 +22,9 @@ from typing import Any, TypeVar
 import psutil
 import torch
 
-from infra.cache import ledger
+from infra.cache import ledger, listing
 from infra.cache.ledger import FileRecord
+from infra.cache.listing import Planned
 from infra.devices import resolve_device
 from infra.errors import ConfigError, ConflictError, InputError
 from infra.faults import fault_point
@@ -31,7 +32,7 @@ from infra.formats import EncodedSample, WrittenSample, get_format
 from infra.formats.base import kind_dtype
 from infra.formats.shards import SHARDS_DIR
 from infra.models import LoadedFamily, get_family
-from infra.plan import BuildPlan, parse_only
+from infra.plan import BuildPlan, ShardPlan, parse_only
 from infra.preprocess.encode import encode_sample, load_encoder
 from infra.preprocess.inflight import InFlight
 from infra.preprocess.resume import reusable, selected
@@ -276,42 +277,93 @@ class Scan:
     kept: int = 0
 
 
+#: What `candidates` does with a planned sample: passes it over (not selected), skips it (`avoid`), counts it kept,
+#: or tries it.
+_PASS, _AVOID, _KEPT, _TRY = "pass", "avoid", "kept", "try"
+
+
 def candidates(
     plan: BuildPlan, scan: Scan, *, pending_only: bool = False, avoid: str | None = None
 ) -> Iterator[SampleRef]:
     """The plan's samples in plan order (within each shard's quota), listed lazily; `pending_only`: only those the
     build would encode (the shard loop's rule, `resume.wanted`: selected by ``--only`` and not kept from OUT's
     ledger, those counted in `scan.kept`), and none a run died on; `avoid` (the sample the last sanity died on) is
-    added to `scan.skipped`, as is an unreadable shard."""
+    added to `scan.skipped`, as is an unreadable shard. A shard the plan listed whole into its spool with no sample
+    to try is not listed again (its kept samples counted from the plan's listing)."""
     source = open_source(plan.job.source, plan.spec, plan.job.limits)
-    selection = parse_only(plan.job.selection.only) if pending_only else None
-    for shard in plan.shards:
-        keys = selection.get(shard.id) if selection is not None else None
-        marks: ledger.Marks = {}
-        previous = ledger.read_shard(plan.out, shard.id, marks) if pending_only and plan.out.is_dir() else {}
-        died = InFlight(marks, keys)
+    for shard, verdict in _verdicts(plan, pending_only, avoid):
+        planned = _spooled(plan, shard)
+        if planned is not None and all(verdict(key) in (_PASS, _KEPT) for key, _, _ in planned):
+            scan.kept += sum(verdict(key) == _KEPT for key, _, _ in planned)
+            continue
         try:
             with contextlib.closing(source.samples(shard.shard)) as samples:
                 for ref in itertools.islice(samples, shard.quota):
-                    if keys is not None and not selected(ref.key, keys):
-                        continue
-                    if ref.key == avoid:
+                    found = verdict(ref.key, ref)
+                    if found == _AVOID:
                         scan.skipped.append((ref.key, "killed_run: the last sanity died on it (the build tries it)"))
-                        continue
-                    row = previous.get(ref.key)
-                    if pending_only and (reusable(row, plan) or died.suspect(ref.key) or died.killed(ref, row)):
+                    elif found == _KEPT:
                         scan.kept += 1
-                        continue
-                    yield ref
+                    elif found == _TRY:
+                        yield ref
         except ShardReadError as exc:
             logger.warning("%s", exc)
             scan.skipped.append((shard.id, f"shard_unreadable: {exc}"))
 
 
+@dataclass(frozen=True)
+class _Rule:
+    """What `candidates` does with a sample of one shard, by its key (its listed ref where there is one)."""
+
+    plan: BuildPlan
+    pending_only: bool
+    avoid: str | None
+    keys: frozenset[str] | None  # ``--only``'s of the shard
+    previous: dict[str, ledger.LedgerRow]
+    died: InFlight
+
+    def __call__(self, key: str, ref: SampleRef | None = None) -> str:
+        if self.keys is not None and not selected(key, self.keys):
+            return _PASS
+        if key == self.avoid:
+            return _AVOID
+        row = self.previous.get(key)
+        if self.pending_only and (
+            reusable(row, self.plan) or self.died.suspect(key) or self.died.killed(ref or key, row)
+        ):
+            return _KEPT
+        return _TRY
+
+
+def _verdicts(plan: BuildPlan, pending_only: bool, avoid: str | None) -> Iterator[tuple[ShardPlan, _Rule]]:
+    """Each planned shard with the rule `candidates` applies to its samples (OUT's ledger read as it comes)."""
+    selection = parse_only(plan.job.selection.only) if pending_only else None
+    for shard in plan.shards:
+        keys = selection.get(shard.id) if selection is not None else None
+        marks: ledger.Marks = {}
+        previous = ledger.read_shard(plan.out, shard.id, marks) if pending_only and plan.out.is_dir() else {}
+        yield shard, _Rule(plan, pending_only, avoid, keys, previous, InFlight(marks, keys))
+
+
+def _spooled(plan: BuildPlan, shard: ShardPlan) -> list[Planned] | None:
+    """The shard's samples as this run's plan listed them into its spool (up to its quota), where it listed them
+    without damage; None: the source is listed (a plan that spools nothing, a damaged shard: its damage is met)."""
+    if plan.listing is None or shard.damage is not None:
+        return None
+    return listing.read_spooled(Path(plan.listing), shard.id)
+
+
 def _left(plan: BuildPlan) -> int:
-    """The planned samples a resume still has to encode, by the shard loop's own rule (`candidates`): a listing of
-    the source and the ledgers, no media read."""
-    return sum(1 for _ in candidates(plan, Scan(), pending_only=True))
+    """The planned samples a resume still has to encode, by the shard loop's own rule (`candidates`): from the
+    plan's listing and the ledgers (a shard it did not spool: a listing of the source), no media read."""
+    left = 0
+    for shard, verdict in _verdicts(plan, True, None):
+        planned = _spooled(plan, shard)
+        if planned is None:
+            left += sum(1 for _ in candidates(plan.model_copy(update={"shards": [shard]}), Scan(), pending_only=True))
+        else:
+            left += sum(verdict(key) == _TRY for key, _, _ in planned)
+    return left
 
 
 def _died_on(scratch: Path) -> str | None:

@@ -74,6 +74,35 @@ def text_first_of(
         text_first(plan, _until_error(r for r in refs if wanted(r)), get_encoder, cache)
 
 
+def text_first_held(
+    plan: BuildPlan,
+    refs: Iterator[SampleRef],
+    count: int,
+    wanted: Callable[[SampleRef], bool],
+    get_encoder: Callable[[], LoadedFamily],
+    cache: TextCache,
+) -> Iterator[SampleRef] | None:
+    """`text_first` over the first `count` of `refs` (the shard's span as planned: its quota, or a chunk) that are
+    `wanted`, from the shard task's own listing: the refs for its loop, those read here first (held meanwhile; the
+    listing is not run past them, so the shard stays open for their reads), then the rest of `refs`. None when the
+    listing ended before `count` (the shard changed or was damaged since it was planned): the task then lists it
+    again for the loop, its prompts in a pass of their own (`text_first_of`), as it did before it held them."""
+    try:
+        held = list(itertools.islice(refs, count))
+    except ShardReadError as exc:
+        logger.debug("prompt pass stopped: %s", exc)
+        return None
+    if len(held) < count:
+        return None
+    chosen = [ref for ref in held if wanted(ref)]
+    noted = [dict(ref.identity.read_sha256) for ref in chosen]
+    text_first(plan, chosen, get_encoder, cache)
+    for ref, before in zip(chosen, noted, strict=True):  # the sample's own turn notes its digests, in its order
+        ref.identity.read_sha256.clear()
+        ref.identity.read_sha256.update(before)
+    return itertools.chain(held, refs)
+
+
 def _until_error(refs: Iterator[SampleRef]) -> Iterator[SampleRef]:
     try:
         yield from refs

@@ -148,11 +148,19 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
     plan, shard, chunk = loop.plan, loop.shard, loop.chunk
     first, stop = (0, shard.quota) if chunk is None else (chunk.start, chunk.stop)
     wanted = functools.partial(_wanted, loop)
-    samples = open_source(plan.job.source, plan.spec, plan.job.limits).samples(shard.shard)
-    if plan.job.run.text_offload:  # the prompts first, in a pass of their own; then the text encoder is parked
-        own_pass = open_source(plan.job.source, plan.spec, plan.job.limits).samples(shard.shard)
-        phases.text_first_of(plan, own_pass, (first, stop), wanted, loop.get_encoder, loop.state.texts)
-    ahead = loop.state.ahead = read_ahead(plan, itertools.islice(samples, first, stop), wanted, loop.journal)
+    source = open_source(plan.job.source, plan.spec, plan.job.limits)
+    samples = source.samples(shard.shard)  # the task's one listing of its shard
+    clips: Iterator[SampleRef] = itertools.islice(samples, first, stop)
+    if plan.job.run.text_offload:  # the prompts first; then the text encoder is parked
+        texts, encoder = loop.state.texts, loop.get_encoder
+        held = phases.text_first_held(plan, clips, _planned(shard, first, stop), wanted, encoder, texts)
+        if held is None:  # not as planned: listed again, the prompts in a pass of their own
+            samples.close()
+            phases.text_first_of(plan, source.samples(shard.shard), (first, stop), wanted, encoder, texts)
+            samples = source.samples(shard.shard)
+            held = itertools.islice(samples, first, stop)
+        clips = held
+    ahead = loop.state.ahead = read_ahead(plan, clips, wanted, loop.journal)
     batches = loop.state.batches = ShapeBatches(ahead) if ahead is not None else None
     read_error: Exception | None = None
     crash: BaseException | None = None
@@ -162,7 +170,7 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
             contextlib.closing(batches) if batches is not None else contextlib.nullcontext(),
             contextlib.closing(samples),
         ):
-            _run(loop, ahead if ahead is not None else itertools.islice(samples, first, stop))
+            _run(loop, ahead if ahead is not None else clips)
     except ShardReadError as exc:
         logger.error("shard %s: %s", shard.id, exc)
         loop.result.error, read_error = str(exc), exc
@@ -179,6 +187,11 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
         for row in unvisited_rows(plan, shard, chunk, seen, loop.keys, read_error=read_error, crash=crash):
             _journalled(loop, row)
     return crash
+
+
+def _planned(shard: ShardPlan, first: int, stop: int | None) -> int:
+    """How many clips of [first, stop) the plan listed in `shard`."""
+    return max(min(shard.samples, stop if stop is not None else shard.samples) - first, 0)
 
 
 def _wanted(loop: _Loop, ref: SampleRef) -> bool:
