@@ -96,9 +96,9 @@ def cache_root() -> Path:
 def _from_store(url: str, parts: tuple[str, ...]) -> Path:
     """A model under a store prefix: the objects `patterns(parts)` match, fetched into a folder of the local cache
     named by the URL and their listing (an object changed in the store: a new folder)."""
-    import fsspec  # noqa: PLC0415 - only a model in a store needs it
+    from infra.sources import store  # noqa: PLC0415 - only a model in a store needs it (fsspec)
 
-    fs, root = fsspec.core.url_to_fs(url.rstrip("/"))
+    fs, root = store.filesystem(url.rstrip("/"))  # its retries counted as a source's are
     try:
         found = fs.find(root, detail=True)
     except OSError as exc:
