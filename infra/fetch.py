@@ -96,9 +96,9 @@ def cache_root() -> Path:
 def _from_store(url: str, parts: tuple[str, ...]) -> Path:
     """A model under a store prefix: the objects `patterns(parts)` match, fetched into a folder of the local cache
     named by the URL and their listing (an object changed in the store: a new folder)."""
-    from infra.sources import store  # noqa: PLC0415 - only a model in a store needs it (fsspec)
+    import fsspec  # noqa: PLC0415 - only a model in a store needs it
 
-    fs, root = store.filesystem(url.rstrip("/"))  # its retries counted as a source's are
+    fs, root = fsspec.core.url_to_fs(url.rstrip("/"))
     try:
         found = fs.find(root, detail=True)
     except OSError as exc:

@@ -24,9 +24,10 @@ from flows.cli import app
 from flows.cli_options import describe
 from flows.terminal_run import run_build
 from infra import fetch
+from infra.audit.decode_verify import decode_and_verify
 from infra.audit.run_report import latest_run_report
 from infra.config import BuildConfig
-from infra.errors import InputError
+from infra.errors import InputError, SourceError
 from infra.plan import make_spec
 from infra.sources import open_source, store
 from tests import fakehub
@@ -37,6 +38,7 @@ from tests.s3_proxy import RESET, SHORT, SLOW_DOWN_FAULT, Proxy
 
 ACCESS_KEY, SECRET_KEY = "AKIDSTORESOURCETEST", "store-source-secret-never-written"
 BUCKET = "lf-sources"
+MISSING_BUCKET = "lf-no-such-bucket"
 IMAGE_HEIGHT, IMAGE_WIDTH = 32, 48
 KINDS = ("vbvr", "wds", "folder", "meta")
 fake_hub, hub_env = fakehub.fake_hub, fakehub.hub_env  # the fixtures, by name
@@ -345,3 +347,43 @@ def test_a_metadata_file_in_a_store_reads_only_below_its_folder(s3):
         "outside_source",
         "bad_layout",
     ]
+
+
+@pytest.mark.parametrize(
+    ("source", "model", "reason"),
+    [
+        (f"vbvr:s3://{MISSING_BUCKET}/vbvr", None, f"the bucket '{MISSING_BUCKET}' does not exist"),
+        (f"meta:s3://{MISSING_BUCKET}/meta/data.jsonl", None, f"the bucket '{MISSING_BUCKET}' does not exist"),
+        ("vbvr:LOCAL", f"s3://{MISSING_BUCKET}/models/tiny", "The specified bucket does not exist"),  # s3fs's words
+        (f"vbvr:s3://{BUCKET}/refused", None, "Access Denied"),
+    ],
+    ids=["source-bucket-missing", "meta-bucket-missing", "model-bucket-missing", "access-denied"],
+)
+def test_a_store_that_refuses_stops_the_build_at_once_with_one_line(
+    s3, sources, tiny_model, tmp_path, source, model, reason
+):
+    """A bucket that does not exist, or a store that answers 403 AccessDenied to everything: ``latentforge build``
+    ends before any flow with one ``error:`` line naming the URL and why, the exit code of a source error, OUT
+    untouched."""
+    source = source.replace("LOCAL", sources["vbvr"][0].removeprefix("vbvr:"))
+    out = tmp_path / "out"
+    args = ["build", "--source", source, "--model", model or str(tiny_model), "--out", str(out), "--device", "cpu"]
+    s3.refuse = reason == "Access Denied"
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:
+        s3.refuse = False
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == SourceError.exit_code, result.output
+    assert len(errors) == 1 and reason in errors[0] and (model or source.split(":", 1)[1]) in errors[0], result.output
+    assert not out.exists()
+
+
+def test_decode_and_verify_fetches_a_model_its_cache_names_by_url(builds, tmp_path):
+    """The vbvr build from S3 recorded its model as ``s3://...``: decode-and-verify without a model folder fetches it
+    (as the build did) and decodes against the source in S3, instead of reading the URL as a path."""
+    remote = builds["outs"]["vbvr"][1]
+    assert json.loads((remote / "cache.json").read_text())["provenance"]["model_path"].startswith("s3://")
+    report = decode_and_verify(remote, n=1, device="cpu", report_dir=tmp_path / "decode")
+    assert report.ok and len(report.rows) == 1 and not report.problems, report.text()
+    assert report.model == f"s3://{BUCKET}/models/tiny-wan22"

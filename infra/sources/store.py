@@ -33,6 +33,8 @@ EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hub"}
 #: A tar's read-ahead: what a range request asks for past what is read (a tar header is 512 bytes; a caption
 #: member and the header after it usually arrive in the same request).
 TAR_BLOCK = 16 * 1024
+#: The stores whose URLs begin with a bucket: where a listing finds nothing, whether the bucket is there is asked.
+BUCKETED = ("s3", "s3a", "gs", "gcs")
 #: The keys of an object's listing that name its version, most specific first (S3, GCS, the Hub, others).
 VERSION_KEYS = ("VersionId", "generation", "blob_id", "ETag", "etag", "md5Hash", "checksum")
 
@@ -40,6 +42,10 @@ VERSION_KEYS = ("VersionId", "generation", "blob_id", "ETag", "etag", "md5Hash",
 def is_url(spec: str) -> bool:
     """True when `spec` is a URL (``scheme://...``) rather than a local path."""
     return bool(_URL.match(spec))
+
+
+class NoSuchBucket(OSError):
+    """The bucket a URL names does not exist (a listing of it would read as empty)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +108,7 @@ def stat(url: str) -> Stat:
 
 def find(spec: str) -> dict[str, Stat]:
     """Every file `spec` names (a pattern, a folder searched recursively, or one object), by URL, sorted; {} when it
-    names nothing."""
+    names nothing; NoSuchBucket when its bucket is not there."""
     fs, path = filesystem(spec)
     if any(ch in path for ch in "*?["):
         found = fs.glob(path, detail=True)
@@ -112,8 +118,18 @@ def find(spec: str) -> dict[str, Stat]:
         found = {path: fs.info(path)}
     else:
         found = {}
+    if not found:
+        check_bucket(fs, spec)
     files = {fs.unstrip_protocol(p): stat_of(info) for p, info in found.items() if info.get("type") != "directory"}
     return dict(sorted(files.items()))
+
+
+def check_bucket(fs: Any, url: str) -> None:
+    """NoSuchBucket when `url` names a bucket (`BUCKETED`) that its store says does not exist."""
+    scheme, _, rest = url.partition("://")
+    bucket = rest.split("/", 1)[0]
+    if scheme.lower() in BUCKETED and bucket and not fs.exists(bucket):
+        raise NoSuchBucket(f"the bucket {bucket!r} does not exist")
 
 
 def join(base: str, rel: str) -> str:
