@@ -29,7 +29,7 @@ from infra.audit.run_report import latest_run_report
 from infra.config import BuildConfig
 from infra.errors import InputError, SourceError
 from infra.plan import make_spec
-from infra.sources import open_source, store
+from infra.sources import open_source, retries, store
 from tests import fakehub
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.image_media import sample_images, suffix, write_folder, write_wds
@@ -387,3 +387,16 @@ def test_decode_and_verify_fetches_a_model_its_cache_names_by_url(builds, tmp_pa
     report = decode_and_verify(remote, n=1, device="cpu", report_dir=tmp_path / "decode")
     assert report.ok and len(report.rows) == 1 and not report.problems, report.text()
     assert report.model == f"s3://{BUCKET}/models/tiny-wan22"
+
+
+def test_a_short_answer_of_a_whole_object_is_asked_again_and_counted(s3, sources):
+    """A media object read whole (a metadata row's), answered short (its checksum refutes it) and then slowed down:
+    the bytes come whole, both retries counted by kind."""
+    _, remote = sources["meta"]
+    source = open_source(remote)
+    ref = next(source.samples(source.shards()[0]))
+    expected = ref.read_media()
+    retries.take()
+    s3.fault([SHORT, SLOW_DOWN_FAULT], "/meta/media/")
+    assert ref.read_media() == expected
+    assert s3.faults_sent and not s3.faults and retries.take() == {"short_read": 1, "slow_down": 1}
