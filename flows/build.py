@@ -44,6 +44,7 @@ from infra.plan import BuildPlan
 from infra.preprocess.build_summary import BuildSummary, summarize
 from infra.preprocess.one_sample import SanityReport
 from infra.preprocess.unvisited import record_plan
+from infra.sources import retries
 from infra.storage import remove_stale_temps
 from tasks.one_sample import disk_check, one_sample_sanity
 from tasks.plan import plan_build
@@ -82,6 +83,7 @@ def _build(config: BuildConfig) -> dict[str, Any]:
 
 def _planned_build(config: BuildConfig, spool: Path | None) -> dict[str, Any]:
     logger = get_run_logger()
+    retries.take()  # what earlier work of this process retried is not this run's
     set_step("plan")
     config = resolve_config(config)  # a form's or a deployment's run: the checks a command makes before it starts
     plan = plan_build(config, spool)
@@ -129,6 +131,7 @@ def _build_locked(plan: BuildPlan, decided: list[Decision]) -> dict[str, Any]:
         **_geometries(plan),
         seconds=time.perf_counter() - start,
         run_id=str(flow_run.get_id()) if flow_run.get_id() else None,
+        own_retries=retries.take(),  # the flow's own reads (listing, sanity): the shards took theirs
     )
     _publish(summary)
     timings = {"sanity_sample_seconds": sanity.seconds, "preprocess_seconds": summary.seconds}

@@ -1,5 +1,7 @@
 """A loopback HTTP proxy in front of an S3 server (moto), for tests of sources in a store: it counts what the client
-asks (GET, ranged GET, HEAD, LIST, PUT and the bytes sent back) and injects faults (an S3 ``503 SlowDown``).
+asks (GET, ranged GET, HEAD, LIST, PUT and the bytes sent back) and injects faults in GETs of objects: an S3
+``503 SlowDown``, a reset connection (the socket closed with no answer), a short range answer (a 206 with fewer bytes
+than the Range asked, its Content-Length the short body's); or refuses everything (``403 AccessDenied``).
 
 Standard library only (ThreadingHTTPServer on 127.0.0.1, a free port); each request is forwarded whole to the
 server behind it and its answer sent back whole, with its own Content-Length, so keep-alive clients work.
@@ -8,8 +10,10 @@ server behind it and its answer sent back whole, with its own Content-Length, so
 from __future__ import annotations
 
 import http.client
+import re
+import socket
 import threading
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -18,6 +22,12 @@ SLOW_DOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
 )
+ACCESS_DENIED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>'
+)
+#: The faults `fault` injects.
+SLOW_DOWN_FAULT, RESET, SHORT = "slow_down", "reset", "short"
+SHORT_KEEPS = 256  # the bytes a short answer keeps, at most
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"}
 
 
@@ -28,10 +38,12 @@ class Proxy:
     upstream: str  # host:port of the S3 server behind
     counts: Counter = field(default_factory=Counter)
     bytes_out: int = 0
-    #: Requests still to answer ``503 SlowDown`` (for GETs of an object whose key holds `fault_match`).
-    slow_downs: int = 0
+    #: The faults still to inject, in order, each in a GET of an object whose key holds `fault_match` (a short answer
+    #: waits for a ranged one).
+    faults: deque = field(default_factory=deque)
     fault_match: str = ""
     faults_sent: int = 0
+    refuse: bool = False  # every request answered 403 AccessDenied
     lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
@@ -58,8 +70,23 @@ class Proxy:
 
     def slow_down(self, times: int, match: str) -> None:
         """Answer the next `times` GETs of an object whose key holds `match` with ``503 SlowDown``."""
+        self.fault([SLOW_DOWN_FAULT] * times, match)
+
+    def fault(self, faults: list[str], match: str) -> None:
+        """Inject `faults` (`SLOW_DOWN_FAULT`, `RESET`, `SHORT`), in order, in the next GETs of an object whose key
+        holds `match`."""
         with self.lock:
-            self.slow_downs, self.fault_match = times, match
+            self.faults, self.fault_match = deque(faults), match
+
+    def next_fault(self, kind: str, path: str) -> str | None:
+        """The fault to inject in this request (taken off the queue), or None."""
+        with self.lock:
+            if not (kind.startswith("GET") and self.faults and self.fault_match in path):
+                return None
+            if self.faults[0] == SHORT and kind != "GET_RANGE":
+                return None
+            self.faults_sent += 1
+            return self.faults.popleft()
 
 
 def kind_of(method: str, path: str) -> str:
@@ -109,12 +136,16 @@ class _Handler(BaseHTTPRequestHandler):
             kind = "GET_RANGE"
         with self.proxy.lock:
             self.proxy.counts[kind] += 1
-            fault = kind.startswith("GET") and self.proxy.slow_downs > 0 and self.proxy.fault_match in self.path
-            if fault:
-                self.proxy.slow_downs -= 1
-                self.proxy.faults_sent += 1
-        if fault:
+        if self.proxy.refuse:
+            self._send(403, [("Content-Type", "application/xml")], ACCESS_DENIED, method)
+            return
+        fault = self.proxy.next_fault(kind, self.path)
+        if fault == SLOW_DOWN_FAULT:
             self._send(503, [("Content-Type", "application/xml")], SLOW_DOWN, method)
+            return
+        if fault == RESET:  # no answer at all: the client sees its connection closed
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
             return
         conn = http.client.HTTPConnection(self.proxy.upstream, timeout=60)
         try:
@@ -126,6 +157,8 @@ class _Handler(BaseHTTPRequestHandler):
             sent = [(k, v) for k, v in answer.getheaders() if k.lower() not in keep]
         finally:
             conn.close()
+        if fault == SHORT and answer.status == 206 and len(data) > 1:
+            data, sent = _short(data, sent)
         with self.proxy.lock:
             self.proxy.bytes_out += len(data)
         self._send(answer.status, sent, data, method)
@@ -139,3 +172,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method != "HEAD":
             self.wfile.write(data)
+
+
+def _short(data: bytes, headers: list[tuple[str, str]]) -> tuple[bytes, list[tuple[str, str]]]:
+    """The first bytes of a range answer (half, at most `SHORT_KEEPS`: less than a tar header, so that a reader that
+    asked for little still gets less), its Content-Range saying so (its Content-Length is set on sending)."""
+    kept = data[: min(len(data) // 2, SHORT_KEEPS)]
+    fixed = []
+    for name, value in headers:
+        if name.lower() == "content-range" and (found := re.match(r"bytes (\d+)-\d+/(\S+)", value)):
+            start = int(found[1])
+            value = f"bytes {start}-{start + len(kept) - 1}/{found[2]}"
+        fixed.append((name, value))
+    return kept, fixed

@@ -1,7 +1,7 @@
 """Sources in an object store: every source kind read from a loopback S3 (moto's server behind a counting proxy,
-`tests/s3_proxy.py`) builds the same sample files as from local disk; a changed object is stale; a 503 SlowDown is
-retried; a vanished object is its sample's row; the test's keys never reach OUT or the logs. One build a kind and a
-place, shared by the module."""
+`tests/s3_proxy.py`) builds the same sample files as from local disk; a changed object is stale; a 503 SlowDown, a
+reset connection and a short range answer are retried and counted in the run report; a vanished object is its
+sample's row; the test's keys never reach OUT or the logs. One build a kind and a place, shared by the module."""
 
 from __future__ import annotations
 
@@ -24,22 +24,28 @@ from flows.cli import app
 from flows.cli_options import describe
 from flows.terminal_run import run_build
 from infra import fetch
+from infra.audit.decode_verify import decode_and_verify
+from infra.audit.run_report import latest_run_report
 from infra.config import BuildConfig
-from infra.errors import InputError
+from infra.errors import InputError, SourceError
 from infra.plan import make_spec
-from infra.sources import open_source, store
+from infra.sources import open_source, retries, store
 from tests import fakehub
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.image_media import sample_images, suffix, write_folder, write_wds
 from tests.media_utils import cut_clip
-from tests.s3_proxy import Proxy
+from tests.s3_proxy import RESET, SHORT, SLOW_DOWN_FAULT, Proxy
 
 ACCESS_KEY, SECRET_KEY = "AKIDSTORESOURCETEST", "store-source-secret-never-written"
 BUCKET = "lf-sources"
+MISSING_BUCKET = "lf-no-such-bucket"
 IMAGE_HEIGHT, IMAGE_WIDTH = 32, 48
 KINDS = ("vbvr", "wds", "folder", "meta")
 fake_hub, hub_env = fakehub.fake_hub, fakehub.hub_env  # the fixtures, by name
 SAMPLES, MEMBER_BYTES = 4, 1 << 20  # the listing test's tar: members far larger than its read-ahead
+#: The faults the vbvr build from S3 goes through, in its GETs of the tar: each kind twice (a reset twice in a row:
+#: aiohttp asks again once, below botocore and uncounted, when a kept-alive connection is reset).
+FAULTS = [SLOW_DOWN_FAULT, RESET, RESET, SHORT] * 2
 
 
 @pytest.fixture(scope="module")
@@ -153,8 +159,8 @@ def _config(kind: str, spec: str, out: Path, tiny_model: Path | str, image_model
 def builds(
     s3: Proxy, sources: dict[str, tuple], tiny_model: Path, image_model: Path, tmp_path_factory
 ) -> dict[str, Any]:
-    """Each kind built from local files and from S3 (the vbvr build through two injected 503 SlowDowns), with every
-    log record of the S3 builds kept."""
+    """Each kind built from local files and from S3 (the vbvr build through the injected `FAULTS`), with every log
+    record of the S3 builds kept."""
     root = tmp_path_factory.mktemp("store-builds")
     records = _Records()
     logging.getLogger().addHandler(records)
@@ -169,7 +175,7 @@ def builds(
             ok, result = run_build(_config(kind, local, root / f"{kind}-local", tiny_model, image_model))
             assert ok, result
             if kind == "vbvr":
-                s3.slow_down(2, "/vbvr/")
+                s3.fault(FAULTS, "/vbvr/")
             s3.reset()
             model = f"s3://{BUCKET}/models/tiny-wan22" if kind == "vbvr" else image_model  # the model by URL too
             ok, result = run_build(_config(kind, remote, root / f"{kind}-s3", model, image_model))
@@ -235,8 +241,20 @@ def test_a_vbvr_source_on_the_hub_builds_the_same_files(hub_env, sources, builds
     assert caplog.text and token not in caplog.text
 
 
-def test_a_slow_down_from_the_store_is_retried_and_the_build_finishes(builds):
-    assert builds["vbvr"]["faults"] == 2  # both answered 503 SlowDown; the build above finished, its files equal
+def test_transient_store_errors_are_retried_and_counted_in_the_run_report(builds):
+    """Two 503 SlowDowns, two pairs of resets, two short range answers: the build finished with the files of the
+    local build (the test above) and its run report counts each retry by kind; a local build's report has no count."""
+    assert builds["vbvr"]["faults"] == len(FAULTS)
+    local, remote = (latest_run_report(out) for out in builds["outs"]["vbvr"])
+    assert remote is not None and remote.store_retries is not None, remote
+    counted = remote.store_retries
+    assert sorted(counted) == ["connection", "short_read", "slow_down"], counted
+    # each 503 is a retry; a reset pair one or two (the first on a fresh connection is botocore's too); a short answer
+    # that held what the tar reader asked for is no fault to it
+    assert counted["slow_down"] == 2 and 2 <= counted["connection"] <= 4 and 1 <= counted["short_read"] <= 2, counted
+    assert builds["vbvr"]["result"]["store_retries"] == remote.store_retries
+    (written,) = (builds["outs"]["vbvr"][0] / "reports").glob("run-*.json")
+    assert local is not None and local.store_retries is None and "store_retries" not in written.read_text()
 
 
 def test_listing_reads_tar_headers_not_members(s3, tmp_path):
@@ -329,3 +347,56 @@ def test_a_metadata_file_in_a_store_reads_only_below_its_folder(s3):
         "outside_source",
         "bad_layout",
     ]
+
+
+@pytest.mark.parametrize(
+    ("source", "model", "reason"),
+    [
+        (f"vbvr:s3://{MISSING_BUCKET}/vbvr", None, f"the bucket '{MISSING_BUCKET}' does not exist"),
+        (f"meta:s3://{MISSING_BUCKET}/meta/data.jsonl", None, f"the bucket '{MISSING_BUCKET}' does not exist"),
+        ("vbvr:LOCAL", f"s3://{MISSING_BUCKET}/models/tiny", "The specified bucket does not exist"),  # s3fs's words
+        (f"vbvr:s3://{BUCKET}/refused", None, "Access Denied"),
+    ],
+    ids=["source-bucket-missing", "meta-bucket-missing", "model-bucket-missing", "access-denied"],
+)
+def test_a_store_that_refuses_stops_the_build_at_once_with_one_line(
+    s3, sources, tiny_model, tmp_path, source, model, reason
+):
+    """A bucket that does not exist, or a store that answers 403 AccessDenied to everything: ``latentforge build``
+    ends before any flow with one ``error:`` line naming the URL and why, the exit code of a source error, OUT
+    untouched."""
+    source = source.replace("LOCAL", sources["vbvr"][0].removeprefix("vbvr:"))
+    out = tmp_path / "out"
+    args = ["build", "--source", source, "--model", model or str(tiny_model), "--out", str(out), "--device", "cpu"]
+    s3.refuse = reason == "Access Denied"
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:
+        s3.refuse = False
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == SourceError.exit_code, result.output
+    assert len(errors) == 1 and reason in errors[0] and (model or source.split(":", 1)[1]) in errors[0], result.output
+    assert not out.exists()
+
+
+def test_decode_and_verify_fetches_a_model_its_cache_names_by_url(builds, tmp_path):
+    """The vbvr build from S3 recorded its model as ``s3://...``: decode-and-verify without a model folder fetches it
+    (as the build did) and decodes against the source in S3, instead of reading the URL as a path."""
+    remote = builds["outs"]["vbvr"][1]
+    assert json.loads((remote / "cache.json").read_text())["provenance"]["model_path"].startswith("s3://")
+    report = decode_and_verify(remote, n=1, device="cpu", report_dir=tmp_path / "decode")
+    assert report.ok and len(report.rows) == 1 and not report.problems, report.text()
+    assert report.model == f"s3://{BUCKET}/models/tiny-wan22"
+
+
+def test_a_short_answer_of_a_whole_object_is_asked_again_and_counted(s3, sources):
+    """A media object read whole (a metadata row's), answered short (its checksum refutes it) and then slowed down:
+    the bytes come whole, both retries counted by kind."""
+    _, remote = sources["meta"]
+    source = open_source(remote)
+    ref = next(source.samples(source.shards()[0]))
+    expected = ref.read_media()
+    retries.take()
+    s3.fault([SHORT, SLOW_DOWN_FAULT], "/meta/media/")
+    assert ref.read_media() == expected
+    assert s3.faults_sent and not s3.faults and retries.take() == {"short_read": 1, "slow_down": 1}

@@ -35,6 +35,7 @@ from infra.config import CacheSpec
 from infra.devices import resolve_device, resolve_dtype
 from infra.errors import ConfigError
 from infra.faults import fault_point
+from infra.fetch import is_url, local_model
 from infra.formats import AUDIO_KIND, Format, get_format
 from infra.formats.consumers import normalised
 from infra.media.audio import trainer_audio
@@ -404,17 +405,18 @@ def decode_and_verify(
     """Decode `n` chosen samples of the cache at `out` (None: all) and measure them against their source; the
     VAE runs in `dtype` (None: the cache's own compute dtype).
 
-    The model is `model_dir` or the cache's provenance ``model_path``; the source `source` (``KIND:PATH``) or
-    its provenance ``source``. `options` are the memory options the model is loaded with (a build passes its own,
-    so the family it already holds is reused, not loaded a second time). Raises when cache.json or the ledgers
-    cannot be read or the model cannot load."""
+    The model is `model_dir` or the cache's provenance ``model_path`` (a URL: fetched, `infra.fetch`); the source
+    `source` (``KIND:PATH``) or its provenance ``source``. `options` are the memory options the model is loaded with
+    (a build passes its own, so the family it already holds is reused, not loaded a second time). Raises when
+    cache.json or the ledgers cannot be read or the model cannot load."""
     out = Path(out)
     meta = read_cache_json(out)
     spec, provenance = CacheSpec.model_validate(meta["spec"]), meta.get("provenance", {})
     model_path, source_spec = model_dir or provenance.get("model_path"), source or provenance.get("source")
     if not model_path or not source_spec:
         raise ConfigError(f"{out}/cache.json records no model path or source: pass model_dir and source")
-    model = Path(model_path)
+    named = str(model_path)  # a model by URL (the provenance of a build with --model s3://...): fetched as a build does
+    model = local_model(named, get_family(spec.family).components_for(True)) if is_url(named) else Path(model_path)
     chosen = choose_samples((r for rows in ledger.read_all(out).values() for r in rows.values()), n)
     if "latents" not in get_family(spec.family).kinds(spec):  # an audio-only mode: no video to decode
         logger.info("decode-verify: --mode %s has no video latents; nothing decoded", spec.mode)
@@ -422,7 +424,8 @@ def decode_and_verify(
     fmt = get_format(spec.format)
     base, root = (Path(report_dir), "") if report_dir else (out, f"{reports.REPORTS_DIR}/{DECODE_DIR}")
     folder = _run_folder(base, root, chosen, fmt)
-    report = DecodeReport(str(out), str(model), source_spec, str(Path(base, folder)), min_psnr)
+    shown = named if is_url(named) else str(model)
+    report = DecodeReport(str(out), shown, source_spec, str(Path(base, folder)), min_psnr)
     if chosen:
         heap.release_freed()  # a build's freed encode buffers back to the OS before decoding at full size
         if component_identity(model / "vae", spec.identity_scheme) != spec.model_identity.get("vae"):

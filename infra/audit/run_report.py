@@ -22,6 +22,7 @@ from infra.errors import LatentforgeError
 from infra.gates.decision import Decision
 from infra.plan import BuildPlan
 from infra.report_files import REPORTS_DIR, report_order, to_json_bytes, write_new
+from infra.sources import store
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +129,9 @@ class RunReport(Record):
     audio: AudioRecord | None
     decisions: list[Decision]
     versions: dict[str, str | None]
+    #: A store's transient errors retried, by kind (`infra.sources.retries`); absent (None) where the run read no
+    #: store (a local build's report is as it was).
+    store_retries: dict[str, int] | None = None
 
     def decisions_at(self, gate: str) -> list[Decision]:
         """The decisions recorded at one gate, in the order they were made."""
@@ -179,12 +183,19 @@ def run_report(
         audio=AudioRecord.model_validate(audio) if audio is not None else None,
         decisions=list(decisions),
         versions=versions(),
+        store_retries=dict(summary.get("store_retries") or {}) if _reads_a_store(plan) else None,
     )
+
+
+def _reads_a_store(plan: BuildPlan) -> bool:
+    """True when the run's source (``KIND:PATH``) or model is a URL."""
+    return store.is_url(plan.job.source.partition(":")[2]) or store.is_url(plan.job.model)
 
 
 def write_run_report(out: Path, report: RunReport) -> Path:
     """``OUT/reports/run-<UTC stamp>[-N].json`` (sorted keys); a new file per call, never an overwrite."""
-    body = {".json": to_json_bytes(report.model_dump(mode="json"))}
+    unused = {"store_retries"} if report.store_retries is None else None
+    body = {".json": to_json_bytes(report.model_dump(mode="json", exclude=unused))}
     (path,) = write_new(REPORTS_DIR, RUN_PREFIX, body, out=out)
     return path
 

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from infra.preprocess.shard_result import ShardResult
+from infra.sources import retries
 
 
 def geometry_lines(geometries: list[dict[str, Any]], *, indent: str) -> list[str]:
@@ -50,6 +51,8 @@ class BuildSummary(BaseModel):
     #: Of `samples`, rows of the ledger whose source file is gone since (kept; reconciliation lists them).
     gone_from_source: int = 0
     run_id: str | None = None  # the flow run: what `latentforge rerun` takes
+    #: A store's transient errors retried (`infra.sources.retries`), by kind: the shards' and the flow's own reads'.
+    store_retries: dict[str, int] = {}
 
     @property
     def bytes_per_sample(self) -> float:
@@ -81,6 +84,7 @@ class BuildSummary(BaseModel):
             rows.append({"what": "frames repeated", "value": self.repeated_frames})
         rows += [{"what": f"reason: {r}", "value": n} for r, n in sorted(self.reasons.items())]
         rows += [{"what": f"shard error: {s}", "value": e} for s, e in sorted(self.shard_errors.items())]
+        rows += [{"what": f"store retries: {k}", "value": n} for k, n in self.store_retries.items()]
         return rows
 
     def text(self) -> str:
@@ -116,6 +120,9 @@ class BuildSummary(BaseModel):
                 f"stale       {self.stale_kept} kept by decision, {self.stale_undecided} changed in the source during "
                 "this run (kept as they were; the next run asks)"
             )
+        if self.store_retries:
+            kinds = ", ".join(f"{n} {kind}" for kind, n in self.store_retries.items())
+            lines.append(f"store       {sum(self.store_retries.values())} transient error(s) retried ({kinds})")
         lines += [f"  {n:>5} × {reason}" for reason, n in sorted(self.reasons.items())]
         lines += [f"  shard {s}: {e}" for s, e in sorted(self.shard_errors.items())]
         if self.failed:
@@ -133,18 +140,21 @@ def summarize(
     repeated_frames: int,
     seconds: float,
     run_id: str | None = None,
+    own_retries: dict[str, int] | None = None,
 ) -> BuildSummary:
-    """Add up shard results."""
+    """Add up shard results (`own_retries`: the store retries of the flow's own reads, listing and sanity)."""
     counts: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     encoded = reused = total_bytes = stale_kept = stale_undecided = text_calls = prompts_encoded = 0
     errors: dict[str, str] = {}
+    store_retries = dict(own_retries or {})
     for r in results:
         counts.update(r.counts)
         reasons.update(r.reasons)
         encoded, reused, total_bytes = encoded + r.encoded, reused + r.reused, total_bytes + r.bytes
         stale_kept, stale_undecided = stale_kept + r.stale_kept, stale_undecided + r.stale_undecided
         text_calls, prompts_encoded = text_calls + r.text_calls, prompts_encoded + r.prompts_encoded
+        store_retries = retries.add(store_retries, r.store_retries)
         if r.error:
             errors[r.shard] = r.error
     return BuildSummary(
@@ -168,4 +178,5 @@ def summarize(
         geometries=geometries,
         repeated_frames=repeated_frames,
         run_id=run_id,
+        store_retries=store_retries,
     )

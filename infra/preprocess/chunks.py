@@ -19,6 +19,7 @@ from infra import outdir
 from infra.cache import ledger
 from infra.plan import ShardPlan
 from infra.preprocess.shard_result import ShardResult
+from infra.sources import retries
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ def _combined(shard_id: str, rows: object, results: list[ShardResult]) -> ShardR
         combined.prompts_encoded += r.prompts_encoded
         combined.vae_calls += r.vae_calls
         combined.vae_clips += r.vae_clips
+        combined.store_retries = retries.add(combined.store_retries, r.store_retries)
         combined.seconds = max(combined.seconds, r.seconds)
         combined.interrupted = combined.interrupted or r.interrupted
     errors = [r.error for r in results if r.error]

@@ -45,7 +45,7 @@ from infra.preprocess.state import RunState, ShardState
 from infra.preprocess.timing import stage_timing
 from infra.preprocess.unvisited import unvisited_rows
 from infra.preprocess.windows import expand
-from infra.sources import SampleRef, ShardReadError, open_source
+from infra.sources import SampleRef, ShardReadError, open_source, retries
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +135,7 @@ def process_shard(
     fault_point("shard")
     record.tally(result, rows.values())
     _work(result, state)
+    result.store_retries = retries.take()  # this process's since the last take: each retry counted once
     result.seconds = round(time.perf_counter() - start, 3)
     if crash is not None:
         raise crash

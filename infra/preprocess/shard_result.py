@@ -27,3 +27,4 @@ class ShardResult:
     prompts_encoded: int = 0  # prompts through the text encoder (each distinct prompt once per shard task)
     vae_calls: int = 0  # VAE calls (one per batch of clips)
     vae_clips: int = 0  # clips through the VAE (their own, not the copies filling a batch)
+    store_retries: dict[str, int] = field(default_factory=dict)  # a store's transient errors retried, by kind

@@ -165,6 +165,10 @@ class MetaSource(Source):
         try:
             return store.stat(self.url)
         except FileNotFoundError as exc:
+            try:
+                store.check_bucket(store.filesystem(self.url)[0], self.url)
+            except store.NoSuchBucket as missing:
+                raise SourceError(f"meta source {store.shown(self.url)}: cannot be read ({missing})") from exc
             raise SourceError(f"meta source {store.shown(self.url)}: no such object") from exc
         except OSError as exc:  # no permission, no such bucket
             raise SourceError(f"meta source {store.shown(self.url)}: cannot be read ({exc})") from exc

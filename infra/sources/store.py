@@ -21,6 +21,7 @@ from pathlib import PurePosixPath
 from typing import IO, Any
 
 from infra.errors import InputError, SourceError
+from infra.sources import retries
 from infra.sources.bounded import check_size
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hub"}
 #: A tar's read-ahead: what a range request asks for past what is read (a tar header is 512 bytes; a caption
 #: member and the header after it usually arrive in the same request).
 TAR_BLOCK = 16 * 1024
+#: The stores whose URLs begin with a bucket: where a listing finds nothing, whether the bucket is there is asked.
+BUCKETED = ("s3", "s3a", "gs", "gcs")
 #: The keys of an object's listing that name its version, most specific first (S3, GCS, the Hub, others).
 VERSION_KEYS = ("VersionId", "generation", "blob_id", "ETag", "etag", "md5Hash", "checksum")
 
@@ -39,6 +42,10 @@ VERSION_KEYS = ("VersionId", "generation", "blob_id", "ETag", "etag", "md5Hash",
 def is_url(spec: str) -> bool:
     """True when `spec` is a URL (``scheme://...``) rather than a local path."""
     return bool(_URL.match(spec))
+
+
+class NoSuchBucket(OSError):
+    """The bucket a URL names does not exist (a listing of it would read as empty)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +67,10 @@ def filesystem(url: str) -> tuple[Any, str]:
     if scheme == "hf" and os.environ.get("HF_ENDPOINT"):  # huggingface_hub reads it once, at import
         options["endpoint"] = os.environ["HF_ENDPOINT"]
     try:
-        return fsspec.core.url_to_fs(url, **options)
+        fs, path = fsspec.core.url_to_fs(url, **options)
+        if scheme in ("s3", "s3a"):
+            retries.watch_s3(fs)  # its client's retries counted (`infra.sources.retries`)
+        return fs, path
     except ImportError as exc:
         extra = EXTRAS.get(scheme)
         hint = f": pip install 'latentforge[{extra}]'" if extra else ""
@@ -98,7 +108,7 @@ def stat(url: str) -> Stat:
 
 def find(spec: str) -> dict[str, Stat]:
     """Every file `spec` names (a pattern, a folder searched recursively, or one object), by URL, sorted; {} when it
-    names nothing."""
+    names nothing; NoSuchBucket when its bucket is not there."""
     fs, path = filesystem(spec)
     if any(ch in path for ch in "*?["):
         found = fs.glob(path, detail=True)
@@ -108,8 +118,18 @@ def find(spec: str) -> dict[str, Stat]:
         found = {path: fs.info(path)}
     else:
         found = {}
+    if not found:
+        check_bucket(fs, spec)
     files = {fs.unstrip_protocol(p): stat_of(info) for p, info in found.items() if info.get("type") != "directory"}
     return dict(sorted(files.items()))
+
+
+def check_bucket(fs: Any, url: str) -> None:
+    """NoSuchBucket when `url` names a bucket (`BUCKETED`) that its store says does not exist."""
+    scheme, _, rest = url.partition("://")
+    bucket = rest.split("/", 1)[0]
+    if scheme.lower() in BUCKETED and bucket and not fs.exists(bucket):
+        raise NoSuchBucket(f"the bucket {bucket!r} does not exist")
 
 
 def join(base: str, rel: str) -> str:
@@ -140,14 +160,19 @@ def changed(url: str, listed: Stat) -> str | None:
 def read(url: str, listed: Stat | None, max_mb: int, *, reason: str = "member_unreadable") -> bytes:
     """The object's bytes, checked against its listing (InputError ``source_changed`` / ``source_vanished``) and its
     size against `max_mb` MiB (``too_large``) before any byte is fetched; no more than that size asked for. A store's
-    transient errors are retried by its own library; one that remains is InputError `reason`."""
+    transient errors are retried by its own library, a short answer here (`infra.sources.retries`); one that remains
+    is InputError `reason`."""
     try:
         now = stat(url)
         if listed is not None and (now.size != listed.size or (listed.version and now.version != listed.version)):
             raise InputError("source_changed", f"{shown(url)} changed since it was listed: not read")
         check_size(shown(url), now.size, max_mb)
         fs, path = filesystem(url)
-        data = fs.cat_file(path, start=0, end=now.size) if now.size else b""
+
+        def fetch(start: int, n: int) -> bytes:
+            return fs.cat_file(path, start=start, end=start + n)
+
+        data = retries.read_rest(fetch, 0, now.size, shown(url)) if now.size else b""
     except FileNotFoundError:
         raise InputError("source_vanished", f"{shown(url)} vanished since it was listed") from None
     except OSError as exc:
@@ -164,6 +189,50 @@ def read_whole(url: str) -> bytes:
 
 
 def open_stream(url: str) -> IO[bytes]:
-    """The object as a seekable file of range requests, each asking `TAR_BLOCK` past what is read."""
+    """The object as a seekable file of range requests, each asking `TAR_BLOCK` past what is read; a read answers
+    every byte asked up to the object's end (a short range answer is asked again for the rest, and counted)."""
     fs, path = filesystem(url)
-    return fs.open(path, "rb", block_size=TAR_BLOCK, cache_type="readahead")
+    return WholeReads(fs.open(path, "rb", block_size=TAR_BLOCK, cache_type="readahead"), shown(url))  # type: ignore[return-value]
+
+
+class WholeReads:
+    """A store's file whose `read(n)` returns n bytes (fewer only at the end), whatever each range answer held: a
+    reader of a tar takes a short read for the end of the data."""
+
+    mode = "rb"
+
+    def __init__(self, file: Any, where: str) -> None:
+        self._file, self.name = file, where
+
+    def read(self, size: int | None = -1) -> bytes:
+        pos = self._file.tell()
+        left = max(self._file.size - pos, 0)
+        want = left if size is None or size < 0 else min(size, left)
+        if want == 0:
+            return b""
+        data = retries.read_rest(self._read_at, pos, want, self.name)
+        self._file.seek(pos + len(data))
+        return data
+
+    def _read_at(self, start: int, n: int) -> bytes:
+        self._file.seek(start)
+        return self._file.read(n)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def close(self) -> None:
+        self._file.close()

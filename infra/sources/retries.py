@@ -1,0 +1,132 @@
+"""A store's transient errors, retried and counted: what the run report's ``store_retries`` says.
+
+Two kinds of retry happen. botocore's own (s3fs's client) retries a ``503 SlowDown``, a 5xx and a reset or timed-out
+connection with backoff; it says so only through its public events, so `watch_s3` registers two handlers on each S3
+client: ``needs-retry`` names what went wrong with an attempt (in the request's context), ``request-created`` counts
+an attempt after the first, by that name. A short answer (a range response with fewer bytes than asked, which no
+store library checks) is asked again here for the rest, with backoff (`read_rest`).
+
+The counts are this process's (`take` hands them over and starts again at zero): a shard task takes what its reads
+cost when it ends, the flow what its own reads (listing, the sanity sample) cost before the summary, so each retry
+is counted once whichever process or thread made it. Other stores' libraries (the Hub's, gcsfs) retry without a
+public hook: their retries are not counted, their short answers are.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: The kinds counted: a throttling answer (503 SlowDown, 429), another 5xx, a connection reset or timed out, a
+#: short range answer; "other" for a retry botocore made for a reason it did not show.
+SLOW_DOWN, SERVER_ERROR, CONNECTION = "slow_down", "server_error", "connection"
+SHORT_READ, OTHER = "short_read", "other"
+#: The waits before asking again for the rest of a short answer (then the read is an error).
+SHORT_READ_DELAYS = (0.05, 0.2, 0.8)
+_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests"}
+_CONTEXT_KEY = "latentforge_retry_kind"
+_HOOK_ID = "latentforge-store-retries"
+
+_counts: Counter[str] = Counter()
+_lock = threading.Lock()
+
+
+def count(kind: str, n: int = 1) -> None:
+    with _lock:
+        _counts[kind] += n
+
+
+def take() -> dict[str, int]:
+    """The retries counted in this process since the last `take`, by kind (sorted); the count starts again at 0."""
+    with _lock:
+        taken = dict(sorted(_counts.items()))
+        _counts.clear()
+    return taken
+
+
+def add(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
+    """Two counts by kind added up (sorted by kind)."""
+    summed = Counter(total)
+    summed.update(more)
+    return dict(sorted(summed.items()))
+
+
+def watch_s3(fs: Any) -> None:
+    """Count the retries of the S3 client of `fs` (an `s3fs.S3FileSystem`); registering again is a no-op."""
+    events = fs.s3.meta.events  # s3fs's client (created on first use); its public event system
+    events.register("needs-retry.s3", _name_the_fault, unique_id=f"{_HOOK_ID}-needs-retry")
+    events.register("request-created.s3", _count_a_retry, unique_id=f"{_HOOK_ID}-request-created")
+
+
+def fault_kind(response: Any, caught_exception: BaseException | None) -> str | None:
+    """What went wrong with an attempt (None: nothing a retry is for): `response` is botocore's (HTTP response,
+    parsed body) pair, `caught_exception` the error the attempt raised instead."""
+    if caught_exception is not None:
+        from botocore.exceptions import ConnectionError as Unreachable  # noqa: PLC0415 - with s3fs only
+        from botocore.exceptions import HTTPClientError  # noqa: PLC0415
+
+        return CONNECTION if isinstance(caught_exception, Unreachable | HTTPClientError) else OTHER
+    if not response:
+        return None
+    http, parsed = response
+    status = getattr(http, "status_code", 200)
+    code = (parsed or {}).get("Error", {}).get("Code", "") if isinstance(parsed, dict) else ""
+    if status in (429, 503) or code in _THROTTLED:
+        return SLOW_DOWN
+    return SERVER_ERROR if status >= 500 else None
+
+
+def _name_the_fault(
+    response: Any = None, caught_exception: BaseException | None = None, request_dict: Any = None, **_: Any
+) -> None:
+    kind = fault_kind(response, caught_exception)
+    if kind is not None and isinstance(request_dict, dict):
+        request_dict.setdefault("context", {})[_CONTEXT_KEY] = kind
+    # returns None: whether and when to retry stays botocore's decision
+
+
+def _count_a_retry(request: Any = None, **_: Any) -> None:
+    context = getattr(request, "context", None) or {}
+    if context.get("retries", {}).get("attempt", 1) > 1:  # botocore numbers the attempts of one call from 1
+        kind = context.pop(_CONTEXT_KEY, OTHER)
+        count(kind)
+        logger.debug("store: retrying after %s", kind)
+
+
+def read_rest(read: Callable[[int, int], bytes], start: int, want: int, where: str) -> bytes:
+    """`want` bytes from `start` by `read(start, n)`: a short answer (or one its checksum refutes, `damaged`) is asked
+    again for the rest after each of `SHORT_READ_DELAYS`, counted; OSError when the rest does not come."""
+    data, problem = b"", None
+    for delay in (*SHORT_READ_DELAYS, None):
+        try:
+            data += read(start + len(data), want - len(data))
+            problem = None
+        except Exception as exc:  # only a damaged answer is asked again; any other error is raised as it is
+            if not damaged(exc):
+                raise
+            problem = exc
+        if len(data) >= want or delay is None:
+            break
+        count(SHORT_READ)
+        logger.debug("%s: %d of %d bytes at %d: the rest asked again (%s)", where, len(data), want, start, problem)
+        time.sleep(delay)
+    if len(data) < want:
+        why = f": {problem}" if problem is not None else ""
+        raise OSError(f"{where}: the store answered {len(data)} of {want} bytes at {start}{why}") from problem
+    return data
+
+
+def damaged(exc: BaseException) -> bool:
+    """True for an answer whose body its own length or checksum refutes (botocore checks the whole object's checksum
+    where the store sends one: a short answer of a whole object is one)."""
+    try:
+        from botocore.exceptions import FlexibleChecksumError, IncompleteReadError  # noqa: PLC0415 - with s3fs only
+    except ImportError:
+        return False
+    return isinstance(exc, FlexibleChecksumError | IncompleteReadError)
