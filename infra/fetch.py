@@ -23,19 +23,35 @@ import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from infra.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+#: The keys of an object's listing that name its version, most specific first (S3, GCS, the Hub, others).
+VERSION_KEYS = ("VersionId", "generation", "blob_id", "ETag", "etag", "md5Hash", "checksum")
 #: The files that describe a model beside its components (model_index.json, each component's config).
 DESCRIPTION = ("*.json",)
 MANIFEST = ".latentforge-fetched.json"
 
 
-def is_url(model: str) -> bool:
-    return bool(_URL.match(model))
+def is_url(spec: str) -> bool:
+    """True when `spec` (a model, a source's path) is a URL (``scheme://...``) rather than a local path."""
+    return bool(_URL.match(spec))
+
+
+def version_of(info: dict[str, Any]) -> str:
+    """The version an object's listing (fsspec's ``info``) gives (`VERSION_KEYS`, a Hub LFS file's sha256), as
+    text; "" when it gives none."""
+    lfs = info.get("lfs")
+    if isinstance(lfs, dict) and lfs.get("sha256"):
+        return f"sha256:{lfs['sha256']}"
+    for key in VERSION_KEYS:
+        if info.get(key):
+            return str(info[key]).strip('"')
+    return ""
 
 
 def patterns(parts: Iterable[str]) -> list[str]:
@@ -56,7 +72,9 @@ def _fetched(url: str, parts: tuple[str, ...]) -> Path:
     try:
         return _from_hub(url, parts) if scheme == "hf" else _from_store(url, parts)
     except ImportError as exc:
-        raise ConfigError(f"--model {scheme}://: a library is missing ({exc}): pip install 'latentforge[s3]'") from exc
+        extra = {"gs": "gcs", "gcs": "gcs", "hf": "hub"}.get(scheme, "s3")
+        hint = f"pip install 'latentforge[{extra}]'"
+        raise ConfigError(f"--model {scheme}://: a library is missing ({exc}): {hint}") from exc
 
 
 def _from_hub(url: str, parts: tuple[str, ...]) -> Path:
@@ -108,8 +126,7 @@ def _from_store(url: str, parts: tuple[str, ...]) -> Path:
     for path, info in found.items():
         rel = path[len(root) :].lstrip("/")
         if any(fnmatch.fnmatch(rel, p) for p in wanted):
-            version = next((str(info[k]) for k in ("VersionId", "ETag", "etag", "generation") if info.get(k)), "")
-            listing[rel] = (int(info.get("size") or 0), version.strip('"'), path)
+            listing[rel] = (int(info.get("size") or 0), version_of(info), path)
     if not listing:
         raise ConfigError(f"--model {url}: no model files there ({', '.join(wanted)})")
     stamp = json.dumps({"url": url, "files": {r: v[:2] for r, v in sorted(listing.items())}}, sort_keys=True)

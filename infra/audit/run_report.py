@@ -19,10 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra import outdir
 from infra.errors import LatentforgeError
+from infra.fetch import is_url
 from infra.gates.decision import Decision
 from infra.plan import BuildPlan
 from infra.report_files import REPORTS_DIR, report_order, to_json_bytes, write_new
-from infra.sources import store
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ def run_report(
 
 def _reads_a_store(plan: BuildPlan) -> bool:
     """True when the run's source (``KIND:PATH``) or model is a URL."""
-    return store.is_url(plan.job.source.partition(":")[2]) or store.is_url(plan.job.model)
+    return is_url(plan.job.source.partition(":")[2]) or is_url(plan.job.model)
 
 
 def write_run_report(out: Path, report: RunReport) -> Path:

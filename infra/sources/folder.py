@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePath, PurePosixPath
 
 from infra.errors import InputError, SourceError
+from infra.fetch import is_url
 from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
 from infra.sources import store
@@ -79,7 +80,7 @@ class FolderSource(Source):
 
     def __init__(self, path: str, follow_symlinks: bool = False, max_media_mb: int = DEFAULT_MAX_MEDIA_MB) -> None:
         #: A folder in a store (`infra.sources.store`): its URL, its objects listed once; None: a local folder.
-        self.url = path.rstrip("/") if store.is_url(path) else None
+        self.url = path.rstrip("/") if is_url(path) else None
         self._objects: dict[str, store.Stat] | None = None
         self.root = Path(path).expanduser() if self.url is None else Path(store.name(path))
         self.follow_symlinks = follow_symlinks

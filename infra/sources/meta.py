@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from infra.errors import InputError, SourceError
+from infra.fetch import is_url
 from infra.models import ROLES, TEXT_TO_VIDEO, mode_roles
 from infra.sources import store
 from infra.sources.base import (
@@ -76,7 +77,7 @@ def _parse(
 ) -> tuple[Row, ...]:
     """Every row of the metadata file (cached per process by path, size, mtime and the columns asked for); a row
     that cannot be a sample has its `Row.problem` (`infra.sources.meta_rows`)."""
-    text = decode(store.read_whole(path) if store.is_url(path) else Path(path).read_bytes())
+    text = decode(store.read_whole(path) if is_url(path) else Path(path).read_bytes())
     video_names = (video_column,) if video_column else VIDEO_COLUMNS
     caption_names = (caption_column,) if caption_column else CAPTION_COLUMNS
     found, columns = entries(text, PurePosixPath(path).suffix.lower(), store.shown(path))
@@ -117,7 +118,7 @@ class MetaSource(Source):
     ) -> None:
         #: A metadata file in a store (`infra.sources.store`): its URL; its rows' media are read from its folder
         #: there. None: a local file.
-        self.url = path if store.is_url(path) else None
+        self.url = path if is_url(path) else None
         self.path = Path(path).expanduser() if self.url is None else Path(store.name(path))
         self.max_media_mb = max_media_mb  # a listed file over it: skipped too_large, before it is read
         self.follow_symlinks = follow_symlinks  # a relative media path that leads out of the file's folder: read

@@ -21,12 +21,12 @@ from pathlib import PurePosixPath
 from typing import IO, Any
 
 from infra.errors import InputError, SourceError
+from infra.fetch import version_of
 from infra.sources import retries
 from infra.sources.bounded import check_size
 
 logger = logging.getLogger(__name__)
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")
 #: The extra that brings each store's library (a missing one is named in the error).
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hub"}
@@ -35,13 +35,6 @@ EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hub"}
 TAR_BLOCK = 16 * 1024
 #: The stores whose URLs begin with a bucket: where a listing finds nothing, whether the bucket is there is asked.
 BUCKETED = ("s3", "s3a", "gs", "gcs")
-#: The keys of an object's listing that name its version, most specific first (S3, GCS, the Hub, others).
-VERSION_KEYS = ("VersionId", "generation", "blob_id", "ETag", "etag", "md5Hash", "checksum")
-
-
-def is_url(spec: str) -> bool:
-    """True when `spec` is a URL (``scheme://...``) rather than a local path."""
-    return bool(_URL.match(spec))
 
 
 class NoSuchBucket(OSError):
@@ -82,17 +75,6 @@ def filesystem(url: str) -> tuple[Any, str]:
 def shown(url: str) -> str:
     """`url` as it may be printed: any ``user:password@`` part dropped (a URL names a place, never a key)."""
     return _USERINFO.sub(lambda m: m[0].split("://")[0] + "://", url)
-
-
-def version_of(info: dict[str, Any]) -> str:
-    """The version an object's listing gives (`VERSION_KEYS`), as text; "" when it gives none."""
-    lfs = info.get("lfs")
-    if isinstance(lfs, dict) and lfs.get("sha256"):
-        return f"sha256:{lfs['sha256']}"
-    for key in VERSION_KEYS:
-        if info.get(key):
-            return str(info[key]).strip('"')
-    return ""
 
 
 def stat_of(info: dict[str, Any]) -> Stat:
@@ -148,7 +130,11 @@ def name(url: str) -> str:
 
 def changed(url: str, listed: Stat) -> str | None:
     """What differs between the object at `url` now and as `listed`; None when nothing; FileNotFoundError when gone."""
-    now = stat(url)
+    return differences(listed, stat(url))
+
+
+def differences(listed: Stat, now: Stat) -> str | None:
+    """What differs between an object as `listed` and as it is `now` (a version is compared where one was listed)."""
     changes = []
     if now.size != listed.size:
         changes.append(f"size {listed.size} → {now.size}")
@@ -164,7 +150,7 @@ def read(url: str, listed: Stat | None, max_mb: int, *, reason: str = "member_un
     is InputError `reason`."""
     try:
         now = stat(url)
-        if listed is not None and (now.size != listed.size or (listed.version and now.version != listed.version)):
+        if listed is not None and differences(listed, now):
             raise InputError("source_changed", f"{shown(url)} changed since it was listed: not read")
         check_size(shown(url), now.size, max_mb)
         fs, path = filesystem(url)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
 
 from infra.errors import InputError, SourceError
+from infra.fetch import is_url
 from infra.media.prompts import MAX_PROMPT_BYTES
 from infra.sources import store
 from infra.sources.base import (
@@ -95,7 +96,7 @@ def open_shard_tar(shard: Shard) -> tarfile.TarFile:
     """The shard's tar, opened for streaming its members (an object in a store: as a stream of range requests,
     `infra.sources.store.open_stream`); ShardReadError when it is gone or not a tar."""
     try:
-        if store.is_url(shard.path):
+        if is_url(shard.path):
             stream = store.open_stream(shard.path)
             tf = tarfile.open(fileobj=stream, mode="r:*")
             weakref.finalize(tf, stream.close)  # tarfile leaves a file it was handed open when it closes
@@ -119,7 +120,7 @@ def find_store_tars(spec: str, kind: str) -> dict[str, store.Stat]:
 
 
 def _find_tars(spec: str, follow_symlinks: bool = False) -> list[Path] | dict[str, store.Stat]:
-    if store.is_url(spec):
+    if is_url(spec):
         return find_store_tars(spec, "vbvr")
     path = Path(spec).expanduser()
     if any(ch in spec for ch in "*?["):
@@ -251,7 +252,7 @@ def check_unchanged(shard: Shard) -> None:
     """InputError when the shard file is gone, or is not the file that was listed (its size or mtime differ)."""
     if not shard.size and not shard.mtime_ns:
         return  # listed without a stat (an older plan): nothing to compare with
-    if store.is_url(shard.path):
+    if is_url(shard.path):
         _check_object(shard)
         return
     try:

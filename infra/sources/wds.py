@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import InputError, SourceError
+from infra.fetch import is_url
 from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
 from infra.sources import store
@@ -81,7 +82,7 @@ def find_store_tars_in(spec: str) -> dict[str, store.Stat]:
 def find_tars(spec: str, follow_symlinks: bool = False) -> list[Path] | dict[str, store.Stat]:
     """The tars `spec` names, sorted; SourceError when it names nothing, or a tar that is a link out of the folder a
     part of it names (unless `follow_symlinks`). A URL: the objects it names, as listed (`infra.sources.store`)."""
-    if store.is_url(spec):
+    if is_url(spec):
         return find_store_tars_in(spec)
     found: list[Path] = []
     for part in expand_braces(spec):
