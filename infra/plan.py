@@ -481,9 +481,10 @@ def plan_shards(
             break
         caps = [c for c in (left, config.selection.max_samples_per_shard) if c is not None]
         cap = min(caps) if caps else None
+        noting = spool and shard.id in ledgered  # a resumed shard: what its samples are listed as, for the stale check
         with (
             listing.spool_shard(spool, shard.id) if spool else contextlib.nullcontext(_unrecorded) as add,
-            listing.spool_identities(spool, shard.id) if spool and shard.id in ledgered else _no_note() as note,
+            listing.spool_identities(spool, shard.id) if noting else contextlib.nullcontext() as note,
         ):
             count, duplicates, collisions, damage = _count_samples(source, shard, cap, stems, add, note)
         whole = damage is None and (cap is None or count < cap)
@@ -504,10 +505,6 @@ def _ledgered(out: Path) -> frozenset[str]:
         return frozenset(ledger.shard_ids(out))
     except (OSError, ValueError, outdir.UnsafePath):
         return frozenset()
-
-
-def _no_note() -> contextlib.nullcontext[None]:
-    return contextlib.nullcontext(None)
 
 
 def make_plan(config: BuildConfig, spool: Path | None = None, shards: list[ShardPlan] | None = None) -> BuildPlan:

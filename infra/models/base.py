@@ -39,11 +39,11 @@ ROLE_MEDIA: dict[str, str] = {
     "video_mask": "video_mask",
     "audio_mask": "audio_mask",
 }
-#: What every family makes, its default mode: a video and its caption.
 #: Held around every tokenizer call: a fast tokenizer keeps its padding and truncation as state of its one Rust
 #: backend, so a call from one shard thread could tokenize with another's (an unpadded prompt: a [seq_len, D] text).
 TOKENIZER_LOCK = threading.Lock()
 
+#: What every family makes, its default mode: a video and its caption.
 DEFAULT_MODE = "t2v"
 TEXT_TO_VIDEO: tuple[str, ...] = ("video", "caption")
 #: The image-to-video mode of a family that `FamilySpec.takes_image`: a video and its caption (the first frame's
