@@ -13,7 +13,14 @@ from PIL import Image
 import infra.report_files
 from flows.terminal_run import run_build
 from infra.audit.reconcile import ReconcileReport, write_reconcile_report
-from infra.audit.run_report import ReportError, RunReport, latest_run_report, run_report, write_run_report
+from infra.audit.run_report import (
+    HIDDEN_SETTINGS,
+    ReportError,
+    RunReport,
+    latest_run_report,
+    run_report,
+    write_run_report,
+)
 from infra.cache import ledger
 from infra.config import BuildConfig
 from infra.gates.decision import Decision
@@ -295,9 +302,12 @@ def test_the_run_report_holds_the_build_and_the_newest_is_found(tmp_path, tiny_m
     assert ok, result
     report = reconciled(make_plan(cfg))
     decisions = [Decision(gate="loss", choice="accept_loss", how="person", by="test", note="none lost")]
+    plan = make_plan(cfg)
     data = run_report(
-        make_plan(cfg),
+        plan.job,
+        plan.shards,
         result,
+        settings=plan.settings_record(HIDDEN_SETTINGS),
         reconciliation=report.to_dict(),
         decode=None,
         decisions=decisions,
