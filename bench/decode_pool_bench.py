@@ -25,7 +25,6 @@ from bench.feed_family import make_model  # noqa: E402
 from infra.config import BuildConfig  # noqa: E402
 from infra.plan import BuildPlan, make_plan  # noqa: E402
 from infra.preprocess.decoders import PoolKind, decoders  # noqa: E402
-from infra.preprocess.prepare import decode_job  # noqa: E402
 from infra.preprocess.read import read  # noqa: E402
 from infra.sources import open_source  # noqa: E402
 
@@ -80,7 +79,7 @@ def _pass(plan: BuildPlan, pool, clips: int, workers: int) -> tuple[float, float
 def measure(plan: BuildPlan, kind: PoolKind, workers: int, clips: int, repeat: int) -> dict:
     """Start-up (pool made to first pixels of a warm-up pass over the distinct clips) and clips/s per repeat."""
     start = time.perf_counter()
-    pool = decoders(kind, workers, decode_job(plan))
+    pool = decoders(kind, workers, plan.job)
     try:
         _pass(plan, pool, min(clips, len(CLIP_NAMES) * workers), workers)  # every worker started and warmed
         warm = time.perf_counter() - start

@@ -92,7 +92,7 @@ def decode_rate(src: Path, model: Path, workers: int, frames: int, size: int) ->
         source = open_source(cfg.source)
         for shard in plan.shards[:1]:  # warm-up, untimed: the first decode's imports and allocations
             for ref in itertools.islice(source.samples(shard.shard), len(CLIP_NAMES)):
-                prepare(read(ref), plan)
+                prepare(read(ref), plan.job)
         start = time.perf_counter()
         count = 0
         with ThreadPoolExecutor(workers) as pool:

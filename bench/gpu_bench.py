@@ -199,10 +199,10 @@ def decode_cost(work: Path, src: Path, args: argparse.Namespace, clips: int) -> 
                       width=args.width, device="cpu", dtype="fp32")  # fmt: skip
     plan, source = make_plan(cfg), open_source(cfg.source)
     raws = [read(ref) for shard in plan.shards for ref in source.samples(shard.shard)][:clips]
-    prepare(raws[0], plan)  # the codecs' and the resize's first-call costs
+    prepare(raws[0], plan.job)  # the codecs' and the resize's first-call costs
     began = time.process_time()  # every thread of this process: PyAV's decoding threads too
     for raw in raws:
-        prepare(raw, plan)
+        prepare(raw, plan.job)
     return (time.process_time() - began) / len(raws)
 
 

@@ -85,7 +85,7 @@ def child(spec: dict) -> None:
 
     plan = make_plan(BuildConfig.model_validate(spec))
     start = time.perf_counter()
-    result = process_shard(plan, plan.shards[0])
+    result = process_shard(plan.job, plan.shards[0])
     seconds = time.perf_counter() - start
     sys.stdout.write(json.dumps({"seconds": seconds, "done": result.counts.get("done", 0)}) + "\n")
 

@@ -135,14 +135,14 @@ def child(step: str, root: Path, samples: int, report: Path) -> None:
         from infra.gates.verify import verify_plan  # noqa: PLC0415 - heavy
 
         start = time.perf_counter()
-        verified = verify_plan(plan)
+        verified = verify_plan(plan.job, plan.shards)
         seconds = time.perf_counter() - start
         facts = {"kind": verified.kind, "done": verified.done, "stale": len(verified.stale or [])}
     elif step == "reconcile":
         from infra.audit.reconcile import reconcile  # noqa: PLC0415 - heavy
 
         start = time.perf_counter()
-        reconciled = reconcile(plan)
+        reconciled = reconcile(plan.job, plan.shards, plan.source_shards)
         seconds = time.perf_counter() - start
         facts = {"headline": reconciled.headline()}
     report.write_text(json.dumps({"seconds": seconds, **facts}))

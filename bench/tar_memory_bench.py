@@ -108,7 +108,8 @@ def child(step: str, root: Path, members: int) -> dict:
         shards = json.loads((root / f"shards-{members}.json").read_text())
         listing.install(out, spool, shards)
         return {"samples": sum(len(listing.read_listing(out, s["id"]) or []) for s in shards)}
-    report = reconcile(recorded_plan(config))  # the OUT the recorded step left
+    recorded = recorded_plan(config)
+    report = reconcile(recorded.job, recorded.shards, recorded.source_shards)  # the OUT the recorded step left
     return {"samples": report.expected, "headline": report.headline()}
 
 

@@ -210,7 +210,6 @@ def bounds(src: Path, model: Path, out: Path, opts: dict) -> dict:
     from infra.plan import make_plan  # noqa: PLC0415 - the pipeline, in the bounds' child only
     from infra.preprocess.decoders import decoders  # noqa: PLC0415 - the pipeline, in the bounds' child only
     from infra.preprocess.encode import encode, load_encoder, shard_state  # noqa: PLC0415 - the pipeline
-    from infra.preprocess.prepare import decode_job  # noqa: PLC0415 - the pipeline
     from infra.preprocess.read import read  # noqa: PLC0415 - the pipeline
     from infra.preprocess.state import RunState  # noqa: PLC0415 - the pipeline
     from infra.sources import open_source  # noqa: PLC0415 - the pipeline
@@ -220,7 +219,7 @@ def bounds(src: Path, model: Path, out: Path, opts: dict) -> dict:
     cfg = BuildConfig(source=f"vbvr:{src}", model=str(model), out=str(out), frames=FRAMES, height=size, width=size,
                       device="cpu", dtype="fp32", decode_pool=kind, decode_workers=workers, **family)  # fmt: skip
     plan = make_plan(cfg)
-    pool = decoders(kind, workers, decode_job(plan))
+    pool = decoders(kind, workers, plan.job)
     in_flight = cfg.run.prefetch + workers
 
     def decode_pass(count: int) -> list:
@@ -239,12 +238,12 @@ def bounds(src: Path, model: Path, out: Path, opts: dict) -> dict:
         decode_s = time.perf_counter() - start
     finally:
         pool.shutdown()
-    encoder, state = load_encoder(plan), shard_state(plan, RunState("bounds"))
-    encode(prepared[0], plan, encoder, state)  # untimed: the first call's allocations (its prompt is encoded again)
-    state = shard_state(plan, RunState("bounds"))  # an empty prompt cache: every unique prompt encoded once
+    encoder, state = load_encoder(plan.job), shard_state(plan.job, RunState("bounds"))
+    encode(prepared[0], plan.job, encoder, state)  # untimed: the first call's allocations (its prompt is encoded again)
+    state = shard_state(plan.job, RunState("bounds"))  # an empty prompt cache: every unique prompt encoded once
     start = time.perf_counter()
     for sample in prepared:
-        encode(sample, plan, encoder, state)
+        encode(sample, plan.job, encoder, state)
     encode_s = time.perf_counter() - start
     return {"samples": len(prepared), "decode_rate": len(prepared) / decode_s, "encode_rate": len(prepared) / encode_s}
 

@@ -19,7 +19,7 @@ from flows.steps import set_step
 from infra.audit.audio_gate import AudioReport
 from infra.audit.decode_verify import DecodeReport
 from infra.audit.reconcile import ReconcileReport
-from infra.audit.run_report import run_report, write_run_report
+from infra.audit.run_report import HIDDEN_SETTINGS, run_report, write_run_report
 from infra.errors import ConfigError, GateFailed
 from infra.gates.conflicts import overwrite_token
 from infra.gates.decision import Decision
@@ -97,8 +97,10 @@ def audit(
         if not decode.ok:
             failure = _decode_failed(decode)
     report = run_report(
-        plan,
+        plan.job,
+        plan.shards,
         summary,
+        settings=plan.settings_record(HIDDEN_SETTINGS),
         reconciliation=recon.to_dict(),
         decode=decode.to_dict() if decode is not None else None,
         audio=audio.to_dict() if audio is not None else None,

@@ -172,7 +172,7 @@ def _check_unchanged(plan: BuildPlan) -> None:
     report = verify_existing(plan, stale=False)
     if report.kind in WRITABLE:
         return
-    if plan.replace_from is not None and (report.existing_fingerprint or "foreign") == plan.replace_from:
+    if plan.job.replace_from is not None and (report.existing_fingerprint or "foreign") == plan.job.replace_from:
         return
     raise ConflictAborted(
         f"{plan.out} changed while this run was deciding (it is {report.kind} now): nothing was written; run the "
@@ -185,16 +185,16 @@ def _prepare_out(plan: BuildPlan) -> BuildPlan:
     """cache.json, the plan recorded (`record_plan`: with the shards it carries over), temp files of a killed run
     removed; returns the plan the shards run."""
     provenance = {"model_path": str(plan.config.model), "source": plan.config.source, "recipe": plan.config.recipe}
-    if plan.replace_from is not None and _cache_json_fingerprint(plan.out) != plan.fingerprint:
-        kept = keep_old_cache_json(plan.out, plan.replace_from)
+    if plan.job.replace_from is not None and _cache_json_fingerprint(plan.out) != plan.fingerprint:
+        kept = keep_old_cache_json(plan.out, plan.job.replace_from)
         get_run_logger().warning("approved overwrite of %s; old cache.json kept as %s", plan.out, kept)
-        write_cache_json(plan.out, plan.spec, {**provenance, "replaces": plan.replace_from}, replace=True)
+        write_cache_json(plan.out, plan.spec, {**provenance, "replaces": plan.job.replace_from}, replace=True)
     elif outdir.lstat(plan.out, CACHE_JSON) is None:
         write_cache_json(plan.out, plan.spec, provenance)
     removed = remove_stale_temps(plan.out)
     if removed:
         get_run_logger().warning("removed %d partial temp files left by an interrupted run", removed)
-    return record_plan(plan)
+    return plan.model_copy(update={"shards": record_plan(plan.job, plan.shards, plan.spool)})
 
 
 def _cache_json_fingerprint(out: Path) -> str | None:

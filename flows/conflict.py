@@ -62,7 +62,7 @@ def resolve_conflict(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, 
         if report.kind != "incompatible":
             raise aborted(plan, report, token, f"decided: {decision.text()}, but reuse needs a latentforge cache")
         return plan_build(adopt_existing_spec(plan.config, plan.spec, plan.out), spool), decision
-    return plan.model_copy(update={"replace_from": report.existing_fingerprint or "foreign"}), decision
+    return plan.decided(replace_from=report.existing_fingerprint or "foreign"), decision
 
 
 def aborted(plan: BuildPlan, report: VerifyReport, token: str, decided: str) -> ConflictAborted:
@@ -114,7 +114,7 @@ def _resumed_overwrite(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan
         details={**details, "planned": plan.fingerprint},
     )
     get_run_logger().warning("%s: resuming the approved overwrite, %d sample(s) still to replace", plan.out, pending)
-    return plan.model_copy(update={"replace_from": replaced}), decision
+    return plan.decided(replace_from=replaced), decision
 
 
 def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:

@@ -81,7 +81,13 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
                     unit = pending.pop(0)
                     unit.attempts += 1
                     unit.device = slots.take() if slots is not None else None
-                    params = {"plan": plan, "shard": unit.shard, "run": run, "chunk": unit.chunk, "device": unit.device}
+                    params = {
+                        "job": plan.job,
+                        "shard": unit.shard,
+                        "run": run,
+                        "chunk": unit.chunk,
+                        "device": unit.device,
+                    }
                     running[submit(preprocess_shard, params)] = unit
                 finished, _ = wait(list(running), timeout=POLL_SECONDS)
                 for future in finished:

@@ -47,7 +47,7 @@ def resolve_stale(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, Dec
             detail=f"decided: {decision.text()}",
         )
     field = "stale_replace" if choice is StaleChoice.replace_stale else "stale_keep"
-    return plan.model_copy(update={field: frozenset(selectors)}), decision
+    return plan.decided(**{field: frozenset(selectors)}), decision
 
 
 def preview(report: VerifyReport) -> str:

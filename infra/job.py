@@ -1,9 +1,14 @@
-"""ShardJob: what the stages below the plan take of a build besides its spec (`infra.plan.resolve` makes it).
+"""Job: what the stages below the plan take of a build (`infra.plan.resolve` makes it; the plan carries it).
 
-A stage reads the spec for what decides the bytes and the job for the rest: where the samples and the model are, what
-this run selects, the caps checked before a clip is read, how the run goes (device, batching, memory; never the
-bytes). It never reads the raw config (`BuildConfig`): a value the spec resolves (the video batch, the dtype) is read
-from the spec, and a run value that is not the spec's (how many clips one VAE call gathers) is named here.
+One frozen, picklable object is what a shard task (on a thread or a Ray worker), the one-sample sanity, the gates,
+the audit and the decoders (a decoder process takes it once) get: the spec, the fingerprint and what the family makes
+(its output kinds, the shapes of a sample), where OUT, the samples and the model are, what this run selects, the caps
+checked before a clip is read, how the run goes (device, batching, memory; never the bytes), and what the gates
+decided (an approved overwrite, the stale samples replaced or kept). A stage reads the spec for what decides the bytes
+and the job for the rest; it never reads the raw config (`BuildConfig`): a value the spec resolves (the video batch,
+the dtype) is read from the spec, and a run value that is not the spec's (how many clips one VAE call gathers) is
+named here. The plan's shards and listing stay with the plan (`infra.plan.BuildPlan`); a step over every shard takes
+them beside the job.
 """
 
 from __future__ import annotations
@@ -12,15 +17,30 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.config import BuildConfig, LimitsConfig, RunConfig, SelectionConfig
+from infra.config import BuildConfig, CacheSpec, LimitsConfig, RunConfig, SelectionConfig
 from infra.fetch import local_model
 
 
-class ShardJob(BaseModel):
-    """A build's run part, frozen and picklable: it travels with the plan to Ray workers and decoder processes."""
+class Job(BaseModel):
+    """A build's part below the plan, frozen and picklable: it travels to Ray workers and decoder processes."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    out: Path = Field(description="OUT, the cache's directory")
+    family: str
+    spec: CacheSpec
+    fingerprint: str = Field(description="The spec's fingerprint (`CacheSpec.fingerprint`)")
+    kinds: tuple[str, ...] = Field(
+        ("latents", "text_embeddings"),
+        description="The output kinds every sample holds (latents, text_embeddings, audio_latents for an audio run)",
+    )
+    latent_shape: tuple[int, ...] = Field(description="A sample's latents (the first bucket's, with buckets)")
+    text_shape: tuple[int, ...] = Field(description="A sample's text embeddings")
+    mask_multiples: tuple[int, int] | None = Field(
+        None,
+        description="The VAE's (frames, pixels) per latent step, where the mode lays a video mask on the latents' "
+        "grid (None: no video mask)",
+    )
     source: str = Field(description="KIND:PATH of the samples")
     model: str = Field(description="The model directory, as given (or its URL: `infra.fetch`)")
     model_parts: tuple[str, ...] = Field(
@@ -35,11 +55,24 @@ class ShardJob(BaseModel):
         "--vae-slicing, where the VAE encodes the gathered clips one at a time",
     )
     vae_slicing: bool = Field(False, description="The VAE encodes a gathered batch one clip at a time")
+    replace_from: str | None = Field(
+        None,
+        description="Set only by an approved overwrite: the fingerprint (foreign for no cache.json) whose files may "
+        "be replaced",
+    )
+    stale_replace: frozenset[str] = Field(
+        frozenset(), description="Set only by the stale gate: SHARD/KEY of the stale samples to re-encode"
+    )
+    stale_keep: frozenset[str] = Field(
+        frozenset(), description="Set only by the stale gate: SHARD/KEY of the stale samples the cache knowingly keeps"
+    )
 
     @classmethod
-    def of(cls, config: BuildConfig, model_parts: tuple[str, ...] = ()) -> ShardJob:
-        """The job of `config` (its recipe applied: `infra.plan.resolve`)."""
+    def of(cls, config: BuildConfig, model_parts: tuple[str, ...] = (), **resolved: object) -> Job:
+        """The job of `config` (its recipe applied: `infra.plan.resolve`) with what `resolve` made of it (`resolved`:
+        the family, spec, fingerprint, kinds, shapes, mask multiples)."""
         return cls(
+            out=Path(config.out),
             source=config.source,
             model=config.model,
             model_parts=model_parts,
@@ -48,6 +81,7 @@ class ShardJob(BaseModel):
             run=config.run,
             gather=config.encoding.video_batch,
             vae_slicing=config.encoding.vae_slicing,
+            **resolved,
         )
 
     @property
@@ -59,6 +93,11 @@ class ShardJob(BaseModel):
     def device(self) -> str:
         return self.run.device
 
-    def placed(self, device: str) -> ShardJob:
+    @property
+    def video(self) -> bool:
+        """Whether a sample has a video to decode (False: an audio-only mode's, whose media is its audio)."""
+        return "latents" in self.kinds
+
+    def placed(self, device: str) -> Job:
         """The job run on `device` (a shard task placed on ``cuda:N``)."""
         return self.model_copy(update={"run": self.run.model_copy(update={"device": device})})

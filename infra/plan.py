@@ -32,7 +32,7 @@ from infra.fetch import is_url, local_model
 from infra.formats import get_format
 from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes, text_clean_for
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
-from infra.job import ShardJob
+from infra.job import Job
 from infra.media.buckets import Bucket, check_reference_buckets, parse_buckets
 from infra.media.image import IMAGE_POLICIES
 from infra.media.temporal import DEFAULT_SHORT, make_policy
@@ -88,27 +88,17 @@ class ShardPlan(BaseModel):
 
 
 class BuildPlan(BaseModel):
-    """A resolved run: what to write, where, from what."""
+    """A resolved run, the flows' object: the config, the job the stages below take (`infra.job.Job`), and the
+    shards the plan listed. Nothing below the plan takes it: a stage gets the job (and the shards where it walks
+    them), never the config (`tests/test_layout.py`)."""
 
     model_config = ConfigDict(frozen=True)
 
     config: BuildConfig
-    family: str
-    spec: CacheSpec
-    fingerprint: str
-    #: What the stages below the plan take besides the spec (they never read `config`).
-    job: ShardJob
-    latent_shape: tuple[int, ...]
-    text_shape: tuple[int, ...]
+    #: What the stages below the plan take: the spec, fingerprint, shapes, kinds and run part, and the gates'
+    #: decisions (an approved overwrite's `replace_from`, the stale gate's `stale_replace` / `stale_keep`).
+    job: Job
     shards: list[ShardPlan]
-    #: The output kinds every sample holds (latents, text_embeddings, audio_latents for an audio run).
-    kinds: tuple[str, ...] = ("latents", "text_embeddings")
-    #: Set only by an approved overwrite: the fingerprint ("foreign" for no cache.json) whose files may be replaced.
-    replace_from: str | None = None
-    #: Set only by the stale gate: ``SHARD/KEY`` of the stale samples to re-encode (their files replaced), and of
-    #: those the cache knowingly keeps.
-    stale_replace: frozenset[str] = frozenset()
-    stale_keep: frozenset[str] = frozenset()
     #: A build's plan: the spool its shards' samples were listed into (`infra.cache.listing`), recorded in OUT before
     #: the preprocess; None for a plan that records nothing (a step on an existing OUT, a dry run).
     listing: str | None = None
@@ -122,7 +112,28 @@ class BuildPlan(BaseModel):
 
     @property
     def out(self) -> Path:
-        return Path(self.config.out)
+        return self.job.out
+
+    @property
+    def spec(self) -> CacheSpec:
+        return self.job.spec
+
+    @property
+    def fingerprint(self) -> str:
+        return self.job.fingerprint
+
+    @property
+    def family(self) -> str:
+        return self.job.family
+
+    @property
+    def spool(self) -> Path | None:
+        """The spool the plan listed its samples into (`listing`), as a path."""
+        return None if self.listing is None else Path(self.listing)
+
+    def decided(self, **decision: Any) -> BuildPlan:
+        """The plan with a gate's decision in its job (`replace_from`, `stale_replace`, `stale_keep`)."""
+        return self.model_copy(update={"job": self.job.model_copy(update=decision)})
 
     def settings_record(self, hidden: dict[str, Any]) -> dict[str, Any]:
         """The run's config as a record keeps it (JSON; the `hidden` fields of each section left out)."""
@@ -273,22 +284,18 @@ def check_text_8bit(config: BuildConfig, family: FamilySpec) -> None:
 
 
 class Resolved(NamedTuple):
-    """A BuildConfig resolved (`resolve`): the config with its recipe's settings filled in, the family, the spec, the
-    job (the run's part the stages read) and the shapes of a sample's latents (the first bucket's, with buckets) and
-    text embeddings."""
+    """A BuildConfig resolved (`resolve`): the config with its recipe's settings filled in, and the job the stages
+    take (the family, the spec, the shapes of a sample's latents (the first bucket's, with buckets) and text
+    embeddings, the run part)."""
 
     config: BuildConfig
-    family: str
-    spec: CacheSpec
-    job: ShardJob
-    latent_shape: tuple[int, ...]
-    text_shape: tuple[int, ...]
+    job: Job
 
 
 def resolve(config: BuildConfig) -> Resolved:
     """The one place below the flows that applies the recipe and turns a BuildConfig into what the stages take: the
     CacheSpec (resolve the family, check geometry and format, hash the model; the settings the spec takes as given,
-    `COPIED`, are copied, the rest resolved here) and the ShardJob (the run's part)."""
+    `COPIED`, are copied, the rest resolved here) in the Job (`infra.job`)."""
     config = apply_recipe(config)
     parts = model_parts(config)
     model_dir = local_model(config.model, parts)
@@ -342,9 +349,18 @@ def resolve(config: BuildConfig) -> Resolved:
         )
     check_consumer(spec, family.kinds(spec))
     get_format(spec.format).check_out(Path(config.out).expanduser(), config.source)  # musubi: one dataset per OUT
-    latent_shape = family.latent_shape(model_dir, frames, height, width)
-    text_shape = family.text_shape(model_dir, TextSettings.of(spec))
-    return Resolved(config, family.name, spec, ShardJob.of(config, parts), latent_shape, text_shape)
+    kinds = family.kinds(spec)
+    resolved = {
+        "family": family.name,
+        "spec": spec,
+        "fingerprint": spec.fingerprint(),
+        "kinds": kinds,
+        "latent_shape": family.latent_shape(model_dir, frames, height, width),
+        "text_shape": family.text_shape(model_dir, TextSettings.of(spec)),
+        # the VAE's steps, where a video mask is laid on the latents' grid (the decoders' `prepare.decode_media`)
+        "mask_multiples": (rules.frame_multiple, rules.spatial_multiple) if "video_masks" in kinds else None,
+    }
+    return Resolved(config, Job.of(config, parts, **resolved))
 
 
 def model_parts(config: BuildConfig) -> tuple[str, ...]:
@@ -360,8 +376,8 @@ def model_parts(config: BuildConfig) -> tuple[str, ...]:
 
 def make_spec(config: BuildConfig) -> tuple[str, CacheSpec, tuple[int, ...], tuple[int, ...]]:
     """`resolve`'s (family, spec, latent shape, text shape): a command's check before its flow starts."""
-    _, family, spec, _, latent_shape, text_shape = resolve(config)
-    return family, spec, latent_shape, text_shape
+    job = resolve(config).job
+    return job.family, job.spec, job.latent_shape, job.text_shape
 
 
 def audio_durations(config: BuildConfig) -> list[float] | None:
@@ -511,25 +527,19 @@ def make_plan(config: BuildConfig, spool: Path | None = None, shards: list[Shard
     """The whole plan for a build; its config has the recipe's settings filled in (`apply_recipe`). A build's plan
     lists its samples into `spool`, a directory outside OUT (`BuildPlan.listing`); given `shards` (a plan recorded
     in OUT), nothing is listed."""
-    config, family, spec, job, latent_shape, text_shape = resolve(config)
+    config, job = resolve(config)
     source_shards = None
     if shards is None:
         source = open_source(config.source, config.encoding)
         listed = source.shards()
         source_shards = tuple(s.id for s in listed)
         shards = plan_shards(config, source, spool, listed)
-    for note in layout_notes(spec, shards):
+    for note in layout_notes(job.spec, shards):
         logger.info(note)
     return BuildPlan(
         config=config,
-        family=family,
-        spec=spec,
-        fingerprint=spec.fingerprint(),
         job=job,
-        latent_shape=latent_shape,
-        text_shape=text_shape,
         shards=shards,
-        kinds=get_family(family).kinds(spec),
         listing=str(spool) if spool else None,
         source_shards=source_shards,
     )

@@ -21,5 +21,5 @@ def decode_verify(plan: BuildPlan) -> DecodeReport:
         device=plan.job.device,
         dtype=plan.spec.dtype,
         min_psnr=gates.min_psnr,
-        options=load_options(plan),
+        options=load_options(plan.job),
     )

@@ -17,7 +17,7 @@ def one_sample_sanity(plan: BuildPlan, *, pending_only: bool = False) -> SanityR
     """Encode the plan's first usable sample (`pending_only`, the build's gate: the first one the build would
     encode; nothing to encode, a finished cache's resume, loads no model and reads no media) into OUT.sanity/,
     check it, time it, project the full run."""
-    return run_sanity(plan, pending_only=pending_only)
+    return run_sanity(plan.job, plan.shards, plan.spool, pending_only=pending_only)
 
 
 @task(name="disk-check", cache_policy=NO_CACHE)

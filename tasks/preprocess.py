@@ -9,6 +9,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from infra.errors import OutWriteError
+from infra.job import Job
 from infra.ops import runners
 from infra.ops.progress import RunState
 from infra.outdir import UnsafePath
@@ -41,15 +42,15 @@ def _retry_unless_out_refuses(task: Any, task_run: Any, state: Any) -> bool:
     retry_condition_fn=_retry_unless_out_refuses,
 )
 def preprocess_shard(
-    plan: BuildPlan, shard: ShardPlan, run: RunState, chunk: Chunk | None = None, device: str | None = None
+    job: Job, shard: ShardPlan, run: RunState, chunk: Chunk | None = None, device: str | None = None
 ) -> ShardResult:
-    """Encode one shard (or one chunk of it) of `run` on `device` (the placement's: ``cuda:N``; None: the
-    configured one); resumes from its ledger, so a retry redoes only what is not done. Runs in the flow's process
-    or in a Ray worker: progress goes where the runner says."""
+    """Encode one shard (or one chunk of it) of `run` under the plan's `job` on `device` (the placement's:
+    ``cuda:N``; None: the configured one); resumes from its ledger, so a retry redoes only what is not done. Runs in
+    the flow's process or in a Ray worker (the job is what travels): progress goes where the runner says."""
     on_row = runners.row_reporter(run)
     if device is not None:
-        plan = plan.model_copy(update={"job": plan.job.placed(device)})
-    return process_shard(plan, shard, on_row=on_row, run_id=flow_run.get_id(), chunk=chunk, run=run)
+        job = job.placed(device)
+    return process_shard(job, shard, on_row=on_row, run_id=flow_run.get_id(), chunk=chunk, run=run)
 
 
 @task(name="merge-chunks", cache_policy=NO_CACHE)
@@ -61,4 +62,4 @@ def merge_chunks(plan: BuildPlan, shard: ShardPlan, chunks: list[Chunk], results
 @task(name="dry-run", cache_policy=NO_CACHE)
 def dry_run_sample(plan: BuildPlan) -> dict[str, Any]:
     """Encode the first usable sample in memory and return its shapes; nothing is written (the sanity's code)."""
-    return dry_run(plan)
+    return dry_run(plan.job, plan.shards, plan.spool)

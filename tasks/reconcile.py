@@ -12,6 +12,6 @@ from infra.plan import BuildPlan
 @task(name="reconcile-counts", cache_policy=NO_CACHE)
 def reconcile_counts(plan: BuildPlan) -> ReconcileReport:
     """Expected (the source listing) against produced (per output kind); missing samples with their reasons."""
-    report = reconcile(plan)
+    report = reconcile(plan.job, plan.shards, plan.source_shards)
     write_reconcile_report(plan.out, report)
     return report

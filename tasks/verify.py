@@ -13,4 +13,4 @@ from infra.plan import BuildPlan
 def verify_existing(plan: BuildPlan, stale: bool = True) -> VerifyReport:
     """Classify OUT (absent, compatible, incompatible, foreign, damaged) with what differs and one sample checked;
     for a resume, the samples whose source changed since (stale)."""
-    return verify_plan(plan, stale=stale)
+    return verify_plan(plan.job, plan.shards, plan.spool, stale=stale)

@@ -23,7 +23,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flows.terminal_run import run_build
-from infra.audit.reconcile import reconcile
 from infra.audit.run_report import latest_run_report
 from infra.cache import ledger, listing
 from infra.faults import ENV, FAIL_ENV, HOLD_ENV, LOG_ENV
@@ -34,6 +33,7 @@ from infra.sources import ShardReadError, open_source
 from tests.conftest import FRAMES, HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
 from tests.procs import cli_env
+from tests.steps import reconciled
 
 LATENTFORGE = Path(sys.executable).parent / "latentforge"
 WAIT_S = 120.0
@@ -139,7 +139,7 @@ def test_a_shard_deleted_or_cut_mid_run_is_a_row_per_planned_sample_and_a_shortf
     assert (report.reconciliation.expected, report.reconciliation.produced) == (9, 6)
     assert report.reconciliation.reasons == {reason: 3}
     assert "3 sample(s) missing and nobody accepted the loss" in " ".join(gate_problems(cfg.out, report.fingerprint))
-    later = reconcile(recorded_plan(cfg))  # `latentforge reconcile OUT`, in another process: the same plan
+    later = reconciled(recorded_plan(cfg))  # `latentforge reconcile OUT`, in another process: the same plan
     assert (later.expected, later.produced, later.reasons()) == (9, 6, {reason: 3})
 
 
@@ -313,7 +313,7 @@ def _assert_the_plan_is_what_is_counted(cfg, planned: dict[str, list[str]]) -> N
     _assert_each_planned_sample_has_one_row(cfg.out, planned)
     expected = sum(map(len, planned.values()))
     assert latest_run_report(cfg.out).reconciliation.expected == expected
-    assert reconcile(recorded_plan(cfg)).expected == expected
+    assert reconciled(recorded_plan(cfg)).expected == expected
 
 
 def test_a_sample_the_sanity_died_on_is_passed_over_by_the_next_sanity_and_built_by_the_shard(

@@ -193,7 +193,7 @@ def test_a_broken_encoder_is_stopped_by_sanity_and_by_the_shard_fail_fast(tmp_pa
 
     plan = make_plan(cfg)  # the shard task on its own: its first three encodes fail, so it stops
     with pytest.raises(RuntimeError, match=r"the first 3 encodes of shard G-11_part-00000 failed.*IndexError"):
-        process_shard(plan, plan.shards[0])
+        process_shard(plan.job, plan.shards[0])
     rows = ledger.read_shard(tmp_path / "out", "G-11_part-00000")
     assert [r.reason for r in rows.values()] == ["encode_error"] * 3
 

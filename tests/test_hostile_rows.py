@@ -182,7 +182,7 @@ def test_each_bad_row_is_one_skipped_row_and_each_good_row_is_built(tmp_path_fac
     path, planted = _write(root / "src", suffix, rows, clip)
     plan = make_plan(config(root, tiny_model, root / "out", source=f"meta:{path}", **GEOMETRY))
     for shard in plan.shards:
-        result = process_shard(plan, shard)
+        result = process_shard(plan.job, shard)
         assert result.error is None, result.error
     found = {key: row for sid in ledger.shard_ids(plan.out) for key, row in ledger.read_shard(plan.out, sid).items()}
     assert {key: (row.status, row.reason) for key, row in found.items()} == {

@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.terminal_run import run_build
-from infra.audit.reconcile import reconcile
 from infra.config import BuildConfig
 from infra.formats.stream import stream_samples
 from infra.plan import make_plan
 from tests.conftest import config
 from tests.image_media import sample_images, write_wds
+from tests.steps import reconciled
 
 runner = CliRunner()
 HEIGHT, WIDTH = 32, 48
@@ -78,7 +78,7 @@ def test_image_latents_round_trip_through_the_shard_formats(tmp_path, source, fm
             latents = np.frombuffer(row["vae_latent_bytes"], dtype=np.float32).reshape(row["vae_latent_shape"])
             assert np.array_equal(latents, ours[row["id"]]["latents"].float().numpy())
             assert row["num_frames"] == 1 and row["media_type"] == "image"
-    report = reconcile(make_plan(cfg))
+    report = reconciled(make_plan(cfg))
     assert (report.ok, report.produced) == (True, count), report
 
 

@@ -195,7 +195,7 @@ def test_wds_build_reads_back_resumes_without_reading_and_decodes(tmp_path, kl_c
     original = tarfile.TarFile.extractfile
     monkeypatch.setattr(tarfile.TarFile, "extractfile", lambda tf, m: reads.append(str(m)) or original(tf, m))
     plan = make_plan(_config(f"wds:{src.parent}", kl_clip, out))
-    process_shard(plan, plan.shards[0])
+    process_shard(plan.job, plan.shards[0])
     assert reads == [m for m in reads if "bad" in m or "lonely" in m or "nocap" in m]  # only the skipped, again
 
 
@@ -247,7 +247,7 @@ def test_the_image_recipe_plans_an_image_cache(tmp_path, kl_clip, images):
     values = {"source": f"wds:{src.parent}", "recipe": "image-512", "height": HEIGHT, "width": WIDTH}
     plan = make_plan(config(Path("-"), kl_clip, tmp_path / "out", **values))  # frames: the fixture's 17, ignored
     assert (plan.spec.family, plan.spec.frames, plan.spec.store_dtype) == ("image", 1, "bf16")
-    assert plan.latent_shape == (4, HEIGHT // 4, WIDTH // 4) and plan.kinds == ("latents", "text_embeddings")
+    assert plan.job.latent_shape == (4, HEIGHT // 4, WIDTH // 4) and plan.job.kinds == ("latents", "text_embeddings")
     assert Image.open(io.BytesIO(rotated_jpeg())).getexif()[0x0112] == 6
 
 

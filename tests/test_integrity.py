@@ -16,18 +16,18 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from flows.terminal_run import run_build
-from infra.audit.reconcile import reconcile
 from infra.audit.run_report import latest_run_report
 from infra.cache import ledger
 from infra.cache.cachedir import write_cache_json
 from infra.config import ADDED_LATER, FINGERPRINT_NAMES, fingerprint_of
 from infra.demo.data import write_vbvr_tar
-from infra.gates.verify import verify_out, verify_plan
+from infra.gates.verify import verify_out
 from infra.models import get_family, model_identity
 from infra.models import identity as ident
 from infra.plan import make_plan, make_spec
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
+from tests.steps import reconciled, verified
 
 VAE_TENSOR = "encoder.down_blocks.2.resnets.0.conv1.bias"
 TEXT_TENSOR = "encoder.block.1.layer.1.DenseReluDense.wo.weight"
@@ -152,7 +152,7 @@ def test_a_changed_prompt_or_video_is_stale_stops_the_run_and_is_replaced_or_kep
 
     _sources(src, clips, (b"a man talks on the phone", b"a man listens"))  # an upstream revision of one prompt
     plan = make_plan(config(src, tiny_model, out))
-    report = verify_plan(plan)
+    report = verified(plan)
     assert report.kind == "compatible" and [s["id"] for s in report.stale] == ["handle_object_reappearance_00000000"]
     assert report.stale[0]["changed"] == {"prompt.txt": "size 11 → 24"} and "stale" in report.text()
     ok, refused = run_build(config(src, tiny_model, out))  # no one can answer here: abort
@@ -169,17 +169,17 @@ def test_a_changed_prompt_or_video_is_stale_stops_the_run_and_is_replaced_or_kep
         "policy",
         [report.stale[0]["selector"]],
     )
-    assert verify_plan(make_plan(config(src, tiny_model, out))).stale == []
+    assert verified(make_plan(config(src, tiny_model, out))).stale == []
 
     _sources(src, clips, (b"a man talks on the phone", b"a man listens"), second_video=cut_clip(clips["bikes"], 9))
-    stale = verify_plan(make_plan(config(src, tiny_model, out))).stale
+    stale = verified(make_plan(config(src, tiny_model, out))).stale
     assert [s["changed"] for s in stale] == [{"ground_truth.mp4": stale[0]["changed"]["ground_truth.mp4"]}]
     ok, result = run_build(config(src, tiny_model, out, on_stale="keep"))
     assert ok and result["encoded"] == 0 and result["stale_kept"] == 1, result
     assert _files(out) == after  # keep changes no sample file ...
     (decision,) = latest_run_report(out).decisions_at("stale")
     assert decision.choice == "keep" and decision.details["count"] == 1  # ... and is recorded
-    again = verify_plan(make_plan(config(src, tiny_model, out)))
+    again = verified(make_plan(config(src, tiny_model, out)))
     assert again.stale == [] and again.stale_kept == 1  # a kept change is not asked again
 
 
@@ -198,7 +198,7 @@ def test_a_repacked_shard_with_the_same_bytes_is_not_stale(tmp_path, tiny_model,
         write_vbvr_tar(src / "a.tar", [sample(0, 0, video, b"a man talks")])
     finally:
         data._MTIME = original
-    report = verify_plan(make_plan(config(src, tiny_model, out)))
+    report = verified(make_plan(config(src, tiny_model, out)))
     assert report.stale == []
     ok, result = run_build(config(src, tiny_model, out))
     assert ok and result["reused"] == 1 and result["encoded"] == 0, result
@@ -217,7 +217,7 @@ def test_samples_gone_from_the_source_are_reported_and_kept(tmp_path, tiny_model
     (src / "a.tar").unlink()
     write_vbvr_tar(src / "a.tar", [sample(0, 0, cut_clip(clips["carphone"], 9), b"one")])  # sample 1 removed
     (src / "b.tar").unlink()  # a whole shard removed
-    report = reconcile(make_plan(config(src, tiny_model, out, shard_filter="a")))
+    report = reconciled(make_plan(config(src, tiny_model, out, shard_filter="a")))
     assert report.ok
     gone = sorted((g.shard, g.id) for g in report.gone_from_source)
     assert gone == [("a", "handle_object_reappearance_00000001"), ("b", "ball_trajectory_00000000")]
@@ -235,7 +235,7 @@ def test_a_cache_of_the_sampled_identity_is_incompatible_not_damaged_and_can_be_
         FINGERPRINT_NAMES.get(k, k): v for k, v in spec.items() if k not in ADDED_LATER or v != ADDED_LATER[k]
     }
     assert "identity_scheme" not in as_in_0_1 and fingerprint_of(as_in_0_1) == result["fingerprint"]
-    report = verify_plan(make_plan(config(src, tiny_model, out)))
+    report = verified(make_plan(config(src, tiny_model, out)))
     assert report.kind == "incompatible" and report.problems == []
     assert report.differences["identity_scheme"] == {"existing": "sampled", "planned": "content"}
     before = tree_hashes(out)

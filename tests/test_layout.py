@@ -318,7 +318,7 @@ def test_the_config_stands_on_the_errors_and_bounds_only_and_every_step_names_re
         assert set(step_settings(step)) <= set(BuildConfig.settings()), step
 
 
-#: The stages below the plan: they take the plan's spec and job (`infra.job.ShardJob`), never the raw config.
+#: The stages below the plan: they take the plan's job (`infra.job.Job`), never the raw config.
 BELOW_THE_PLAN = ("preprocess", "audit", "gates", "media", "models")
 
 
@@ -339,6 +339,32 @@ def raw_config_reads() -> list[str]:
 
 def test_no_stage_below_the_plan_reads_the_raw_config():
     assert raw_config_reads() == []
+
+
+#: The stages that take the frozen job (and the plan's shards where they walk them), never the whole `BuildPlan`.
+TAKE_THE_JOB = ("preprocess", "audit", "gates")
+
+
+def build_plan_uses() -> list[str]:
+    """Where a module of `TAKE_THE_JOB` imports `BuildPlan` or names it in an annotation: ``path:line``."""
+    found = []
+    for name, path in MODULES.items():
+        if _unit(name) not in TAKE_THE_JOB:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            imported = isinstance(node, ast.ImportFrom) and any(a.name == "BuildPlan" for a in node.names)
+            named = (
+                isinstance(node, ast.arg)
+                and node.annotation is not None
+                and "BuildPlan" in ast.unparse(node.annotation)
+            )
+            if imported or named:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_no_stage_below_the_plan_takes_the_whole_plan():
+    assert build_plan_uses() == []
 
 
 #: flows → tasks → infra: every Prefect task lives in tasks/, and a flow calls the task, never the infra function the

@@ -22,12 +22,10 @@ from flows.cli import app
 from flows.terminal_run import run_build
 from infra.audit.audio_gate import audio_check
 from infra.audit.decode_verify import decode_and_verify
-from infra.audit.reconcile import reconcile
 from infra.audit.run_report import latest_run_report
 from infra.cache import ledger
 from infra.errors import InputError
 from infra.gates.conflicts import overwrite_token
-from infra.gates.verify import verify_plan
 from infra.media.audio import trainer_audio
 from infra.models import load_family
 from infra.plan import make_plan
@@ -36,6 +34,7 @@ from infra.publish.manifest import gate_problems
 from tests import s3_server
 from tests.conftest import config, tree_hashes
 from tests.media_utils import cut_clip, trainer_dataset
+from tests.steps import reconciled, verified
 
 moto_server, s3_env = s3_server.moto_server, s3_server.s3_env
 BUCKETS = "96x64x9;64x64x9"
@@ -94,7 +93,7 @@ def test_the_trainers_layout_keys_dtypes_and_shapes(built):
 
 def test_counts_per_kind_and_the_accepted_loss_of_the_silent_clip(built, ltx2_model):
     dataset, out, _ = built
-    report = reconcile(make_plan(_config(dataset, ltx2_model, out)))
+    report = reconciled(make_plan(_config(dataset, ltx2_model, out)))
     (group,) = report.groups.values()
     assert group.kinds == {"latents": 3, "text_embeddings": 3, "audio_latents": 2}
     assert (report.expected, report.produced) == (3, 2)
@@ -147,7 +146,7 @@ def test_the_pre_connector_text_is_what_the_connectors_own_forward_feeds_its_tra
 
 def test_verify_resume_decode_and_the_card_work_for_the_layout(built, ltx2_model, tmp_path):
     dataset, out, _ = built
-    report = verify_plan(make_plan(_config(dataset, ltx2_model, out)))
+    report = verified(make_plan(_config(dataset, ltx2_model, out)))
     assert report.kind == "compatible" and report.problems == [] and report.stale == []
     assert report.outputs == {"latents": "present", "text_embeddings": "present", "audio_latents": "present"}
     decoded = decode_and_verify(out, n=None, device="cpu", report_dir=tmp_path / "decode")

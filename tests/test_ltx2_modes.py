@@ -19,7 +19,6 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.terminal_run import run_build
 from infra.audit.audio_gate import audio_check
-from infra.audit.reconcile import reconcile
 from infra.cache import ledger
 from infra.config import CacheSpec
 from infra.errors import ConfigError, InputError, SourceError
@@ -34,6 +33,7 @@ from infra.sources import open_source
 from tests.conftest import config
 from tests.image_media import small
 from tests.media_utils import trainer_dataset
+from tests.steps import reconciled
 
 runner = CliRunner()
 BUCKETS = "64x64x9"
@@ -63,14 +63,14 @@ def test_the_trainer_recipe_encodes_audio_wherever_a_clip_has_a_track(tmp_path, 
     dataset = trainer_dataset(tmp_path / "data", ("bigbuckbunny", "bikes"), rows)
     out = tmp_path / "out"
     plan = make_plan(_config(dataset, ltx2_model, out))
-    assert plan.spec.audio and plan.kinds == ("latents", "text_embeddings", "audio_latents")  # no --audio given
+    assert plan.spec.audio and plan.job.kinds == ("latents", "text_embeddings", "audio_latents")  # no --audio given
     ok, result = run_build(_config(dataset, ltx2_model, out))
     assert ok and result["done"] == 2, result
     pre = out / ".precomputed"
     assert sorted(p.name for p in (pre / "audio_latents/clips").iterdir()) == ["bigbuckbunny.pt"]
     assert sorted(p.name for p in (pre / "latents/clips").iterdir()) == ["bigbuckbunny.pt", "bikes.pt"]
     # the clip without a track: missing from audio_latents/ by name (the trainer's loader would drop it)
-    report = reconcile(plan)
+    report = reconciled(plan)
     (missing,) = report.missing
     assert (missing.id, missing.reason) == ("clips/bikes.mp4", "no_audio_track")
     gate = audio_check(out)
@@ -83,7 +83,7 @@ def test_the_trainer_recipe_encodes_audio_wherever_a_clip_has_a_track(tmp_path, 
         assert other.exit_code != 0 and "audio" in other.output, (flag, other.output)
     # a sample missing from one required subfolder: named with the subfolder
     (pre / "conditions/clips/bigbuckbunny.pt").unlink()
-    gone = {m.id: m for m in reconcile(plan).missing}["clips/bigbuckbunny.mp4"]
+    gone = {m.id: m for m in reconciled(plan).missing}["clips/bigbuckbunny.mp4"]
     assert gone.reason == "file_missing" and ".precomputed/conditions/clips/bigbuckbunny.pt" in gone.detail
 
 

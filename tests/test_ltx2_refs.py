@@ -30,7 +30,6 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.terminal_run import run_build
-from infra.audit.reconcile import reconcile
 from infra.cache import ledger
 from infra.demo.testmedia import real_clip
 from infra.errors import ConfigError, SourceError
@@ -44,6 +43,7 @@ from infra.sources import open_source
 from tests.conftest import config, tree_hashes
 from tests.ltx_precomputed import PrecomputedReader
 from tests.media_utils import cut_clip
+from tests.steps import reconciled
 
 runner = CliRunner()
 
@@ -169,7 +169,7 @@ def v2v(tmp_path_factory: pytest.TempPathFactory, ltx2_model: Path) -> tuple[Pat
 
 def test_v2v_writes_the_reference_as_the_trainer_does(v2v, ltx2_model):
     out, plan, files = v2v
-    assert plan.kinds == ("latents", "text_embeddings", "reference_latents")
+    assert plan.job.kinds == ("latents", "text_embeddings", "reference_latents")
     pre = out / ".precomputed"
     assert sorted(p.name for p in pre.iterdir()) == ["conditions", "latents", "reference_latents"]
     # named by the sample's video, not by the reference's path (the trainer's main_media_relative_path)
@@ -184,18 +184,18 @@ def test_v2v_writes_the_reference_as_the_trainer_does(v2v, ltx2_model):
     assert reference["fps"] == 25.0 / 2 and target["fps"] == pytest.approx(29.97, abs=0.01)  # bikes' rate over 2
     # the same bytes as the trainer's steps spelled out: first 17 frames, cover-crop to 32², frames [0, 1, 3, ..., 15]
     pixels = resize_pixels(_frames(files["refs/bikes.mp4"], 17), 32, 32, "cover-crop")[:, :, [0, *range(1, 17, 2)]]
-    encoder = latent_encoder(load_encoder(plan), plan.spec)
+    encoder = latent_encoder(load_encoder(plan.job), plan.spec)
     assert torch.equal(encoder.encode_videos([pixels])[0].to(torch.bfloat16), reference["latents"])
 
 
 def test_v2v_loads_in_the_trainers_dataset_verifies_and_reconciles_by_subfolder(v2v, ltx2_model):
     out, plan, _ = v2v
     loaded = precomputed(out, ["conditions", "latents", "reference_latents"])  # FlexibleStrategyConfig's sources
-    report = reconcile(plan)
+    report = reconciled(plan)
     assert len(loaded) == report.produced == 2
     verified = runner.invoke(app, ["verify", str(out), "--model", str(ltx2_model), "--json"])
     assert verified.exit_code == 0, verified.output
-    assert json.loads(verified.output)["outputs"] == dict.fromkeys(plan.kinds, "present")
+    assert json.loads(verified.output)["outputs"] == dict.fromkeys(plan.job.kinds, "present")
     inspected = runner.invoke(app, ["inspect", str(out)])
     assert inspected.exit_code == 0, inspected.output
     reasons = {m.id: m.reason for m in report.missing}
@@ -208,7 +208,7 @@ def test_v2v_loads_in_the_trainers_dataset_verifies_and_reconciles_by_subfolder(
     # a sample missing from one required subfolder: named, with the subfolder, and the loader drops it
     (out / ".precomputed/reference_latents/clips/bikes.pt").rename(out / "moved.pt")
     try:
-        gone = {m.id: m for m in reconcile(plan).missing}["clips/bikes.mp4"]
+        gone = {m.id: m for m in reconciled(plan).missing}["clips/bikes.mp4"]
         assert gone.reason == "file_missing" and ".precomputed/reference_latents/clips/bikes.pt" in gone.detail
         assert len(precomputed(out, ["conditions", "latents", "reference_latents"])) == 1
     finally:
@@ -325,7 +325,7 @@ def inpaint(tmp_path_factory: pytest.TempPathFactory, ltx2_model: Path) -> tuple
 
 def test_video_masks_are_the_trainers_on_the_latent_grid(inpaint):
     out, plan, files = inpaint
-    assert plan.kinds == ("latents", "text_embeddings", "video_masks")
+    assert plan.job.kinds == ("latents", "text_embeddings", "video_masks")
     pre = out / ".precomputed"
     assert sorted(p.name for p in pre.iterdir()) == ["conditions", "latents", "video_masks"]
     for stem, mask_file in (("carphone", "masks/carphone.mp4"), ("bikes", "masks/box.png")):
@@ -344,7 +344,7 @@ def test_video_masks_are_the_trainers_on_the_latent_grid(inpaint):
 def test_video_inpaint_loads_in_the_trainers_dataset(inpaint):
     out, plan, _ = inpaint
     loaded = precomputed(out, ["conditions", "latents", "video_masks"])
-    assert len(loaded) == reconcile(plan).produced == 2
+    assert len(loaded) == reconciled(plan).produced == 2
     for sample in loaded:  # the strategy's reshape: one mask value per video token
         _, frames, height, width = sample["latents"]["latents"].shape
         assert sample["video_masks"]["mask"].reshape(1, frames * height * width).shape == (1, frames * height * width)
@@ -363,7 +363,7 @@ def test_decoder_processes_decode_references_and_masks_as_threads_do(made, reque
     cfg = _config(dataset, ltx2_model, tmp_path / "out", **overrides, decode_pool="process", decode_workers=2)
     ok, result = run_build(cfg)
     assert ok, result
-    assert (result["done"], result["skipped"]) == (reconcile(plan).produced, 2 if made == "v2v" else 1)
+    assert (result["done"], result["skipped"]) == (reconciled(plan).produced, 2 if made == "v2v" else 1)
     ours = {k: v for k, v in tree_hashes(tmp_path / "out").items() if k.startswith(".precomputed")}
     assert ours and ours == {k: v for k, v in tree_hashes(out).items() if k.startswith(".precomputed")}
 
@@ -410,7 +410,7 @@ def av2av(tmp_path_factory: pytest.TempPathFactory, ltx2_model: Path) -> tuple[P
 def test_av2av_writes_the_reference_audio_as_the_trainer_does(av2av):
     out, plan, _ = av2av
     kinds = ("latents", "text_embeddings", "audio_latents", "reference_latents", "reference_audio_latents")
-    assert plan.kinds == kinds
+    assert plan.job.kinds == kinds
     pre = out / ".precomputed"
     assert sorted(p.name for p in pre.iterdir()) == sorted(["conditions", *kinds[:1], *kinds[2:]])
     reference = torch.load(pre / "reference_audio_latents/clips/bikes.pt", weights_only=True)
@@ -432,7 +432,7 @@ def test_av2av_loads_in_the_trainers_dataset_and_a_reference_without_sound_is_na
     out, plan, _ = av2av
     sources = ["conditions", "latents", "audio_latents", "reference_latents", "reference_audio_latents"]
     loaded = precomputed(out, sources)
-    report = reconcile(plan)
+    report = reconciled(plan)
     assert len(loaded) == report.produced == 2
     (missing,) = report.missing
     assert (missing.id, missing.reason) == ("clips/silent.mp4", "no_audio_track")
@@ -492,12 +492,12 @@ def test_t2a_from_audio_and_captions_with_duration_buckets(tmp_path, ltx2_model,
     out, plan, result = _audio_build(
         tmp_path, ltx2_model, "t2a", rows, audio_files, audio_durations="4.0;1.0", decode_samples=2
     )
-    assert plan.kinds == ("text_embeddings", "audio_latents") and plan.spec.audio_durations == [4.0, 1.0]
+    assert plan.job.kinds == ("text_embeddings", "audio_latents") and plan.spec.audio_durations == [4.0, 1.0]
     assert result["done"] == 2 and result["skipped"] == 2, result
     pre = out / ".precomputed"
     assert sorted(p.name for p in pre.iterdir()) == ["audio_latents", "conditions"]  # no latents/
     expected = {"bunny": (1.0, "clips/bunny.wav"), "bigbuckbunny": (4.0, "clips/bigbuckbunny.mp4")}
-    encoder = load_encoder(plan)
+    encoder = load_encoder(plan.job)
     for stem, (seconds, name) in expected.items():  # the longest bucket that fits: 2.5 s → 1.0, 5.3 s → 4.0
         record = torch.load(pre / f"audio_latents/clips/{stem}.pt", weights_only=True)
         assert set(record) == {"latents", "num_time_steps", "frequency_bins", "duration"}
@@ -505,10 +505,11 @@ def test_t2a_from_audio_and_captions_with_duration_buckets(tmp_path, ltx2_model,
         assert torch.equal(record["latents"], encoder.encode_audio(audio_files[name], seconds, False).latents), stem
         assert (pre / f"conditions/clips/{stem}.pt").is_file()  # named by the audio file, as the trainer names it
     loaded = precomputed(out, ["conditions", "audio_latents"])  # no latents/: the first source leads
-    report = reconcile(plan)
+    report = reconciled(plan)
     assert len(loaded) == report.produced == 2
     verified = runner.invoke(app, ["verify", str(out), "--model", str(ltx2_model), "--json"])
-    assert verified.exit_code == 0 and json.loads(verified.output)["outputs"] == dict.fromkeys(plan.kinds, "present")
+    outputs = dict.fromkeys(plan.job.kinds, "present")
+    assert verified.exit_code == 0 and json.loads(verified.output)["outputs"] == outputs
     refused = runner.invoke(app, ["overfit", str(out), "--n", "1", "--to", str(tmp_path / "overfit")])
     assert refused.exit_code == 2 and "holds no video latents" in refused.output, refused.output
     dataset = tmp_path / "data/dataset.json"
@@ -540,10 +541,10 @@ def test_a2a_reference_audio_is_named_by_the_sample(tmp_path, ltx2_model, audio_
     target = torch.load(pre / "audio_latents/clips/bunny.pt", weights_only=True)
     reference = torch.load(pre / "reference_audio_latents/clips/bunny.pt", weights_only=True)
     assert target["duration"] == 2.5 and reference["duration"] == pytest.approx(5.28, abs=0.05)  # whole files
-    whole = load_encoder(plan).encode_audio(audio_files["clips/bigbuckbunny.mp4"], 60.0, False)
+    whole = load_encoder(plan.job).encode_audio(audio_files["clips/bigbuckbunny.mp4"], 60.0, False)
     assert torch.equal(reference["latents"], whole.latents) and reference["duration"] == whole.duration
     loaded = precomputed(out, ["conditions", "audio_latents", "reference_audio_latents"])
-    report = reconcile(plan)
+    report = reconciled(plan)
     assert len(loaded) == report.produced == 1
     (missing,) = report.missing
     assert missing.id == "clips/bigbuckbunny.mp4" and missing.reason == "no_audio_track"
@@ -575,7 +576,7 @@ def test_audio_masks_are_the_trainers_on_the_audio_latents_steps(tmp_path, ltx2_
         assert torch.equal(mask["mask"], (expected > 0.5).float()), stem
         assert 0 < int(mask["mask"].sum()) < steps, stem
     loaded = precomputed(out, ["conditions", "audio_latents", "audio_masks"])
-    assert len(loaded) == reconcile(plan).produced == 2
+    assert len(loaded) == reconciled(plan).produced == 2
 
 
 def test_a_still_mask_in_any_of_the_trainers_image_formats():

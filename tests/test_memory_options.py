@@ -35,7 +35,7 @@ def source(tmp_path_factory, clips):
 
 def _build(source, model, out, **options):
     plan = make_plan(config(source, model, out, **options))
-    result = process_shard(plan, plan.shards[0])
+    result = process_shard(plan.job, plan.shards[0])
     assert result.counts == {"done": len(PROMPTS)}, result
     rows = ledger.read_shard(out, "mem")
     return plan, {k: torch.load(out / r.path, weights_only=True) for k, r in sorted(rows.items())}, result
@@ -63,7 +63,7 @@ def test_vae_tiling_is_in_the_fingerprint_and_refused_on_a_cache_made_without(tm
 def test_text_offload_leaves_every_byte_and_parks_the_encoder(tmp_path, tiny_model, source) -> None:
     _, kept, _ = _build(source, tiny_model, tmp_path / "kept")
     plan, _, result = _build(source, tiny_model, tmp_path / "off", text_offload=True)
-    encoder = load_encoder(plan)
+    encoder = load_encoder(plan.job)
     assert memory.is_parked(encoder) and encoder.text_encoder is None  # freed on CPU while the VAE ran
     assert (result.text_calls, result.prompts_encoded) == (1, 2)  # both distinct prompts, before any video
     assert _pt_hashes(tmp_path / "off") == _pt_hashes(tmp_path / "kept")  # the same bytes, file for file

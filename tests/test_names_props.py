@@ -73,10 +73,10 @@ def names(draw: st.DrawFn, *, max_bytes: int = 120) -> list[bytes]:
 def _run_twice(plan: BuildPlan) -> None:
     """Every shard through the shard loop, then the same again (a resume): it completes and changes nothing."""
     for shard in plan.shards:
-        process_shard(plan, shard)
+        process_shard(plan.job, shard)
     first = {sid: ledger.read_shard(plan.out, sid) for sid in ledger.shard_ids(plan.out)}
     for shard in plan.shards:
-        resumed = process_shard(plan, shard)
+        resumed = process_shard(plan.job, shard)
         assert resumed.encoded == 0 and resumed.error is None
     again = {sid: ledger.read_shard(plan.out, sid) for sid in ledger.shard_ids(plan.out)}
     facts = {sid: {k: (r.status, r.reason, r.path, r.sha256) for k, r in rows.items()} for sid, rows in first.items()}

@@ -19,7 +19,7 @@ from infra.ops.progress import RunState
 from infra.plan import make_plan
 from infra.preprocess.decoders import DECODER_POINT, ProcessDecoders, ThreadDecoders
 from infra.preprocess.prefetch import Prefetcher
-from infra.preprocess.prepare import decode_job, prepare
+from infra.preprocess.prepare import prepare
 from infra.preprocess.read import RawSample
 from infra.preprocess.shard import process_shard
 from infra.sources import SampleRef
@@ -48,7 +48,7 @@ def source(tmp_path_factory, clips):
 
 def _build(source, model, out, **options):
     plan = make_plan(config(source, model, out, **options))
-    result = process_shard(plan, plan.shards[0])
+    result = process_shard(plan.job, plan.shards[0])
     return result, ledger.read_shard(out, "mixed"), (result.text_calls, result.prompts_encoded)
 
 
@@ -110,7 +110,7 @@ def test_decoder_processes_leave_a_stop_to_the_shard(tmp_path, tiny_model, clips
     ref = SampleRef(id="1", group="g", key="g/1", read_media=lambda: None, read_prompt=lambda: None)
     raw = RawSample(ref, "p", clips["carphone"])
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    pool = ProcessDecoders(decode_job(plan), workers=1)
+    pool = ProcessDecoders(plan.job, workers=1)
     try:
         first = pool.submit(raw).result(timeout=120)
         decoders = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
@@ -124,19 +124,19 @@ def test_decoder_processes_leave_a_stop_to_the_shard(tmp_path, tiny_model, clips
     finally:
         pool.shutdown()
     assert torch.equal(again.video.pixels, first.video.pixels)
-    assert torch.equal(first.video.pixels, prepare(raw, plan).video.pixels)  # the threads' pixels, bit for bit
+    assert torch.equal(first.video.pixels, prepare(raw, plan.job).video.pixels)  # the threads' pixels, bit for bit
 
 
 def test_a_stop_between_samples_ends_the_shard_with_prefetch(tmp_path, tiny_model, source) -> None:
     seen: list[str] = []
     run = RunState("stopped", stop=lambda: "SIGTERM" if len(seen) >= 2 else None)  # as a SIGTERM after two samples
     plan = make_plan(config(source, tiny_model, tmp_path / "out", **AHEAD))
-    result = process_shard(plan, plan.shards[0], on_row=lambda row: seen.append(row.key), run=run)
+    result = process_shard(plan.job, plan.shards[0], on_row=lambda row: seen.append(row.key), run=run)
     assert result.interrupted == "SIGTERM"
     rows = ledger.read_shard(tmp_path / "out", "mixed")
     assert sorted(rows) == sorted(seen) and len(rows) == 2  # nothing past the stop was written or recorded
     plan = make_plan(config(source, tiny_model, tmp_path / "out", on_conflict="reuse", **AHEAD))
-    resumed = process_shard(plan, plan.shards[0])
+    resumed = process_shard(plan.job, plan.shards[0])
     assert resumed.reused == 2 and len(ledger.read_shard(tmp_path / "out", "mixed")) == 7
 
 
@@ -172,7 +172,7 @@ def test_a_waiting_sample_holds_its_pixels_once(tmp_path, tiny_model, clips, sou
     no second reference to the pixels (a pickle of it, as a Ray object or a queue would hold, is the pixels once)."""
     plan = make_plan(config(source, tiny_model, tmp_path / "out"))
     ref = SampleRef(id="1", group="g", key="g/1", read_media=lambda: None, read_prompt=lambda: None)
-    prepared = prepare(RawSample(ref, "p", clips["bikes"]), plan)
+    prepared = prepare(RawSample(ref, "p", clips["bikes"]), plan.job)
     assert prepared.video.clip.frames.size == 0 and prepared.video.clip.pixels is None
     size = len(pickle.dumps(prepared.video, protocol=pickle.HIGHEST_PROTOCOL))
     assert prepared.video.pixels.nbytes < size < prepared.video.pixels.nbytes + 64 * 1024

@@ -259,18 +259,18 @@ def test_chunks_of_a_shard_merge_into_the_unchunked_ledger_and_resume_from_their
         out.mkdir()
     plan = make_plan(_config(source, tiny_model, whole))
     shard = plan.shards[0]
-    process_shard(plan, shard)
+    process_shard(plan.job, shard)
     plan = make_plan(_config(source, tiny_model, chunked, chunk_size=CHUNK))
     chunks = plan_chunks(shard, CHUNK)
-    results = [process_shard(plan, shard, chunk=c) for c in chunks]
+    results = [process_shard(plan.job, shard, chunk=c) for c in chunks]
     assert (ledger.ledger_dir(chunked) / PARTS_DIR).is_dir() and not ledger.sealed_path(chunked, shard.id).exists()
-    resumed = process_shard(plan, shard, chunk=chunks[0])  # its part, not yet merged, is what it resumes from
+    resumed = process_shard(plan.job, shard, chunk=chunks[0])  # its part, not yet merged, is what it resumes from
     assert (resumed.encoded, resumed.reused) == (0, CHUNK)
     merged = merge(chunked, shard.id, chunks, results)
     assert merged.counts == {"done": SAMPLES_PER_SHARD} and merged.encoded == SAMPLES_PER_SHARD
     assert _ledgers(chunked) == _ledgers(whole) and _data(chunked) == _data(whole)
     assert not (ledger.ledger_dir(chunked) / PARTS_DIR).exists()
-    again = process_shard(plan, shard, chunk=chunks[1])  # resumes from the shard's ledger: nothing encoded
+    again = process_shard(plan.job, shard, chunk=chunks[1])  # resumes from the shard's ledger: nothing encoded
     assert (again.encoded, again.reused) == (0, len(range(chunks[1].start, SAMPLES_PER_SHARD)))
     assert merge(chunked, shard.id, chunks, [again]).counts == {"done": SAMPLES_PER_SHARD}
     assert _ledgers(chunked) == _ledgers(whole)

@@ -12,14 +12,22 @@ from PIL import Image
 
 import infra.report_files
 from flows.terminal_run import run_build
-from infra.audit.reconcile import ReconcileReport, reconcile, write_reconcile_report
-from infra.audit.run_report import ReportError, RunReport, latest_run_report, run_report, write_run_report
+from infra.audit.reconcile import ReconcileReport, write_reconcile_report
+from infra.audit.run_report import (
+    HIDDEN_SETTINGS,
+    ReportError,
+    RunReport,
+    latest_run_report,
+    run_report,
+    write_run_report,
+)
 from infra.cache import ledger
 from infra.config import BuildConfig
 from infra.gates.decision import Decision
 from infra.plan import make_plan
 from tests.conftest import GENERATORS, config, make_shards, sample
 from tests.media_utils import cut_clip
+from tests.steps import reconciled
 
 G0, G1 = GENERATORS
 MAX_LENGTH = 512
@@ -84,7 +92,7 @@ def test_hostile_inputs_end_in_the_report_with_their_reasons(tmp_path, tiny_mode
     ok, result = run_build(cfg)
     assert ok, result
 
-    report = reconcile(make_plan(cfg))
+    report = reconciled(make_plan(cfg))
     assert _counts(report) == {G0: (5, 1, 4), G1: (5, 2, 3)}
     assert (report.expected, report.produced, report.shortfall, report.ok) == (10, 3, 7, False)
     expected = {(G0, i): ("skipped", r) for i, r in enumerate(zero) if r != "done"}
@@ -124,7 +132,7 @@ def test_an_unprocessed_shard_a_lost_file_and_a_lost_ledger(tmp_path, tiny_model
     lost, resized = (rows[key] for key in sorted(rows))  # G-11 then O-21
     (out / str(lost.path)).unlink()
 
-    report = reconcile(make_plan(_config(src, tiny_model, out)))
+    report = reconciled(make_plan(_config(src, tiny_model, out)))
     assert _counts(report) == {G0: (1, 0, 1), G1: (2, 1, 1)}
     assert _missing(report) == {(G0, 0): ("done", "file_missing"), (G1, 1): (None, "not_processed")}
     by_reason = {m.reason: m for m in report.missing}
@@ -133,12 +141,12 @@ def test_an_unprocessed_shard_a_lost_file_and_a_lost_ledger(tmp_path, tiny_model
 
     with (out / str(resized.path)).open("ab") as fh:
         fh.write(b"\0")
-    report = reconcile(make_plan(_config(src, tiny_model, out)))
+    report = reconciled(make_plan(_config(src, tiny_model, out)))
     assert _missing(report)[(G1, 0)] == ("done", "file_size_mismatch")
     assert report.groups[G1].kinds == {"latents": 0, "text_embeddings": 0}
 
     ledger.sealed_path(out, "part-a").unlink()  # as if part-a had crashed before sealing
-    report = reconcile(make_plan(_config(src, tiny_model, out)))
+    report = reconciled(make_plan(_config(src, tiny_model, out)))
     assert set(_missing(report).values()) == {(None, "not_processed")}
     assert (report.expected, report.produced, report.shortfall) == (3, 0, 3)
 
@@ -152,17 +160,17 @@ def test_a_clean_cache_is_ok_and_the_selection_follows_the_quota(tmp_path, tiny_
     ok, result = run_build(capped)
     assert ok, result
 
-    report = reconcile(make_plan(capped))
+    report = reconciled(make_plan(capped))
     assert (report.ok, report.shortfall, report.expected, report.missing, report.truncated) == (True, 0, 2, [], [])
     assert _counts(report) == {G0: (1, 1, 0), G1: (1, 1, 0)}
     assert report.reasons() == {} and report.shard_problems == {} and report.unlisted == 0
     assert report.text().startswith("reconcile: OK (2 of 2")
     assert "### Missing samples" not in report.markdown()
 
-    whole = reconcile(make_plan(_config(src, tiny_model, out)))
+    whole = reconciled(make_plan(_config(src, tiny_model, out)))
     assert (whole.expected, whole.shortfall) == (3, 1)
     assert _missing(whole) == {(G1, 1): (None, "not_processed")}
-    narrower = reconcile(make_plan(_config(src, tiny_model, out, max_samples_per_shard=1)))
+    narrower = reconciled(make_plan(_config(src, tiny_model, out, max_samples_per_shard=1)))
     assert (narrower.ok, narrower.expected, narrower.unlisted) == (True, 1, 1)
 
 
@@ -174,14 +182,14 @@ def test_a_damaged_shard_counts_what_it_lists_and_is_a_shard_problem(tmp_path, t
     cfg = _config(src, tiny_model, tmp_path / "out")
     plan = make_plan(cfg)
 
-    before = reconcile(plan)  # nothing built yet: every listed sample is not processed
+    before = reconciled(plan)  # nothing built yet: every listed sample is not processed
     assert 0 < before.expected < len(samples) and before.expected == plan.shards[0].samples
     assert "tar damaged" in before.shard_problems["cut"]
     assert set(_missing(before).values()) == {(None, "not_processed")}
 
     ok, result = run_build(cfg)
     assert ok, result
-    after = reconcile(make_plan(cfg))
+    after = reconciled(make_plan(cfg))
     rows = ledger.read_shard(cfg.out, "cut")
     assert after.expected == before.expected and "tar damaged" in after.shard_problems["cut"]
     assert after.produced == sum(r.status == "done" for r in rows.values())
@@ -191,7 +199,7 @@ def test_a_damaged_shard_counts_what_it_lists_and_is_a_shard_problem(tmp_path, t
 def test_report_files_are_never_overwritten(tmp_path, tiny_model, good, monkeypatch):
     src = make_shards(tmp_path / "src", {"part": [sample(0, 0, good, b"a")]})
     out = tmp_path / "out"
-    report = reconcile(make_plan(_config(src, tiny_model, out)))  # nothing built: one sample not processed
+    report = reconciled(make_plan(_config(src, tiny_model, out)))  # nothing built: one sample not processed
     monkeypatch.setattr(infra.report_files, "utc_stamp", lambda now=None: "20250101T000000Z")
     first = write_reconcile_report(out, report)
     before = [p.read_bytes() for p in first]
@@ -271,7 +279,7 @@ def test_one_file_for_two_source_samples_counts_once(tmp_path, tiny_model, good)
     ok, result = run_build(cfg)
     assert ok, result
     assert result["done"] == 1 and result["reasons"] == {"duplicate_id": 1}
-    report = reconcile(make_plan(cfg))
+    report = reconciled(make_plan(cfg))
     assert _counts(report) == {G0: (2, 1, 1)}
     (duplicate,) = report.missing
     assert (duplicate.shard, duplicate.status, duplicate.reason) == ("part-b", "skipped", "duplicate_id")
@@ -279,7 +287,7 @@ def test_one_file_for_two_source_samples_counts_once(tmp_path, tiny_model, good)
 
     ok, alone = run_build(cfg.with_values(shard_filter="part-b"))
     assert ok and alone["done"] == 1, alone  # both ledgers say done ...
-    report = reconcile(make_plan(cfg))
+    report = reconciled(make_plan(cfg))
     assert _counts(report) == {G0: (2, 1, 1)}  # ... but only one sample is in the cache
     (duplicate,) = report.missing
     assert (duplicate.shard, duplicate.status, duplicate.reason) == ("part-b", "done", "duplicate_output")
@@ -292,11 +300,14 @@ def test_the_run_report_holds_the_build_and_the_newest_is_found(tmp_path, tiny_m
     cfg = _config(src, tiny_model, out)
     ok, result = run_build(cfg)
     assert ok, result
-    report = reconcile(make_plan(cfg))
+    report = reconciled(make_plan(cfg))
     decisions = [Decision(gate="loss", choice="accept_loss", how="person", by="test", note="none lost")]
+    plan = make_plan(cfg)
     data = run_report(
-        make_plan(cfg),
+        plan.job,
+        plan.shards,
         result,
+        settings=plan.settings_record(HIDDEN_SETTINGS),
         reconciliation=report.to_dict(),
         decode=None,
         decisions=decisions,

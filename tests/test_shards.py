@@ -24,7 +24,6 @@ from flows.cli import app
 from flows.terminal_run import run_build
 from infra.audit.decode_verify import decode_and_verify
 from infra.audit.inspect import format_report, inspect_cache
-from infra.audit.reconcile import reconcile
 from infra.cache import ledger
 from infra.errors import ConfigError
 from infra.faults import LOG_ENV
@@ -32,12 +31,12 @@ from infra.formats import get_format
 from infra.formats.parquet import SCHEMA_T2V
 from infra.formats.shards import META_JSON, MixedFingerprints
 from infra.formats.stream import stream_samples
-from infra.gates.verify import verify_plan
 from infra.plan import make_plan, make_spec
 from infra.storage import TEMP_SUFFIX
 from tests import s3_server
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
+from tests.steps import reconciled, verified
 
 moto_server, s3_env = s3_server.moto_server, s3_server.s3_env
 FORMATS = ("webdataset", "parquet")
@@ -181,9 +180,9 @@ def test_reconcile_counts_samples_inside_shards(builds, source, tiny_model, tmp_
     out = tmp_path / "copy"
     shutil.copytree(builds("webdataset", "wan22"), out)
     cfg = shard_config(source, tiny_model, out, "webdataset", "wan22")
-    assert reconcile(make_plan(cfg)).produced == SAMPLES
+    assert reconciled(make_plan(cfg)).produced == SAMPLES
     (out / "shards/shard-b-00000.tar").unlink()  # two samples gone with their shard file
-    report = reconcile(make_plan(cfg))
+    report = reconciled(make_plan(cfg))
     assert (report.produced, {m.reason for m in report.missing}) == (SAMPLES - 2, {"file_missing"})
     assert json.loads((out / META_JSON).read_text())["samples"] == SAMPLES - 2
 
@@ -244,7 +243,7 @@ def test_parquet_has_no_column_for_audio_and_says_so_before_anything_runs(source
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_verify_existing_and_decode_and_verify_read_samples_inside_shards(builds, source, tiny_model, tmp_path, fmt):
     out = builds(fmt, "wan22")
-    report = verify_plan(make_plan(shard_config(source, tiny_model, out, fmt, "wan22")))
+    report = verified(make_plan(shard_config(source, tiny_model, out, fmt, "wan22")))
     assert report.kind == "compatible" and report.problems == [] and len(report.checked) == SAMPLES
     assert report.outputs == {"latents": "present", "text_embeddings": "present"}
     assert report.bytes == sum(p.stat().st_size for p in _parts(out))  # each shard file counted once
@@ -279,13 +278,13 @@ def test_flipped_bytes_in_a_part_are_found_and_the_printed_repair_reencodes_its_
     data[-400:-336] = bytes(b ^ 0xFF for b in data[-400:-336])
     part.write_bytes(bytes(data))
     in_part = sorted(r.key for r in _done(out) if r.path == f"shards/{part.name}")
-    report = verify_plan(make_plan(cfg), content="all")
+    report = verified(make_plan(cfg), content="all")
     assert report.kind == "damaged" and sorted(d["key"] for d in report.damaged) == in_part
     assert all("is not its record's" in d["why"] for d in report.damaged)
-    assert reconcile(make_plan(cfg), content=True).reasons() == {"file_damaged": len(in_part)}
+    assert reconciled(make_plan(cfg), content=True).reasons() == {"file_damaged": len(in_part)}
     for line in report.repair:
         subprocess.run(["bash", "-c", line], check=True)
     ok, result = run_build(cfg)
     assert ok and (result["encoded"], result["reused"]) == (len(in_part), SAMPLES - len(in_part)), result
-    again = verify_plan(make_plan(cfg), content="all")
-    assert again.kind == "compatible" and again.damaged == [] and reconcile(make_plan(cfg), content=True).ok
+    again = verified(make_plan(cfg), content="all")
+    assert again.kind == "compatible" and again.damaged == [] and reconciled(make_plan(cfg), content=True).ok

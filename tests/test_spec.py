@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -256,12 +257,14 @@ def test_resolve_gives_the_spec_and_the_stages_job_a_frozen_picklable_part(tiny_
     part the stages read): --vae-slicing makes the spec's batch 1 while the job still gathers --video-batch clips."""
     values = {"source": "vbvr:/x", "model": str(tiny_model), "out": "/a", "frames": 5, "height": 32, "width": 32}
     values |= {"recipe": "wan22-vbvr", "video_batch": 2, "vae_slicing": True, "max_frames": 99, "device": "cpu"}
-    resolved = resolve(BuildConfig(**values))
-    assert resolved.config.encoding.text_padding == "raw" == resolved.spec.text_padding  # the recipe's
-    assert (resolved.spec.video_batch, resolved.job.gather, resolved.job.vae_slicing) == (1, 2, True)
-    assert resolved.job.limits.max_frames == 99 and resolved.job.device == "cpu"
-    assert pickle.loads(pickle.dumps(resolved.job)) == resolved.job
-    assert pickle.loads(pickle.dumps(resolved.spec)) == resolved.spec
-    assert resolved.job.placed("cuda:1").device == "cuda:1" != resolved.job.device
+    config, job = resolve(BuildConfig(**values))
+    assert config.encoding.text_padding == "raw" == job.spec.text_padding  # the recipe's
+    assert (job.spec.video_batch, job.gather, job.vae_slicing) == (1, 2, True)
+    assert job.limits.max_frames == 99 and job.device == "cpu" and job.out == Path("/a")
+    assert job.fingerprint == job.spec.fingerprint() and job.kinds == ("latents", "text_embeddings")
+    assert job.video and job.mask_multiples is None  # no video mask in this mode: the decoders lay none
+    back = pickle.loads(pickle.dumps(job))  # what a Ray worker and a decoder process are handed
+    assert back == job and back.spec.fingerprint() == job.fingerprint and back.model_dir == job.model_dir
+    assert job.placed("cuda:1").device == "cuda:1" != job.device
     with pytest.raises(ValueError, match="frozen"):
-        resolved.job.gather = 3
+        job.gather = 3

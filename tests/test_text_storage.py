@@ -11,10 +11,10 @@ from infra.config import CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.formats.textpad import restore_padded, trim
-from infra.gates.verify import verify_plan
 from infra.plan import make_plan, make_spec
 from tests.conftest import config, make_shards, sample
 from tests.media_utils import cut_clip
+from tests.steps import verified
 
 
 def test_restore_padded_is_the_exact_inverse_of_trim() -> None:
@@ -47,7 +47,7 @@ def test_a_trimmed_build_restores_the_padded_tensors_and_passes_the_gates(tmp_pa
         cfg = config(src, tiny_model, tmp_path / storage, text_padding="zeros", text_storage=storage, decode_samples=1)
         ok, result = run_build(cfg)
         assert ok and result["done"] == 2, result
-        report = verify_plan(make_plan(cfg.with_values(on_conflict="reuse")))
+        report = verified(make_plan(cfg.with_values(on_conflict="reuse")))
         assert report.kind == "compatible" and report.problems == [], report.problems
         outs[storage] = (tmp_path / storage, ledger.read_shard(tmp_path / storage, "part"))
     fmt = get_format("pt")

@@ -45,7 +45,7 @@ def _latents(out):
 
 def _build(source, model, out, **options):
     plan = make_plan(config(source, model, out, **options))
-    return plan.fingerprint, process_shard(plan, plan.shards[0])
+    return plan.fingerprint, process_shard(plan.job, plan.shards[0])
 
 
 def test_cli_video_batch_within_a_bf16_step_of_batch_one(tmp_path, tiny_model, source) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,9 @@ from infra.errors import LedgerError
 from infra.formats import ShardFormat, get_format
 from infra.formats.shards import part_record, write_meta
 from infra.gates.content import ContentCheck
+from infra.job import Job
 from infra.models import get_family
-from infra.plan import BuildPlan, ShardPlan
+from infra.plan import ShardPlan
 from infra.sources import Source, open_source
 
 __all__ = ["GoneSample", "MissingSample", "ReconcileReport", "reconcile", "write_reconcile_report"]
@@ -47,23 +48,26 @@ DUPLICATE = "duplicate_output"  # two source samples (same group and id, two sha
 DAMAGED = "file_damaged"  # on disk at its size, but not the bytes the ledger recorded (content checked)
 
 
-def reconcile(plan: BuildPlan, content: bool = False) -> ReconcileReport:
-    """Account for every sample of the plan (its recorded listing, else the source listed now) in the ledgers and on
-    disk; `content`: every file's sha256 against the ledger too (reads every byte: the build's own step does not)."""
-    spec = plan.spec
+def reconcile(
+    job: Job, shards: list[ShardPlan], source_shards: Sequence[str] | None = None, content: bool = False
+) -> ReconcileReport:
+    """Account for every sample of the plan's `shards` (its recorded listing, else the source listed now) in the
+    ledgers and on disk; `source_shards`: the ids of the source's shards as the plan listed them (None: listed now);
+    `content`: every file's sha256 against the ledger too (reads every byte: the build's own step does not)."""
+    spec = job.spec
     kinds = list(get_family(spec.family).kinds(spec))
-    report = ReconcileReport(str(plan.out), plan.job.source, plan.fingerprint, spec.format, kinds, spec.text_max_length)
-    tally = _Tally(plan, report, functools.cache(functools.partial(_size, plan.out)))
+    report = ReconcileReport(str(job.out), job.source, job.fingerprint, spec.format, kinds, spec.text_max_length)
+    tally = _Tally(job, report, functools.cache(functools.partial(_size, job.out)))
     if content:
-        tally.content = ContentCheck(plan.out, files=True, parts="sha256")
+        tally.content = ContentCheck(job.out, files=True, parts="sha256")
     fmt = get_format(spec.format)
     if isinstance(fmt, ShardFormat):
-        tally.members = functools.cache(lambda rel: frozenset(part_record(plan.out, rel, fmt).members))
-    source = open_source(plan.job.source, plan.spec)
-    recorded = {entry["id"]: entry for entry in _index(plan, report)}
-    for shard in plan.shards:
-        listed, every_key, whole = _expected(plan, source, shard, recorded.get(shard.id), report)
-        rows, note = _read_rows(plan.out, shard.id, report)
+        tally.members = functools.cache(lambda rel: frozenset(part_record(job.out, rel, fmt).members))
+    source = open_source(job.source, job.spec)
+    recorded = {entry["id"]: entry for entry in _index(job, report)}
+    for shard in shards:
+        listed, every_key, whole = _expected(job, source, shard, recorded.get(shard.id), report)
+        rows, note = _read_rows(job.out, shard.id, report)
         accounted: set[str] = set()
         by_clip = windows_by_clip(rows)
         for key, sample_id, group in listed:
@@ -74,9 +78,9 @@ def reconcile(plan: BuildPlan, content: bool = False) -> ReconcileReport:
         gone = beyond - every_key if whole else set()  # a shard not listed to its end cannot say what is gone
         report.unlisted += len(beyond - gone)
         report.gone_from_source += [_gone(rows[key]) for key in sorted(gone)]
-    report.gone_from_source += _gone_shards(plan, source)
+    report.gone_from_source += _gone_shards(job, shards, source_shards, source)
     if isinstance(fmt, ShardFormat):  # the shard index, last: what the parts hold now
-        write_meta(plan.out, fmt, plan.fingerprint, ledger.read_all(plan.out))
+        write_meta(job.out, fmt, job.fingerprint, ledger.read_all(job.out))
     logger.info("%s", report.headline())
     return report
 
@@ -97,37 +101,39 @@ def _gone(row: LedgerRow) -> GoneSample:
     return GoneSample(row.id, row.group, row.shard, row.key, row.status, row.path)
 
 
-def _gone_shards(plan: BuildPlan, source: Source) -> list[GoneSample]:
+def _gone_shards(
+    job: Job, shards: list[ShardPlan], source_shards: Sequence[str] | None, source: Source
+) -> list[GoneSample]:
     """Every row of the ledgers of shards the source no longer has at all (not merely filtered out), but for the
     plan's own (a shard planned by an earlier run and gone since is accounted for as planned). The source's shards
     are the plan's listing of them (a build's), or listed now (a plan recorded in OUT)."""
     try:
-        listed = plan.source_shards if plan.source_shards is not None else [s.id for s in source.shards()]
-        present = set(listed) | {s.id for s in plan.shards}
-        gone = [ledger.read_shard(plan.out, sid) for sid in ledger.shard_ids(plan.out) if sid not in present]
+        listed = source_shards if source_shards is not None else [s.id for s in source.shards()]
+        present = set(listed) | {s.id for s in shards}
+        gone = [ledger.read_shard(job.out, sid) for sid in ledger.shard_ids(job.out) if sid not in present]
     except (OSError, ValueError) as exc:
         logger.warning("cannot tell which shards are gone from the source: %s", exc)
         return []
     return [_gone(row) for rows in gone for _, row in sorted(rows.items())]
 
 
-def _index(plan: BuildPlan, report: ReconcileReport) -> list[dict[str, Any]]:
+def _index(job: Job, report: ReconcileReport) -> list[dict[str, Any]]:
     """OUT's recorded plan entries ([] without one; a damaged index is a problem of every shard, listed now)."""
     try:
-        return listing.read_index(plan.out) or []
+        return listing.read_index(job.out) or []
     except LedgerError as exc:
         report.shard_problems["*"] = f"the recorded plan is unreadable ({exc}): the source is listed now instead"
         return []
 
 
 def _expected(
-    plan: BuildPlan, source: Source, shard: ShardPlan, entry: dict[str, Any] | None, report: ReconcileReport
+    job: Job, source: Source, shard: ShardPlan, entry: dict[str, Any] | None, report: ReconcileReport
 ) -> tuple[list[tuple[str, str, str]], set[str], bool]:
     """(key, id, group) of the shard's planned samples, every key it lists and whether that is the whole shard: its
     recorded listing when `entry`, the recorded plan's, is this plan's shard; else the source's listing now."""
     if entry == shard.model_dump(mode="json"):
         try:
-            planned = listing.read_listing(plan.out, shard.id)
+            planned = listing.read_listing(job.out, shard.id)
         except LedgerError as exc:
             planned = None
             report.shard_problems[shard.id] = f"its recorded plan is unreadable ({exc}): listed now instead"
@@ -172,7 +178,7 @@ def _read_rows(out: Path, shard_id: str, report: ReconcileReport) -> tuple[dict[
 class _Tally:
     """Accounts expected samples into a report."""
 
-    plan: BuildPlan
+    job: Job
     report: ReconcileReport
     size: Callable[[str | None], int | None]  # an OUT-relative file's size, cached (kinds may share a file)
     #: Output path → (key, shard) of the sample that claimed it (two strings a sample: held for the whole cache).
@@ -198,7 +204,7 @@ class _Tally:
 
     def judge_done(self, missing: MissingSample, row: LedgerRow, counts: GroupCounts) -> tuple[str, str] | None:
         """Why a done row does not count as produced (reason, detail), or None when it does; notes truncation."""
-        if row.fingerprint and row.fingerprint != self.plan.fingerprint:
+        if row.fingerprint and row.fingerprint != self.job.fingerprint:
             return OTHER_SPEC, f"done for fingerprint {row.fingerprint}, not this one"
         if row.truncated:
             named = (missing.id, missing.group, missing.shard, missing.key)

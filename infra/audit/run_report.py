@@ -21,7 +21,8 @@ from infra import outdir
 from infra.errors import LatentforgeError
 from infra.fetch import is_url
 from infra.gates.decision import Decision
-from infra.plan import BuildPlan
+from infra.job import Job
+from infra.plan import ShardPlan
 from infra.report_files import REPORTS_DIR, report_order, to_json_bytes, write_new
 
 logger = logging.getLogger(__name__)
@@ -29,6 +30,9 @@ logger = logging.getLogger(__name__)
 RUN_PREFIX = "run"
 RUN_REPORT_VERSION = 2
 #: Summary fields that become the run report's counts.
+#: The config fields a run report leaves out, by section: tokens are approvals, not settings; a webhook URL may hold a
+#: secret (the flow records `settings_record` of its plan).
+HIDDEN_SETTINGS: dict[str, Any] = {"gates": {"approve_overwrite"}, "upload": {"approve_replace"}, "alerts": {"webhook"}}
 COUNT_FIELDS = ("samples", "done", "skipped", "failed", "encoded", "reused", "stale_kept", "stale_undecided", "bytes")
 
 
@@ -151,9 +155,11 @@ def versions() -> dict[str, str | None]:
 
 
 def run_report(
-    plan: BuildPlan,
+    job: Job,
+    shards: list[ShardPlan],
     summary: Mapping[str, Any],
     *,
+    settings: Mapping[str, Any],
     reconciliation: Mapping[str, Any] | None,
     decode: Mapping[str, Any] | None,
     decisions: list[Decision],
@@ -161,19 +167,18 @@ def run_report(
     timings: Mapping[str, float],
     flow_run_id: str | None = None,
 ) -> RunReport:
-    """The run report of `plan`: `summary` is a `BuildSummary.model_dump()`, `reconciliation` a
-    `ReconcileReport.to_dict()`, `decode` a `DecodeReport.to_dict()`, `timings` seconds per step."""
-    # Tokens are approvals, not settings; a webhook URL may hold a secret.
-    hidden: dict[str, Any] = {"gates": {"approve_overwrite"}, "upload": {"approve_replace"}, "alerts": {"webhook"}}
+    """The run report of `job` over the plan's `shards`: `settings` is the run's config as recorded (JSON, without
+    `HIDDEN_SETTINGS`), `summary` a `BuildSummary.model_dump()`, `reconciliation` a `ReconcileReport.to_dict()`,
+    `decode` a `DecodeReport.to_dict()`, `timings` seconds per step."""
     return RunReport(
         flow_run_id=flow_run_id,
-        out=str(plan.out),
-        source=plan.job.source,
-        model=ModelRecord(path=plan.job.model, family=plan.family, identity=dict(plan.spec.model_identity)),
-        spec=plan.spec.model_dump(mode="json"),
-        fingerprint=plan.fingerprint,
-        config=plan.settings_record(hidden),
-        shards=[ShardRecord(id=s.id, quota=s.quota, samples=s.samples) for s in plan.shards],
+        out=str(job.out),
+        source=job.source,
+        model=ModelRecord(path=job.model, family=job.family, identity=dict(job.spec.model_identity)),
+        spec=job.spec.model_dump(mode="json"),
+        fingerprint=job.fingerprint,
+        config=dict(settings),
+        shards=[ShardRecord(id=s.id, quota=s.quota, samples=s.samples) for s in shards],
         counts={name: summary.get(name) for name in COUNT_FIELDS},
         reasons=dict(summary.get("reasons") or {}),
         shard_errors=dict(summary.get("shard_errors") or {}),
@@ -183,13 +188,13 @@ def run_report(
         audio=AudioRecord.model_validate(audio) if audio is not None else None,
         decisions=list(decisions),
         versions=versions(),
-        store_retries=dict(summary.get("store_retries") or {}) if _reads_a_store(plan) else None,
+        store_retries=dict(summary.get("store_retries") or {}) if _reads_a_store(job) else None,
     )
 
 
-def _reads_a_store(plan: BuildPlan) -> bool:
+def _reads_a_store(job: Job) -> bool:
     """True when the run's source (``KIND:PATH``) or model is a URL."""
-    return is_url(plan.job.source.partition(":")[2]) or is_url(plan.job.model)
+    return is_url(job.source.partition(":")[2]) or is_url(job.model)
 
 
 def write_run_report(out: Path, report: RunReport) -> Path:

@@ -21,7 +21,8 @@ from infra.cache import ledger
 from infra.cache.ledger import LedgerRow
 from infra.cache.listing import read_identities
 from infra.errors import InputError
-from infra.plan import BuildPlan, ShardPlan
+from infra.job import Job
+from infra.plan import ShardPlan
 from infra.sources import SampleRef, ShardReadError, open_source
 from infra.sources.identity import SourceIdentity
 
@@ -100,29 +101,29 @@ class StaleReport:
         return {**asdict(self), "selectors": [s.selector for s in self.stale]}
 
 
-def _reusable(out_row: LedgerRow, plan: BuildPlan) -> bool:
-    return out_row.status == "done" and out_row.fingerprint == plan.fingerprint and bool(out_row.path)
+def _reusable(out_row: LedgerRow, job: Job) -> bool:
+    return out_row.status == "done" and out_row.fingerprint == job.fingerprint and bool(out_row.path)
 
 
-def find_stale(plan: BuildPlan) -> StaleReport:
-    """Every done sample of the plan's selection whose source changed: against the plan's listing where it spooled
-    what each sample was listed as (a build's resume: `infra.cache.listing.spool_identities`), else (or where a
-    sample's bytes must be read: only its mtimes changed) a pass over the source's listing."""
+def find_stale(job: Job, shards: list[ShardPlan], spool: Path | None = None) -> StaleReport:
+    """Every done sample of the plan's `shards` whose source changed: against the plan's listing where it spooled
+    (into `spool`) what each sample was listed as (a build's resume: `infra.cache.listing.spool_identities`), else
+    (or where a sample's bytes must be read: only its mtimes changed) a pass over the source's listing."""
     report = StaleReport()
-    source = open_source(plan.job.source, plan.spec, plan.job.limits)
-    for shard in plan.shards:
+    source = open_source(job.source, job.spec, job.limits)
+    for shard in shards:
         try:
-            rows = ledger.read_shard(plan.out, shard.id)
+            rows = ledger.read_shard(job.out, shard.id)
         except (OSError, ValueError) as exc:
             report.problems.append(f"ledger of {shard.id} unreadable: {exc}")
             continue
         if not rows:
             continue
-        spooled = _spooled(plan, shard)
+        spooled = _spooled(spool, shard)
         if spooled is not None:
             found = StaleReport()
             try:
-                _check(plan, shard, spooled, rows, found)
+                _check(job, shard, spooled, rows, found)
             except _NeedsBytes:  # listed below, where the sample's bytes can be read
                 pass
             else:
@@ -132,7 +133,7 @@ def find_stale(plan: BuildPlan) -> StaleReport:
                 continue
         try:
             with contextlib.closing(source.samples(shard.shard)) as samples:
-                _check(plan, shard, itertools.islice(samples, shard.quota), rows, report)
+                _check(job, shard, itertools.islice(samples, shard.quota), rows, report)
         except ShardReadError as exc:  # listed up to the damage; the shard's task reports it
             report.problems.append(str(exc))
     if report.stale:
@@ -141,13 +142,13 @@ def find_stale(plan: BuildPlan) -> StaleReport:
 
 
 def _check(
-    plan: BuildPlan, shard: ShardPlan, refs: Iterable[SampleRef], rows: dict[str, LedgerRow], report: StaleReport
+    job: Job, shard: ShardPlan, refs: Iterable[SampleRef], rows: dict[str, LedgerRow], report: StaleReport
 ) -> None:
     """Each done row of `rows` against its sample in `refs` (the shard's samples as listed), into `report`."""
     by_clip = ledger.windows_by_clip(rows)
     for ref in refs:
         for row in [rows[ref.key]] if ref.key in rows else by_clip.get(ref.key, []):
-            if not _reusable(row, plan):
+            if not _reusable(row, job):
                 continue
             state, changed = source_state(row, ref)  # a windows:K row: its clip's source
             if state == "stale":
@@ -164,13 +165,13 @@ def _needs_bytes() -> bytes | None:
     raise _NeedsBytes
 
 
-def _spooled(plan: BuildPlan, shard: ShardPlan) -> Iterator[SampleRef] | None:
+def _spooled(spool: Path | None, shard: ShardPlan) -> Iterator[SampleRef] | None:
     """The shard's samples as the plan listed them (up to its quota), where it spooled their identities and
     listed the shard without damage (a damaged one is listed again: its damage is a problem of the report); each a
     ref whose readers raise `_NeedsBytes`. None: the source is listed."""
-    if plan.listing is None or shard.damage is not None:
+    if spool is None or shard.damage is not None:
         return None
-    spooled = read_identities(Path(plan.listing), shard.id)
+    spooled = read_identities(spool, shard.id)
     if spooled is None:
         return None
     return (

@@ -30,9 +30,10 @@ from infra.formats import Format, get_format
 from infra.gates.cachefiles import cache_files
 from infra.gates.content import Content, ContentCheck, Damaged, problem, repair_commands, repair_lines
 from infra.gates.stale import StaleReport, find_stale
+from infra.job import Job
 from infra.media.video import resize_policy_of
 from infra.models import get_family
-from infra.plan import BuildPlan
+from infra.plan import ShardPlan
 from infra.sources.names import group_name
 
 logger = logging.getLogger(__name__)
@@ -168,14 +169,17 @@ def verify_out(
     return report
 
 
-def verify_plan(plan: BuildPlan, *, stale: bool = True, content: Content = "spot") -> VerifyReport:
-    """`verify_out` for a plan's OUT; for a compatible OUT (a resume), also the plan's stale samples (a pass over
-    the source's listing: `stale=False` leaves it out). A build's verify-existing checks content by `"spot"`:
+def verify_plan(
+    job: Job, shards: list[ShardPlan], spool: Path | None = None, *, stale: bool = True, content: Content = "spot"
+) -> VerifyReport:
+    """`verify_out` for a plan's OUT; for a compatible OUT (a resume), also the stale samples of the plan's `shards`
+    (`find_stale`: against the plan's listing in `spool`, else a pass over the source's listing; `stale=False`
+    leaves it out). A build's verify-existing checks content by `"spot"`:
     hashing every byte of a large cache before each resume would cost more than most resumes encode."""
-    shapes = {"latent_shape": plan.latent_shape, "text_shape": plan.text_shape}
-    report = verify_out(plan.out, plan.spec, **shapes, content=content)
+    shapes = {"latent_shape": job.latent_shape, "text_shape": job.text_shape}
+    report = verify_out(job.out, job.spec, **shapes, content=content)
     if stale and report.kind == "compatible":
-        report.add_stale(find_stale(plan))
+        report.add_stale(find_stale(job, shards, spool))
     return report
 
 

@@ -38,7 +38,8 @@ import torch.multiprocessing
 from threadpoolctl import threadpool_limits
 
 from infra.faults import fault_point
-from infra.preprocess.prepare import Decoded, DecodeJob, PreparedSample, decode_media, prepare_with, prepared_sample
+from infra.job import Job
+from infra.preprocess.prepare import Decoded, PreparedSample, decode_media, prepare, prepared_sample
 from infra.preprocess.read import RawSample
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ class ProcessDecoders:
     """`decode_media` under `job` (what `prepare` decodes) in `workers` spawned processes, kept until `shutdown`; a
     pool broken by a dead process is replaced, and its samples decoded once more."""
 
-    def __init__(self, job: DecodeJob, workers: int) -> None:
+    def __init__(self, job: Job, workers: int) -> None:
         self._job, self._workers = job, workers
         self._lock = threading.Lock()
         self._pool = self._start()
@@ -163,17 +164,17 @@ def _start_decoder_thread(workers: int) -> None:
     threadpool_limits(limits=team, user_api="openmp")
 
 
-def decoders(kind: PoolKind, workers: int, job: DecodeJob) -> Decoders:
-    """The read-ahead's decoders of `kind`, preparing each sample under `job` (`prepare_with`): on threads of this
+def decoders(kind: PoolKind, workers: int, job: Job) -> Decoders:
+    """The read-ahead's decoders of `kind`, preparing each sample under `job` (`prepare`): on threads of this
     process, or in decoder processes (the same code in another interpreter)."""
     if kind == "process":
         return ProcessDecoders(job, workers)
-    return ThreadDecoders(functools.partial(prepare_with, job=job), workers)
+    return ThreadDecoders(functools.partial(prepare, job=job), workers)
 
 
 # A decoder process's own state, set once by its initializer (the pool's way to hand every task the same
 # arguments without sending them with each): the job every sample of the shard is decoded under.
-_job: dict[str, DecodeJob] = {}
+_job: dict[str, Job] = {}
 
 
 #: What stops a run (`infra.ops.preempt`): a decoder ignores them. A Ctrl-C reaches the terminal's whole process group
@@ -183,7 +184,7 @@ _job: dict[str, DecodeJob] = {}
 _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _start_decoder(job: DecodeJob) -> None:
+def _start_decoder(job: Job) -> None:
     for signum in _STOPS:
         signal.signal(signum, signal.SIG_IGN)
     torch.set_num_threads(1)  # the parallelism is across samples: one decode, one core

@@ -19,13 +19,13 @@ from infra.faults import fault_point
 from infra.formats import AUDIO_KIND, EncodedSample, textpad
 from infra.formats.base import AUDIO_MASK_KIND, REFERENCE_KIND, STORE_DTYPES, kind_dtype
 from infra.formats.consumers import latent_encoder
+from infra.job import Job
 from infra.media.audio import decode_audio
 from infra.media.masks import audio_mask
 from infra.media.prompts import CaptionRules
 from infra.models import LoadedFamily, load_family, memory
 from infra.models.base import ROLE_MEDIA, ROLES, TextEmbedding, TextSettings
 from infra.models.memory import LoadOptions
-from infra.plan import BuildPlan
 from infra.preprocess import vae_calls as videos
 from infra.preprocess.prepare import PreparedSample, prepare
 from infra.preprocess.read import read
@@ -49,42 +49,41 @@ class Encoded:
     truncated: bool = False
 
 
-def load_encoder(plan: BuildPlan) -> LoadedFamily:
+def load_encoder(job: Job) -> LoadedFamily:
     """The plan's family, loaded once per process on the configured device."""
-    job = plan.job
     pin_cpu_threads(job.device)  # also for what the family computes while loading
     try:
-        device, dtype = resolve_device(job.device), resolve_dtype(plan.spec.dtype)
-        return load_family(job.model_dir, plan.family, device, dtype, load_options(plan))
+        device, dtype = resolve_device(job.device), resolve_dtype(job.spec.dtype)
+        return load_family(job.model_dir, job.family, device, dtype, load_options(job))
     except Exception as exc:
-        raise ModelLoadError(f"cannot load {plan.family} from {job.model}: {type(exc).__name__}: {exc}") from exc
+        raise ModelLoadError(f"cannot load {job.family} from {job.model}: {type(exc).__name__}: {exc}") from exc
 
 
-def load_options(plan: BuildPlan) -> LoadOptions:
+def load_options(job: Job) -> LoadOptions:
     """The memory options a build loads its family with (the decode step reuses that same loaded family)."""
     return LoadOptions(
-        vae_tiling=plan.spec.vae_tiling,
-        vae_slicing=plan.job.vae_slicing,
-        text_quantize=plan.spec.text_quantize,
-        text_offload=plan.job.run.text_offload,
-        text_8bit=plan.spec.load_text_encoder_in_8bit,
+        vae_tiling=job.spec.vae_tiling,
+        vae_slicing=job.vae_slicing,
+        text_quantize=job.spec.text_quantize,
+        text_offload=job.run.text_offload,
+        text_8bit=job.spec.load_text_encoder_in_8bit,
     )
 
 
-def shard_state(plan: BuildPlan, run: RunState) -> ShardState:
-    """The state a shard task's samples share, for `plan` in `run` (its text cache bounded by ``--text-cache-mb``)."""
-    return ShardState(run, TextCache(plan.job.run.text_cache_mb * 2**20))
+def shard_state(job: Job, run: RunState) -> ShardState:
+    """The state a shard task's samples share, for `job` in `run` (its text cache bounded by ``--text-cache-mb``)."""
+    return ShardState(run, TextCache(job.run.text_cache_mb * 2**20))
 
 
-def encode_sample(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, state: ShardState | None = None) -> Encoded:
+def encode_sample(ref: SampleRef, job: Job, encoder: LoadedFamily, state: ShardState | None = None) -> Encoded:
     """Read, prepare and encode one sample alone (the one-sample sanity, the dry run). Raises InputError for bad
     input."""
-    prepared = prepare(read(ref, CaptionRules.of(plan.spec)), plan)
+    prepared = prepare(read(ref, CaptionRules.of(job.spec)), job)
     fault_point("decode")
-    return encode(prepared, plan, encoder, state or shard_state(plan, RunState("one-sample")))
+    return encode(prepared, job, encoder, state or shard_state(job, RunState("one-sample")))
 
 
-def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, state: ShardState) -> Encoded:
+def encode(prepared: PreparedSample, job: Job, encoder: LoadedFamily, state: ShardState) -> Encoded:
     """The sample's latents (batched with samples prepared ahead, ``--video-batch``), its prompt's embedding (held
     or batched, ``--text-batch``) and, for an audio spec, its audio latents.
 
@@ -92,15 +91,15 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
     records the missing audio with the reason (``extras["missing_outputs"]``), and reconciliation and the audio
     gate count it as a loss."""
     if prepared.video is None:
-        return encode_audio_only(prepared, plan, encoder, state)
-    spec, video, ref = plan.spec, prepared.video, prepared.ref
-    pin_cpu_threads(plan.job.device)  # the same kernels, so the same bytes, on every runner
+        return encode_audio_only(prepared, job, encoder, state)
+    spec, video, ref = job.spec, prepared.video, prepared.ref
+    pin_cpu_threads(job.device)  # the same kernels, so the same bytes, on every runner
     store = STORE_DTYPES[spec.store_dtype]
     consumer_view = latent_encoder(encoder, spec)  # latents as the format's consumer reads them
-    with encode_timing(plan.job.device):  # opt-in, for bench/gpu_bench.py; off: one environment lookup
-        latents = videos.latents(consumer_view, prepared, plan, state.batches, state.vae).to(store)
-        with encode_timing(plan.job.device, "text"):
-            text = encode_text(encoder, prepared.prompt, plan, state) if "text_embeddings" in plan.kinds else None
+    with encode_timing(job.device):  # opt-in, for bench/gpu_bench.py; off: one environment lookup
+        latents = videos.latents(consumer_view, prepared, job, state.batches, state.vae).to(store)
+        with encode_timing(job.device, "text"):
+            text = encode_text(encoder, prepared.prompt, job, state) if "text_embeddings" in job.kinds else None
     fault_point("encode")
     extras: dict[str, Any] = dict(text.extras) if text is not None else {}
     info: dict[str, Any] = {"fps": video.clip.fps, "geometry": tuple(int(n) for n in video.pixels.shape[2:])}
@@ -135,7 +134,7 @@ def encode(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, sta
         text_embeds=embeds,
         seq_len=text.seq_len if text is not None else 0,
         source_shape=video.clip.source_shape,
-        fingerprint=plan.fingerprint,
+        fingerprint=job.fingerprint,
         extras=extras,
         info=info,
     )
@@ -151,14 +150,14 @@ def conditioning_outputs(
     return {kind: t.to(kind_dtype(kind, store_dtype)) for kind, t in tensors.items() if t is not None}
 
 
-def encode_audio_only(prepared: PreparedSample, plan: BuildPlan, encoder: LoadedFamily, state: ShardState) -> Encoded:
+def encode_audio_only(prepared: PreparedSample, job: Job, encoder: LoadedFamily, state: ShardState) -> Encoded:
     """An audio-only mode's sample (t2a, a2a-ic-lora, audio-inpaint), as the trainer's ``compute_audio_latents``
     with ``--audio-durations`` or without: its prompt, its audio file's latents (InputError when the file has no
     audio track or is shorter than every duration bucket: the sample has nothing to train on), a reference audio
     file's by the same rule (recorded missing when it has no track), an audio mask on the audio latents' steps."""
-    spec, ref = plan.spec, prepared.ref
-    pin_cpu_threads(plan.job.device)
-    text = encode_text(encoder, prepared.prompt, plan, state)
+    spec, ref = job.spec, prepared.ref
+    pin_cpu_threads(job.device)
+    text = encode_text(encoder, prepared.prompt, job, state)
     fault_point("encode")
     extras: dict[str, Any] = dict(text.extras)
     info: dict[str, Any] = {"sampling": prepared.sampling}
@@ -190,7 +189,7 @@ def encode_audio_only(prepared: PreparedSample, plan: BuildPlan, encoder: Loaded
         text_embeds=text.embeds.to(STORE_DTYPES[spec.store_dtype]),
         seq_len=text.seq_len,
         source_shape=[],
-        fingerprint=plan.fingerprint,
+        fingerprint=job.fingerprint,
         extras=extras,
         info=info,
     )
@@ -215,12 +214,12 @@ def trainer_audio_seconds(data: bytes, durations: list[float] | None) -> float:
     return fitting[0]
 
 
-def encode_text(encoder: LoadedFamily, prompt: str, plan: BuildPlan, state: ShardState) -> TextEmbedding:
+def encode_text(encoder: LoadedFamily, prompt: str, job: Job, state: ShardState) -> TextEmbedding:
     """The prompt's embedding: held by the shard's text cache, or encoded now in one batch with the prompts read
     ahead (``--text-batch``, ``--text-cache-mb``)."""
-    run, cache = plan.job.run, state.texts
+    run, cache = job.run, state.texts
     upcoming = state.ahead.upcoming() if state.ahead is not None and run.text_cache_mb else []
-    settings = TextSettings.of(plan.spec)
+    settings = TextSettings.of(job.spec)
     if run.text_offload:  # encoded in the shard's text phase; a prompt not held brings the parked encoder back
         held = cache.lookup(prompt, settings)
         if held is not None:

@@ -31,8 +31,9 @@ from infra.faults import fault_point
 from infra.formats import EncodedSample, WrittenSample, get_format
 from infra.formats.base import kind_dtype
 from infra.formats.shards import SHARDS_DIR
+from infra.job import Job
 from infra.models import LoadedFamily, get_family
-from infra.plan import BuildPlan, ShardPlan, parse_only
+from infra.plan import ShardPlan, parse_only
 from infra.preprocess.encode import encode_sample, load_encoder
 from infra.preprocess.inflight import InFlight
 from infra.preprocess.resume import reusable, selected
@@ -197,20 +198,20 @@ def _record(written: Written, sample: WrittenSample) -> FileRecord:
     return FileRecord(path=written.path.name, bytes=written.bytes, sha256=written.sha256, member=sample.member)
 
 
-def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, report: SanityReport) -> None:
+def _check(sample: EncodedSample, written: WrittenSample, job: Job, report: SanityReport) -> None:
     """Shapes, dtypes, finiteness and the bit-exact round trip through the format's reader (every file)."""
-    fmt = get_format(plan.spec.format)
+    fmt = get_format(job.spec.format)
     report.latent_key = fmt.label("latents")
     if "text_embeddings" in fmt.keys:
         report.text_key = fmt.label("text_embeddings")
     outputs = sample.outputs()
-    latent = plan.latent_shape
-    if plan.spec.buckets and sample.latents is not None:  # the planned shape is the sample's bucket's
+    latent = job.latent_shape
+    if job.spec.buckets and sample.latents is not None:  # the planned shape is the sample's bucket's
         frames, height, width = sample.info["geometry"]
-        latent = get_family(plan.family).latent_shape(plan.job.model_dir, frames, height, width)
-    planned = {"latents": list(latent), "text_embeddings": list(plan.text_shape)}
-    if plan.spec.text_storage == "trimmed":  # the prompt's rows only
-        planned["text_embeddings"] = [sample.seq_len, *plan.text_shape[1:]]
+        latent = get_family(job.family).latent_shape(job.model_dir, frames, height, width)
+    planned = {"latents": list(latent), "text_embeddings": list(job.text_shape)}
+    if job.spec.text_storage == "trimmed":  # the prompt's rows only
+        planned["text_embeddings"] = [sample.seq_len, *job.text_shape[1:]]
     text = sample.text_embeds
     report.latent_shape, report.text_shape = sample.latent_shape or [], list(text.shape) if text is not None else []
     report.latent_dtype = str(sample.latents.dtype) if sample.latents is not None else "-"  # "-": audio-only
@@ -220,23 +221,23 @@ def _check(sample: EncodedSample, written: WrittenSample, plan: BuildPlan, repor
     same = []
     for kind, tensor in outputs.items():
         path = next(str(w.path) for kinds, w in written.files if not kinds or kind in kinds)
-        trimmed = kind == "text_embeddings" and fmt.trims_text_for(plan.spec.family)
-        kept = (tensor[: sample.seq_len] if trimmed else tensor).to(fmt.stored_dtype(kind, plan.spec.store_dtype))
+        trimmed = kind == "text_embeddings" and fmt.trims_text_for(job.spec.family)
+        kept = (tensor[: sample.seq_len] if trimmed else tensor).to(fmt.stored_dtype(kind, job.spec.store_dtype))
         same.append(kind not in fmt.keys or _same(records[path].get(fmt.keys[kind]), kept))
         name = fmt.label(kind)
         if kind in planned and list(tensor.shape) != planned[kind]:
             report.problems.append(f"{name} shape {list(tensor.shape)}, planned {planned[kind]}")
-        if tensor.dtype != kind_dtype(kind, plan.spec.store_dtype):
-            report.problems.append(f"{name} dtype {tensor.dtype}, expected {kind_dtype(kind, plan.spec.store_dtype)}")
+        if tensor.dtype != kind_dtype(kind, job.spec.store_dtype):
+            report.problems.append(f"{name} dtype {tensor.dtype}, expected {kind_dtype(kind, job.spec.store_dtype)}")
     report.round_trip = all(same)
     if not report.finite:
         report.problems.append("non-finite values (nan or inf) in the encoded tensors")
     if not report.round_trip:
-        report.problems.append(f"round trip through the {plan.spec.format} reader is not bit-identical")
+        report.problems.append(f"round trip through the {job.spec.format} reader is not bit-identical")
 
 
 def _trying(
-    report: SanityReport, plan: BuildPlan, encoder: LoadedFamily, out: Path, repeats: int
+    report: SanityReport, job: Job, encoder: LoadedFamily, out: Path, repeats: int
 ) -> Callable[[SampleRef], Any]:
     """The sanity's attempt on one sample: encoded, written and timed; the report names the sample being tried
     (so an encode error names it) and keeps the time."""
@@ -244,24 +245,24 @@ def _trying(
     def attempt(ref: SampleRef) -> Any:
         report.sample_key = ref.key
         atomic_write(out / IN_PROGRESS, ref.key.encode(errors="surrogateescape"), replace=True)
-        found, report.seconds = _timed(ref, plan, encoder, out, repeats)
+        found, report.seconds = _timed(ref, job, encoder, out, repeats)
         fault_point("sanity")
         return found
 
     return attempt
 
 
-def _timed(ref: SampleRef, plan: BuildPlan, encoder: LoadedFamily, out: Path, repeats: int) -> tuple[Any, float]:
+def _timed(ref: SampleRef, job: Job, encoder: LoadedFamily, out: Path, repeats: int) -> tuple[Any, float]:
     """Decode + encode (the build's `encode_sample`) + write, `repeats` times: (sample, written),
     median s."""
     times: list[float] = []
     for _ in range(repeats):
         start = time.perf_counter()
-        sample = encode_sample(ref, plan, encoder).sample
-        fmt = get_format(plan.spec.format)
+        sample = encode_sample(ref, job, encoder).sample
+        fmt = get_format(job.spec.format)
         if fmt.sharded:  # the scratch's shard files are replaced too (a writer continues after the parts it finds)
             shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
-        with fmt.open_writer(out, plan.spec, "sanity") as writer:
+        with fmt.open_writer(out, job.spec, "sanity") as writer:
             written = writer.write(sample, replace=True)
         times.append(time.perf_counter() - start)
     return (sample, written), statistics.median(times)
@@ -283,16 +284,22 @@ _PASS, _AVOID, _KEPT, _TRY = "pass", "avoid", "kept", "try"
 
 
 def candidates(
-    plan: BuildPlan, scan: Scan, *, pending_only: bool = False, avoid: str | None = None
+    job: Job,
+    shards: list[ShardPlan],
+    scan: Scan,
+    *,
+    spool: Path | None = None,
+    pending_only: bool = False,
+    avoid: str | None = None,
 ) -> Iterator[SampleRef]:
-    """The plan's samples in plan order (within each shard's quota), listed lazily; `pending_only`: only those the
-    build would encode (the shard loop's rule, `resume.wanted`: selected by ``--only`` and not kept from OUT's
-    ledger, those counted in `scan.kept`), and none a run died on; `avoid` (the sample the last sanity died on) is
-    added to `scan.skipped`, as is an unreadable shard. A shard the plan listed whole into its spool with no sample
-    to try is not listed again (its kept samples counted from the plan's listing)."""
-    source = open_source(plan.job.source, plan.spec, plan.job.limits)
-    for shard, verdict in _verdicts(plan, pending_only, avoid):
-        planned = _spooled(plan, shard)
+    """The samples of the plan's `shards` in plan order (within each shard's quota), listed lazily; `pending_only`:
+    only those the build would encode (the shard loop's rule, `resume.wanted`: selected by ``--only`` and not kept
+    from OUT's ledger, those counted in `scan.kept`), and none a run died on; `avoid` (the sample the last sanity
+    died on) is added to `scan.skipped`, as is an unreadable shard. A shard the plan listed whole into its `spool`
+    with no sample to try is not listed again (its kept samples counted from the plan's listing)."""
+    source = open_source(job.source, job.spec, job.limits)
+    for shard, verdict in _verdicts(job, shards, pending_only, avoid):
+        planned = _spooled(spool, shard)
         if planned is not None and all(verdict(key) in (_PASS, _KEPT) for key, _, _ in planned):
             scan.kept += sum(verdict(key) == _KEPT for key, _, _ in planned)
             continue
@@ -315,7 +322,7 @@ def candidates(
 class _Rule:
     """What `candidates` does with a sample of one shard, by its key (its listed ref where there is one)."""
 
-    plan: BuildPlan
+    job: Job
     pending_only: bool
     avoid: str | None
     keys: frozenset[str] | None  # ``--only``'s of the shard
@@ -329,38 +336,40 @@ class _Rule:
             return _AVOID
         row = self.previous.get(key)
         if self.pending_only and (
-            reusable(row, self.plan) or self.died.suspect(key) or self.died.killed(ref or key, row)
+            reusable(row, self.job) or self.died.suspect(key) or self.died.killed(ref or key, row)
         ):
             return _KEPT
         return _TRY
 
 
-def _verdicts(plan: BuildPlan, pending_only: bool, avoid: str | None) -> Iterator[tuple[ShardPlan, _Rule]]:
+def _verdicts(
+    job: Job, shards: list[ShardPlan], pending_only: bool, avoid: str | None
+) -> Iterator[tuple[ShardPlan, _Rule]]:
     """Each planned shard with the rule `candidates` applies to its samples (OUT's ledger read as it comes)."""
-    selection = parse_only(plan.job.selection.only) if pending_only else None
-    for shard in plan.shards:
+    selection = parse_only(job.selection.only) if pending_only else None
+    for shard in shards:
         keys = selection.get(shard.id) if selection is not None else None
         marks: ledger.Marks = {}
-        previous = ledger.read_shard(plan.out, shard.id, marks) if pending_only and plan.out.is_dir() else {}
-        yield shard, _Rule(plan, pending_only, avoid, keys, previous, InFlight(marks, keys))
+        previous = ledger.read_shard(job.out, shard.id, marks) if pending_only and job.out.is_dir() else {}
+        yield shard, _Rule(job, pending_only, avoid, keys, previous, InFlight(marks, keys))
 
 
-def _spooled(plan: BuildPlan, shard: ShardPlan) -> list[Planned] | None:
-    """The shard's samples as this run's plan listed them into its spool (up to its quota), where it listed them
+def _spooled(spool: Path | None, shard: ShardPlan) -> list[Planned] | None:
+    """The shard's samples as this run's plan listed them into its `spool` (up to its quota), where it listed them
     without damage; None: the source is listed (a plan that spools nothing, a damaged shard: its damage is met)."""
-    if plan.listing is None or shard.damage is not None:
+    if spool is None or shard.damage is not None:
         return None
-    return listing.read_spooled(Path(plan.listing), shard.id)
+    return listing.read_spooled(spool, shard.id)
 
 
-def _left(plan: BuildPlan) -> int:
+def _left(job: Job, shards: list[ShardPlan], spool: Path | None) -> int:
     """The planned samples a resume still has to encode, by the shard loop's own rule (`candidates`): from the
     plan's listing and the ledgers (a shard it did not spool: a listing of the source), no media read."""
     left = 0
-    for shard, verdict in _verdicts(plan, True, None):
-        planned = _spooled(plan, shard)
+    for shard, verdict in _verdicts(job, shards, True, None):
+        planned = _spooled(spool, shard)
         if planned is None:
-            left += sum(1 for _ in candidates(plan.model_copy(update={"shards": [shard]}), Scan(), pending_only=True))
+            left += sum(1 for _ in candidates(job, [shard], Scan(), pending_only=True))
         else:
             left += sum(verdict(key) == _TRY for key, _, _ in planned)
     return left
@@ -388,17 +397,19 @@ def first_usable(
     return None
 
 
-def dry_run(plan: BuildPlan) -> dict[str, Any]:
-    """The first usable sample encoded in memory (nothing written): its shapes, dtypes and token counts."""
-    encoder = load_encoder(plan)
+def dry_run(job: Job, shards: list[ShardPlan], spool: Path | None = None) -> dict[str, Any]:
+    """The first usable sample of the plan's `shards` encoded in memory (nothing written): its shapes, dtypes and
+    token counts."""
+    encoder = load_encoder(job)
     scan = Scan()
-    found = first_usable(candidates(plan, scan), lambda ref: encode_sample(ref, plan, encoder), scan.skipped)
+    refs = candidates(job, shards, scan, spool=spool)
+    found = first_usable(refs, lambda ref: encode_sample(ref, job, encoder), scan.skipped)
     skipped = scan.skipped
     if found is None:
         raise InputError("no_usable_sample", f"no sample could be encoded; skipped: {skipped}")
     _, encoded = found
     sample, text = encoded.sample, {"tokens_total": encoded.tokens_total, "truncated": encoded.truncated}
-    fmt = get_format(plan.spec.format)
+    fmt = get_format(job.spec.format)
     tensors = {fmt.label(kind): [list(t.shape), str(t.dtype)] for kind, t in sample.outputs().items()}
     return {
         "sample": sample_name(sample.group, sample.id),
@@ -410,30 +421,33 @@ def dry_run(plan: BuildPlan) -> dict[str, Any]:
     }
 
 
-def run_sanity(plan: BuildPlan, repeats: int = 1, *, pending_only: bool = False) -> SanityReport:
-    """Encode, write to ``<OUT>.sanity``, read back and check the plan's first usable sample; project the run.
+def run_sanity(
+    job: Job, shards: list[ShardPlan], spool: Path | None = None, repeats: int = 1, *, pending_only: bool = False
+) -> SanityReport:
+    """Encode, write to ``<OUT>.sanity``, read back and check the first usable sample of the plan's `shards` (listed
+    into `spool`: `candidates`); project the run.
 
     `repeats` > 1 encodes and writes that same sample again and takes the median time (steadier on a busy
     machine). The model loads before the clock starts. `pending_only` (the build's gate): the first sample the
     build would encode; when OUT's ledger keeps every planned sample there is nothing to guard, and the report
     says so (ok, `nothing_to_encode`) without loading the model or reading media. Raises SanityDirError, or
     ModelLoadError."""
-    scratch = sanity_dir(plan.out)
-    device = resolve_device(plan.job.device)
-    report = SanityReport(device=str(device), total_samples=sum(s.samples for s in plan.shards))
+    scratch = sanity_dir(job.out)
+    device = resolve_device(job.device)
+    report = SanityReport(device=str(device), total_samples=sum(s.samples for s in shards))
     scan = Scan(skipped=report.skipped_before)
-    refs = candidates(plan, scan, pending_only=pending_only, avoid=_died_on(scratch))
+    refs = candidates(job, shards, scan, spool=spool, pending_only=pending_only, avoid=_died_on(scratch))
     first = next(refs, None)  # a listing and the ledgers: on a finished cache, no media read and no model loaded
     if pending_only and first is None and scan.kept and not scan.skipped:
         report.nothing_to_encode = report.ok = True
         logger.info("sanity: all %d planned samples are done; nothing to encode", report.total_samples)
         return report
     prepare_sanity_dir(scratch, create=False)  # refuse before the (slow) model load
-    encoder = load_encoder(plan)
+    encoder = load_encoder(job)
     prepare_sanity_dir(scratch)
     try:
         with peak_memory(device) as peak:
-            attempt = _trying(report, plan, encoder, scratch, max(1, repeats))
+            attempt = _trying(report, job, encoder, scratch, max(1, repeats))
             todo = itertools.chain([first] if first is not None else [], refs)
             found = first_usable(todo, attempt, report.skipped_before)
     except Exception as exc:  # a sample that cannot be encoded or written is the sanity's finding, not a crash
@@ -453,12 +467,12 @@ def run_sanity(plan: BuildPlan, repeats: int = 1, *, pending_only: bool = False)
         return report
     ref, (sample, written) = found
     report.sample_id, report.sample_group = ref.id, ref.group
-    if (bucket := sample.info.get("geometry")) and plan.spec.buckets:
+    if (bucket := sample.info.get("geometry")) and job.spec.buckets:
         report.bucket = "x".join(str(n) for n in (bucket[2], bucket[1], bucket[0]))
     report.path = str(written.files[0][1].path)
     report.bytes = sum(w.bytes for _, w in written.files)
-    _check(sample, written, plan, report)
-    report.left_samples = _left(plan) if pending_only else report.total_samples
+    _check(sample, written, job, report)
+    report.left_samples = _left(job, shards, spool) if pending_only else report.total_samples
     report.projected_seconds = round(report.seconds * report.left_samples, 3)
     report.projected_bytes = report.bytes * report.left_samples
     report.ok = not report.problems

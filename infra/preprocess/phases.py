@@ -10,10 +10,10 @@ import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator
 
+from infra.job import Job
 from infra.media.prompts import CaptionRules, caption_prompt
 from infra.models import LoadedFamily, memory
 from infra.models.base import TextSettings
-from infra.plan import BuildPlan
 from infra.preprocess.texts import TextCache
 from infra.sources import SampleRef, ShardReadError
 
@@ -32,17 +32,15 @@ def shard_prompts(refs: Iterable[SampleRef], captions: CaptionRules | None = Non
     return list(prompts)
 
 
-def text_first(
-    plan: BuildPlan, refs: Iterable[SampleRef], get_encoder: Callable[[], LoadedFamily], cache: TextCache
-) -> int:
+def text_first(job: Job, refs: Iterable[SampleRef], get_encoder: Callable[[], LoadedFamily], cache: TextCache) -> int:
     """Encode the prompts of `refs` not held yet in `cache`, ``--text-batch`` at a time, then park the text encoder;
     the number of prompts the cache could not keep (each brings the encoder back at its turn)."""
-    if "text_embeddings" not in plan.kinds:
+    if "text_embeddings" not in job.kinds:
         return 0
-    prompts = shard_prompts(refs, CaptionRules.of(plan.spec))
+    prompts = shard_prompts(refs, CaptionRules.of(job.spec))
     if not prompts:
         return 0
-    encoder, run, settings = get_encoder(), plan.job.run, TextSettings.of(plan.spec)
+    encoder, run, settings = get_encoder(), job.run, TextSettings.of(job.spec)
     with memory.text_in_use(encoder):
         for i, prompt in enumerate(prompts):
             upcoming = prompts[i + 1 : i + run.text_batch]
@@ -59,7 +57,7 @@ def text_first(
 
 
 def text_first_of(
-    plan: BuildPlan,
+    job: Job,
     samples: Iterator[SampleRef],
     span: tuple[int, int | None],
     wanted: Callable[[SampleRef], bool],
@@ -71,11 +69,11 @@ def text_first_of(
     it)."""
     with contextlib.closing(samples):  # type: ignore[type-var] - the source's generator
         refs = itertools.islice(samples, *span)
-        text_first(plan, _until_error(r for r in refs if wanted(r)), get_encoder, cache)
+        text_first(job, _until_error(r for r in refs if wanted(r)), get_encoder, cache)
 
 
 def text_first_held(
-    plan: BuildPlan,
+    job: Job,
     refs: Iterator[SampleRef],
     count: int,
     wanted: Callable[[SampleRef], bool],
@@ -96,7 +94,7 @@ def text_first_held(
         return None
     chosen = [ref for ref in held if wanted(ref)]
     noted = [dict(ref.identity.read_sha256) for ref in chosen]
-    text_first(plan, chosen, get_encoder, cache)
+    text_first(job, chosen, get_encoder, cache)
     for ref, before in zip(chosen, noted, strict=True):  # the sample's own turn notes its digests, in its order
         ref.identity.read_sha256.clear()
         ref.identity.read_sha256.update(before)

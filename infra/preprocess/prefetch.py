@@ -26,11 +26,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from infra.cache import ledger
+from infra.job import Job
 from infra.media.prompts import CaptionRules
 from infra.media.temporal import TemporalPolicy
-from infra.plan import BuildPlan
 from infra.preprocess.decoders import Decoders, decoders
-from infra.preprocess.prepare import PreparedSample, decode_job
+from infra.preprocess.prepare import PreparedSample
 from infra.preprocess.read import RawSample, read
 from infra.sources import SampleRef
 
@@ -170,20 +170,20 @@ def _read_ahead(entry: _Entry | _End) -> bool:
 
 
 def read_ahead(
-    plan: BuildPlan, refs: Iterator[SampleRef], wanted: Callable[[SampleRef], bool], journal: ledger.Journal
+    job: Job, refs: Iterator[SampleRef], wanted: Callable[[SampleRef], bool], journal: ledger.Journal
 ) -> Prefetcher | None:
     """The shard's read-ahead over the samples it will encode, each marked in `journal` before it is read; None
     without one (``--prefetch 0 --text-batch 1``, or ``windows:K``, whose samples are made from their clip as it is
     visited)."""
-    run = plan.job.run
-    serial = run.prefetch == 0 and run.text_batch == 1 and plan.job.gather == 1
-    if serial or TemporalPolicy.of(plan.spec).kind == "windows":
+    run = job.run
+    serial = run.prefetch == 0 and run.text_batch == 1 and job.gather == 1
+    if serial or TemporalPolicy.of(job.spec).kind == "windows":
         return None
-    depth = max(run.prefetch, plan.job.gather - 1)  # a batch is made of samples already prepared
-    pool = decoders(run.decode_pool, run.decode_workers, decode_job(plan)) if depth else None
+    depth = max(run.prefetch, job.gather - 1)  # a batch is made of samples already prepared
+    pool = decoders(run.decode_pool, run.decode_workers, job) if depth else None
     return Prefetcher(
         refs,
-        read=functools.partial(_marked_read, journal, CaptionRules.of(plan.spec)),
+        read=functools.partial(_marked_read, journal, CaptionRules.of(job.spec)),
         decoders=pool,
         wanted=wanted,
         depth=depth,

@@ -18,6 +18,7 @@ import torch
 
 from infra.config import CacheSpec
 from infra.errors import ConfigError, InputError
+from infra.job import Job
 from infra.media.buckets import Bucket, bucket_rule, reference_buckets
 from infra.media.image import is_image, load_rgb, prepare_image
 from infra.media.masks import audio_mask_signal, video_mask
@@ -35,7 +36,6 @@ from infra.media.video import (
 )
 from infra.models import get_family
 from infra.models.base import ROLE_MEDIA, preprocess_name, preprocess_of
-from infra.plan import BuildPlan
 from infra.preprocess.read import RawSample
 from infra.sources import SampleRef
 
@@ -74,21 +74,9 @@ class PreparedSample:
     audio_mask: torch.Tensor | None = None
 
 
-def media_limits(plan: BuildPlan) -> MediaLimits:
-    """The plan's ``--max-pixels`` and ``--max-frames``."""
-    return MediaLimits(max_pixels=plan.job.limits.max_pixels, max_frames=plan.job.limits.max_frames)
-
-
-@dataclass(frozen=True)
-class DecodeJob:
-    """What decoding a sample's media needs of its plan, plain and picklable (a decoder process takes it once):
-    the spec and limits, whether the mode has a video, and the VAE's (frames, pixels) per latent step where a video
-    mask is laid on the latents' grid."""
-
-    spec: CacheSpec
-    limits: MediaLimits
-    video: bool = True
-    multiples: tuple[int, int] | None = None
+def media_limits(job: Job) -> MediaLimits:
+    """The job's ``--max-pixels`` and ``--max-frames``."""
+    return MediaLimits(max_pixels=job.limits.max_pixels, max_frames=job.limits.max_frames)
 
 
 @dataclass(frozen=True)
@@ -102,41 +90,30 @@ class Decoded:
     audio_mask: torch.Tensor | None = None
 
 
-def decode_job(plan: BuildPlan) -> DecodeJob:
-    """The plan's `DecodeJob` (the family's geometry rules read only where the mode has a video mask)."""
-    multiples = None
-    if "video_masks" in plan.kinds:
-        rules = get_family(plan.family).rules(plan.job.model_dir)
-        multiples = (rules.frame_multiple, rules.spatial_multiple)
-    return DecodeJob(plan.spec, media_limits(plan), "latents" in plan.kinds, multiples)
-
-
-def decode_media(media: bytes, roles: dict[str, bytes], window: int | None, job: DecodeJob) -> Decoded:
+def decode_media(media: bytes, roles: dict[str, bytes], window: int | None, job: Job) -> Decoded:
     """A sample's media (and its mode's other roles: a reference video, masks) decoded under `job`: the same code
-    on a decoder thread, in a decoder process and for the sanity. InputError for bad input."""
+    on a decoder thread, in a decoder process (which takes the job once) and for the sanity. InputError for bad
+    input."""
     if not job.video:  # an audio-only mode: no video to prepare; the audio itself is decoded by its encoder
         return Decoded(None, audio_mask=audio_mask_signal(roles["audio_mask"]) if "audio_mask" in roles else None)
-    video = _without_frames(prepare_video(media, job.spec, window, job.limits))
+    limits = media_limits(job)
+    video = _without_frames(prepare_video(media, job.spec, window, limits))
     reference = None
     if "reference_video" in roles:
-        reference = _without_frames(prepare_reference(roles["reference_video"], job.spec, job.limits))
+        reference = _without_frames(prepare_reference(roles["reference_video"], job.spec, limits))
     masks = {}
-    if "video_mask" in roles and job.multiples is not None:
-        time, spatial = job.multiples
+    if "video_mask" in roles and job.mask_multiples is not None:
+        time, spatial = job.mask_multiples
         frames, height, width = video.pixels.shape[2:]
         grid = ((frames - 1) // time + 1, height // spatial, width // spatial)
-        masks["video_masks"] = video_mask(roles["video_mask"], grid, spatial, time, job.limits)
+        masks["video_masks"] = video_mask(roles["video_mask"], grid, spatial, time, limits)
     return Decoded(video, reference, masks)
 
 
-def prepare(raw: RawSample, plan: BuildPlan) -> PreparedSample:
-    """The sample's pixels under the plan, without the source-resolution frames (the encoder needs the pixels; a
-    sample waiting in the read-ahead's queue holds only them)."""
-    return prepare_with(raw, decode_job(plan))
-
-
-def prepare_with(raw: RawSample, job: DecodeJob) -> PreparedSample:
-    """`prepare` under a `job` made once (a shard's decoder threads share one)."""
+def prepare(raw: RawSample, job: Job) -> PreparedSample:
+    """The sample's pixels under the job, without the source-resolution frames (the encoder needs the pixels; a
+    sample waiting in the read-ahead's queue holds only them): the same on a decoder thread, in a decoder process
+    and for the sanity."""
     return prepared_sample(raw, decode_media(raw.media, raw.roles, raw.ref.window, job))
 
 

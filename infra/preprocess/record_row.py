@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.cache.ledger import LedgerRow
-from infra.plan import BuildPlan
+from infra.job import Job
 from infra.preprocess.encode import Encoded
 from infra.preprocess.shard_result import ShardResult
 from infra.preprocess.write import WrittenFiles
@@ -34,11 +34,11 @@ class Outcome:
     seconds: float = 0.0
 
 
-def row(ref: SampleRef, plan: BuildPlan, outcome: Outcome) -> LedgerRow:
+def row(ref: SampleRef, job: Job, outcome: Outcome) -> LedgerRow:
     """The sample's ledger row."""
     made = LedgerRow(key=ref.key, id=ref.id, group=ref.group, shard="", status=outcome.status)
     made.reason, made.detail, made.path, made.seconds = outcome.reason, outcome.detail, outcome.path, outcome.seconds
-    made.fingerprint, made.source = plan.fingerprint, ref.identity
+    made.fingerprint, made.source = job.fingerprint, ref.identity
     made.extra.update(outcome.extra)
     written = outcome.written
     if written is None:
@@ -58,7 +58,7 @@ def row(ref: SampleRef, plan: BuildPlan, outcome: Outcome) -> LedgerRow:
     made.source_shape, made.latent_shape, made.seq_len = sample.source_shape, sample.latent_shape, sample.seq_len
     made.tokens_total, made.truncated = outcome.encoded.tokens_total, outcome.encoded.truncated
     made.extra["sampling"] = sample.info["sampling"]
-    if plan.spec.buckets and "geometry" in sample.info:  # the bucket it went to: what inspect and the summary show
+    if job.spec.buckets and "geometry" in sample.info:  # the bucket it went to: what inspect and the summary show
         made.extra["geometry"] = list(sample.info["geometry"])
     return made
 

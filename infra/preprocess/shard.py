@@ -26,11 +26,12 @@ from infra.errors import InputError, LatentforgeError, ModelLoadError, OutWriteE
 from infra.faults import fault_point
 from infra.formats import Writer, get_format
 from infra.gates.disk import stopping_message
+from infra.job import Job
 from infra.media.prompts import CaptionRules
 from infra.models import LoadedFamily
 from infra.ops import preempt
 from infra.outdir import UnsafePath
-from infra.plan import BuildPlan, ShardPlan, parse_only
+from infra.plan import ShardPlan, parse_only
 from infra.preprocess import phases, resume, write
 from infra.preprocess import record_row as record
 from infra.preprocess.chunks import Chunk
@@ -62,7 +63,7 @@ class ShardBroken(LatentforgeError, RuntimeError):
 class _Loop:
     """What the loop's visits share within one shard (or chunk)."""
 
-    plan: BuildPlan
+    job: Job
     shard: ShardPlan
     chunk: Chunk | None
     writer: Writer
@@ -87,7 +88,7 @@ class _Loop:
 
 
 def process_shard(
-    plan: BuildPlan,
+    job: Job,
     shard: ShardPlan,
     on_row: RowCallback | None = None,
     run_id: str | None = None,
@@ -103,35 +104,35 @@ def process_shard(
     a shard run alone gets its own. A planned sample the task does not visit gets its row (`infra.preprocess.
     unvisited`); a task that crashes seals what it has, those rows included, and raises the crash again."""
     start = time.perf_counter()
-    pin_cpu_threads(plan.job.device)  # this thread encodes the shard (its text phase too): same bytes anywhere
-    bind_thread(plan.job.device)  # cuda:N placed: this thread's events and memory counters are that GPU's
-    selection = parse_only(plan.job.selection.only)
+    pin_cpu_threads(job.device)  # this thread encodes the shard (its text phase too): same bytes anywhere
+    bind_thread(job.device)  # cuda:N placed: this thread's events and memory counters are that GPU's
+    selection = parse_only(job.selection.only)
     keys = selection.get(shard.id) if selection is not None else None
-    result = ShardResult(shard=shard.id, device=plan.job.device)
+    result = ShardResult(shard=shard.id, device=job.device)
     logger.info("shard %s on device %s", shard.id, result.device)
     ledger_id = shard.id if chunk is None else chunk.ledger_id(shard.id)
     writer_id = shard.id if chunk is None else chunk.name(shard.id)
     marks: ledger.Marks = {}
-    previous = ledger.read_shard(plan.out, shard.id, marks if chunk is None else None)
+    previous = ledger.read_shard(job.out, shard.id, marks if chunk is None else None)
     if chunk is not None:
-        previous.update(ledger.read_shard(plan.out, ledger_id, marks))  # an interrupted run's part of this chunk
+        previous.update(ledger.read_shard(job.out, ledger_id, marks))  # an interrupted run's part of this chunk
     inflight = InFlight(marks, keys)
     inflight.say(shard.id)
     rows: dict[str, LedgerRow] = dict(previous) if chunk is None else {}  # unvisited rows are kept (a chunk: merge)
-    get_encoder = functools.cache(functools.partial(load_encoder, plan))  # loaded on first use only, then held
-    state = shard_state(plan, run or RunState(shard.id))
+    get_encoder = functools.cache(functools.partial(load_encoder, job))  # loaded on first use only, then held
+    state = shard_state(job, run or RunState(shard.id))
     with (
-        preempt.cleanup(functools.partial(_seal_from_journal, plan, ledger_id)),
-        ledger.Journal(plan.out, ledger_id) as journal,
-        get_format(plan.spec.format).open_writer(plan.out, plan.spec, writer_id) as writer,
+        preempt.cleanup(functools.partial(_seal_from_journal, job, ledger_id)),
+        ledger.Journal(job.out, ledger_id) as journal,
+        get_format(job.spec.format).open_writer(job.out, job.spec, writer_id) as writer,
     ):
         state.mark = functools.partial(journal.mark, alone=True)  # a sample read when its turn comes: nothing ahead
         loop = _Loop(
-            plan, shard, chunk, writer, journal, get_encoder, state, previous, rows, result, keys, run_id, on_row,
+            job, shard, chunk, writer, journal, get_encoder, state, previous, rows, result, keys, run_id, on_row,
             inflight,
         )  # fmt: skip
         crash = _loop_shard(loop)
-    ledger.seal(plan.out, ledger_id, rows.values())
+    ledger.seal(job.out, ledger_id, rows.values())
     fault_point("shard")
     record.tally(result, rows.values())
     _work(result, state)
@@ -146,22 +147,22 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
     """Run the loop over the task's clips (read ahead where `read_ahead` says), then give each planned sample it
     did not visit its row; returns the error the loop crashed with (None: it ended, or was stopped). A whole-OUT
     write error stops it at once: what is done is sealed, and the error says what to do."""
-    plan, shard, chunk = loop.plan, loop.shard, loop.chunk
+    job, shard, chunk = loop.job, loop.shard, loop.chunk
     first, stop = (0, shard.quota) if chunk is None else (chunk.start, chunk.stop)
     wanted = functools.partial(_wanted, loop)
-    source = open_source(plan.job.source, plan.spec, plan.job.limits)
+    source = open_source(job.source, job.spec, job.limits)
     samples = source.samples(shard.shard)  # the task's one listing of its shard
     clips: Iterator[SampleRef] = itertools.islice(samples, first, stop)
-    if plan.job.run.text_offload:  # the prompts first; then the text encoder is parked
+    if job.run.text_offload:  # the prompts first; then the text encoder is parked
         texts, encoder = loop.state.texts, loop.get_encoder
-        held = phases.text_first_held(plan, clips, _planned(shard, first, stop), wanted, encoder, texts)
+        held = phases.text_first_held(job, clips, _planned(shard, first, stop), wanted, encoder, texts)
         if held is None:  # not as planned: listed again, the prompts in a pass of their own
             samples.close()
-            phases.text_first_of(plan, source.samples(shard.shard), (first, stop), wanted, encoder, texts)
+            phases.text_first_of(job, source.samples(shard.shard), (first, stop), wanted, encoder, texts)
             samples = source.samples(shard.shard)
             held = itertools.islice(samples, first, stop)
         clips = held
-    ahead = loop.state.ahead = read_ahead(plan, clips, wanted, loop.journal)
+    ahead = loop.state.ahead = read_ahead(job, clips, wanted, loop.journal)
     batches = loop.state.batches = ShapeBatches(ahead) if ahead is not None else None
     read_error: Exception | None = None
     crash: BaseException | None = None
@@ -176,8 +177,8 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
         logger.error("shard %s: %s", shard.id, exc)
         loop.result.error, read_error = str(exc), exc
     except OutWriteError as exc:
-        _seal_what_is_done(plan, loop.ledger_id, loop.rows)
-        raise type(exc)(stopping_message(plan.out, exc), exc.path) from exc
+        _seal_what_is_done(job, loop.ledger_id, loop.rows)
+        raise type(exc)(stopping_message(job.out, exc), exc.path) from exc
     except UnsafePath:
         raise  # a link under OUT stops the run as it is (its journal is read again), not a crash of this shard
     except Exception as exc:  # a crash: its samples get rows, then it is raised again
@@ -185,7 +186,7 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
         crash = exc
     if loop.result.interrupted is None:
         seen = {**loop.previous, **loop.rows}
-        for row in unvisited_rows(plan, shard, chunk, seen, loop.keys, read_error=read_error, crash=crash):
+        for row in unvisited_rows(job, shard, chunk, seen, loop.keys, read_error=read_error, crash=crash):
             _journalled(loop, row)
     return crash
 
@@ -200,7 +201,7 @@ def _wanted(loop: _Loop, ref: SampleRef) -> bool:
     previous = loop.previous.get(ref.key)
     if loop.inflight.suspect(ref.key) or loop.inflight.killed(ref, previous):
         return False
-    return resume.wanted(ref, loop.plan, loop.previous, loop.keys)
+    return resume.wanted(ref, loop.job, loop.previous, loop.keys)
 
 
 def _run(loop: _Loop, clips: Iterator[SampleRef]) -> None:
@@ -210,7 +211,7 @@ def _run(loop: _Loop, clips: Iterator[SampleRef]) -> None:
     for clip in clips:
         if loop.keys is not None and not resume.selected(clip.key, loop.keys):
             continue
-        windows = expand(clip, loop.plan, known_windows.get(clip.key, []))
+        windows = expand(clip, loop.job, known_windows.get(clip.key, []))
         for ref in windows:
             if loop.keys is not None and ref.key not in loop.keys and clip.key not in loop.keys:
                 continue
@@ -227,10 +228,10 @@ def _run(loop: _Loop, clips: Iterator[SampleRef]) -> None:
 def _visit(loop: _Loop, ref: SampleRef, windows: int | None) -> LedgerRow:
     """One sample of the shard: its done row kept (checked against the source), or made now and journalled (a
     window's row records how many windows its clip has); a sample runs died on is recorded failed, not encoded."""
-    plan = loop.plan
+    job = loop.job
     row, replace = loop.previous.get(ref.key), None
-    if row is not None and resume.reusable(row, plan):
-        row, replace = resume.resumed(row, ref, plan, f"{loop.shard_id}/{ref.key}", loop.result)
+    if row is not None and resume.reusable(row, job):
+        row, replace = resume.resumed(row, ref, job, f"{loop.shard_id}/{ref.key}", loop.result)
         if row is not loop.previous[ref.key]:
             loop.journal.append(row)
         if replace is None:
@@ -239,8 +240,8 @@ def _visit(loop: _Loop, ref: SampleRef, windows: int | None) -> LedgerRow:
         if row is not None and row.reason == KILLED_RUN:
             return _left_failed(loop, row)
         detail = loop.inflight.detail(ref.key, loop.run_id)
-        return _new_row(loop, record.row(ref, plan, record.Outcome(reason=KILLED_RUN, detail=detail)), windows)
-    made = process_sample(ref, plan, loop.writer, loop.get_encoder, loop.state, replace_stale=replace)
+        return _new_row(loop, record.row(ref, job, record.Outcome(reason=KILLED_RUN, detail=detail)), windows)
+    made = process_sample(ref, job, loop.writer, loop.get_encoder, loop.state, replace_stale=replace)
     return _new_row(loop, made, windows)
 
 
@@ -286,7 +287,7 @@ def _journalled(loop: _Loop, row: LedgerRow) -> None:
 
 def process_sample(
     ref: SampleRef,
-    plan: BuildPlan,
+    job: Job,
     writer: Writer,
     get_encoder: Callable[[], LoadedFamily],
     state: ShardState,
@@ -297,26 +298,26 @@ def process_sample(
     and prepared before the model is asked for, so a run of bad inputs never loads one. `replace_stale` (the old
     file's sha256) re-encodes a sample whose source changed and replaces its files: approved at the stale gate."""
     start = time.perf_counter()
-    disk = resume.on_disk(plan, ref, replacing=replace_stale is not None)
+    disk = resume.on_disk(job, ref, replacing=replace_stale is not None)
     if disk.adopted is not None:  # written by an interrupted run of this spec: kept, not encoded now
-        return record.row(ref, plan, record.Outcome("done", written=disk.adopted, facts=disk.facts))
+        return record.row(ref, job, record.Outcome("done", written=disk.adopted, facts=disk.facts))
     if disk.foreign is not None and not disk.overwrite:
-        return record.row(ref, plan, record.Outcome(reason="output_exists", detail=disk.foreign, path=disk.files[0]))
+        return record.row(ref, job, record.Outcome(reason="output_exists", detail=disk.foreign, path=disk.files[0]))
     replace = replace_stale is not None or disk.overwrite
     outcome = record.Outcome()
     try:
         with stage_timing("prepare"):  # opt-in (bench/gpu/shot.py): which stage holds the encoder back
-            prepared = _prepared(ref, plan, state)
+            prepared = _prepared(ref, job, state)
         fault_point("decode")
-        outcome.encoded = encode(prepared, plan, get_encoder(), state)
-        overwrite = replace or plan.replace_from is not None
+        outcome.encoded = encode(prepared, job, get_encoder(), state)
+        overwrite = replace or job.replace_from is not None
         with stage_timing("write"):
-            outcome.written = write.write(plan, writer, outcome.encoded.sample, disk.files, overwrite)
+            outcome.written = write.write(job, writer, outcome.encoded.sample, disk.files, overwrite)
         outcome.status = "done"
         if replace_stale is not None:
             outcome.extra["replaced_stale"] = replace_stale
-        elif replace or (disk.files and plan.replace_from is not None and not outcome.written.adopted):
-            outcome.extra["replaced"] = plan.replace_from
+        elif replace or (disk.files and job.replace_from is not None and not outcome.written.adopted):
+            outcome.extra["replaced"] = job.replace_from
     except InputError as exc:
         outcome = record.Outcome("skipped", exc.reason, exc.detail)
     except (ModelLoadError, OutWriteError, UnsafePath):
@@ -327,29 +328,29 @@ def process_sample(
         logger.exception("sample %s failed", ref.key)
         outcome = record.Outcome(reason="encode_error", detail=f"{type(exc).__name__}: {exc}")
     outcome.seconds = round(time.perf_counter() - start, 4)
-    return record.row(ref, plan, outcome)
+    return record.row(ref, job, outcome)
 
 
-def _prepared(ref: SampleRef, plan: BuildPlan, state: ShardState) -> PreparedSample:
+def _prepared(ref: SampleRef, job: Job, state: ShardState) -> PreparedSample:
     """The sample read and prepared: by the read-ahead (either or both), else now (its start marked first)."""
     taken = state.ahead.take(ref) if state.ahead is not None else None
     if isinstance(taken, PreparedSample):
         return taken
     if taken is None and state.mark is not None:
         state.mark(ref.key)
-    return prepare(taken if taken is not None else read(ref, CaptionRules.of(plan.spec)), plan)
+    return prepare(taken if taken is not None else read(ref, CaptionRules.of(job.spec)), job)
 
 
-def _seal_from_journal(plan: BuildPlan, shard_id: str) -> None:
+def _seal_from_journal(job: Job, shard_id: str) -> None:
     """Seal the shard from what its ledger and journal hold now (the process is ending at once)."""
-    ledger.seal(plan.out, shard_id, ledger.read_shard(plan.out, shard_id).values())
+    ledger.seal(job.out, shard_id, ledger.read_shard(job.out, shard_id).values())
 
 
-def _seal_what_is_done(plan: BuildPlan, shard_id: str, rows: dict[str, LedgerRow]) -> None:
+def _seal_what_is_done(job: Job, shard_id: str, rows: dict[str, LedgerRow]) -> None:
     """Seal on a full or read-only OUT when the ledger can still be written; otherwise the journal stays (a rerun
     reads it)."""
     try:
-        ledger.seal(plan.out, shard_id, rows.values())
+        ledger.seal(job.out, shard_id, rows.values())
     except OutWriteError:
         logger.warning("shard %s: no room to seal its ledger; its journal is kept for the next run", shard_id)
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from infra.cache import ledger, listing
 from infra.cache.ledger import LedgerRow, windows_by_clip
 from infra.errors import InputError
-from infra.plan import BuildPlan, ShardPlan
+from infra.job import Job
+from infra.plan import ShardPlan
 from infra.preprocess.chunks import Chunk
 from infra.preprocess.resume import selected
 from infra.sources.vbvr import check_unchanged
@@ -28,11 +29,11 @@ SHARD_CRASHED = "shard_crashed"
 
 
 def unvisited(
-    plan: BuildPlan, shard: ShardPlan, chunk: Chunk | None, rows: dict[str, LedgerRow], keys: frozenset[str] | None
+    job: Job, shard: ShardPlan, chunk: Chunk | None, rows: dict[str, LedgerRow], keys: frozenset[str] | None
 ) -> Iterator[tuple[str, str, str]]:
     """(key, id, group) of the planned samples of this task (its chunk, ``--only``'s keys) that have no row in
     `rows` (a clip's windows count as its rows); nothing when the plan was not recorded."""
-    planned = listing.read_listing(plan.out, shard.id)
+    planned = listing.read_listing(job.out, shard.id)
     if planned is None:
         return
     first, stop = (0, shard.quota) if chunk is None else (chunk.start, chunk.stop)
@@ -43,7 +44,7 @@ def unvisited(
 
 
 def unvisited_rows(
-    plan: BuildPlan,
+    job: Job,
     shard: ShardPlan,
     chunk: Chunk | None,
     rows: dict[str, LedgerRow],
@@ -61,7 +62,7 @@ def unvisited_rows(
         status, (reason, detail) = "skipped", _why_unread(shard, read_error)
     made = [
         LedgerRow(key=key, id=sid, group=group, shard=shard.id, status=status, reason=reason, detail=detail)
-        for key, sid, group in unvisited(plan, shard, chunk, rows, keys)
+        for key, sid, group in unvisited(job, shard, chunk, rows, keys)
     ]
     if made:
         logger.warning("shard %s: %d planned sample(s) not visited: %s (%s)", shard.id, len(made), reason, detail)
@@ -79,37 +80,37 @@ def _why_unread(shard: ShardPlan, read_error: Exception | None) -> tuple[str, st
     return "shard_changed", f"planned, but {shard.path} no longer lists it"
 
 
-def record_plan(plan: BuildPlan) -> BuildPlan:
-    """Record the plan's listing in OUT (under the writer lock, before any shard runs); returns the plan with the
-    shards an earlier run planned that the source no longer has and that still hold planned samples without a row
-    (a shard that vanished between a killed run and its resume): their tasks write those rows."""
-    if plan.listing is None:
-        return plan
-    carried = _carried(plan)
-    shards = [*plan.shards, *carried]
-    listing.install(plan.out, Path(plan.listing), [s.model_dump(mode="json") for s in shards])
+def record_plan(job: Job, shards: list[ShardPlan], spool: Path | None) -> list[ShardPlan]:
+    """Record the plan's listing (`shards`, their samples listed into `spool`) in OUT (under the writer lock, before
+    any shard runs); returns the plan's shards with those an earlier run planned that the source no longer has and
+    that still hold planned samples without a row (a shard that vanished between a killed run and its resume): their
+    tasks write those rows. Nothing is recorded for a plan that spooled nothing (`spool` None)."""
+    if spool is None:
+        return shards
+    carried = _carried(job, shards)
+    shards = [*shards, *carried]
+    listing.install(job.out, spool, [s.model_dump(mode="json") for s in shards])
     if carried:
         logger.warning(
             "%d shard(s) an earlier run planned are gone from the source with samples unaccounted for: %s",
             len(carried),
             ", ".join(s.id for s in carried),
         )
-        return plan.model_copy(update={"shards": shards})
-    return plan
+    return shards
 
 
-def _carried(plan: BuildPlan) -> list[ShardPlan]:
-    """The recorded plan's shards this plan lacks although its selection takes every shard it has, whose planned
-    samples are not all in their ledger."""
-    selection = plan.job.selection
+def _carried(job: Job, shards: list[ShardPlan]) -> list[ShardPlan]:
+    """The recorded plan's shards this plan (`shards`) lacks although its selection takes every shard it has, whose
+    planned samples are not all in their ledger."""
+    selection = job.selection
     if selection.limit is not None or selection.only is not None:
         return []  # a narrower run: a shard it lacks was not selected, not lost
-    planned = {s.id for s in plan.shards}
+    planned = {s.id for s in shards}
     carried = []
-    for entry in listing.read_index(plan.out) or []:
+    for entry in listing.read_index(job.out) or []:
         if entry["id"] in planned or (selection.shard_filter and selection.shard_filter not in entry["id"]):
             continue
         shard = ShardPlan.model_validate(entry)
-        if next(unvisited(plan, shard, None, ledger.read_shard(plan.out, shard.id), None), None) is not None:
+        if next(unvisited(job, shard, None, ledger.read_shard(job.out, shard.id), None), None) is not None:
             carried.append(shard)
     return carried

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from infra.job import Job
 from infra.models import LoadedFamily
-from infra.plan import BuildPlan
 from infra.preprocess.prepare import PreparedSample
 from infra.preprocess.shape_batches import ShapeBatches
 
@@ -79,7 +79,7 @@ def _call(encoder: LoadedFamily, pixels: list[torch.Tensor], fixed: int, stats: 
 
 
 def latents(
-    encoder: LoadedFamily, prepared: PreparedSample, plan: BuildPlan, batches: ShapeBatches | None, stats: VideoStats
+    encoder: LoadedFamily, prepared: PreparedSample, job: Job, batches: ShapeBatches | None, stats: VideoStats
 ) -> torch.Tensor:
     """The sample's latents: held from a batch encoded at an earlier sample's turn, else encoded now together
     with up to ``--video-batch - 1`` samples of its shape prepared ahead (`batches`; their latents held for their
@@ -91,9 +91,9 @@ def latents(
                 raise held
             return held
     pixels = prepared.video.pixels
-    gather = plan.job.gather
+    gather = job.gather
     others = batches.ready(gather - 1, tuple(pixels.shape)) if batches is not None and gather > 1 else []
-    results = encode_group(encoder, [pixels, *(other.video.pixels for other in others)], plan.spec.video_batch, stats)
+    results = encode_group(encoder, [pixels, *(other.video.pixels for other in others)], job.spec.video_batch, stats)
     for other, result in zip(others, results[1:], strict=True):
         batches.hold(other.ref, result)  # type: ignore[union-attr] - others is empty without batches
     if isinstance(results[0], Exception):

@@ -12,16 +12,16 @@ import functools
 
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow
 from infra.errors import InputError
+from infra.job import Job
 from infra.media.temporal import TemporalPolicy, choose_windows
 from infra.media.video import MediaLimits, probe_frames
-from infra.plan import BuildPlan
 from infra.sources import SampleRef
 
 
-def expand(ref: SampleRef, plan: BuildPlan, known: list[LedgerRow]) -> list[SampleRef]:
+def expand(ref: SampleRef, job: Job, known: list[LedgerRow]) -> list[SampleRef]:
     """The samples of one source clip under the plan's temporal policy (itself, unless it is windows:K); `known`
     is the ledger's rows of the clip's windows (`ledger.windows_by_clip`)."""
-    policy = TemporalPolicy.of(plan.spec)
+    policy = TemporalPolicy.of(job.spec)
     if policy.kind != "windows":
         return [ref]
     if known and len(known) == known[0].extra[WINDOWS_KEY]:
@@ -32,8 +32,8 @@ def expand(ref: SampleRef, plan: BuildPlan, known: list[LedgerRow]) -> list[Samp
         media = read()
         if media is None:
             return [ref]
-        total, fps = probe_frames(media, limits=MediaLimits(plan.job.limits.max_pixels, plan.job.limits.max_frames))
-        windows = choose_windows(policy, total, fps, plan.spec.frames)
+        total, fps = probe_frames(media, limits=MediaLimits(job.limits.max_pixels, job.limits.max_frames))
+        windows = choose_windows(policy, total, fps, job.spec.frames)
     except InputError:
         return [ref]  # encoding it gives the row its reason
     return [_window_ref(ref, w.first, read) for w in windows]
