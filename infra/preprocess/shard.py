@@ -121,8 +121,8 @@ def process_shard(
     get_encoder = functools.cache(functools.partial(load_encoder, plan))  # loaded on first use only, then held
     state = shard_state(plan, run or RunState(shard.id))
     with (
-        preempt.cleanup(functools.partial(_seal_from_journal, plan, ledger_id)),
-        ledger.Journal(plan.out, ledger_id) as journal,
+        ledger.open_journal(plan.out, ledger_id) as journal,
+        preempt.cleanup(functools.partial(_seal_from_journal, plan, ledger_id, journal)),
         get_format(plan.spec.format).open_writer(plan.out, plan.spec, writer_id) as writer,
     ):
         state.mark = functools.partial(journal.mark, alone=True)  # a sample read when its turn comes: nothing ahead
@@ -340,8 +340,10 @@ def _prepared(ref: SampleRef, plan: BuildPlan, state: ShardState) -> PreparedSam
     return prepare(taken if taken is not None else read(ref, CaptionRules.of(plan.spec)), plan)
 
 
-def _seal_from_journal(plan: BuildPlan, shard_id: str) -> None:
-    """Seal the shard from what its ledger and journal hold now (the process is ending at once)."""
+def _seal_from_journal(plan: BuildPlan, shard_id: str, journal: ledger.Journal | ledger.StoreJournal) -> None:
+    """Seal the shard from what its ledger and journal hold now (the process is ending at once; a store's journal
+    puts what it keeps first)."""
+    journal.flush()
     ledger.seal(plan.out, shard_id, ledger.read_shard(plan.out, shard_id).values())
 
 
