@@ -15,6 +15,11 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from flows.terminal_run import run_build
+from infra import outdir
+from infra.cache.lock import LOCK_NAME, LockedError, out_lock
+from infra.errors import ConfigError
+from infra.outstore import StoreOut
+from infra.storage import atomic_write
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.media_utils import cut_clip
 from tests.s3_proxy import Proxy
@@ -120,3 +125,35 @@ def test_a_build_to_s3_writes_the_objects_of_a_local_build(s3, shards, tiny_mode
     assert ok, result
     print(dict(s3.counts))
     same_objects(_objects("cache"), _files(local))
+
+
+def test_a_second_run_resumes_without_sending_a_done_sample_again(s3, shards, tiny_model):
+    """The build of the test above, run again: no sample object is put again, the objects are unchanged."""
+    url = f"s3://{BUCKET}/resume"
+    ok, result = run_build(config(shards, tiny_model, url, workers=1))  # type: ignore[arg-type]
+    assert ok, result
+    before = _objects("resume")
+    s3.reset()
+    ok, result = run_build(config(shards, tiny_model, url, workers=1))  # type: ignore[arg-type]
+    assert ok, result
+    print("resume", dict(s3.counts))
+    after = _objects("resume")
+    samples = [rel for rel in before if rel.endswith(".pt")]
+    assert samples and {rel: after[rel] for rel in samples} == {rel: before[rel] for rel in samples}
+    assert result["encoded"] == 0 and result["reused"] == len(samples)
+
+
+def test_a_live_lease_stops_a_second_writer_and_an_object_is_never_clobbered(s3):
+    out = StoreOut.of(f"s3://{BUCKET}/leased")
+    with out_lock(out), pytest.raises(LockedError), out_lock(out):
+        pass
+    assert outdir.lstat(out, LOCK_NAME) is None  # released
+    atomic_write("a/x.bin", b"first", out=out)
+    with pytest.raises(FileExistsError):
+        atomic_write("a/x.bin", b"second", out=out)
+    assert outdir.read_bytes(out, "a/x.bin") == b"first"
+
+
+def test_a_url_with_credentials_is_refused():
+    with pytest.raises(ConfigError, match="credentials"):
+        StoreOut.of(f"s3://{ACCESS_KEY}:{SECRET_KEY}@{BUCKET}/cache")
