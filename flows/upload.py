@@ -20,6 +20,7 @@ from flows.alerting import on_crashed, on_failure
 from flows.approval import ReplaceAnswer, ReplaceChoice, decide
 from flows.conflict import default_policy
 from flows.steps import step
+from infra import outdir
 from infra.cache.lock import out_lock
 from infra.config import UploadConfig
 from infra.errors import PublishError
@@ -40,7 +41,7 @@ def upload_step(
     """Publish OUT to config.to (or only verify the remote copy). Once OUT is known to be whole, an upload report
     is written whatever happens next; a failed gate, a refused conflict or a failed remote check raise after it."""
     log = get_run_logger()
-    out = Path(out)
+    out = outdir.root(out)
     target = parse_target(config.to)
     with step("upload"), out_lock(out):
         manifest = build_manifest(out, config, target)  # a cache that is not whole: an error, no report

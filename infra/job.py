@@ -17,8 +17,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infra import outdir
 from infra.config import BuildConfig, CacheSpec, LimitsConfig, RunConfig, SelectionConfig
 from infra.fetch import local_model
+from infra.outstore import StoreOut
 
 
 class Job(BaseModel):
@@ -26,7 +28,7 @@ class Job(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    out: Path = Field(description="OUT, the cache's directory")
+    out: Path | StoreOut = Field(description="OUT: a local folder, or a StoreOut for a URL (`infra.outdir.root`)")
     family: str
     spec: CacheSpec
     fingerprint: str = Field(description="The spec's fingerprint (`CacheSpec.fingerprint`)")
@@ -72,7 +74,7 @@ class Job(BaseModel):
         """The job of `config` (its recipe applied: `infra.plan.resolve`) with what `resolve` made of it (`resolved`:
         the family, spec, fingerprint, kinds, shapes, mask multiples)."""
         return cls(
-            out=Path(config.out),
+            out=outdir.root(config.out),
             source=config.source,
             model=config.model,
             model_parts=model_parts,

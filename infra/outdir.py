@@ -9,6 +9,10 @@ without following a link, and the next is looked up inside the descriptor just o
 between to race. OUT itself is opened as named (a link the user names is the user's to name).
 
 Atomic writes under OUT are `infra.storage.atomic_file(rel, out=OUT)`, which takes its folder from `directory`.
+
+OUT may also be a URL (``s3://BUCKET/PREFIX``): `root` gives a `StoreOut` for it, and every function here takes
+either (`Out`) and answers the same for an object below the URL's prefix (`infra.outstore`); the path checks are
+the same, and a store has no links. `directory` and `open_fd` are local-disk only.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from infra.errors import LatentforgeError
+from infra.outstore import StoreOut, is_url, root
+
+__all__ = ["Out", "OutFile", "StoreOut", "UnsafePath", "root"]
 
 #: A folder below OUT: never through a link (ELOOP), never a file (ENOTDIR).
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -31,6 +38,8 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: (a regular file ignores it).
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 Kind = Literal["file", "dir", "link", "other"]
+#: OUT as the door takes it: a local folder, or a folder URL in an object store.
+Out = Path | StoreOut
 
 
 class UnsafePath(LatentforgeError):
@@ -57,6 +66,29 @@ def split(rel: str | os.PathLike[str]) -> tuple[str, str]:
     if not names:
         raise UnsafePath(f"{os.fspath(rel)!r} names OUT itself, not a file below it")
     return "/".join(names[:-1]), names[-1]
+
+
+def _rel(rel: str | os.PathLike[str]) -> str:
+    """An OUT-relative path checked (`parts`) and joined with ``/``: an object's name below a StoreOut."""
+    return "/".join(parts(rel))
+
+
+def shown(out: Out, rel: str | os.PathLike[str] = "") -> str:
+    """Where `rel` below `out` is, as a message shows it (a path, or the object's URL)."""
+    if isinstance(out, StoreOut):
+        return str(out / _rel(rel)) if _rel(rel) else str(out)
+    return str(Path(out, rel))
+
+
+def is_store(out: object) -> bool:
+    """Whether `out` is OUT in an object store (a StoreOut, or a URL)."""
+    return isinstance(out, StoreOut) or (isinstance(out, str) and is_url(out))
+
+
+def _local(out: Out, what: str) -> Path:
+    if isinstance(out, StoreOut):
+        raise TypeError(f"{what} is a local-disk operation: {out} is in an object store")
+    return Path(out)
 
 
 def _link(out: Path, names: tuple[str, ...]) -> UnsafePath:
@@ -88,10 +120,11 @@ def _child(fd: int, name: str, create: bool) -> int:
 
 
 @contextlib.contextmanager
-def directory(out: Path, rel: str | os.PathLike[str] = "", *, create: bool = False) -> Iterator[int]:
+def directory(out: Out, rel: str | os.PathLike[str] = "", *, create: bool = False) -> Iterator[int]:
     """A descriptor of the folder `rel` below `out`, reached without following a link (`create`: made where
     missing, OUT included). UnsafePath for a link on the way; FileNotFoundError / NotADirectoryError otherwise."""
     names = parts(rel)
+    out = _local(out, "a folder's descriptor")
     if create:
         Path(out).mkdir(parents=True, exist_ok=True)
     fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -108,9 +141,10 @@ def directory(out: Path, rel: str | os.PathLike[str] = "", *, create: bool = Fal
         os.close(fd)
 
 
-def open_fd(out: Path, rel: str | os.PathLike[str], flags: int, *, mode: int = 0o644, create_dirs: bool = False) -> int:
+def open_fd(out: Out, rel: str | os.PathLike[str], flags: int, *, mode: int = 0o644, create_dirs: bool = False) -> int:
     """A raw descriptor of the regular file `rel` below `out`, opened with `flags` (plus O_NOFOLLOW); UnsafePath for
     a link or anything but a regular file (a FIFO, a device) there."""
+    out = _local(out, "a file descriptor")
     parent, name = split(rel)
     with directory(out, parent, create=create_dirs) as folder:
         try:
@@ -123,23 +157,29 @@ def open_fd(out: Path, rel: str | os.PathLike[str], flags: int, *, mode: int = 0
     return fd
 
 
-def open_read(out: Path, rel: str | os.PathLike[str]) -> BinaryIO:
+def open_read(out: Out, rel: str | os.PathLike[str]) -> BinaryIO:
     """The regular file `rel` below `out`, open for reading (close it, or use it in a ``with``)."""
+    if isinstance(out, StoreOut):
+        split(rel)
+        return out.open_read(_rel(rel))  # type: ignore[return-value]
     return os.fdopen(open_fd(out, rel, os.O_RDONLY), "rb")
 
 
-def read_bytes(out: Path, rel: str | os.PathLike[str]) -> bytes:
+def read_bytes(out: Out, rel: str | os.PathLike[str]) -> bytes:
     """The bytes of the regular file `rel` below `out`."""
+    if isinstance(out, StoreOut):
+        split(rel)
+        return out.read_bytes(_rel(rel))
     with open_read(out, rel) as fh:
         return fh.read()
 
 
-def read_text(out: Path, rel: str | os.PathLike[str]) -> str:
+def read_text(out: Out, rel: str | os.PathLike[str]) -> str:
     """The UTF-8 text of the regular file `rel` below `out`."""
     return read_bytes(out, rel).decode("utf-8")
 
 
-def sha256(out: Path, rel: str | os.PathLike[str]) -> str:
+def sha256(out: Out, rel: str | os.PathLike[str]) -> str:
     """sha256 of the regular file `rel` below `out`, streamed."""
     digest = hashlib.sha256()
     with open_read(out, rel) as fh:
@@ -148,10 +188,13 @@ def sha256(out: Path, rel: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
-def lstat(out: Path, rel: str | os.PathLike[str]) -> os.stat_result | None:
+def lstat(out: Out, rel: str | os.PathLike[str]) -> os.stat_result | None:
     """What is at `rel` below `out`, the link itself never followed; None when it (or a folder on its way) is not
-    there. UnsafePath for a link, there or on the way."""
+    there. UnsafePath for a link, there or on the way. A store's object: its size in ``st_size``, a regular file's
+    mode; a prefix with objects below it: a folder's."""
     parent, name = split(rel)
+    if isinstance(out, StoreOut):
+        return _store_stat(out, _rel(rel))
     try:
         with directory(out, parent) as folder:
             found = os.stat(name, dir_fd=folder, follow_symlinks=False)
@@ -162,28 +205,46 @@ def lstat(out: Path, rel: str | os.PathLike[str]) -> os.stat_result | None:
     return found
 
 
-def size(out: Path, rel: str | os.PathLike[str]) -> int | None:
+def _store_stat(out: StoreOut, rel: str) -> os.stat_result | None:
+    head = out.head(rel)
+    if head is not None:
+        return os.stat_result((stat.S_IFREG | 0o644, 0, 0, 1, 0, 0, head.size, 0, 0, 0))
+    if out.listing(rel):
+        return os.stat_result((stat.S_IFDIR | 0o755, 0, 0, 1, 0, 0, 0, 0, 0, 0))
+    return None
+
+
+def size(out: Out, rel: str | os.PathLike[str]) -> int | None:
     """The size of the regular file `rel` below `out`; None when there is none (absent, or a folder)."""
+    if isinstance(out, StoreOut):  # one HEAD: an object or none
+        split(rel)
+        head = out.head(_rel(rel))
+        return None if head is None else head.size
     found = lstat(out, rel)
     return found.st_size if found is not None and stat.S_ISREG(found.st_mode) else None
 
 
-def is_file(out: Path, rel: str | os.PathLike[str]) -> bool:
+def is_file(out: Out, rel: str | os.PathLike[str]) -> bool:
     """Whether a regular file is at `rel` below `out` (UnsafePath for a link there or on the way)."""
     return size(out, rel) is not None
 
 
-def is_dir(out: Path, rel: str | os.PathLike[str]) -> bool:
+def is_dir(out: Out, rel: str | os.PathLike[str]) -> bool:
     """Whether a folder is at `rel` below `out` (UnsafePath for a link on the way)."""
     if not parts(rel):
-        return Path(out).is_dir()
+        return out.exists() if isinstance(out, StoreOut) else Path(out).is_dir()
     found = lstat(out, rel)
     return found is not None and stat.S_ISDIR(found.st_mode)
 
 
-def unlink(out: Path, rel: str | os.PathLike[str], *, missing_ok: bool = True) -> None:
+def unlink(out: Out, rel: str | os.PathLike[str], *, missing_ok: bool = True) -> None:
     """Remove the file (or the link itself: unlink never follows one) at `rel` below `out`."""
     parent, name = split(rel)
+    if isinstance(out, StoreOut):
+        if not missing_ok and out.head(_rel(rel)) is None:
+            raise FileNotFoundError(errno.ENOENT, "no such object", shown(out, rel))
+        out.delete(_rel(rel))
+        return
     try:
         with directory(out, parent) as folder:
             os.unlink(name, dir_fd=folder)
@@ -192,9 +253,12 @@ def unlink(out: Path, rel: str | os.PathLike[str], *, missing_ok: bool = True) -
             raise
 
 
-def rmdir(out: Path, rel: str | os.PathLike[str]) -> bool:
-    """Remove the folder `rel` below `out` when it is empty; whether it was removed."""
+def rmdir(out: Out, rel: str | os.PathLike[str]) -> bool:
+    """Remove the folder `rel` below `out` when it is empty; whether it was removed (a store's folder is its objects'
+    prefix: gone with the last of them)."""
     parent, name = split(rel)
+    if isinstance(out, StoreOut):
+        return not out.listing(_rel(rel))
     try:
         with directory(out, parent) as folder:
             os.rmdir(name, dir_fd=folder)
@@ -219,8 +283,10 @@ def _kind(entry: os.DirEntry[str]) -> Kind:
     return "file" if entry.is_file(follow_symlinks=False) else "other"
 
 
-def entries(out: Path, rel: str | os.PathLike[str] = "") -> list[Entry]:
+def entries(out: Out, rel: str | os.PathLike[str] = "") -> list[Entry]:
     """The names in the folder `rel` below `out`, sorted; [] when it is not there."""
+    if isinstance(out, StoreOut):
+        return [Entry(name, kind) for name, kind in out.listing(_rel(rel))]  # type: ignore[arg-type]
     try:
         with directory(out, rel) as folder, os.scandir(folder) as listing:
             return sorted((Entry(e.name, _kind(e)) for e in listing), key=lambda e: e.name)
@@ -228,10 +294,12 @@ def entries(out: Path, rel: str | os.PathLike[str] = "") -> list[Entry]:
         return []
 
 
-def files(out: Path, rel: str | os.PathLike[str] = "") -> list[str]:
+def files(out: Out, rel: str | os.PathLike[str] = "") -> list[str]:
     """Every regular file below the folder `rel` of `out`, OUT-relative, sorted; UnsafePath for a link anywhere
     there (a walk never follows one, and never passes one by: a link is the finding)."""
     base = "/".join(parts(rel))
+    if isinstance(out, StoreOut):
+        return out.find(base)
     found: list[str] = []
     for entry in entries(out, base):
         path = f"{base}/{entry.name}" if base else entry.name
@@ -249,7 +317,7 @@ class OutFile:
     """A file below OUT named by its OUT-relative path: what readers are handed instead of a path, so that they
     open it only through the door."""
 
-    out: Path
+    out: Out
     rel: str
 
     def open(self) -> BinaryIO:
@@ -261,4 +329,4 @@ class OutFile:
         return parts(self.rel)[-1]
 
     def __str__(self) -> str:
-        return str(Path(self.out, self.rel))
+        return shown(self.out, self.rel)

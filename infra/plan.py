@@ -111,7 +111,8 @@ class BuildPlan(BaseModel):
         return sum(s.samples for s in self.shards)
 
     @property
-    def out(self) -> Path:
+    def out(self) -> outdir.Out:
+        """OUT: a local folder, or a `StoreOut` for a URL (`infra.outdir.root`)."""
         return self.job.out
 
     @property
@@ -491,7 +492,7 @@ def plan_shards(
         raise ConfigError(f"no shard of {config.source} matches --shard-filter {config.selection.shard_filter!r}")
     plans, left = [], config.selection.limit
     stems: dict[bytes, Claim] = {}
-    ledgered = _ledgered(Path(config.out)) if spool else frozenset()
+    ledgered = _ledgered(outdir.root(config.out)) if spool else frozenset()
     for shard in shards:
         if left is not None and left <= 0:
             break
@@ -513,7 +514,7 @@ def plan_shards(
     return plans
 
 
-def _ledgered(out: Path) -> frozenset[str]:
+def _ledgered(out: outdir.Out) -> frozenset[str]:
     """The shards OUT has a ledger of (a resume's): the plan spools what their samples are listed as, for the stale
     check (`infra.cache.listing.spool_identities`); none where OUT has no ledger or cannot be read (its gates say
     why)."""
@@ -548,7 +549,7 @@ def make_plan(config: BuildConfig, spool: Path | None = None, shards: list[Shard
 def recorded_plan(config: BuildConfig) -> BuildPlan | None:
     """The plan OUT's newest build recorded when it began (its shards, as listed then) with `config`'s spec: what
     `latentforge reconcile` accounts for; None when OUT has no recorded plan."""
-    entries = listing.read_index(Path(config.out))
+    entries = listing.read_index(outdir.root(config.out))
     return None if entries is None else make_plan(config, shards=[ShardPlan.model_validate(e) for e in entries])
 
 

@@ -3,6 +3,10 @@
 A crash at any point leaves either the old state or the whole new file, never a partial one under
 the final name. Without `replace=True` the final step is a hard link, which fails if the name
 exists, so even a racing writer cannot clobber an existing file.
+
+Below an OUT in an object store (`infra.outstore.StoreOut`) the file is spooled in memory and sent in one PUT when
+the block ends: a conditional put (``If-None-Match: *``) without `replace`, so a racing writer cannot clobber an
+object either; an object appears whole or not at all.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import logging
 import os
 import shutil
@@ -25,6 +30,7 @@ from typing import BinaryIO
 from infra import outdir
 from infra.errors import DiskFull, OutNotWritable
 from infra.faults import fault_point
+from infra.outstore import StoreOut
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +50,7 @@ _in_flight_lock = threading.Lock()
 class Written:
     """What an atomic write put on disk."""
 
-    path: Path
+    path: Path | StoreOut  # a local path, or the object's URL below a StoreOut
     bytes: int
     sha256: str
 
@@ -117,7 +123,20 @@ def _folder(parent: str | Path, out: Path | None) -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path | str, *, replace: bool = False, out: Path | None = None) -> Iterator[AtomicFile]:
+def _store_file(out: StoreOut, path: Path | str, replace: bool) -> Iterator[AtomicFile]:
+    """`atomic_file` below a StoreOut: spooled in memory, one PUT at the end (conditional unless `replace`)."""
+    rel = "/".join(outdir.parts(path))
+    outdir.split(rel)
+    spool = io.BytesIO()
+    handle = AtomicFile(spool)  # type: ignore[arg-type]
+    yield handle
+    fault_point("write")
+    out.put(rel, spool.getvalue(), create=not replace)
+    handle.written = Written(out / rel, handle.bytes, handle.sha256)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path | str, *, replace: bool = False, out: Path | StoreOut | None = None) -> Iterator[AtomicFile]:
     """Stream a file into place atomically: written to a temp file in the same directory, fsynced, then linked
     (or, with `replace`, renamed) to `path` when the block ends without an error. Raises FileExistsError when
     `path` exists and not `replace`, DiskFull when the file system is full (ENOSPC, EDQUOT); on an error nothing
@@ -125,7 +144,13 @@ def atomic_file(path: Path | str, *, replace: bool = False, out: Path | None = N
 
     With `out`, `path` is OUT-relative and goes through the door (`infra.outdir`): its folder is reached component
     by component without following a link, and the temp file, the link and the rename all happen inside that
-    folder's descriptor, so a link swapped in meanwhile is never written through (UnsafePath)."""
+    folder's descriptor, so a link swapped in meanwhile is never written through (UnsafePath).
+    Below a StoreOut: one PUT when the block ends (a conditional put without `replace`: FileExistsError for an
+    object there)."""
+    if isinstance(out, StoreOut):
+        with _store_file(out, path, replace) as handle:
+            yield handle
+        return
     parent, name = outdir.split(path) if out is not None else (Path(path).parent, Path(path).name)
     shown = Path(out, path) if out is not None else Path(path)
     tmp = f".{name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}"
@@ -175,7 +200,9 @@ def _put(folder: int, tmp: str, name: str, shown: Path, replace: bool) -> None:
     os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
 
 
-def atomic_write(path: Path | str, data: bytes, *, replace: bool = False, out: Path | None = None) -> Written:
+def atomic_write(
+    path: Path | str, data: bytes, *, replace: bool = False, out: Path | StoreOut | None = None
+) -> Written:
     """Write `data` to `path` atomically (OUT-relative and through the door with `out`). Raises FileExistsError if it
     exists and not `replace`."""
     with atomic_file(path, replace=replace, out=out) as fh:
@@ -225,9 +252,11 @@ def staged_dir(out_dir: Path, what: str) -> Iterator[Path]:
         raise
 
 
-def remove_stale_temps(root: Path) -> int:
+def remove_stale_temps(root: Path | StoreOut) -> int:
     """Remove temp files a killed writer left under `root` (a walk inside descriptors that follows no link). Call
-    only while holding the OUT lock."""
+    only while holding the OUT lock. A store has none (an object appears whole, in one PUT)."""
+    if isinstance(root, StoreOut):
+        return 0
     removed = 0
     with outdir.directory(root) as top:  # OUT itself as named; below it, no link is followed
         for _, _, names, folder in os.fwalk(".", dir_fd=top, follow_symlinks=False):

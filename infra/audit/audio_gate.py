@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from infra import outdir
 from infra import report_files as reports
 from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
@@ -98,7 +99,7 @@ class AudioReport:
 
 def audio_check(out: Path) -> AudioReport:
     """Load every done sample's audio latent; list the samples without one with the reason."""
-    out = Path(out)
+    out = outdir.root(out)
     spec = CacheSpec.model_validate(read_cache_json(out)["spec"])
     audio_run = AUDIO_KIND in role_kinds(mode_roles(spec.mode), spec.audio)  # a mode with audio (a2v: --audio's say)
     report = AudioReport(str(out), audio_run)

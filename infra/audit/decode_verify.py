@@ -409,7 +409,7 @@ def decode_and_verify(
     `source` (``KIND:PATH``) or its provenance ``source``. `options` are the memory options the model is loaded with
     (a build passes its own, so the family it already holds is reused, not loaded a second time). Raises when
     cache.json or the ledgers cannot be read or the model cannot load."""
-    out = Path(out)
+    out = outdir.root(out)
     meta = read_cache_json(out)
     spec, provenance = CacheSpec.model_validate(meta["spec"]), meta.get("provenance", {})
     model_path, source_spec = model_dir or provenance.get("model_path"), source or provenance.get("source")

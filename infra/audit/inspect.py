@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from infra import outdir
 from infra.cache import ledger
 from infra.cache.cachedir import overwrite_in_progress, read_cache_json
 from infra.cache.ledger import FileRecord, LedgerRow
@@ -104,7 +105,7 @@ def repeated_frames(rows: Iterable[LedgerRow]) -> int:
 
 def inspect_cache(out: Path) -> dict[str, Any]:
     """Counts per group and status, bytes, fingerprint, and the keys/shapes/dtypes of one sample per group."""
-    out = Path(out)
+    out = outdir.root(out)
     meta = read_cache_json(out)
     fmt = get_format(meta["spec"]["format"])
     groups: dict[str, Counter[str]] = defaultdict(Counter)

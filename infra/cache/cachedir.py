@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from infra import outdir
 from infra.cache.lock import LOCK_NAME
 from infra.config import CacheSpec
+from infra.outstore import StoreOut
 from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -77,10 +78,13 @@ def _visible_entries(out: Path) -> list[Path]:
 
 def classify(out: Path, spec: CacheSpec) -> OutState:
     """absent / compatible / incompatible / foreign / damaged, with what differs."""
-    out = Path(out)
-    if not out.exists() or (out.is_dir() and not _visible_entries(out)):
+    out = outdir.root(out)
+    if isinstance(out, StoreOut):  # a prefix: absent while no object is below it (but the lease)
+        if not [e for e in outdir.entries(out) if e.name != LOCK_NAME]:
+            return OutState("absent", f"{out} does not exist or is empty")
+    elif not out.exists() or (out.is_dir() and not _visible_entries(out)):
         return OutState("absent", f"{out} does not exist or is empty")
-    if not out.is_dir():
+    elif not out.is_dir():
         return OutState("foreign", f"{out} exists and is not a directory")
     try:
         if outdir.lstat(out, CACHE_JSON) is None:

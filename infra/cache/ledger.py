@@ -8,6 +8,12 @@ the journal on top; a torn last journal line (a crash mid-append) is ignored.
 Before a sample's bytes are read the journal also gets a mark (``{"started": KEY, ...}``, `Journal.mark`); its row
 follows when it ends. A mark with no row after it is a sample in progress when the process died
 (`infra.preprocess.inflight`); readers skip marks unless asked for them, and a sealed ledger holds none.
+
+Below an OUT in an object store an object cannot be appended to: the journal is a folder of part objects,
+``OUT/ledger/<shard>.journal/<seq>.jsonl``, each a batch of lines put once (a conditional put) every
+`JOURNAL_EVERY_SAMPLES` rows or `JOURNAL_EVERY_SECONDS` (`StoreJournal`). Readers take the parts in order after the
+sealed ledger; sealing deletes them. A crash loses the rows and marks not yet put: those samples are done again
+(a sample file of the run that has no row is adopted, as on disk).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from infra import outdir
 from infra.errors import LedgerError
 from infra.faults import fault_point
+from infra.outstore import StoreOut
 from infra.sources.identity import SourceIdentity
 from infra.sources.names import is_text, safe_text
 from infra.storage import NOT_WRITABLE_ERRNOS, atomic_write, disk_full, is_disk_full, not_writable
@@ -136,8 +144,14 @@ def _writable(value: Any) -> Any:
     return value
 
 
-def ledger_dir(out: Path) -> Path:
-    return Path(out) / LEDGER_DIR
+#: A journal below a StoreOut is put as a part object every so many rows, or when its oldest line is this old (at the
+#: next row or mark): what a crash can lose at most.
+JOURNAL_EVERY_SAMPLES = 32
+JOURNAL_EVERY_SECONDS = 15.0
+
+
+def ledger_dir(out: outdir.Out) -> Path | StoreOut:
+    return outdir.root(out) / LEDGER_DIR
 
 
 #: LedgerRow.extra key of a windows:K sample (``key@FIRST``): how many windows its clip has.
@@ -171,12 +185,17 @@ def journal_rel(shard_id: str) -> str:
     return f"{LEDGER_DIR}/{shard_id}.journal.jsonl"
 
 
-def sealed_path(out: Path, shard_id: str) -> Path:
-    return Path(out) / sealed_rel(shard_id)
+def parts_rel(shard_id: str) -> str:
+    """OUT-relative folder of a shard's journal parts (an OUT in an object store)."""
+    return f"{LEDGER_DIR}/{shard_id}.journal"
 
 
-def journal_path(out: Path, shard_id: str) -> Path:
-    return Path(out) / journal_rel(shard_id)
+def sealed_path(out: outdir.Out, shard_id: str) -> Path | StoreOut:
+    return outdir.root(out) / sealed_rel(shard_id)
+
+
+def journal_path(out: outdir.Out, shard_id: str) -> Path | StoreOut:
+    return outdir.root(out) / journal_rel(shard_id)
 
 
 #: The key of a journal mark's line: the sample key whose trip started.
@@ -184,9 +203,9 @@ MARK = "started"
 Marks = dict[str, list[dict[str, Any]]]
 
 
-def _read_jsonl(out: Path, rel: str, *, tolerate_torn_tail: bool, marks: Marks | None = None) -> list[LedgerRow]:
+def _read_jsonl(out: outdir.Out, rel: str, *, tolerate_torn_tail: bool, marks: Marks | None = None) -> list[LedgerRow]:
     """The rows of a ledger or journal; its marks not followed by their sample's row go into `marks` (by key)."""
-    path = Path(out) / rel
+    path = outdir.shown(out, rel)
     try:
         # Lines end at "\n" only: str.splitlines would also cut at U+2028, U+0085 ..., which a name or caption can hold.
         lines = outdir.read_text(out, rel).split("\n")
@@ -220,22 +239,40 @@ def _read_jsonl(out: Path, rel: str, *, tolerate_torn_tail: bool, marks: Marks |
     return rows
 
 
-def read_shard(out: Path, shard_id: str, marks: Marks | None = None) -> dict[str, LedgerRow]:
+def read_shard(out: outdir.Out, shard_id: str, marks: Marks | None = None) -> dict[str, LedgerRow]:
     """The latest row per sample key: sealed ledger, then the journal on top; the journal's marks whose sample has
     no row after them go into `marks`."""
+    out = outdir.root(out)
     rows = {r.key: r for r in _read_jsonl(out, sealed_rel(shard_id), tolerate_torn_tail=False)}
+    if isinstance(out, StoreOut):
+        for part in journal_parts(out, shard_id):  # whole objects, in the order they were put
+            rows.update({r.key: r for r in _read_jsonl(out, part, tolerate_torn_tail=False, marks=marks)})
+        return rows
     journal = _read_jsonl(out, journal_rel(shard_id), tolerate_torn_tail=True, marks=marks)
     rows.update({r.key: r for r in journal})
     return rows
 
 
-def shard_ids(out: Path) -> list[str]:
+def journal_parts(out: StoreOut, shard_id: str) -> list[str]:
+    """The OUT-relative names of a shard's journal parts in a store, in the order they were put."""
+    folder = parts_rel(shard_id)
+    return [f"{folder}/{name}" for name, kind in out.listing(folder) if kind == "file" and _seq(name) is not None]
+
+
+def _seq(name: str) -> int | None:
+    stem = name.removesuffix(".jsonl")
+    return int(stem) if name.endswith(".jsonl") and stem.isdigit() else None
+
+
+def shard_ids(out: outdir.Out) -> list[str]:
     """The ids of every shard with a ledger or a journal, sorted."""
-    names = [e.name for e in outdir.entries(out, LEDGER_DIR) if e.name.endswith(".jsonl")]
+    found = outdir.entries(out, LEDGER_DIR)
+    names = [e.name for e in found if e.name.endswith(".jsonl")]
+    names += [e.name + ".jsonl" for e in found if e.kind == "dir" and e.name.endswith(".journal")]  # a store's parts
     return sorted({name.removesuffix(".journal.jsonl").removesuffix(".jsonl") for name in names})
 
 
-def read_all(out: Path) -> dict[str, dict[str, LedgerRow]]:
+def read_all(out: outdir.Out) -> dict[str, dict[str, LedgerRow]]:
     """Every shard's rows: {shard_id: {key: row}}. Holds them all: a step over a large cache reads shard by shard
     (`shard_ids`, `read_shard`) where it can."""
     return {sid: read_shard(out, sid) for sid in shard_ids(out)}
@@ -291,6 +328,9 @@ class Journal:
             os.ftruncate(self._fd, size)
             raise disk_full(self.path, exc) from exc
 
+    def flush(self) -> None:
+        """Every line is on disk already (`append` fsyncs)."""
+
     def close(self) -> None:
         os.close(self._fd)
 
@@ -301,10 +341,82 @@ class Journal:
         self.close()
 
 
-def seal(out: Path, shard_id: str, rows: Iterable[LedgerRow]) -> Path:
+class StoreJournal:
+    """A shard's journal below an OUT in an object store: lines kept in memory and put as one part object every
+    `every` rows or when the oldest kept line is `seconds` old (checked at each row and mark), and when it closes."""
+
+    def __init__(
+        self,
+        out: StoreOut,
+        shard_id: str,
+        every: int = JOURNAL_EVERY_SAMPLES,
+        seconds: float = JOURNAL_EVERY_SECONDS,
+    ) -> None:
+        self.path = out / parts_rel(shard_id)
+        self._out, self._folder, self._every, self._seconds = out, parts_rel(shard_id), every, seconds
+        found = [_seq(name) for name, _ in out.listing(self._folder)]
+        self._next = max((n for n in found if n is not None), default=-1) + 1  # after an interrupted run's parts
+        self._lines: list[bytes] = []
+        self._rows, self._oldest = 0, 0.0
+
+    def append(self, row: LedgerRow) -> None:
+        self._keep((row.to_json() + "\n").encode(), row=True)
+
+    def mark(self, key: str, **context: Any) -> None:
+        self._keep((json.dumps({MARK: key, "pid": os.getpid(), **context}) + "\n").encode(), row=False)
+
+    def _keep(self, line: bytes, *, row: bool) -> None:
+        if not self._lines:
+            self._oldest = time.monotonic()
+        self._lines.append(line)
+        self._rows += row
+        if self._rows >= self._every or time.monotonic() - self._oldest >= self._seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        """Put the kept lines as the next part (a conditional put: a part is never replaced)."""
+        if not self._lines:
+            return
+        body = b"".join(self._lines)
+        while True:
+            try:
+                self._out.put(f"{self._folder}/{self._next:08d}.jsonl", body, create=True)
+                break
+            except FileExistsError:  # a part put by a run that was still going: after it
+                self._next += 1
+        self._next += 1
+        self._lines, self._rows = [], 0
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> StoreJournal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_journal(out: outdir.Out, shard_id: str) -> Journal | StoreJournal:
+    """A shard's journal: appended to on disk, put in parts below an OUT in an object store."""
+    out = outdir.root(out)
+    return StoreJournal(out, shard_id) if isinstance(out, StoreOut) else Journal(out, shard_id)
+
+
+def drop_journal(out: outdir.Out, shard_id: str) -> None:
+    """Remove a shard's journal (its parts, in a store)."""
+    out = outdir.root(out)
+    if isinstance(out, StoreOut):
+        out.delete_many(journal_parts(out, shard_id))
+        return
+    outdir.unlink(out, journal_rel(shard_id))
+
+
+def seal(out: outdir.Out, shard_id: str, rows: Iterable[LedgerRow]) -> Path | StoreOut:
     """Write the shard's sealed ledger atomically (commit record), then drop its journal."""
+    out = outdir.root(out)
     body = "".join(r.to_json() + "\n" for r in rows)
     written = atomic_write(sealed_rel(shard_id), body.encode(), replace=True, out=out)
     fault_point("seal")
-    outdir.unlink(out, journal_rel(shard_id))
+    drop_journal(out, shard_id)
     return written.path

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from infra import outdir
-from infra.cache.ledger import LEDGER_DIR, ledger_dir
+from infra.cache.ledger import LEDGER_DIR
 from infra.errors import LedgerError
 from infra.sources.identity import SourceIdentity
 from infra.storage import atomic_file, atomic_write
@@ -86,7 +86,7 @@ def _identities(path: Path) -> Iterator[tuple[str, str, str, SourceIdentity]]:
             yield key, sid, group, SourceIdentity.model_validate(identity)
 
 
-def install(out: Path, spool: Path, shards: list[dict[str, Any]]) -> None:
+def install(out: outdir.Out, spool: Path, shards: list[dict[str, Any]]) -> None:
     """Record the plan in OUT, through its door (`infra.outdir`): each shard's spooled listing (replaced only where it
     differs, so a resume of an unchanged source rewrites nothing but the index), then the index of `shards` (plan
     entries) last."""
@@ -104,7 +104,7 @@ def _listing_rel(shard_id: str) -> str:
     return f"{LEDGER_DIR}/{LISTINGS}/{shard_id}.jsonl"
 
 
-def _same_bytes(spooled: Path, out: Path, rel: str) -> bool:
+def _same_bytes(spooled: Path, out: outdir.Out, rel: str) -> bool:
     """Whether OUT's recorded listing `rel` holds the spooled one's bytes (False when there is none)."""
     if outdir.size(out, rel) != spooled.stat().st_size:
         return False
@@ -115,10 +115,10 @@ def _same_bytes(spooled: Path, out: Path, rel: str) -> bool:
     return True
 
 
-def read_index(out: Path) -> list[dict[str, Any]] | None:
+def read_index(out: outdir.Out) -> list[dict[str, Any]] | None:
     """The recorded plan's shard entries, in plan order; None when OUT has no recorded plan (a cache of an older
     latentforge, or none built yet). A damaged index is a LedgerError."""
-    path, rel = ledger_dir(out) / INDEX, f"{LEDGER_DIR}/{INDEX}"
+    path, rel = outdir.shown(out, f"{LEDGER_DIR}/{INDEX}"), f"{LEDGER_DIR}/{INDEX}"
     if not outdir.is_file(out, rel):
         return None
     try:
@@ -130,9 +130,9 @@ def read_index(out: Path) -> list[dict[str, Any]] | None:
     return shards
 
 
-def read_listing(out: Path, shard_id: str) -> list[Planned] | None:
+def read_listing(out: outdir.Out, shard_id: str) -> list[Planned] | None:
     """A shard's planned samples as recorded, in source order; None when it has no record."""
-    path, rel = listing_path(ledger_dir(out) / LISTINGS, shard_id), _listing_rel(shard_id)
+    path, rel = outdir.shown(out, _listing_rel(shard_id)), _listing_rel(shard_id)
     if not outdir.is_file(out, rel):
         return None
     with io.TextIOWrapper(outdir.open_read(out, rel), encoding="utf-8") as fh:
@@ -149,7 +149,7 @@ def read_spooled(spool: Path, shard_id: str) -> list[Planned] | None:
         return _planned(fh, path)
 
 
-def _planned(lines: Iterable[str], path: Path) -> list[Planned]:
+def _planned(lines: Iterable[str], path: Path | str) -> list[Planned]:
     planned: list[Planned] = []
     for number, line in enumerate(lines, 1):
         try:

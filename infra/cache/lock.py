@@ -9,6 +9,12 @@ another host cannot be checked from here, so the run stops and says how to clear
 ``flock`` is only as good as the file system: on a network file system (NFS, SMB, ...) a lock taken on one
 machine may not exclude a writer on another. `lock_caveat` says so, from the mount table, and the warning is
 logged whenever such an OUT is locked.
+
+An OUT in an object store has no kernel lock: its lock is a lease, the object ``.latentforge.lock`` holding the
+owner's record and when its lease ends (`LEASE_SECONDS` ahead). It is taken with a conditional put (``If-None-Match:
+*``), renewed by a heartbeat thread every `HEARTBEAT_SECONDS` (``If-Match`` on the ETag of our last put), and deleted
+on release. A live lease of another owner stops the run (LockedError); an expired one, or one of a process of this
+host that is gone, is taken over with ``If-Match`` on the ETag read, so two runs taking over at once cannot both win.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,7 @@ import psutil
 
 from infra import outdir, procs
 from infra.errors import ConflictError
+from infra.outstore import StoreOut
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +49,11 @@ BUSY_WAIT_SECONDS = 1.0
 
 #: The lock files this process holds (fd → OUT): `clear_held` empties their records before an immediate exit.
 _held: dict[int, Path] = {}
+#: How long a lease in an object store holds without renewal, and how often its heartbeat renews it.
+LEASE_SECONDS = 120.0
+HEARTBEAT_SECONDS = 30.0
+#: The leases this process holds in object stores: `clear_held` deletes them before an immediate exit.
+_leases: set[_Lease] = set()
 
 
 class LockedError(ConflictError):
@@ -104,7 +117,7 @@ def lock_caveat(path: Path, partitions: Iterable[Any] | None = None) -> str | No
     )
 
 
-def _refusal(out: Path, owner: LockOwner | None) -> LockedError:
+def _refusal(out: Path | StoreOut, owner: LockOwner | None) -> LockedError:
     holder = owner.text() if owner else "a process that has not written its record yet"
     return LockedError(f"{out} is being written by another run: {holder}; wait for it or use another --out")
 
@@ -135,9 +148,14 @@ def _take_over(out: Path, previous: LockOwner) -> None:
 
 
 @contextlib.contextmanager
-def out_lock(out: Path) -> Iterator[None]:
+def out_lock(out: Path | StoreOut) -> Iterator[None]:
     """Hold the cache's writer lock; a second writer gets a LockedError (naming this one's pid and host) at once.
-    An OUT this lock created and nothing else wrote into (a run stopped at a gate) is removed again on release."""
+    An OUT this lock created and nothing else wrote into (a run stopped at a gate) is removed again on release.
+    Below an OUT in an object store: a lease (`_Lease`)."""
+    if isinstance(out, StoreOut):
+        with _Lease(out).held():
+            yield
+        return
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     caveat = lock_caveat(out)
@@ -168,10 +186,15 @@ def out_lock(out: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def clear_held() -> list[Path]:
+def clear_held() -> list[Path | StoreOut]:
     """Empty the records of the locks this process holds (a clean release's mark) because it is about to end at
-    once (a second signal, the grace expired); the kernel drops the locks themselves with the process."""
-    cleared = []
+    once (a second signal, the grace expired); the kernel drops the locks themselves with the process. A lease in
+    an object store is deleted."""
+    cleared: list[Path | StoreOut] = []
+    for lease in list(_leases):
+        with contextlib.suppress(OSError):
+            lease.release()
+            cleared.append(lease.out)
     for fd, out in list(_held.items()):
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
@@ -179,8 +202,13 @@ def clear_held() -> list[Path]:
     return cleared
 
 
-def check_not_locked(out: Path) -> None:
+def check_not_locked(out: Path | StoreOut) -> None:
     """Before a run starts anything: LockedError when another run holds OUT's lock now (a shared probe)."""
+    if isinstance(out, StoreOut):
+        found = _read_lease(out)
+        if found is not None and found.live():
+            raise _refusal(out, found.owner)
+        return
     try:
         fd = outdir.open_fd(out, LOCK_NAME, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError):
@@ -193,3 +221,96 @@ def check_not_locked(out: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A lease object as read: its owner, when it ends, its ETag."""
+
+    owner: LockOwner
+    expires: datetime
+    etag: str
+
+    def live(self) -> bool:
+        """Held now: not expired, and not a process of this host that is gone."""
+        gone_here = self.owner.host == socket.gethostname() and not self.owner.alive_here()
+        return self.expires > datetime.now(UTC) and not gone_here
+
+
+def _read_lease(out: StoreOut) -> _Found | None:
+    head = out.head(LOCK_NAME)
+    if head is None:
+        return None
+    try:
+        record = json.loads(out.read_bytes(LOCK_NAME))
+        owner = LockOwner(**{k: record[k] for k in ("pid", "host", "create_time", "since")})
+        expires = datetime.fromisoformat(record["expires"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError, KeyError):  # not a record of ours: expired at once (taken over with If-Match)
+        owner, expires = LockOwner(-1, "an unreadable record", None, "?"), datetime.fromtimestamp(0, UTC)
+    return _Found(owner, expires, head.etag)
+
+
+class _Lease:
+    """This process's lease on an OUT in an object store (see the module's docstring)."""
+
+    def __init__(self, out: StoreOut) -> None:
+        self.out, self.etag = out, ""
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def _record(self) -> bytes:
+        owner = asdict(LockOwner.me())
+        expires = datetime.now(UTC) + timedelta(seconds=LEASE_SECONDS)
+        run = os.environ.get("PREFECT__FLOW_RUN_ID")
+        return json.dumps({**owner, "expires": expires.isoformat(timespec="seconds"), "run": run}).encode()
+
+    def take(self) -> None:
+        try:
+            self.etag = self.out.put(LOCK_NAME, self._record(), create=True)
+            return
+        except FileExistsError:
+            pass
+        found = _read_lease(self.out)
+        if found is not None and found.live():
+            raise _refusal(self.out, found.owner)
+        try:
+            if found is None:  # released meanwhile
+                self.etag = self.out.put(LOCK_NAME, self._record(), create=True)
+                return
+            logger.warning(
+                "taking over the lease of %s left by %s (expired, or its process is gone)", self.out, found.owner.text()
+            )
+            self.etag = self.out.put(LOCK_NAME, self._record(), match=found.etag)
+        except FileExistsError:
+            raise _refusal(self.out, None) from None  # another run took it over first
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                self.etag = self.out.put(LOCK_NAME, self._record(), match=self.etag)
+            except FileExistsError:
+                logger.error("%s: this run's lease was taken by another run (it was not renewed in time)", self.out)
+                return
+            except OSError as exc:  # a store error: tried again at the next beat, while the lease still holds
+                logger.warning("%s: the lease was not renewed (%s); trying again", self.out, exc)
+
+    def release(self) -> None:
+        self._stop.set()
+        _leases.discard(self)
+        head = self.out.head(LOCK_NAME)
+        if head is not None and head.etag == self.etag:  # still ours: a lease taken over is not deleted
+            self.out.delete(LOCK_NAME)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.take()
+        _leases.add(self)
+        self._beat = threading.Thread(target=self._heartbeat, name="latentforge-lease", daemon=True)
+        self._beat.start()
+        try:
+            yield
+        finally:
+            self.release()
+            self._beat.join(timeout=5)

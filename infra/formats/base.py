@@ -110,7 +110,7 @@ class Writer(ABC):
     `replace` allows replacing an existing file (an approved overwrite)."""
 
     def __init__(self, out: Path, fmt: Format) -> None:
-        self.out = Path(out)
+        self.out = outdir.root(out)
         self.format = fmt
 
     def __enter__(self) -> Writer:
@@ -178,7 +178,7 @@ class Format(ABC):
         values: dict[str, Any] = {}
         for kind, relpath in paths.items():
             if relpath not in records:
-                records[relpath] = self.read(OutFile(Path(out), relpath))
+                records[relpath] = self.read(OutFile(outdir.root(out), relpath))
             record = records[relpath]
             values[kind] = record.get(self.keys[kind]) if isinstance(record, dict) and kind in self.keys else None
         return values, records
@@ -207,7 +207,7 @@ class Format(ABC):
     def read_file(self, out: Path, file: FileRecord) -> dict[str, Any]:
         """Load what a ledger's file record names (a whole file, or a member of a shard file) safely, through the
         door to OUT (`infra.outdir`: a link or a path outside OUT is refused)."""
-        return self.read(OutFile(Path(out), file.path))
+        return self.read(OutFile(outdir.root(out), file.path))
 
     @abstractmethod
     def paths(self, stem: str, kinds: Iterable[str]) -> dict[str, str]:

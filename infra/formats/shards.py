@@ -247,7 +247,7 @@ class ShardFormat(Format):
         return next(iter(self.read_part(path).values()))
 
     def read_file(self, out: Path, file: FileRecord) -> dict[str, Any]:
-        part = OutFile(Path(out), file.path)  # through the door to OUT
+        part = OutFile(outdir.root(out), file.path)  # through the door to OUT
         return self.read_member(part, file.member) if file.member else self.read(part)
 
     # A part is a file named by the caller (a trainer's reader) or, below OUT, an `OutFile` opened through the door.
@@ -274,7 +274,7 @@ def part_record(out: Path, relpath: str, fmt: ShardFormat) -> PartRecord:
     rel = part_record_rel(relpath)
     if outdir.is_file(out, rel):
         return PartRecord.model_validate_json(outdir.read_text(out, rel))
-    file = OutFile(Path(out), relpath)
+    file = OutFile(outdir.root(out), relpath)
     members = list(fmt.read_part(file))
     prints = sorted(fmt.fingerprints(file))
     record = PartRecord(
@@ -317,7 +317,7 @@ def drop_superseded(out: Path, fmt: ShardFormat, rows: dict[str, dict[str, Ledge
         if not drop:
             continue
         with atomic_file(relpath, replace=True, out=out) as handle:
-            kept = fmt.copy_without(OutFile(Path(out), relpath), Sink(handle), drop)
+            kept = fmt.copy_without(OutFile(outdir.root(out), relpath), Sink(handle), drop)
         written = handle.written
         assert written is not None
         update = {"bytes": written.bytes, "sha256": written.sha256, "samples": len(kept), "members": kept}
@@ -358,7 +358,7 @@ def shard_summary(out: Path, fmt: ShardFormat) -> dict[str, Any]:
     samples = 0
     parts = finished_parts(out, fmt.ext)
     for relpath in parts:
-        for fingerprint in fmt.fingerprints(OutFile(Path(out), relpath)):
+        for fingerprint in fmt.fingerprints(OutFile(outdir.root(out), relpath)):
             prints[fingerprint] = prints.get(fingerprint, 0) + 1
         samples += part_record(out, relpath, fmt).samples
     return {"files": len(parts), "samples": samples, "fingerprints": prints}

@@ -16,6 +16,7 @@ from typing import Any
 from infra import outdir
 from infra.cache.cachedir import CACHE_JSON
 from infra.config import CacheSpec
+from infra.outstore import StoreOut
 from infra.plan import spec_settings
 from infra.storage import atomic_write
 
@@ -31,14 +32,19 @@ class ConflictChoice(StrEnum):
 
 def overwrite_token(out: Path, old_fingerprint: str | None, new_fingerprint: str) -> str:
     """A short token bound to this path and this old→new change: a stored token cannot approve another."""
-    key = f"{Path(out).expanduser().resolve()}\0{old_fingerprint or 'no-cache-json'}\0{new_fingerprint}"
+    where = str(out) if outdir.is_store(out) else Path(out).expanduser().resolve()
+    key = f"{where}\0{old_fingerprint or 'no-cache-json'}\0{new_fingerprint}"
     return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
 def next_free_dir(out: Path) -> Path:
     """OUT-v2, OUT-v3, ...: the first that does not exist (never a directory that exists)."""
-    out = Path(out)
+    out = outdir.root(out)
     version = 2
+    if isinstance(out, StoreOut):  # a prefix is free while no object is below it
+        while outdir.entries(candidate := StoreOut(f"{out.url}-v{version}")):
+            version += 1
+        return candidate
     while (candidate := out.with_name(f"{out.name}-v{version}")).exists():
         version += 1
     return candidate
@@ -74,4 +80,4 @@ def keep_old_cache_json(out: Path, old_fingerprint: str | None) -> Path | None:
     record = f"cache.{(old_fingerprint or 'unknown')[:16]}.json"
     if outdir.lstat(out, record) is None:
         atomic_write(record, outdir.read_bytes(out, CACHE_JSON), out=out)
-    return Path(out) / record
+    return outdir.root(out) / record

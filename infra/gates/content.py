@@ -122,6 +122,9 @@ def repair_commands(out: Path, relpaths: list[str]) -> list[str]:
     paths = sorted(set(relpaths))
     if not paths:
         return []
+    if outdir.is_store(out):  # an object store: moved aside with its own command line
+        aside = f"{out}.damaged"
+        return [f"aws s3 mv -- {shlex.quote(f'{out}/{p}')} {shlex.quote(f'{aside}/{p}')}" for p in paths]
     aside = out.with_name(f"{out.name}.damaged")
     folders = sorted({(aside / p).parent.as_posix() for p in paths})
     lines = [f"mkdir -p -- {' '.join(shlex.quote(f) for f in folders)}"]

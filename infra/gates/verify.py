@@ -139,7 +139,7 @@ def verify_out(
 ) -> VerifyReport:
     """Classify OUT against `spec`, count what the ledgers say is done and check the samples (read only): every
     file's sha256 with ``content="all"``, those of the samples loaded with ``"spot"``."""
-    out = Path(out)
+    out = outdir.root(out)
     state = classify(out, spec)
     fingerprints = {"planned_fingerprint": spec.fingerprint(), "existing_fingerprint": state.existing_fingerprint}
     report = VerifyReport(state.kind, state.message, str(out), differences=dict(state.differences), **fingerprints)

@@ -66,7 +66,7 @@ def merge(out: Path, shard_id: str, chunks: list[Chunk], results: list[ShardResu
     ledger.seal(out, shard_id, rows.values())
     for chunk in chunks:
         outdir.unlink(out, ledger.sealed_rel(chunk.ledger_id(shard_id)))
-        outdir.unlink(out, ledger.journal_rel(chunk.ledger_id(shard_id)))
+        ledger.drop_journal(out, chunk.ledger_id(shard_id))
     outdir.rmdir(out, f"{ledger.LEDGER_DIR}/{PARTS_DIR}")  # only when empty
     return _combined(shard_id, rows.values(), results)
 

@@ -8,6 +8,7 @@ Check failures come back as ``ok=False`` with problems; a model that cannot load
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import logging
 import shutil
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 import psutil
 import torch
 
+from infra import fetch, outdir
 from infra.cache import ledger, listing
 from infra.cache.ledger import FileRecord
 from infra.cache.listing import Planned
@@ -33,6 +35,7 @@ from infra.formats.base import kind_dtype
 from infra.formats.shards import SHARDS_DIR
 from infra.job import Job
 from infra.models import LoadedFamily, get_family
+from infra.outstore import StoreOut
 from infra.plan import ShardPlan, parse_only
 from infra.preprocess.encode import encode_sample, load_encoder
 from infra.preprocess.inflight import InFlight
@@ -135,8 +138,13 @@ class SanityReport:
         return "\n".join(lines)
 
 
-def sanity_dir(out: Path) -> Path:
-    """``/cache/wan22`` → ``/cache/wan22.sanity`` (a sibling of OUT, never inside it)."""
+def sanity_dir(out: Path | StoreOut) -> Path:
+    """``/cache/wan22`` → ``/cache/wan22.sanity`` (a sibling of OUT, never inside it). For an OUT in an object store,
+    a folder of this machine's cache named by OUT's URL (``$LATENTFORGE_CACHE_DIR/sanity/<sha256>.sanity``): the
+    sanity sample is scratch, kept on local disk."""
+    if isinstance(out, StoreOut):
+        name = hashlib.sha256(out.url.encode()).hexdigest()[:24]
+        return fetch.cache_root().parent / "sanity" / f"{name}.sanity"
     out = Path(out).expanduser().absolute()
     if not out.name:
         raise ConfigError(f"OUT {out} has no name: cannot place a sanity directory beside it")
@@ -350,7 +358,7 @@ def _verdicts(
     for shard in shards:
         keys = selection.get(shard.id) if selection is not None else None
         marks: ledger.Marks = {}
-        previous = ledger.read_shard(job.out, shard.id, marks) if pending_only and job.out.is_dir() else {}
+        previous = ledger.read_shard(job.out, shard.id, marks) if pending_only and outdir.is_dir(job.out, "") else {}
         yield shard, _Rule(job, pending_only, avoid, keys, previous, InFlight(marks, keys))
 
 

@@ -122,8 +122,8 @@ def process_shard(
     get_encoder = functools.cache(functools.partial(load_encoder, job))  # loaded on first use only, then held
     state = shard_state(job, run or RunState(shard.id))
     with (
-        preempt.cleanup(functools.partial(_seal_from_journal, job, ledger_id)),
-        ledger.Journal(job.out, ledger_id) as journal,
+        ledger.open_journal(job.out, ledger_id) as journal,
+        preempt.cleanup(functools.partial(_seal_from_journal, job, ledger_id, journal)),
         get_format(job.spec.format).open_writer(job.out, job.spec, writer_id) as writer,
     ):
         state.mark = functools.partial(journal.mark, alone=True)  # a sample read when its turn comes: nothing ahead
@@ -341,8 +341,10 @@ def _prepared(ref: SampleRef, job: Job, state: ShardState) -> PreparedSample:
     return prepare(taken if taken is not None else read(ref, CaptionRules.of(job.spec)), job)
 
 
-def _seal_from_journal(job: Job, shard_id: str) -> None:
-    """Seal the shard from what its ledger and journal hold now (the process is ending at once)."""
+def _seal_from_journal(job: Job, shard_id: str, journal: ledger.Journal | ledger.StoreJournal) -> None:
+    """Seal the shard from what its ledger and journal hold now (the process is ending at once; a store's journal
+    puts what it keeps first)."""
+    journal.flush()
     ledger.seal(job.out, shard_id, ledger.read_shard(job.out, shard_id).values())
 
 

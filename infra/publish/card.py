@@ -80,7 +80,7 @@ def card_file(out: Path, *, target: Target, license: str) -> LocalFile:  # noqa:
 def dataset_card(out: Path, *, target: Target, license: str, files: list[LocalFile] | None = None) -> str:  # noqa: A002
     """README.md for the cache in `out` published at `target`; `files` (the manifest) draws the layout,
     otherwise it is read from OUT as the manifest would be."""
-    out = Path(out)
+    out = outdir.root(out)
     meta = read_cache_json(out)
     spec, fingerprint = CacheSpec.model_validate(meta["spec"]).model_dump(mode="json"), meta["fingerprint"]
     rows = sorted(

@@ -62,8 +62,8 @@ def _on_disk(out: Path, relpath: str, role: Role) -> LocalFile:
     """A file of OUT as it is now (size and sha256 read through the door)."""
     size = outdir.size(out, relpath)
     if size is None:
-        raise PublishError(f"{Path(out) / relpath}: not a file")
-    return LocalFile(relpath, size, outdir.sha256(out, relpath), role, source=OutFile(Path(out), relpath))
+        raise PublishError(f"{outdir.shown(out, relpath)}: not a file")
+    return LocalFile(relpath, size, outdir.sha256(out, relpath), role, source=OutFile(outdir.root(out), relpath))
 
 
 def _data_files(out: Path, problems: list[str]) -> list[LocalFile]:
@@ -91,7 +91,7 @@ def _data_files(out: Path, problems: list[str]) -> list[LocalFile]:
                 seen = files.get(record.path)
                 if seen is not None and seen.sha256 != record.sha256:
                     problems.append(f"{record.path}: two ledger rows with different sha256 (duplicate output)")
-                source = OutFile(Path(out), record.path)
+                source = OutFile(outdir.root(out), record.path)
                 files[record.path] = LocalFile(record.path, record.bytes, record.sha256, "data", source=source)
     return list(files.values())
 
@@ -105,7 +105,7 @@ def _shard_file(out: Path, relpath: str, problems: list[str]) -> LocalFile:
     size = outdir.size(out, relpath)
     if size != record.bytes:
         problems.append(f"{relpath}: {size} bytes on disk, its part record says {record.bytes}")
-    return LocalFile(relpath, record.bytes, record.sha256, "data", source=OutFile(Path(out), relpath))
+    return LocalFile(relpath, record.bytes, record.sha256, "data", source=OutFile(outdir.root(out), relpath))
 
 
 def build_manifest(out: Path, config: UploadConfig, target: Target) -> Manifest:
@@ -113,7 +113,7 @@ def build_manifest(out: Path, config: UploadConfig, target: Target) -> Manifest:
     else in OUT. Raises PublishError when the cache is not whole (a file missing or of another size than its
     ledger row, an unsealed journal), or names a path outside OUT or a link (one line): nothing is published from a
     damaged cache."""
-    out = Path(out)
+    out = outdir.root(out)
     try:
         if not outdir.is_file(out, CACHE_JSON):
             raise PublishError(f"{out} is not a latentforge cache (no {CACHE_JSON})")
@@ -164,7 +164,7 @@ def gate_problems(out: Path, fingerprint: str) -> list[str]:
     except ReportError as exc:
         return [str(exc)]
     if report is None:
-        return [f"no run report in {Path(out) / REPORTS_DIR}: build (or resume) the cache first"]
+        return [f"no run report in {outdir.shown(out, REPORTS_DIR)}: build (or resume) the cache first"]
     problems = []
     if report.fingerprint != fingerprint:
         problems.append(

@@ -1,0 +1,288 @@
+"""OUT in an object store (``--out s3://BUCKET/PREFIX``): the second backend of the door to OUT (`infra.outdir`).
+
+A `StoreOut` names the store's folder by URL (never a key: a URL with ``user:password@`` is refused, credentials
+come from the store's own chain). Every operation takes an OUT-relative path the door has checked already (no
+``..``, no absolute path) and reaches one object below the URL's prefix; a store has no links to follow.
+
+Writes are whole objects, one PUT each (spooled in memory by `infra.storage`): a no-clobber write is a conditional
+put (``If-None-Match: *``, S3's; a 412 is the FileExistsError of a local no-clobber link), ``replace`` a plain put.
+The writer lock is a lease object written with conditional puts too (``If-None-Match: *`` to take it, ``If-Match``
+on its ETag to renew or take over an expired one: `infra.cache.lock`).
+
+Stores: ``s3://`` (and ``s3a://``) through s3fs; ``memory://`` (fsspec's in-process store, for tests) keeps the
+promises by check-then-put inside this one process. Any other scheme is refused: its conditional put is not tested
+here (the Hub takes a cache by ``--upload``, its commit model has no per-object put).
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from infra.errors import ConfigError, OutNotWritable
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")
+#: The schemes OUT may name: those whose conditional put is used and tested.
+SCHEMES = ("s3", "s3a", "memory")
+#: S3's answers that mean "this store refuses writes here" (no later write would get past them).
+REFUSALS = ("AccessDenied", "AllAccessDisabled", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+
+
+def is_url(spec: str) -> bool:
+    """True when `spec` (a model, a source's path, OUT) is a URL (``scheme://...``) rather than a local path."""
+    return bool(_URL.match(spec))
+
+
+@dataclass(frozen=True)
+class Head:
+    """An object as its store answers for it: its size and its ETag ("" where the store gives none)."""
+
+    size: int
+    etag: str
+
+
+@dataclass(frozen=True)
+class StoreOut:
+    """OUT as a folder URL in an object store (no trailing ``/``). Picklable: a worker opens the store itself."""
+
+    url: str
+
+    @classmethod
+    def of(cls, url: str) -> StoreOut:
+        """The StoreOut of `url`; ConfigError for credentials in it or a scheme OUT cannot be."""
+        if _USERINFO.match(url):
+            raise ConfigError("--out: a URL with user:password@ is refused: credentials come from the store's chain")
+        scheme = url.split("://", 1)[0].lower()
+        if scheme not in SCHEMES:
+            raise ConfigError(
+                f"--out {url}: OUT may be a local folder or {', '.join(f'{s}://' for s in SCHEMES)} (a store with a "
+                "conditional put); publish to the Hub with --upload"
+            )
+        return cls(url.rstrip("/"))
+
+    def __str__(self) -> str:
+        return self.url
+
+    def __truediv__(self, rel: str) -> StoreOut:
+        """The URL of `rel` below this one (for messages; reads and writes go through `infra.outdir`)."""
+        return StoreOut(f"{self.url}/{str(rel).strip('/')}")
+
+    def as_posix(self) -> str:
+        return self.url
+
+    def relative_to(self, base: StoreOut) -> PurePosixPath:
+        """The path of this URL below `base` (ValueError when it is not below it), as `Path.relative_to` answers."""
+        if not self.url.startswith(base.url + "/"):
+            raise ValueError(f"{self.url} is not below {base.url}")
+        return PurePosixPath(self.url[len(base.url) + 1 :])
+
+    @property
+    def name(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
+
+    @property
+    def scheme(self) -> str:
+        return self.url.split("://", 1)[0].lower()
+
+    def fs(self) -> tuple[Any, str]:
+        """(the fsspec file system, OUT's path in it). Asked each time: fsspec keeps one client per store."""
+        import fsspec  # noqa: PLC0415 - optional: a store's library (the `s3` extra)
+
+        try:
+            return fsspec.core.url_to_fs(self.url)
+        except ImportError as exc:
+            hint = "pip install 'latentforge[s3]'"
+            raise ConfigError(f"--out {self.url}: its store's library is missing ({exc}): {hint}") from exc
+
+    def key(self, rel: str) -> str:
+        """The store path of the OUT-relative `rel` ("" is OUT itself)."""
+        base = self.fs()[1].rstrip("/")
+        return f"{base}/{rel}" if rel else base
+
+    # -- reads -------------------------------------------------------------------------------------------------
+
+    def read_bytes(self, rel: str) -> bytes:
+        fs, _ = self.fs()
+        try:
+            return fs.cat_file(self.key(rel))
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "no such object", f"{self.url}/{rel}") from None
+
+    def open_read(self, rel: str) -> IO[bytes]:
+        fs, _ = self.fs()
+        path = self.key(rel)
+        fs.invalidate_cache(path)
+        try:
+            return fs.open(path, "rb")
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "no such object", f"{self.url}/{rel}") from None
+
+    def head(self, rel: str) -> Head | None:
+        """The object at `rel` as its store answers now; None when there is none (a prefix is not an object)."""
+        fs, _ = self.fs()
+        path = self.key(rel)
+        if self.scheme in ("s3", "s3a"):
+            bucket, key = _bucket_key(path)
+            try:
+                answer = fs.call_s3("head_object", Bucket=bucket, Key=key)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise self._refused(rel, exc) from exc
+            return Head(int(answer.get("ContentLength", 0)), str(answer.get("ETag", "")).strip('"'))
+        fs.invalidate_cache(path)
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            return None
+        if info.get("type") == "directory":
+            return None
+        return Head(int(info.get("size") or 0), _memory_etag(fs, path))
+
+    def listing(self, rel: str) -> list[tuple[str, str]]:
+        """(name, "file" | "dir") of what is directly below the folder `rel`, sorted; [] when there is nothing."""
+        fs, _ = self.fs()
+        path = self.key(rel)
+        try:
+            found = fs.ls(path, detail=True, refresh=True)
+        except FileNotFoundError:
+            return []
+        out = []
+        for info in found:
+            name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+            if info["name"].rstrip("/") == path.rstrip("/"):  # an object named like the folder: not below it
+                continue
+            out.append((name, "dir" if info.get("type") == "directory" else "file"))
+        return sorted(set(out))
+
+    def find(self, rel: str) -> list[str]:
+        """Every object below the folder `rel`, OUT-relative, sorted."""
+        fs, _ = self.fs()
+        base = self.key("").rstrip("/")
+        path = self.key(rel)
+        fs.invalidate_cache(path)
+        try:
+            found = fs.find(path, withdirs=False)
+        except FileNotFoundError:
+            return []
+        return sorted(p[len(base) + 1 :] for p in found if p.startswith(base + "/") and p != path)
+
+    def exists(self) -> bool:
+        """Whether anything is below OUT's prefix."""
+        return bool(self.listing(""))
+
+    # -- writes ------------------------------------------------------------------------------------------------
+
+    def put(self, rel: str, data: bytes, *, create: bool = False, match: str | None = None) -> str:
+        """Write the object `rel` in one request; its new ETag. `create`: only where there is none (FileExistsError
+        otherwise); `match`: only over the object whose ETag that is (FileExistsError otherwise); neither: over
+        whatever is there. OutNotWritable when the store refuses writes."""
+        fs, _ = self.fs()
+        path = self.key(rel)
+        if self.scheme in ("s3", "s3a"):
+            bucket, key = _bucket_key(path)
+            cond = {"IfNoneMatch": "*"} if create else {"IfMatch": f'"{match}"'} if match else {}
+            try:
+                answer = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **cond)
+            except OSError as exc:
+                if _precondition(exc):
+                    raise FileExistsError(errno.EEXIST, "exists: not overwriting it", f"{self.url}/{rel}") from None
+                raise self._refused(rel, exc) from exc
+            fs.invalidate_cache(path)
+            return str(answer.get("ETag", "")).strip('"')
+        # memory://: check-then-put, whole inside this process (the store is this process's own)
+        found = self.head(rel)
+        if (create and found is not None) or (match is not None and (found is None or found.etag != match)):
+            raise FileExistsError(errno.EEXIST, "exists: not overwriting it", f"{self.url}/{rel}")
+        fs.pipe_file(path, data)
+        return _memory_etag(fs, path)
+
+    def delete(self, rel: str) -> None:
+        """Remove the object `rel` (nothing there is no error)."""
+        fs, _ = self.fs()
+        path = self.key(rel)
+        try:
+            fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise self._refused(rel, exc) from exc
+        fs.invalidate_cache(path)
+
+    def delete_many(self, rels: list[str]) -> None:
+        """Remove the objects `rels` (S3: up to 1000 in a request)."""
+        if not rels:
+            return
+        fs, _ = self.fs()
+        paths = [self.key(rel) for rel in rels]
+        try:
+            fs.rm(paths)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise self._refused(rels[0], exc) from exc
+        for path in paths:
+            fs.invalidate_cache(path)
+
+    def _refused(self, rel: str, exc: OSError) -> OSError:
+        """The error of a request the store refused: OutNotWritable where no later write would get past it (no
+        permission, no bucket), else `exc` as it is."""
+        code = _code(exc)
+        if isinstance(exc, PermissionError) or code in REFUSALS or _no_bucket(exc):
+            why = code or type(exc).__name__
+            return OutNotWritable(f"{self.url}/{rel}: the store refuses it ({why}: {_message(exc)})", self.url)
+        return exc
+
+
+def _bucket_key(path: str) -> tuple[str, str]:
+    bucket, _, key = path.partition("/")
+    return bucket, key
+
+
+def _memory_etag(fs: Any, path: str) -> str:
+    """memory:// has no ETag: its content's sha256 stands for one."""
+    import hashlib  # noqa: PLC0415 - memory:// only (tests)
+
+    try:
+        return hashlib.sha256(fs.cat_file(path)).hexdigest()
+    except FileNotFoundError:
+        return ""
+
+
+def _cause(exc: BaseException) -> Any:
+    cause = exc.__cause__
+    return getattr(cause, "response", None) or getattr(exc, "response", None) or {}
+
+
+def _code(exc: BaseException) -> str:
+    return str((_cause(exc).get("Error") or {}).get("Code") or "")
+
+
+def _message(exc: BaseException) -> str:
+    error = _cause(exc).get("Error") or {}
+    return str(error.get("Message") or exc)
+
+
+def _precondition(exc: BaseException) -> bool:
+    """A 412 answer (If-None-Match / If-Match not met): s3fs maps it to FileExistsError or an OSError(EINVAL)."""
+    if isinstance(exc, FileExistsError):
+        return True
+    status = (_cause(exc).get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    return _code(exc) in ("PreconditionFailed", "ConditionalRequestConflict") or status == 412
+
+
+def _no_bucket(exc: BaseException) -> bool:
+    return _code(exc) == "NoSuchBucket" or "NoSuchBucket" in str(exc) or "bucket does not exist" in str(exc).lower()
+
+
+def root(out: str | Path | StoreOut) -> Path | StoreOut:
+    """OUT as the door takes it: a `StoreOut` for a URL (or a StoreOut), else a local `pathlib.Path`."""
+    if isinstance(out, StoreOut):
+        return out
+    if isinstance(out, str) and is_url(out):
+        return StoreOut.of(out)
+    return Path(out)
