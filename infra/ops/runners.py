@@ -83,9 +83,14 @@ def remote_options(config: BuildConfig) -> dict[str, Any]:
     return options
 
 
-def worker_env(api_url: str | None) -> dict[str, str]:
-    """Environment for Ray workers: this process's latentforge/Prefect settings, and the API to report to."""
+def worker_env(api_url: str | None, *, other_hosts: bool = False) -> dict[str, str]:
+    """Environment for Ray workers: this process's latentforge/Prefect settings, and the API to report to. For a
+    cluster of other hosts (`other_hosts`) the settings whose value is a path of this machine (PREFECT_HOME, HF_HOME,
+    LATENTFORGE_CACHE_DIR, ...) are left out: a worker keeps its Prefect home, its fetched models and its temporary
+    files in its own host's folders (its HOME, TMPDIR, XDG_CACHE_HOME), never in a path the driver named."""
     env = {k: v for k, v in os.environ.items() if k.startswith(PASSED_ENV_PREFIXES)}
+    if other_hosts:
+        env = {k: v for k, v in env.items() if not Path(v).expanduser().is_absolute()}
     if api_url:
         env["PREFECT_API_URL"] = api_url
     return env
@@ -113,7 +118,7 @@ def init_kwargs(config: BuildConfig) -> dict[str, Any]:
             "can reach (infra/deploy/ray/README.md)",
             api_url,
         )
-    env = worker_env(api_url)
+    env = worker_env(api_url, other_hosts=bool(config.run.ray_address))
     kwargs: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": {"env_vars": env}}
     if not config.run.ray_address:  # a local cluster runs this checkout (a remote one: what its hosts installed)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (CODE_ROOT, os.environ.get("PYTHONPATH")) if p)
