@@ -6,6 +6,7 @@ the Ray build ran (the driver's folders, the checkout, the test's folders)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -157,24 +158,31 @@ def _watched(driver: Path, cluster: ray_nodes.Cluster, tmp_root: Path) -> tuple[
     return roots, [head.root / ray_nodes.RAY_DIR]
 
 
-def _data(out: Path) -> dict[str, str]:
-    return {k: v for k, v in tree_hashes(out).items() if not k.startswith("ledger/") and k != "cache.json"}
+def _files(out: Path) -> dict[str, bytes]:
+    """OUT's objects by key (its writer lock and run reports left out: a PID and times, not data)."""
+    return {k: (out / k).read_bytes() for k in tree_hashes(out)}
 
 
-def _ledgers(out: Path) -> dict[str, list[dict[str, Any]]]:
+def _data(files: dict[str, bytes]) -> dict[str, str]:
+    """key → sha256 of every object but the ledgers and cache.json (compared apart: they hold times and run ids)."""
+    kept = {k: v for k, v in files.items() if not k.startswith("ledger/") and k != "cache.json"}
+    return {k: hashlib.sha256(v).hexdigest() for k, v in kept.items()}
+
+
+def _ledgers(files: dict[str, bytes]) -> dict[str, list[dict[str, Any]]]:
     found = {}
-    for path in sorted((out / "ledger").glob("*.jsonl")):
-        rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for key in sorted(k for k in files if k.startswith("ledger/") and k.count("/") == 1 and k.endswith(".jsonl")):
+        rows = [json.loads(line) for line in files[key].decode().splitlines()]
         for row in rows:
             for name in VOLATILE:
                 row.pop(name)
             row["extra"].pop("run_id", None)
-        found[path.name] = rows
+        found[key] = rows
     return found
 
 
-def _cache_json(out: Path) -> dict[str, Any]:
-    data = json.loads((out / "cache.json").read_text())
+def _cache_json(files: dict[str, bytes]) -> dict[str, Any]:
+    data = json.loads(files["cache.json"])
     data["provenance"].pop("created")
     data["provenance"].pop("out", None)
     return data
@@ -200,9 +208,10 @@ def test_ray_nodes_that_share_no_disk_build_the_local_runners_bytes(
     assert ok and result["done"] == SHARDS * SAMPLES_PER_SHARD, result
     after = _snapshot(roots, skip)
     assert {p: v for p, v in after.items() if before.get(p) != v} == {}
-    assert _data(out) == _data(local) and len(_data(out)) >= SHARDS * SAMPLES_PER_SHARD
-    assert _ledgers(out) == _ledgers(local)
-    assert _cache_json(out) == _cache_json(local)
+    ours, theirs = _files(out), _files(local)
+    assert _data(ours) == _data(theirs) and len(_data(ours)) >= SHARDS * SAMPLES_PER_SHARD
+    assert _ledgers(ours) == _ledgers(theirs) and _ledgers(ours)
+    assert _cache_json(ours) == _cache_json(theirs)
     for node in cluster.workers:  # each worker node fetched the model into its own Hub cache
         hub_cache = node.dirs["HF_HOME"] / "hub" / f"models--{MODEL_REPO.replace('/', '--')}"
         assert (hub_cache / "snapshots").is_dir(), node.name
