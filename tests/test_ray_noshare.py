@@ -2,7 +2,8 @@
 HOME, TMPDIR, caches and Prefect home) builds from a source on a loopback S3 (moto's server on 127.0.0.1) with the
 model on the loopback Hub (`tests/fakehub.py`): the files equal the local runner's build of the same clips, each
 worker node fetched the model into its own cache once, and nothing outside a node's own folders gained a file while
-the Ray build ran (the driver's folders, the checkout, the test's folders)."""
+the Ray build ran (the driver's folders, the checkout, the test's folders); no node's file (Ray's logs included) holds
+the test's token or secret key."""
 
 from __future__ import annotations
 
@@ -216,14 +217,26 @@ def test_ray_nodes_that_share_no_disk_build_the_local_runners_bytes(
         hub_cache = node.dirs["HF_HOME"] / "hub" / f"models--{MODEL_REPO.replace('/', '--')}"
         assert (hub_cache / "snapshots").is_dir(), node.name
     assert _fetches(hub) == 1 + WORKER_NODES  # once per machine
+    leaked = [
+        str(p)
+        for node in cluster.nodes
+        for p in node.root.rglob("*")
+        if p.is_file()
+        and not p.is_symlink()
+        and any(s in p.read_bytes() for s in (TOKEN.encode(), SECRET_KEY.encode()))
+    ]
+    assert leaked == []
 
 
 def test_workers_on_other_hosts_get_no_path_of_the_driver(monkeypatch):
     monkeypatch.setenv("HF_HOME", "/driver/hf")
     monkeypatch.setenv("LATENTFORGE_CACHE_DIR", "~/driver-cache")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("PREFECT_API_KEY", "pnu_never_passed")
     local = runners.worker_env("http://api")
     remote = runners.worker_env("http://api", other_hosts=True)
     assert local["HF_HOME"] == "/driver/hf" and local["LATENTFORGE_CACHE_DIR"] == "~/driver-cache"
     assert "HF_HOME" not in remote and "LATENTFORGE_CACHE_DIR" not in remote
     assert remote["HF_ENDPOINT"] == "http://127.0.0.1:9" and remote["PREFECT_API_URL"] == "http://api"
+    assert not {"HF_TOKEN", "PREFECT_API_KEY"} & (set(local) | set(remote))  # Ray logs a task's runtime env
