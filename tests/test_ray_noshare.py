@@ -234,9 +234,12 @@ def test_workers_on_other_hosts_get_no_path_of_the_driver(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setenv("PREFECT_API_KEY", "pnu_never_passed")
+    monkeypatch.setenv("LATENTFORGE_ALERT_WEBHOOK", "https://hooks.example/T0/secret")
     local = runners.worker_env("http://api")
     remote = runners.worker_env("http://api", other_hosts=True)
     assert local["HF_HOME"] == "/driver/hf" and local["LATENTFORGE_CACHE_DIR"] == "~/driver-cache"
     assert "HF_HOME" not in remote and "LATENTFORGE_CACHE_DIR" not in remote
     assert remote["HF_ENDPOINT"] == "http://127.0.0.1:9" and remote["PREFECT_API_URL"] == "http://api"
-    assert not {"HF_TOKEN", "PREFECT_API_KEY"} & (set(local) | set(remote))  # Ray logs a task's runtime env
+    assert not {"HF_TOKEN", "PREFECT_API_KEY", "LATENTFORGE_ALERT_WEBHOOK"} & (
+        set(local) | set(remote)
+    )  # Ray logs a task's runtime env

@@ -40,10 +40,10 @@ EXTRA_HINT = "pip install 'latentforge[ray]'"
 NAMESPACE = "prefect"
 #: Environment the Ray workers of a local cluster get from the flow's process (kill points, load counters, ...).
 PASSED_ENV_PREFIXES = ("LATENTFORGE_", "PREFECT_", "OMP_NUM_THREADS", "HF_", "TOKENIZERS_")
-#: Of those, the credentials (HF_TOKEN, PREFECT_API_KEY, ...) are never passed: Ray writes a task's runtime
-#: environment into its logs (runtime_env_agent.log). A worker reads them from its own host's environment (a local
-#: cluster's workers inherit the flow's process's).
-SECRET_SUFFIXES = ("TOKEN", "_KEY", "SECRET", "PASSWORD")
+#: Of those, the credentials (HF_TOKEN, PREFECT_API_KEY, LATENTFORGE_ALERT_WEBHOOK, ...) are never passed: Ray
+#: writes a task's runtime environment into its logs (runtime_env_agent.log). A worker reads them from its own host's
+#: environment (a local cluster's workers inherit the flow's process's).
+SECRET_SUFFIXES = ("TOKEN", "_KEY", "SECRET", "PASSWORD", "WEBHOOK")
 #: The ray.exceptions classes that mean "the process (or node) running the task is gone", not "the task failed".
 LOST_WORKER_ERRORS = (
     "WorkerCrashedError",
