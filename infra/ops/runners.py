@@ -40,6 +40,10 @@ EXTRA_HINT = "pip install 'latentforge[ray]'"
 NAMESPACE = "prefect"
 #: Environment the Ray workers of a local cluster get from the flow's process (kill points, load counters, ...).
 PASSED_ENV_PREFIXES = ("LATENTFORGE_", "PREFECT_", "OMP_NUM_THREADS", "HF_", "TOKENIZERS_")
+#: Of those, the credentials (HF_TOKEN, PREFECT_API_KEY, LATENTFORGE_ALERT_WEBHOOK, ...) are never passed: Ray
+#: writes a task's runtime environment into its logs (runtime_env_agent.log). A worker reads them from its own host's
+#: environment (a local cluster's workers inherit the flow's process's).
+SECRET_SUFFIXES = ("TOKEN", "_KEY", "SECRET", "PASSWORD", "WEBHOOK")
 #: The ray.exceptions classes that mean "the process (or node) running the task is gone", not "the task failed".
 LOST_WORKER_ERRORS = (
     "WorkerCrashedError",
@@ -83,9 +87,15 @@ def remote_options(config: BuildConfig) -> dict[str, Any]:
     return options
 
 
-def worker_env(api_url: str | None) -> dict[str, str]:
-    """Environment for Ray workers: this process's latentforge/Prefect settings, and the API to report to."""
-    env = {k: v for k, v in os.environ.items() if k.startswith(PASSED_ENV_PREFIXES)}
+def worker_env(api_url: str | None, *, other_hosts: bool = False) -> dict[str, str]:
+    """Environment for Ray workers: this process's latentforge/Prefect settings but credentials (`SECRET_SUFFIXES`),
+    and the API to report to. For a
+    cluster of other hosts (`other_hosts`) the settings whose value is a path of this machine (PREFECT_HOME, HF_HOME,
+    LATENTFORGE_CACHE_DIR, ...) are left out: a worker keeps its Prefect home, its fetched models and its temporary
+    files in its own host's folders (its HOME, TMPDIR, XDG_CACHE_HOME), never in a path the driver named."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(PASSED_ENV_PREFIXES) and not k.endswith(SECRET_SUFFIXES)}
+    if other_hosts:
+        env = {k: v for k, v in env.items() if not Path(v).expanduser().is_absolute()}
     if api_url:
         env["PREFECT_API_URL"] = api_url
     return env
@@ -113,7 +123,7 @@ def init_kwargs(config: BuildConfig) -> dict[str, Any]:
             "can reach (infra/deploy/ray/README.md)",
             api_url,
         )
-    env = worker_env(api_url)
+    env = worker_env(api_url, other_hosts=bool(config.run.ray_address))
     kwargs: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": {"env_vars": env}}
     if not config.run.ray_address:  # a local cluster runs this checkout (a remote one: what its hosts installed)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (CODE_ROOT, os.environ.get("PYTHONPATH")) if p)

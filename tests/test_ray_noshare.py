@@ -1,0 +1,245 @@
+"""Ray workers that share no disk: a local cluster (`tests/ray_nodes.py`: a head and two worker nodes, each with its own
+HOME, TMPDIR, caches and Prefect home) builds from a source on a loopback S3 (moto's server on 127.0.0.1) with the
+model on the loopback Hub (`tests/fakehub.py`): the files equal the local runner's build of the same clips, each
+worker node fetched the model into its own cache once, and nothing outside a node's own folders gained a file while
+the Ray build ran (the driver's folders, the checkout, the test's folders); no node's file (Ray's logs included) holds
+the test's token or secret key."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from flows.terminal_run import run_build
+from infra.ops import runners
+from tests import fakehub, ray_nodes
+from tests.conftest import config, make_shards, sample, tree_hashes
+from tests.media_utils import cut_clip
+
+ray = pytest.importorskip("ray")
+
+ACCESS_KEY, SECRET_KEY = "AKIDRAYNOSHARETEST", "ray-noshare-secret-never-written"
+BUCKET = "lf-noshare"
+MODEL_REPO = "org/tiny-wan22"
+TOKEN = "hf_noshare_test_token"
+FRAMES, HEIGHT, WIDTH = 5, 32, 48
+SAMPLES_PER_SHARD, SHARDS = 3, 2
+WORKER_NODES = 2
+#: The model weight every machine fetches once (the driver for the plan, each worker node for its tasks).
+VAE_WEIGHT = "vae/diffusion_pytorch_model.safetensors"
+#: Row fields that say when and by which run a row was written, not what it holds.
+VOLATILE = ("seconds",)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[dict[str, str]]:
+    """moto's S3 server and the fake Hub on 127.0.0.1 (the model in ``org/tiny-wan22``); yields the environment that
+    reaches both, which this process and every node get."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    hub = fakehub.FakeHub()
+    hub.start()
+    none = tmp_path_factory.mktemp("aws") / "none"
+    env = {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_CONFIG_FILE": str(none),
+        "AWS_SHARED_CREDENTIALS_FILE": str(none),
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "HF_ENDPOINT": hub.url,
+        "HF_TOKEN": TOKEN,
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
+    files = {p.relative_to(tiny_model).as_posix(): p.read_bytes() for p in tiny_model.rglob("*") if p.is_file()}
+    hub.create(MODEL_REPO, private=True)
+    hub.commit(MODEL_REPO, files)
+    with pytest.MonkeyPatch.context() as patch:
+        import huggingface_hub.constants as hf_constants  # noqa: PLC0415 - read at import: patched for this process
+
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+            patch.delenv(name, raising=False)
+        for name, value in env.items():
+            patch.setenv(name, value)
+        patch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        _clear_store_clients()
+        try:
+            yield env | {"hub": hub}  # type: ignore[dict-item]
+        finally:
+            _clear_store_clients()
+            hub.stop()
+            server.stop()
+
+
+def _clear_store_clients() -> None:
+    """fsspec keeps one client per store and options: this module's server is another endpoint."""
+    import s3fs  # noqa: PLC0415 - a store's library, as the sources import it
+
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="module")
+def source(stores: dict[str, Any], tmp_path_factory: pytest.TempPathFactory, clips: dict[str, bytes]) -> str:
+    """Two VBVR shards of three real clips each, uploaded to ``s3://BUCKET/src``; the source's spec."""
+    videos = [cut_clip(clips[name], 8, width=96) for name in ("bikes", "carphone", "bigbuckbunny")]
+    shards = {
+        f"G-11_part-0000{s}": [sample(s, i, v, f"clip {i} of shard {s}".encode()) for i, v in enumerate(videos)]
+        for s in range(SHARDS)
+    }
+    local = make_shards(tmp_path_factory.mktemp("noshare-src"), shards)
+    for tar in sorted(local.glob("*.tar")):
+        boto3.client("s3").put_object(Bucket=BUCKET, Key=f"src/{tar.name}", Body=tar.read_bytes())
+    return f"vbvr:s3://{BUCKET}/src"
+
+
+@pytest.fixture(scope="module")
+def driver(stores: dict[str, Any]) -> Iterator[Path]:
+    """The driver's (this process's) own HOME, TMPDIR and caches for the module, in a folder no node is given."""
+    root = Path(tempfile.mkdtemp(prefix="lf-driver-", dir=ray_nodes.SHORT_TMP))
+    with pytest.MonkeyPatch.context() as patch:
+        for name, sub in ray_nodes.OWN_DIRS.items():
+            if name == "PREFECT_HOME":
+                continue  # this process's Prefect settings are loaded already: its home is watched where it is
+            (root / sub).mkdir()
+            patch.setenv(name, str(root / sub))
+        patch.setattr(tempfile, "tempdir", str(root / "tmp"))  # tempfile's documented override of TMPDIR's cache
+        yield root
+
+
+@pytest.fixture(scope="module")
+def cluster(stores: dict[str, Any], driver: Path) -> Iterator[ray_nodes.Cluster]:
+    node_env = {k: v for k, v in stores.items() if isinstance(v, str)}
+    node_env["PYTHONDONTWRITEBYTECODE"] = "1"  # the checkout stands for each host's own installation
+    yield from ray_nodes.running(WORKER_NODES, node_env)
+
+
+def _config(source: str, out: str, **overrides: Any) -> Any:
+    return config(Path("-"), f"hf://{MODEL_REPO}", Path(out), source=source, frames=FRAMES, height=HEIGHT,  # type: ignore[arg-type]
+                  width=WIDTH, **overrides)  # fmt: skip
+
+
+def _snapshot(roots: list[Path], skip: list[Path]) -> dict[str, tuple[int, int]]:
+    """Every file under `roots` (not under `skip`): path → (size, mtime_ns)."""
+    found = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            here = Path(dirpath)
+            dirnames[:] = [d for d in dirnames if here / d not in skip and d not in (".git", "__pycache__")]
+            for name in filenames:
+                path = here / name
+                try:
+                    stat = path.lstat()
+                except FileNotFoundError:
+                    continue
+                found[str(path)] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+def _watched(driver: Path, cluster: ray_nodes.Cluster, tmp_root: Path) -> tuple[list[Path], list[Path]]:
+    """(what no worker may write in, what is left out of it): the driver's folders and Prefect home, the checkout,
+    the test session's folders; the head node's own folders (no task runs there) but its Ray folder."""
+    from prefect.settings import PREFECT_HOME  # noqa: PLC0415
+
+    head = cluster.nodes[0]
+    roots = [driver, Path(PREFECT_HOME.value()), Path(runners.CODE_ROOT), tmp_root, *head.dirs.values()]
+    return roots, [head.root / ray_nodes.RAY_DIR]
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    """OUT's objects by key (its writer lock and run reports left out: a PID and times, not data)."""
+    return {k: (out / k).read_bytes() for k in tree_hashes(out)}
+
+
+def _data(files: dict[str, bytes]) -> dict[str, str]:
+    """key → sha256 of every object but the ledgers and cache.json (compared apart: they hold times and run ids)."""
+    kept = {k: v for k, v in files.items() if not k.startswith("ledger/") and k != "cache.json"}
+    return {k: hashlib.sha256(v).hexdigest() for k, v in kept.items()}
+
+
+def _ledgers(files: dict[str, bytes]) -> dict[str, list[dict[str, Any]]]:
+    found = {}
+    for key in sorted(k for k in files if k.startswith("ledger/") and k.count("/") == 1 and k.endswith(".jsonl")):
+        rows = [json.loads(line) for line in files[key].decode().splitlines()]
+        for row in rows:
+            for name in VOLATILE:
+                row.pop(name)
+            row["extra"].pop("run_id", None)
+        found[key] = rows
+    return found
+
+
+def _cache_json(files: dict[str, bytes]) -> dict[str, Any]:
+    data = json.loads(files["cache.json"])
+    data["provenance"].pop("created")
+    data["provenance"].pop("out", None)
+    return data
+
+
+def _fetches(hub: fakehub.FakeHub) -> int:
+    return sum(1 for r in hub.requests if r.method == "GET" and r.path.endswith(VAE_WEIGHT) and r.status == 200)
+
+
+def test_ray_nodes_that_share_no_disk_build_the_local_runners_bytes(
+    stores, source, driver, cluster, tmp_path, tmp_path_factory
+):
+    hub = stores["hub"]
+    local = tmp_path / "local"
+    ok, result = run_build(_config(source, str(local)))  # the driver's own fetch of the model, and the reference
+    assert ok and result["done"] == SHARDS * SAMPLES_PER_SHARD, result
+    assert _fetches(hub) == 1
+    out = tmp_path / "ray"
+    roots, skip = _watched(driver, cluster, tmp_path_factory.getbasetemp())
+    skip += [out, out.with_name(f"{out.name}.sanity")]  # the driver's: OUT, and the sanity's sample beside it
+    before = _snapshot(roots, skip)
+    ok, result = run_build(_config(source, str(out), runner="ray", ray_address=cluster.address))
+    assert ok and result["done"] == SHARDS * SAMPLES_PER_SHARD, result
+    after = _snapshot(roots, skip)
+    assert {p: v for p, v in after.items() if before.get(p) != v} == {}
+    ours, theirs = _files(out), _files(local)
+    assert _data(ours) == _data(theirs) and len(_data(ours)) >= SHARDS * SAMPLES_PER_SHARD
+    assert _ledgers(ours) == _ledgers(theirs) and _ledgers(ours)
+    assert _cache_json(ours) == _cache_json(theirs)
+    for node in cluster.workers:  # each worker node fetched the model into its own Hub cache
+        hub_cache = node.dirs["HF_HOME"] / "hub" / f"models--{MODEL_REPO.replace('/', '--')}"
+        assert (hub_cache / "snapshots").is_dir(), node.name
+    assert _fetches(hub) == 1 + WORKER_NODES  # once per machine
+    leaked = [
+        str(p)
+        for node in cluster.nodes
+        for p in node.root.rglob("*")
+        if p.is_file()
+        and not p.is_symlink()
+        and any(s in p.read_bytes() for s in (TOKEN.encode(), SECRET_KEY.encode()))
+    ]
+    assert leaked == []
+
+
+def test_workers_on_other_hosts_get_no_path_of_the_driver(monkeypatch):
+    monkeypatch.setenv("HF_HOME", "/driver/hf")
+    monkeypatch.setenv("LATENTFORGE_CACHE_DIR", "~/driver-cache")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("PREFECT_API_KEY", "pnu_never_passed")
+    monkeypatch.setenv("LATENTFORGE_ALERT_WEBHOOK", "https://hooks.example/T0/secret")
+    local = runners.worker_env("http://api")
+    remote = runners.worker_env("http://api", other_hosts=True)
+    assert local["HF_HOME"] == "/driver/hf" and local["LATENTFORGE_CACHE_DIR"] == "~/driver-cache"
+    assert "HF_HOME" not in remote and "LATENTFORGE_CACHE_DIR" not in remote
+    assert remote["HF_ENDPOINT"] == "http://127.0.0.1:9" and remote["PREFECT_API_URL"] == "http://api"
+    assert not {"HF_TOKEN", "PREFECT_API_KEY", "LATENTFORGE_ALERT_WEBHOOK"} & (
+        set(local) | set(remote)
+    )  # Ray logs a task's runtime env
