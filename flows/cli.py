@@ -149,7 +149,8 @@ def verify(
     config = config_from(config_file, flags, out)
     content = "spot" if quick else "all"
     try:
-        report = verify_plan(make_plan(config), content=content)  # with the source: stale samples too
+        plan = make_plan(config)
+        report = verify_plan(plan.job, plan.shards, plan.spool, content=content)  # with the source: stale samples too
     except SourceError as exc:
         logger.warning("source not readable (%s): stale samples not checked", exc)
         _, spec, latent_shape, text_shape = make_spec(config)
@@ -181,7 +182,8 @@ def reconcile(out: OutArg, quick: QuickOpt = False, *, config_file: Path | None,
 
     config = config_from(config_file, flags, out)
     recorded = None if any(flags.get(key) is not None for key in SELECTION) else recorded_plan(config)
-    report = count(recorded or make_plan(config), content=not quick)
+    plan = recorded or make_plan(config)
+    report = count(plan.job, plan.shards, plan.source_shards, content=not quick)
     json_path, _ = write_reconcile_report(out, report)
     typer.echo(f"{report.text()}\n\nreport: {json_path}")
     raise typer.Exit(0 if report.ok else 1)
