@@ -128,7 +128,7 @@ def cluster(stores: dict[str, Any], driver: Path) -> Iterator[ray_nodes.Cluster]
 
 
 def _config(source: str, out: str, **overrides: Any) -> Any:
-    return config(Path("-"), f"hf://{MODEL_REPO}", Path(out), source=source, frames=FRAMES, height=HEIGHT,  # type: ignore[arg-type]
+    return config(Path("-"), f"hf://{MODEL_REPO}", out, source=source, frames=FRAMES, height=HEIGHT,  # type: ignore[arg-type]
                   width=WIDTH, **overrides)  # fmt: skip
 
 
@@ -162,6 +162,18 @@ def _watched(driver: Path, cluster: ray_nodes.Cluster, tmp_root: Path) -> tuple[
 def _files(out: Path) -> dict[str, bytes]:
     """OUT's objects by key (its writer lock and run reports left out: a PID and times, not data)."""
     return {k: (out / k).read_bytes() for k in tree_hashes(out)}
+
+
+def _objects(prefix: str) -> dict[str, bytes]:
+    """The objects below ``s3://BUCKET/PREFIX/`` by key, read back with boto3 (the lock and run reports left out, as
+    `_files` leaves them out of a folder)."""
+    s3, found = boto3.client("s3"), {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{prefix}/"):
+        for obj in page.get("Contents", []):
+            key = obj["Key"].removeprefix(f"{prefix}/")
+            if key != ".latentforge.lock" and not key.startswith("reports/"):
+                found[key] = s3.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read()
+    return found
 
 
 def _data(files: dict[str, bytes]) -> dict[str, str]:
@@ -201,15 +213,16 @@ def test_ray_nodes_that_share_no_disk_build_the_local_runners_bytes(
     ok, result = run_build(_config(source, str(local)))  # the driver's own fetch of the model, and the reference
     assert ok and result["done"] == SHARDS * SAMPLES_PER_SHARD, result
     assert _fetches(hub) == 1
-    out = tmp_path / "ray"
+    out = f"s3://{BUCKET}/ray"  # source, model and OUT all by URL: nothing of the cache on any disk
     roots, skip = _watched(driver, cluster, tmp_path_factory.getbasetemp())
-    skip += [out, out.with_name(f"{out.name}.sanity")]  # the driver's: OUT, and the sanity's sample beside it
+    skip += [driver / ray_nodes.OWN_DIRS["LATENTFORGE_CACHE_DIR"] / "sanity"]  # the driver's sanity sample
     before = _snapshot(roots, skip)
-    ok, result = run_build(_config(source, str(out), runner="ray", ray_address=cluster.address))
+    ok, result = run_build(_config(source, out, runner="ray", ray_address=cluster.address))
     assert ok and result["done"] == SHARDS * SAMPLES_PER_SHARD, result
     after = _snapshot(roots, skip)
     assert {p: v for p, v in after.items() if before.get(p) != v} == {}
-    ours, theirs = _files(out), _files(local)
+    ours, theirs = _objects("ray"), _files(local)
+    assert not any(k.startswith("ledger/") and ".journal" in k for k in ours)  # every shard sealed, its parts gone
     assert _data(ours) == _data(theirs) and len(_data(ours)) >= SHARDS * SAMPLES_PER_SHARD
     assert _ledgers(ours) == _ledgers(theirs) and _ledgers(ours)
     assert _cache_json(ours) == _cache_json(theirs)
