@@ -23,12 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import boto3
-from moto.server import ThreadedMotoServer
 
 from infra.demo.data import DemoSample, write_vbvr_tar
 from infra.demo.testmedia import real_clip
 from infra.sources import open_source
-from tests.s3_proxy import Proxy
+from tests.s3_proxy import loopback_s3
 
 BUCKET = "lf-bench"
 CLIPS = ("bikes", "carphone", "bigbuckbunny", "sample_1080p")
@@ -123,56 +122,45 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--build", action="store_true", help="also whole builds, local against S3 (minutes)")
     args = parser.parse_args()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    proxy = Proxy(upstream=f"{host}:{port}")
-    proxy.start()
-    aws = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-    os.environ.update(aws, AWS_ENDPOINT_URL=proxy.url)
-    client = boto3.client("s3", endpoint_url=f"http://{host}:{port}")
-    client.create_bucket(Bucket=BUCKET)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            samples = _samples(args.samples)
-            vbvr, folder = _write(Path(tmp), samples)
-            _upload(client, vbvr, "vbvr")
-            _upload(client, folder, "folder")
-            tar_bytes = (vbvr / "part-00000.tar").stat().st_size
-            print(f"{args.samples} samples, {tar_bytes / 2**20:.1f} MiB of clips; best of {args.repeats}")
-            print("| kind | local s | S3 s | local / S3 | S3 MiB/s | GET | ranged GET | HEAD | LIST (per sample) |")
-            print("|---|---|---|---|---|---|---|---|---|")
-            for kind, local in (("vbvr", vbvr), ("folder", folder)):
-                remote = f"{kind}:s3://{BUCKET}/{kind}"
-                t_local = best(lambda spec=f"{kind}:{local}": read_all(spec), args.repeats)
-                _aim(f"http://{host}:{port}")  # timed straight at moto; counted through the proxy
-                t_s3 = best(lambda spec=remote: read_all(spec), args.repeats)
-                _aim(proxy.url)
-                proxy.reset()
-                read = read_all(remote)
-                n = args.samples
-                c = proxy.counts
-                print(
-                    f"| {kind} | {t_local:.3f} | {t_s3:.3f} | {t_local / t_s3:.2f}× | {read / 2**20 / t_s3:.0f} | "
-                    f"{c['GET'] / n:.2f} | {c['GET_RANGE'] / n:.2f} | {c['HEAD'] / n:.2f} | {c['LIST'] / n:.2f} |"
-                )
+    with tempfile.TemporaryDirectory() as tmp, loopback_s3(BUCKET, "bench", "bench", Path(tmp)) as store:
+        proxy, direct = store.proxy, store.direct
+        client = boto3.client("s3", endpoint_url=direct)
+        samples = _samples(args.samples)
+        vbvr, folder = _write(Path(tmp), samples)
+        _upload(client, vbvr, "vbvr")
+        _upload(client, folder, "folder")
+        tar_bytes = (vbvr / "part-00000.tar").stat().st_size
+        print(f"{args.samples} samples, {tar_bytes / 2**20:.1f} MiB of clips; best of {args.repeats}")
+        print("| kind | local s | S3 s | local / S3 | S3 MiB/s | GET | ranged GET | HEAD | LIST (per sample) |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for kind, local in (("vbvr", vbvr), ("folder", folder)):
+            remote = f"{kind}:s3://{BUCKET}/{kind}"
+            t_local = best(lambda spec=f"{kind}:{local}": read_all(spec), args.repeats)
+            _aim(direct)  # timed straight at moto; counted through the proxy
+            t_s3 = best(lambda spec=remote: read_all(spec), args.repeats)
+            _aim(proxy.url)
             proxy.reset()
-            listed = list_only(f"vbvr:s3://{BUCKET}/vbvr")
+            read = read_all(remote)
+            n = args.samples
+            c = proxy.counts
             print(
-                f"\nvbvr listing (a resumed shard, every sample done): {listed} samples, "
-                f"{proxy.bytes_out / 2**10:.0f} KiB fetched of a {tar_bytes / 2**20:.1f} MiB tar "
-                f"({proxy.bytes_out / tar_bytes:.2%}); requests: {dict(proxy.counts)}"
+                f"| {kind} | {t_local:.3f} | {t_s3:.3f} | {t_local / t_s3:.2f}× | {read / 2**20 / t_s3:.0f} | "
+                f"{c['GET'] / n:.2f} | {c['GET_RANGE'] / n:.2f} | {c['HEAD'] / n:.2f} | {c['LIST'] / n:.2f} |"
             )
-            if args.build:
-                _aim(f"http://{host}:{port}")
-                took = builds(vbvr, Path(tmp), max(1, args.repeats - 1))
-                print(
-                    f"\nwhole builds, {args.samples} clips (start-up included): local {took['local']:.1f} s, "
-                    f"S3 {took['s3']:.1f} s: S3 at {took['local'] / took['s3']:.2f}× local"
-                )
-    finally:
-        proxy.stop()
-        server.stop()
+        proxy.reset()
+        listed = list_only(f"vbvr:s3://{BUCKET}/vbvr")
+        print(
+            f"\nvbvr listing (a resumed shard, every sample done): {listed} samples, "
+            f"{proxy.bytes_out / 2**10:.0f} KiB fetched of a {tar_bytes / 2**20:.1f} MiB tar "
+            f"({proxy.bytes_out / tar_bytes:.2%}); requests: {dict(proxy.counts)}"
+        )
+        if args.build:
+            _aim(direct)
+            took = builds(vbvr, Path(tmp), max(1, args.repeats - 1))
+            print(
+                f"\nwhole builds, {args.samples} clips (start-up included): local {took['local']:.1f} s, "
+                f"S3 {took['s3']:.1f} s: S3 at {took['local'] / took['s3']:.2f}× local"
+            )
 
 
 if __name__ == "__main__":

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import boto3
-from moto.server import ThreadedMotoServer
 
 import flows  # noqa: F401  (offline defaults before Prefect loads)
 from flows.terminal_run import run_build
@@ -29,7 +27,8 @@ from infra.config import BuildConfig
 from infra.demo.data import DemoSample, write_vbvr_tar
 from infra.demo.testmedia import real_clip
 from infra.demo.tiny import make_tiny_wan22
-from tests.s3_proxy import Proxy
+from tests.conftest import tree_files
+from tests.s3_proxy import loopback_s3
 
 BUCKET = "lf-build-bench"
 CLIPS = ("bikes", "carphone", "bigbuckbunny")
@@ -66,22 +65,9 @@ def _build(source: str, model: Path, out: str) -> dict[str, Any]:
     return result
 
 
-def _local_samples(out: Path) -> dict[str, str]:
-    return {
-        p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in out.rglob("*.pt")
-        if p.parts[-2] != "ledger"
-    }
-
-
-def _s3_samples(client: Any, prefix: str) -> dict[str, str]:
-    found = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{prefix}/"):
-        for item in page.get("Contents", []):
-            if item["Key"].endswith(".pt"):
-                body = client.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
-                found[item["Key"].removeprefix(f"{prefix}/")] = hashlib.sha256(body).hexdigest()
-    return found
+def _samples(files: dict[str, bytes]) -> dict[str, str]:
+    """sha256 of each sample file (``.pt``) of a cache's files (relative path → bytes)."""
+    return {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items() if rel.endswith(".pt")}
 
 
 def main() -> None:
@@ -91,52 +77,40 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", choices=("s3", "local"), default="s3", help="where the S3 build's OUT is")
     args = parser.parse_args()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    proxy = Proxy(upstream=f"{host}:{port}")
-    proxy.start()
-    aws = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-    os.environ.update(aws, AWS_ENDPOINT_URL=proxy.url, AWS_EC2_METADATA_DISABLED="true")
-    client = boto3.client("s3", endpoint_url=f"http://{host}:{port}")
-    client.create_bucket(Bucket=BUCKET)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            root = Path(tmp)
-            src = _shards(root / "src", args.samples, args.shards)
-            for tar in sorted(src.glob("*.tar")):
-                client.put_object(Bucket=BUCKET, Key=f"src/{tar.name}", Body=tar.read_bytes())
-            model = make_tiny_wan22(root / "tiny-wan22", seed=0)
-            _build(f"vbvr:{src}", model, str(root / "warm"))  # imports and first loads, outside the timed runs
-            seconds: dict[str, list[float]] = {"local": [], "s3": []}
-            for attempt in range(args.repeats):
-                local_out = root / f"local-{attempt}"
-                seconds["local"].append(_build(f"vbvr:{src}", model, str(local_out))["seconds"])
-                s3_out = f"s3://{BUCKET}/out-{attempt}" if args.out == "s3" else str(root / f"s3src-{attempt}")
-                proxy.reset()
-                seconds["s3"].append(_build(f"vbvr:s3://{BUCKET}/src", model, s3_out)["seconds"])
-                counts = dict(proxy.counts)
-            if args.out == "s3":
-                same = _s3_samples(client, f"out-{args.repeats - 1}") == _local_samples(local_out)
-            else:
-                same = _local_samples(Path(s3_out)) == _local_samples(local_out)
-            n = args.samples
-            best = {where: min(times) for where, times in seconds.items()}
-            rate = {where: n / s for where, s in best.items()}
-            print(f"{n} samples in {args.shards} shards; source on S3, OUT {args.out}; best of {args.repeats}")
-            print("| build | preprocess s | samples/s | vs local |")
-            print("|---|---|---|---|")
-            print(f"| local → local | {best['local']:.2f} | {rate['local']:.2f} | 1.00× |")
-            print(f"| S3 → {args.out} | {best['s3']:.2f} | {rate['s3']:.2f} | {rate['s3'] / rate['local']:.2f}× |")
-            print("\nrequests of the S3 build, per sample (and in all):")
-            print("| " + " | ".join(KINDS) + " |\n|" + "---|" * len(KINDS))
-            print("| " + " | ".join(f"{counts.get(k, 0) / n:.2f} ({counts.get(k, 0)})" for k in KINDS) + " |")
-            puts = counts.get("PUT", 0)
-            print(f"PUTs beyond 3 a sample, per shard: {(puts - 3 * n) / args.shards:.1f}; other: {counts}")
-            print(f"sample files byte for byte equal to the local build's: {same}")
-    finally:
-        proxy.stop()
-        server.stop()
+    with tempfile.TemporaryDirectory() as tmp, loopback_s3(BUCKET, "bench", "bench", Path(tmp)) as store:
+        proxy, client = store.proxy, boto3.client("s3", endpoint_url=store.direct)
+        root = Path(tmp)
+        src = _shards(root / "src", args.samples, args.shards)
+        for tar in sorted(src.glob("*.tar")):
+            client.put_object(Bucket=BUCKET, Key=f"src/{tar.name}", Body=tar.read_bytes())
+        model = make_tiny_wan22(root / "tiny-wan22", seed=0)
+        _build(f"vbvr:{src}", model, str(root / "warm"))  # imports and first loads, outside the timed runs
+        seconds: dict[str, list[float]] = {"local": [], "s3": []}
+        for attempt in range(args.repeats):
+            local_out = root / f"local-{attempt}"
+            seconds["local"].append(_build(f"vbvr:{src}", model, str(local_out))["seconds"])
+            s3_out = f"s3://{BUCKET}/out-{attempt}" if args.out == "s3" else str(root / f"s3src-{attempt}")
+            proxy.reset()
+            seconds["s3"].append(_build(f"vbvr:s3://{BUCKET}/src", model, s3_out)["seconds"])
+            counts = dict(proxy.counts)
+        if args.out == "s3":
+            same = _samples(store.objects(BUCKET, f"out-{args.repeats - 1}")) == _samples(tree_files(local_out))
+        else:
+            same = _samples(tree_files(Path(s3_out))) == _samples(tree_files(local_out))
+        n = args.samples
+        best = {where: min(times) for where, times in seconds.items()}
+        rate = {where: n / s for where, s in best.items()}
+        print(f"{n} samples in {args.shards} shards; source on S3, OUT {args.out}; best of {args.repeats}")
+        print("| build | preprocess s | samples/s | vs local |")
+        print("|---|---|---|---|")
+        print(f"| local → local | {best['local']:.2f} | {rate['local']:.2f} | 1.00× |")
+        print(f"| S3 → {args.out} | {best['s3']:.2f} | {rate['s3']:.2f} | {rate['s3'] / rate['local']:.2f}× |")
+        print("\nrequests of the S3 build, per sample (and in all):")
+        print("| " + " | ".join(KINDS) + " |\n|" + "---|" * len(KINDS))
+        print("| " + " | ".join(f"{counts.get(k, 0) / n:.2f} ({counts.get(k, 0)})" for k in KINDS) + " |")
+        puts = counts.get("PUT", 0)
+        print(f"PUTs beyond 3 a sample, per shard: {(puts - 3 * n) / args.shards:.1f}; other: {counts}")
+        print(f"sample files byte for byte equal to the local build's: {same}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -26,20 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from infra.errors import ConfigError
+from infra.outstore import is_url
 
 logger = logging.getLogger(__name__)
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 #: The keys of an object's listing that name its version, most specific first (S3, GCS, the Hub, others).
 VERSION_KEYS = ("VersionId", "generation", "blob_id", "ETag", "etag", "md5Hash", "checksum")
 #: The files that describe a model beside its components (model_index.json, each component's config).
 DESCRIPTION = ("*.json",)
 MANIFEST = ".latentforge-fetched.json"
-
-
-def is_url(spec: str) -> bool:
-    """True when `spec` (a model, a source's path) is a URL (``scheme://...``) rather than a local path."""
-    return bool(_URL.match(spec))
 
 
 def version_of(info: dict[str, Any]) -> str:

@@ -25,7 +25,8 @@ from typing import IO, Any
 from infra.errors import ConfigError, OutNotWritable
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")
+#: A URL's ``user:password@`` part: refused wherever a URL is taken (a URL names a place, never a key).
+USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")
 #: The schemes OUT may name: those whose conditional put is used and tested.
 SCHEMES = ("s3", "s3a", "memory")
 #: S3's answers that mean "this store refuses writes here" (no later write would get past them).
@@ -54,7 +55,7 @@ class StoreOut:
     @classmethod
     def of(cls, url: str) -> StoreOut:
         """The StoreOut of `url`; ConfigError for credentials in it or a scheme OUT cannot be."""
-        if _USERINFO.match(url):
+        if USERINFO.match(url):
             raise ConfigError("--out: a URL with user:password@ is refused: credentials come from the store's chain")
         scheme = url.split("://", 1)[0].lower()
         if scheme not in SCHEMES:
@@ -98,23 +99,23 @@ class StoreOut:
             hint = "pip install 'latentforge[s3]'"
             raise ConfigError(f"--out {self.url}: its store's library is missing ({exc}): {hint}") from exc
 
-    def key(self, rel: str) -> str:
-        """The store path of the OUT-relative `rel` ("" is OUT itself)."""
-        base = self.fs()[1].rstrip("/")
-        return f"{base}/{rel}" if rel else base
+    def at(self, rel: str) -> tuple[Any, str]:
+        """(the file system, the store path of the OUT-relative `rel`; "" is OUT itself), in one lookup."""
+        fs, base = self.fs()
+        base = base.rstrip("/")
+        return fs, f"{base}/{rel}" if rel else base
 
     # -- reads -------------------------------------------------------------------------------------------------
 
     def read_bytes(self, rel: str) -> bytes:
-        fs, _ = self.fs()
+        fs, path = self.at(rel)
         try:
-            return fs.cat_file(self.key(rel))
+            return fs.cat_file(path)
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, "no such object", f"{self.url}/{rel}") from None
 
     def open_read(self, rel: str) -> IO[bytes]:
-        fs, _ = self.fs()
-        path = self.key(rel)
+        fs, path = self.at(rel)
         fs.invalidate_cache(path)
         try:
             return fs.open(path, "rb")
@@ -123,8 +124,7 @@ class StoreOut:
 
     def head(self, rel: str) -> Head | None:
         """The object at `rel` as its store answers now; None when there is none (a prefix is not an object)."""
-        fs, _ = self.fs()
-        path = self.key(rel)
+        fs, path = self.at(rel)
         if self.scheme in ("s3", "s3a"):
             bucket, key = _bucket_key(path)
             try:
@@ -145,8 +145,7 @@ class StoreOut:
 
     def listing(self, rel: str) -> list[tuple[str, str]]:
         """(name, "file" | "dir") of what is directly below the folder `rel`, sorted; [] when there is nothing."""
-        fs, _ = self.fs()
-        path = self.key(rel)
+        fs, path = self.at(rel)
         try:
             found = fs.ls(path, detail=True, refresh=True)
         except FileNotFoundError:
@@ -161,9 +160,8 @@ class StoreOut:
 
     def find(self, rel: str) -> list[str]:
         """Every object below the folder `rel`, OUT-relative, sorted."""
-        fs, _ = self.fs()
-        base = self.key("").rstrip("/")
-        path = self.key(rel)
+        fs, base = self.at("")
+        path = f"{base}/{rel}" if rel else base
         fs.invalidate_cache(path)
         try:
             found = fs.find(path, withdirs=False)
@@ -181,8 +179,7 @@ class StoreOut:
         """Write the object `rel` in one request; its new ETag. `create`: only where there is none (FileExistsError
         otherwise); `match`: only over the object whose ETag that is (FileExistsError otherwise); neither: over
         whatever is there. OutNotWritable when the store refuses writes."""
-        fs, _ = self.fs()
-        path = self.key(rel)
+        fs, path = self.at(rel)
         if self.scheme in ("s3", "s3a"):
             bucket, key = _bucket_key(path)
             cond = {"IfNoneMatch": "*"} if create else {"IfMatch": f'"{match}"'} if match else {}
@@ -203,8 +200,7 @@ class StoreOut:
 
     def delete(self, rel: str) -> None:
         """Remove the object `rel` (nothing there is no error)."""
-        fs, _ = self.fs()
-        path = self.key(rel)
+        fs, path = self.at(rel)
         try:
             fs.rm_file(path)
         except FileNotFoundError:
@@ -217,8 +213,8 @@ class StoreOut:
         """Remove the objects `rels` (S3: up to 1000 in a request)."""
         if not rels:
             return
-        fs, _ = self.fs()
-        paths = [self.key(rel) for rel in rels]
+        fs, base = self.at("")
+        paths = [f"{base}/{rel}" for rel in rels]
         try:
             fs.rm(paths)
         except FileNotFoundError:

@@ -28,7 +28,7 @@ from infra.config import (
     spec_mark,
 )
 from infra.errors import ConfigError, ConflictError
-from infra.fetch import is_url, local_model
+from infra.fetch import local_model
 from infra.formats import get_format
 from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes, text_clean_for
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
@@ -48,6 +48,7 @@ from infra.models import (
     resolve_family,
 )
 from infra.models.base import GeometryRules, TextSettings, preprocess_name
+from infra.outstore import is_url
 from infra.recipes import apply_recipe
 from infra.sources import SampleRef, Shard, ShardReadError, Source, open_source
 from infra.sources.identity import SourceIdentity

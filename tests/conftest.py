@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -169,6 +170,34 @@ def tree_hashes(root: Path) -> dict[str, str]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and p.name != ".latentforge.lock" and p.relative_to(root).parts[0] != "reports"
     }
+
+
+def tree_files(root: Path) -> dict[str, bytes]:
+    """The bytes of every file `tree_hashes` hashes (relative path → bytes)."""
+    return {rel: (root / rel).read_bytes() for rel in tree_hashes(root)}
+
+
+def _comparable(rel: str, data: bytes) -> Any:
+    """What two builds of the same clips agree on: every byte, but a sealed ledger row's seconds and run id, and
+    cache.json's creation time and where it names OUT."""
+    if rel.startswith("ledger/") and rel.endswith(".jsonl") and rel.count("/") == 1:
+        rows = [json.loads(line) for line in data.decode().splitlines()]
+        return [
+            {k: v for k, v in r.items() if k != "seconds"} | {"extra": {**r["extra"], "run_id": None}} for r in rows
+        ]
+    if rel == "cache.json":
+        body = json.loads(data)
+        provenance = {k: v for k, v in body["provenance"].items() if k not in ("created", "out")}
+        return body | {"provenance": provenance}
+    return hashlib.sha256(data).hexdigest()
+
+
+def assert_same_cache(ours: dict[str, bytes], theirs: dict[str, bytes]) -> None:
+    """Two caches (relative path → bytes, as `tree_files` or a store's objects give them) hold the same files, equal
+    but for the times and names of `_comparable`."""
+    assert ours.keys() == theirs.keys()
+    for rel in ours:
+        assert _comparable(rel, ours[rel]) == _comparable(rel, theirs[rel]), rel
 
 
 @pytest.fixture(scope="session")

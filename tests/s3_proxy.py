@@ -3,19 +3,25 @@ asks (GET, ranged GET, HEAD, LIST, PUT and the bytes sent back) and injects faul
 ``503 SlowDown``, a reset connection (the socket closed with no answer), a short range answer (a 206 with fewer bytes
 than the Range asked, its Content-Length the short body's); or refuses everything (``403 AccessDenied``).
 
-Standard library only (ThreadingHTTPServer on 127.0.0.1, a free port); each request is forwarded whole to the
-server behind it and its answer sent back whole, with its own Content-Length, so keep-alive clients work.
+The proxy is standard library only (ThreadingHTTPServer on 127.0.0.1, a free port); each request is forwarded whole
+to the server behind it and its answer sent back whole, with its own Content-Length, so keep-alive clients work.
+`loopback_s3` starts moto's server behind one, makes a bucket and aims this process's AWS chain at it (the tests
+and the store benches share it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import os
 import re
 import socket
 import threading
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 SLOW_DOWN = (
@@ -185,3 +191,77 @@ def _short(data: bytes, headers: list[tuple[str, str]]) -> tuple[bytes, list[tup
             value = f"bytes {start}-{start + len(kept) - 1}/{found[2]}"
         fixed.append((name, value))
     return kept, fixed
+
+
+#: The AWS settings a loopback store clears, so that no profile, session or S3-only endpoint of the user leaks in.
+UNSET_AWS = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3")
+
+
+@dataclass
+class LoopbackS3:
+    """A running loopback store: the counting proxy, moto's own URL behind it, the AWS settings aimed at the proxy."""
+
+    proxy: Proxy
+    direct: str
+    env: dict[str, str]
+
+    def objects(self, bucket: str, prefix: str) -> dict[str, bytes]:
+        """Every object below ``s3://BUCKET/PREFIX/`` (key relative to the prefix → bytes), read past the proxy,
+        leaving out what `tests.conftest.tree_hashes` leaves out of a folder (the writer lock, reports/)."""
+        import boto3  # noqa: PLC0415 - the test environment's, imported with the store
+
+        client, found = boto3.client("s3", endpoint_url=self.direct), {}
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/"):
+            for item in page.get("Contents", []):
+                rel = item["Key"][len(prefix) + 1 :]
+                if rel != ".latentforge.lock" and rel.split("/")[0] != "reports":
+                    found[rel] = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+        return dict(sorted(found.items()))
+
+
+def clear_store_clients() -> None:
+    """fsspec keeps one S3 client per store and options: another loopback server is another endpoint."""
+    import s3fs  # noqa: PLC0415 - a store's library, as the sources and OUT import it
+
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@contextlib.contextmanager
+def loopback_s3(bucket: str, access_key: str, secret_key: str, home: Path) -> Iterator[LoopbackS3]:
+    """moto's server on 127.0.0.1 behind a counting `Proxy`, `bucket` made, and this process's AWS chain aimed at the
+    proxy (`home`: where the empty config and credentials files are named) until the block ends."""
+    import boto3  # noqa: PLC0415 - the test environment's
+    from moto.server import ThreadedMotoServer  # noqa: PLC0415
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    proxy = Proxy(upstream=f"{host}:{port}")
+    proxy.start()
+    env = {
+        "AWS_ACCESS_KEY_ID": access_key,
+        "AWS_SECRET_ACCESS_KEY": secret_key,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": proxy.url,
+        "AWS_CONFIG_FILE": str(home / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    saved = {name: os.environ.get(name) for name in (*env, *UNSET_AWS)}
+    for name in UNSET_AWS:
+        os.environ.pop(name, None)
+    os.environ.update(env)
+    clear_store_clients()
+    try:
+        store = LoopbackS3(proxy, f"http://{host}:{port}", env)
+        boto3.client("s3", endpoint_url=store.direct).create_bucket(Bucket=bucket)
+        yield store
+    finally:
+        clear_store_clients()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        proxy.stop()
+        server.stop()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -318,49 +318,46 @@ def test_the_config_stands_on_the_errors_and_bounds_only_and_every_step_names_re
         assert set(step_settings(step)) <= set(BuildConfig.settings()), step
 
 
-#: The stages below the plan: they take the plan's job (`infra.job.Job`), never the raw config.
+#: The stages below the plan: they take the plan's frozen job (`infra.job.Job`, and the plan's shards where they walk
+#: them), never the raw config nor the whole `BuildPlan`.
 BELOW_THE_PLAN = ("preprocess", "audit", "gates", "media", "models")
+
+
+def below_the_plan(offends: Callable[[ast.AST], bool]) -> list[str]:
+    """Where a module below the plan has a node that `offends`: ``path:line``."""
+    found = []
+    for name, path in MODULES.items():
+        if _unit(name) in BELOW_THE_PLAN:
+            tree = ast.parse(path.read_text())
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}" for node in ast.walk(tree) if offends(node)]
+    return found
+
+
+def _imports_name(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.ImportFrom) and any(a.name == name for a in node.names)
 
 
 def raw_config_reads() -> list[str]:
     """Where a module below the plan imports BuildConfig or reads a plan's ``.config`` (``plan.config``,
-    ``recorded_plan.config``; a model's ``vae.config`` is its own): ``path:line``."""
-    found = []
-    for name, path in MODULES.items():
-        if _unit(name) not in BELOW_THE_PLAN:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            imported = isinstance(node, ast.ImportFrom) and any(a.name == "BuildConfig" for a in node.names)
-            read = isinstance(node, ast.Attribute) and node.attr == "config" and "plan" in ast.unparse(node.value)
-            if imported or read:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    return found
+    ``recorded_plan.config``; a model's ``vae.config`` is its own)."""
+
+    def reads(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "config" and "plan" in ast.unparse(node.value)
+
+    return below_the_plan(lambda node: _imports_name(node, "BuildConfig") or reads(node))
+
+
+def build_plan_uses() -> list[str]:
+    """Where a module below the plan imports `BuildPlan` or names it in a parameter's annotation."""
+
+    def annotated(node: ast.AST) -> bool:
+        return isinstance(node, ast.arg) and node.annotation is not None and "BuildPlan" in ast.unparse(node.annotation)
+
+    return below_the_plan(lambda node: _imports_name(node, "BuildPlan") or annotated(node))
 
 
 def test_no_stage_below_the_plan_reads_the_raw_config():
     assert raw_config_reads() == []
-
-
-#: The stages that take the frozen job (and the plan's shards where they walk them), never the whole `BuildPlan`.
-TAKE_THE_JOB = ("preprocess", "audit", "gates")
-
-
-def build_plan_uses() -> list[str]:
-    """Where a module of `TAKE_THE_JOB` imports `BuildPlan` or names it in an annotation: ``path:line``."""
-    found = []
-    for name, path in MODULES.items():
-        if _unit(name) not in TAKE_THE_JOB:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            imported = isinstance(node, ast.ImportFrom) and any(a.name == "BuildPlan" for a in node.names)
-            named = (
-                isinstance(node, ast.arg)
-                and node.annotation is not None
-                and "BuildPlan" in ast.unparse(node.annotation)
-            )
-            if imported or named:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    return found
 
 
 def test_no_stage_below_the_plan_takes_the_whole_plan():

@@ -1,14 +1,12 @@
 """Ray workers that share no disk: a local cluster (`tests/ray_nodes.py`: a head and two worker nodes, each with its own
-HOME, TMPDIR, caches and Prefect home) builds from a source on a loopback S3 (moto's server on 127.0.0.1) with the
-model on the loopback Hub (`tests/fakehub.py`): the files equal the local runner's build of the same clips, each
-worker node fetched the model into its own cache once, and nothing outside a node's own folders gained a file while
-the Ray build ran (the driver's folders, the checkout, the test's folders); no node's file (Ray's logs included) holds
-the test's token or secret key."""
+HOME, TMPDIR, caches and Prefect home) builds from a source to an OUT both on a loopback S3 (moto's server on
+127.0.0.1) with the model on the loopback Hub (`tests/fakehub.py`): the objects equal the local runner's build of the
+same clips, each worker node fetched the model into its own cache once, and nothing outside a node's own folders
+gained a file while the Ray build ran (the driver's folders, the checkout, the test's folders); no node's file (Ray's
+logs included) holds the test's token or secret key."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -17,13 +15,13 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from flows.terminal_run import run_build
 from infra.ops import runners
 from tests import fakehub, ray_nodes
-from tests.conftest import config, make_shards, sample, tree_hashes
+from tests.conftest import assert_same_cache, config, make_shards, sample, tree_files
 from tests.media_utils import cut_clip
+from tests.s3_proxy import loopback_s3
 
 ray = pytest.importorskip("ray")
 
@@ -36,28 +34,15 @@ SAMPLES_PER_SHARD, SHARDS = 3, 2
 WORKER_NODES = 2
 #: The model weight every machine fetches once (the driver for the plan, each worker node for its tasks).
 VAE_WEIGHT = "vae/diffusion_pytorch_model.safetensors"
-#: Row fields that say when and by which run a row was written, not what it holds.
-VOLATILE = ("seconds",)
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[dict[str, str]]:
-    """moto's S3 server and the fake Hub on 127.0.0.1 (the model in ``org/tiny-wan22``); yields the environment that
-    reaches both, which this process and every node get."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+def stores(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[dict[str, Any]]:
+    """moto's S3 server (behind the tests' proxy) and the fake Hub on 127.0.0.1 (the model in ``org/tiny-wan22``);
+    yields the environment that reaches both, which this process and every node get, with the two servers."""
     hub = fakehub.FakeHub()
     hub.start()
-    none = tmp_path_factory.mktemp("aws") / "none"
-    env = {
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-        "AWS_CONFIG_FILE": str(none),
-        "AWS_SHARED_CREDENTIALS_FILE": str(none),
-        "AWS_EC2_METADATA_DISABLED": "true",
+    hub_env = {
         "HF_ENDPOINT": hub.url,
         "HF_TOKEN": TOKEN,
         "HF_HUB_DISABLE_XET": "1",
@@ -67,29 +52,19 @@ def stores(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterat
     files = {p.relative_to(tiny_model).as_posix(): p.read_bytes() for p in tiny_model.rglob("*") if p.is_file()}
     hub.create(MODEL_REPO, private=True)
     hub.commit(MODEL_REPO, files)
-    with pytest.MonkeyPatch.context() as patch:
+    with (
+        loopback_s3(BUCKET, ACCESS_KEY, SECRET_KEY, tmp_path_factory.mktemp("aws")) as s3,
+        pytest.MonkeyPatch.context() as patch,
+    ):
         import huggingface_hub.constants as hf_constants  # noqa: PLC0415 - read at import: patched for this process
 
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-            patch.delenv(name, raising=False)
-        for name, value in env.items():
+        for name, value in hub_env.items():
             patch.setenv(name, value)
         patch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
-        boto3.client("s3").create_bucket(Bucket=BUCKET)
-        _clear_store_clients()
         try:
-            yield env | {"hub": hub}  # type: ignore[dict-item]
+            yield s3.env | hub_env | {"hub": hub, "s3": s3}
         finally:
-            _clear_store_clients()
             hub.stop()
-            server.stop()
-
-
-def _clear_store_clients() -> None:
-    """fsspec keeps one client per store and options: this module's server is another endpoint."""
-    import s3fs  # noqa: PLC0415 - a store's library, as the sources import it
-
-    s3fs.S3FileSystem.clear_instance_cache()
 
 
 @pytest.fixture(scope="module")
@@ -159,48 +134,6 @@ def _watched(driver: Path, cluster: ray_nodes.Cluster, tmp_root: Path) -> tuple[
     return roots, [head.root / ray_nodes.RAY_DIR]
 
 
-def _files(out: Path) -> dict[str, bytes]:
-    """OUT's objects by key (its writer lock and run reports left out: a PID and times, not data)."""
-    return {k: (out / k).read_bytes() for k in tree_hashes(out)}
-
-
-def _objects(prefix: str) -> dict[str, bytes]:
-    """The objects below ``s3://BUCKET/PREFIX/`` by key, read back with boto3 (the lock and run reports left out, as
-    `_files` leaves them out of a folder)."""
-    s3, found = boto3.client("s3"), {}
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{prefix}/"):
-        for obj in page.get("Contents", []):
-            key = obj["Key"].removeprefix(f"{prefix}/")
-            if key != ".latentforge.lock" and not key.startswith("reports/"):
-                found[key] = s3.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read()
-    return found
-
-
-def _data(files: dict[str, bytes]) -> dict[str, str]:
-    """key → sha256 of every object but the ledgers and cache.json (compared apart: they hold times and run ids)."""
-    kept = {k: v for k, v in files.items() if not k.startswith("ledger/") and k != "cache.json"}
-    return {k: hashlib.sha256(v).hexdigest() for k, v in kept.items()}
-
-
-def _ledgers(files: dict[str, bytes]) -> dict[str, list[dict[str, Any]]]:
-    found = {}
-    for key in sorted(k for k in files if k.startswith("ledger/") and k.count("/") == 1 and k.endswith(".jsonl")):
-        rows = [json.loads(line) for line in files[key].decode().splitlines()]
-        for row in rows:
-            for name in VOLATILE:
-                row.pop(name)
-            row["extra"].pop("run_id", None)
-        found[key] = rows
-    return found
-
-
-def _cache_json(files: dict[str, bytes]) -> dict[str, Any]:
-    data = json.loads(files["cache.json"])
-    data["provenance"].pop("created")
-    data["provenance"].pop("out", None)
-    return data
-
-
 def _fetches(hub: fakehub.FakeHub) -> int:
     return sum(1 for r in hub.requests if r.method == "GET" and r.path.endswith(VAE_WEIGHT) and r.status == 200)
 
@@ -221,11 +154,9 @@ def test_ray_nodes_that_share_no_disk_build_the_local_runners_bytes(
     assert ok and result["done"] == SHARDS * SAMPLES_PER_SHARD, result
     after = _snapshot(roots, skip)
     assert {p: v for p, v in after.items() if before.get(p) != v} == {}
-    ours, theirs = _objects("ray"), _files(local)
-    assert not any(k.startswith("ledger/") and ".journal" in k for k in ours)  # every shard sealed, its parts gone
-    assert _data(ours) == _data(theirs) and len(_data(ours)) >= SHARDS * SAMPLES_PER_SHARD
-    assert _ledgers(ours) == _ledgers(theirs) and _ledgers(ours)
-    assert _cache_json(ours) == _cache_json(theirs)
+    ours = stores["s3"].objects(BUCKET, "ray")
+    assert_same_cache(ours, tree_files(local))  # every shard sealed (no journal part left), the same bytes
+    assert len([k for k in ours if k.endswith(".pt")]) == SHARDS * SAMPLES_PER_SHARD
     for node in cluster.workers:  # each worker node fetched the model into its own Hub cache
         hub_cache = node.dirs["HF_HOME"] / "hub" / f"models--{MODEL_REPO.replace('/', '--')}"
         assert (hub_cache / "snapshots").is_dir(), node.name

@@ -4,15 +4,10 @@ overwritten; a second writer meets the lease; a store that refuses writes stops 
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from flows.terminal_run import run_build
 from infra import outdir
@@ -20,87 +15,23 @@ from infra.cache.lock import LOCK_NAME, LockedError, out_lock
 from infra.errors import ConfigError
 from infra.outstore import StoreOut
 from infra.storage import atomic_write
-from tests.conftest import config, make_shards, sample, tree_hashes
+from tests.conftest import assert_same_cache, config, make_shards, sample, tree_files
 from tests.media_utils import cut_clip
-from tests.s3_proxy import Proxy
+from tests.s3_proxy import LoopbackS3, loopback_s3
 
 ACCESS_KEY, SECRET_KEY = "AKIDSTOREOUTTEST", "store-out-secret-never-written"
 BUCKET = "lf-out"
+SHARDS = 2
+#: The PUTs a build to a store sends beside one per sample: a shard's journal part, its sealed ledger and its listing;
+#: a run's lock (and a heartbeat), plan index, cache.json, reports (measured: 4 samples in 2 shards, 16 PUTs).
+PUTS_PER_SHARD, PUTS_PER_RUN = 3, 8
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3]:
     """moto's server on 127.0.0.1 behind the counting proxy; the AWS chain aimed at the proxy for the module."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    proxy = Proxy(upstream=f"{host}:{port}")
-    proxy.start()
-    home = tmp_path_factory.mktemp("aws")
-    env = {
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": proxy.url,
-        "AWS_CONFIG_FILE": str(home / "none"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-            patch.delenv(name, raising=False)
-        for name, value in env.items():
-            patch.setenv(name, value)
-        _clear_store_clients()
-        boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket=BUCKET)
-        try:
-            yield proxy
-        finally:
-            _clear_store_clients()
-            proxy.stop()
-            server.stop()
-
-
-def _clear_store_clients() -> None:
-    import s3fs  # noqa: PLC0415 - a store's library, as OUT imports it
-
-    s3fs.S3FileSystem.clear_instance_cache()
-
-
-def _objects(prefix: str) -> dict[str, bytes]:
-    """Every object below ``s3://BUCKET/prefix/`` (relative key → bytes), leaving out what `tree_hashes` does."""
-    client = boto3.client("s3")
-    found = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{prefix}/"):
-        for item in page.get("Contents", []):
-            rel = item["Key"][len(prefix) + 1 :]
-            if rel != ".latentforge.lock" and rel.split("/")[0] != "reports":
-                found[rel] = client.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
-    return dict(sorted(found.items()))
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {rel: (root / rel).read_bytes() for rel in tree_hashes(root)}
-
-
-def _comparable(rel: str, data: bytes) -> Any:
-    """What two builds of the same clips agree on: every byte, but a ledger row's seconds and cache.json's creation
-    time (and where it names OUT), the run id in a row."""
-    if rel.startswith("ledger/") and rel.endswith(".jsonl") and rel.count("/") == 1:
-        rows = [json.loads(line) for line in data.decode().splitlines()]
-        return [
-            {k: v for k, v in r.items() if k != "seconds"} | {"extra": {**r["extra"], "run_id": None}} for r in rows
-        ]
-    if rel == "cache.json":
-        body = json.loads(data)
-        return {k: v for k, v in body.items() if k != "provenance"}
-    return hashlib.sha256(data).hexdigest()
-
-
-def same_objects(ours: dict[str, bytes], theirs: dict[str, bytes]) -> None:
-    assert ours.keys() == theirs.keys()
-    for rel in ours:
-        assert _comparable(rel, ours[rel]) == _comparable(rel, theirs[rel]), rel
+    with loopback_s3(BUCKET, ACCESS_KEY, SECRET_KEY, tmp_path_factory.mktemp("aws")) as store:
+        yield store
 
 
 @pytest.fixture(scope="module")
@@ -117,14 +48,15 @@ def shards(tmp_path_factory: pytest.TempPathFactory, clips: dict[str, bytes]) ->
 
 
 def test_a_build_to_s3_writes_the_objects_of_a_local_build(s3, shards, tiny_model, tmp_path):
+    """Byte for byte the local build's files, in one PUT a sample plus a constant a shard and a run."""
     local = tmp_path / "local"
     ok, result = run_build(config(shards, tiny_model, local, workers=1))
     assert ok, result
-    s3.reset()
+    s3.proxy.reset()
     ok, result = run_build(config(shards, tiny_model, f"s3://{BUCKET}/cache", workers=1))  # type: ignore[arg-type]
     assert ok, result
-    print(dict(s3.counts))
-    same_objects(_objects("cache"), _files(local))
+    assert s3.proxy.counts["PUT"] <= result["done"] + PUTS_PER_SHARD * SHARDS + PUTS_PER_RUN, dict(s3.proxy.counts)
+    assert_same_cache(s3.objects(BUCKET, "cache"), tree_files(local))
 
 
 def test_a_second_run_resumes_without_sending_a_done_sample_again(s3, shards, tiny_model):
@@ -132,12 +64,12 @@ def test_a_second_run_resumes_without_sending_a_done_sample_again(s3, shards, ti
     url = f"s3://{BUCKET}/resume"
     ok, result = run_build(config(shards, tiny_model, url, workers=1))  # type: ignore[arg-type]
     assert ok, result
-    before = _objects("resume")
-    s3.reset()
+    before = s3.objects(BUCKET, "resume")
+    s3.proxy.reset()
     ok, result = run_build(config(shards, tiny_model, url, workers=1))  # type: ignore[arg-type]
     assert ok, result
-    print("resume", dict(s3.counts))
-    after = _objects("resume")
+    assert s3.proxy.counts["PUT"] <= PUTS_PER_SHARD * SHARDS + PUTS_PER_RUN, dict(s3.proxy.counts)  # no sample
+    after = s3.objects(BUCKET, "resume")
     samples = [rel for rel in before if rel.endswith(".pt")]
     assert samples and {rel: after[rel] for rel in samples} == {rel: before[rel] for rel in samples}
     assert result["encoded"] == 0 and result["reused"] == len(samples)

@@ -16,7 +16,6 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -34,7 +33,7 @@ from tests import fakehub
 from tests.conftest import config, make_shards, sample, tree_hashes
 from tests.image_media import sample_images, suffix, write_folder, write_wds
 from tests.media_utils import cut_clip
-from tests.s3_proxy import RESET, SHORT, SLOW_DOWN_FAULT, Proxy
+from tests.s3_proxy import RESET, SHORT, SLOW_DOWN_FAULT, Proxy, loopback_s3
 
 ACCESS_KEY, SECRET_KEY = "AKIDSTORESOURCETEST", "store-source-secret-never-written"
 BUCKET = "lf-sources"
@@ -51,41 +50,8 @@ FAULTS = [SLOW_DOWN_FAULT, RESET, RESET, SHORT] * 2
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
     """moto's server on 127.0.0.1 behind the counting proxy; the AWS chain aimed at the proxy for the module."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    proxy = Proxy(upstream=f"{host}:{port}")
-    proxy.start()
-    home = tmp_path_factory.mktemp("aws")
-    env = {
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": proxy.url,
-        "AWS_CONFIG_FILE": str(home / "none"),
-        "AWS_SHARED_CREDENTIALS_FILE": str(home / "none"),
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-            patch.delenv(name, raising=False)
-        for name, value in env.items():
-            patch.setenv(name, value)
-        _clear_store_clients()
-        boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket=BUCKET)
-        try:
-            yield proxy
-        finally:
-            _clear_store_clients()
-            proxy.stop()
-            server.stop()
-
-
-def _clear_store_clients() -> None:
-    """fsspec keeps one client per store and options: each module's server is another endpoint."""
-    import s3fs  # noqa: PLC0415 - a store's library, as the sources import it
-
-    s3fs.S3FileSystem.clear_instance_cache()
+    with loopback_s3(BUCKET, ACCESS_KEY, SECRET_KEY, tmp_path_factory.mktemp("aws")) as store:
+        yield store.proxy
 
 
 def _client() -> Any:

@@ -35,13 +35,14 @@ from infra.config import CacheSpec
 from infra.devices import resolve_device, resolve_dtype
 from infra.errors import ConfigError
 from infra.faults import fault_point
-from infra.fetch import is_url, local_model
+from infra.fetch import local_model
 from infra.formats import AUDIO_KIND, Format, get_format
 from infra.formats.consumers import normalised
 from infra.media.audio import trainer_audio
 from infra.models import LoadedFamily, get_family, load_family
 from infra.models.identity import component_identity
 from infra.models.memory import LoadOptions
+from infra.outstore import is_url
 from infra.preprocess.prepare import prepare_video
 from infra.sources import Shard, Source, open_source
 from infra.storage import atomic_write

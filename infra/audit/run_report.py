@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra import outdir
 from infra.errors import LatentforgeError
-from infra.fetch import is_url
 from infra.gates.decision import Decision
 from infra.job import Job
+from infra.outstore import is_url
 from infra.plan import ShardPlan
 from infra.report_files import REPORTS_DIR, report_order, to_json_bytes, write_new
 

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path, PurePath, PurePosixPath
 
 from infra.errors import InputError, SourceError
-from infra.fetch import is_url
 from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
+from infra.outstore import is_url
 from infra.sources import store
 from infra.sources.base import (
     OUTSIDE_SOURCE,

@@ -32,8 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from infra.errors import InputError, SourceError
-from infra.fetch import is_url
 from infra.models import ROLES, TEXT_TO_VIDEO, mode_roles
+from infra.outstore import is_url
 from infra.sources import store
 from infra.sources.base import (
     OUTSIDE_SOURCE,

@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import IO, Any
 
 from infra.errors import InputError, SourceError
 from infra.fetch import version_of
+from infra.outstore import USERINFO
 from infra.sources import retries
 from infra.sources.bounded import check_size
 
 logger = logging.getLogger(__name__)
 
-_USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")
 #: The extra that brings each store's library (a missing one is named in the error).
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hub"}
 #: A tar's read-ahead: what a range request asks for past what is read (a tar header is 512 bytes; a caption
@@ -54,7 +53,7 @@ def filesystem(url: str) -> tuple[Any, str]:
     import fsspec  # noqa: PLC0415 - only a source in a store needs it
 
     scheme = url.split("://", 1)[0].lower()
-    if _USERINFO.match(url):  # the spec is recorded in OUT (cache.json, the run report): it must hold no secret
+    if USERINFO.match(url):  # the spec is recorded in OUT (cache.json, the run report): it must hold no secret
         raise SourceError(f"{shown(url)}: a URL with user:password@ is refused: credentials come from the store")
     options: dict[str, Any] = {}
     if scheme == "hf" and os.environ.get("HF_ENDPOINT"):  # huggingface_hub reads it once, at import
@@ -74,7 +73,7 @@ def filesystem(url: str) -> tuple[Any, str]:
 
 def shown(url: str) -> str:
     """`url` as it may be printed: any ``user:password@`` part dropped (a URL names a place, never a key)."""
-    return _USERINFO.sub(lambda m: m[0].split("://")[0] + "://", url)
+    return USERINFO.sub(lambda m: m[0].split("://")[0] + "://", url)
 
 
 def stat_of(info: dict[str, Any]) -> Stat:

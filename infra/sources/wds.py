@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import InputError, SourceError
-from infra.fetch import is_url
 from infra.media.image import IMAGE_SUFFIXES
 from infra.media.prompts import MAX_PROMPT_BYTES
+from infra.outstore import is_url
 from infra.sources import store
 from infra.sources.base import (
     Problem,
