@@ -39,7 +39,7 @@ from typing import Any
 import psutil
 
 from infra import outdir, outstore, procs
-from infra.errors import ConflictError, LeaseLost
+from infra.errors import ConfigError, ConflictError, LeaseLost, OutWriteError
 from infra.outstore import StoreOut
 
 logger = logging.getLogger(__name__)
@@ -251,9 +251,9 @@ def lease_seconds() -> tuple[float, float]:
     try:
         lease = float(raw)
     except ValueError:
-        raise ConflictError(f"{LEASE_ENV}={raw!r}: a number of seconds") from None
+        raise ConfigError(f"{LEASE_ENV}={raw!r}: a number of seconds") from None
     if not lease > 0:
-        raise ConflictError(f"{LEASE_ENV}={raw!r}: a number of seconds above 0")
+        raise ConfigError(f"{LEASE_ENV}={raw!r}: a number of seconds above 0")
     return lease, lease / 4
 
 
@@ -320,7 +320,7 @@ class _Lease:
                 holder = found.owner.text() if found is not None else "another run (released since)"
                 self._lose(f"this run's lease was taken over by {holder}")
                 return
-            except OSError as exc:  # a store error: tried again at the next beat, while the lease still holds
+            except (OSError, OutWriteError) as exc:  # a store error: tried again at the next beat while the lease holds
                 if time.monotonic() >= self._until:
                     self._lose(f"this run's lease ran out unrenewed ({exc})")
                     return
