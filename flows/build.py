@@ -32,7 +32,7 @@ from flows.upload import upload_step
 from infra import outdir
 from infra.audit.inspect import cache_geometries, repeated_frames
 from infra.cache import ledger
-from infra.cache.cachedir import CACHE_JSON, read_cache_json, write_cache_json
+from infra.cache.cachedir import finish_cache_json, has_cache_json, read_cache_json, write_cache_json
 from infra.cache.lock import out_lock
 from infra.config import BuildConfig
 from infra.errors import DamagedCacheError, GateFailed, Preempted
@@ -116,12 +116,27 @@ def _planned_build(config: BuildConfig, spool: Path | None) -> dict[str, Any]:
 
 
 def _build_locked(plan: BuildPlan, decided: list[Decision]) -> dict[str, Any]:
-    """Sanity, disk, preprocess, summary and audit, under OUT's writer lock."""
+    """Sanity, disk, preprocess, summary and audit, under OUT's writer lock (in a store cache.json is written when
+    they end: `finish_cache_json`)."""
     sanity = _gates(plan)
     start = time.perf_counter()
     set_step("preprocess")
     _check_unchanged(plan)
     plan = _prepare_out(plan)
+    try:
+        result = _preprocess_and_audit(plan, sanity, decided, start)
+    except BaseException:
+        with contextlib.suppress(Exception):  # a run that stops: what it wrote is sealed (a lost lease: not even this)
+            finish_cache_json(plan.out)
+        raise
+    finish_cache_json(plan.out)
+    return result
+
+
+def _preprocess_and_audit(
+    plan: BuildPlan, sanity: SanityReport, decided: list[Decision], start: float
+) -> dict[str, Any]:
+    """The shards, their summary and the audit (reconcile, gates, decode-and-verify, the run report)."""
     results = run_shards(plan)
     summary = summarize(
         results,
@@ -189,7 +204,7 @@ def _prepare_out(plan: BuildPlan) -> BuildPlan:
         kept = keep_old_cache_json(plan.out, plan.job.replace_from)
         get_run_logger().warning("approved overwrite of %s; old cache.json kept as %s", plan.out, kept)
         write_cache_json(plan.out, plan.spec, {**provenance, "replaces": plan.job.replace_from}, replace=True)
-    elif outdir.lstat(plan.out, CACHE_JSON) is None:
+    elif not has_cache_json(plan.out):  # in a store: the pending one (cache.json last, `finish_cache_json`)
         write_cache_json(plan.out, plan.spec, provenance)
     removed = remove_stale_temps(plan.out)
     if removed:

@@ -120,6 +120,11 @@ class OutNotWritable(OutWriteError):
     """OUT, or a folder in it, refuses writes (read-only file system, permissions) mid-run: fix it and rerun."""
 
 
+class LeaseLost(OutWriteError):
+    """This run's lease on an OUT in an object store was taken by another run (or ran out unrenewed): the run stops
+    writing at once, every later put refused in this process (`infra.cache.lock`)."""
+
+
 class RunFailed(LatentforgeError, RuntimeError):
     """A flow run ended failed; the message is its error."""
 

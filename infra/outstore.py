@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from infra.errors import ConfigError, OutNotWritable
+from infra.errors import ConfigError, LeaseLost, OutNotWritable
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 #: A URL's ``user:password@`` part: refused wherever a URL is taken (a URL names a place, never a key).
@@ -31,6 +31,19 @@ USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")
 SCHEMES = ("s3", "s3a", "memory")
 #: S3's answers that mean "this store refuses writes here" (no later write would get past them).
 REFUSALS = ("AccessDenied", "AllAccessDisabled", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+#: The OUTs (URL → why) whose lease this process lost (`infra.cache.lock`): every later write below one is refused
+#: before it is sent (LeaseLost), so a run that knows another owns OUT puts nothing more there.
+_lost: dict[str, str] = {}
+
+
+def lose(url: str, why: str) -> None:
+    """Refuse every later write of this process below the OUT `url` (its lease was lost): `why` is the error's text."""
+    _lost[url.rstrip("/")] = why
+
+
+def regain(url: str) -> None:
+    """Writes below `url` are this process's own again (its lease context ended)."""
+    _lost.pop(url.rstrip("/"), None)
 
 
 def is_url(spec: str) -> bool:
@@ -178,7 +191,8 @@ class StoreOut:
     def put(self, rel: str, data: bytes, *, create: bool = False, match: str | None = None) -> str:
         """Write the object `rel` in one request; its new ETag. `create`: only where there is none (FileExistsError
         otherwise); `match`: only over the object whose ETag that is (FileExistsError otherwise); neither: over
-        whatever is there. OutNotWritable when the store refuses writes."""
+        whatever is there. OutNotWritable when the store refuses writes; LeaseLost when this run lost OUT's lease."""
+        self._held(rel)
         fs, path = self.at(rel)
         if self.scheme in ("s3", "s3a"):
             bucket, key = _bucket_key(path)
@@ -200,6 +214,7 @@ class StoreOut:
 
     def delete(self, rel: str) -> None:
         """Remove the object `rel` (nothing there is no error)."""
+        self._held(rel)
         fs, path = self.at(rel)
         try:
             fs.rm_file(path)
@@ -213,6 +228,7 @@ class StoreOut:
         """Remove the objects `rels` (S3: up to 1000 in a request)."""
         if not rels:
             return
+        self._held(rels[0])
         fs, base = self.at("")
         paths = [f"{base}/{rel}" for rel in rels]
         try:
@@ -223,6 +239,12 @@ class StoreOut:
             raise self._refused(rels[0], exc) from exc
         for path in paths:
             fs.invalidate_cache(path)
+
+    def _held(self, rel: str) -> None:
+        """LeaseLost when this process lost the lease of the OUT `rel` is below: nothing more is sent there."""
+        for url, why in _lost.items():
+            if self.url == url or self.url.startswith(url + "/"):
+                raise LeaseLost(why, f"{self.url}/{rel}")
 
     def _refused(self, rel: str, exc: OSError) -> OSError:
         """The error of a request the store refused: OutNotWritable where no later write would get past it (no

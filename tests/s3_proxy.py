@@ -50,6 +50,8 @@ class Proxy:
     fault_match: str = ""
     faults_sent: int = 0
     refuse: bool = False  # every request answered 403 AccessDenied
+    #: Every request since the last reset, in order: (its kind, its path with the query).
+    requests: list = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
@@ -72,6 +74,7 @@ class Proxy:
     def reset(self) -> None:
         with self.lock:
             self.counts.clear()
+            self.requests.clear()
             self.bytes_out = 0
 
     def slow_down(self, times: int, match: str) -> None:
@@ -142,6 +145,7 @@ class _Handler(BaseHTTPRequestHandler):
             kind = "GET_RANGE"
         with self.proxy.lock:
             self.proxy.counts[kind] += 1
+            self.proxy.requests.append((kind, self.path))
         if self.proxy.refuse:
             self._send(403, [("Content-Type", "application/xml")], ACCESS_DENIED, method)
             return

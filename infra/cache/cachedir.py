@@ -2,10 +2,16 @@
 
 ``cache.json`` is written once, before the first sample, and never rewritten: it declares what the
 directory holds, so a crashed first run is still recognised as this cache on the rerun.
+
+Below an OUT in an object store ``cache.json`` is written last (`finish_cache_json`, when the run's writes end), so
+that a reader never finds one whose data is not there yet: before the first sample the same bytes go to
+``ledger/cache.pending.json`` (`PENDING_JSON`), which is what recognises a crashed run's OUT as this cache (`classify`,
+`read_cache_json`), copied to ``cache.json`` and deleted at the end. A local OUT keeps its order (its bytes unchanged).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import platform
@@ -27,6 +33,8 @@ from infra.storage import atomic_write
 logger = logging.getLogger(__name__)
 
 CACHE_JSON = "cache.json"
+#: Below an OUT in an object store: cache.json as a run that has not ended writes it (copied to cache.json last).
+PENDING_JSON = "ledger/cache.pending.json"
 OutKind = Literal["absent", "compatible", "incompatible", "foreign", "damaged"]
 
 
@@ -41,8 +49,21 @@ class OutState:
 
 
 def read_cache_json(out: Path) -> dict[str, Any]:
-    """The parsed cache.json (raises FileNotFoundError / ValueError)."""
-    return json.loads(outdir.read_text(out, CACHE_JSON))
+    """The parsed cache.json (raises FileNotFoundError / ValueError); in a store, the pending one of a run that has
+    not ended where there is no cache.json yet."""
+    try:
+        return json.loads(outdir.read_text(out, CACHE_JSON))
+    except FileNotFoundError:
+        if not isinstance(outdir.root(out), StoreOut):
+            raise
+        return json.loads(outdir.read_text(out, PENDING_JSON))
+
+
+def has_cache_json(out: Path | StoreOut) -> bool:
+    """OUT declares a cache: its cache.json, or in a store the pending one of a run that has not ended."""
+    if outdir.lstat(out, CACHE_JSON) is not None:
+        return True
+    return isinstance(outdir.root(out), StoreOut) and outdir.lstat(out, PENDING_JSON) is not None
 
 
 def overwrite_in_progress(meta: Mapping[str, Any], done: Mapping[str | None, int]) -> dict[str, Any] | None:
@@ -57,7 +78,8 @@ def overwrite_in_progress(meta: Mapping[str, Any], done: Mapping[str | None, int
 
 
 def write_cache_json(out: Path, spec: CacheSpec, provenance: dict[str, Any], *, replace: bool = False) -> Path:
-    """Create cache.json (replaces an existing one only when told: an approved overwrite)."""
+    """Create cache.json (replaces an existing one only when told: an approved overwrite). In a store a new one is
+    the pending one, made cache.json by `finish_cache_json` when the run's writes end."""
     body = {
         "fingerprint": spec.fingerprint(),
         "spec": spec.model_dump(mode="json"),
@@ -69,7 +91,22 @@ def write_cache_json(out: Path, spec: CacheSpec, provenance: dict[str, Any], *, 
         },
     }
     text = json.dumps(body, indent=2, sort_keys=True) + "\n"
-    return atomic_write(CACHE_JSON, text.encode(), replace=replace, out=out).path
+    rel = PENDING_JSON if isinstance(outdir.root(out), StoreOut) and not replace else CACHE_JSON
+    return atomic_write(rel, text.encode(), replace=replace, out=out).path
+
+
+def finish_cache_json(out: Path | StoreOut) -> None:
+    """In a store, when a run's writes end: the pending cache.json becomes cache.json (its bytes, one PUT, never over
+    one there), then the pending one is deleted. Nothing to do for a local OUT or where nothing is pending."""
+    if not isinstance(outdir.root(out), StoreOut):
+        return
+    try:
+        data = outdir.read_bytes(out, PENDING_JSON)
+    except FileNotFoundError:
+        return
+    with contextlib.suppress(FileExistsError):  # written by an earlier run stopped before it deleted the pending one
+        atomic_write(CACHE_JSON, data, out=out)
+    outdir.unlink(out, PENDING_JSON)
 
 
 def _visible_entries(out: Path) -> list[Path]:
@@ -87,7 +124,7 @@ def classify(out: Path, spec: CacheSpec) -> OutState:
     elif not out.is_dir():
         return OutState("foreign", f"{out} exists and is not a directory")
     try:
-        if outdir.lstat(out, CACHE_JSON) is None:
+        if not has_cache_json(out):
             return OutState("foreign", f"{out} holds files but no {CACHE_JSON}: not written by latentforge")
         existing = read_cache_json(out)
         old = CacheSpec.model_validate(existing["spec"])

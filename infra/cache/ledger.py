@@ -12,8 +12,9 @@ follows when it ends. A mark with no row after it is a sample in progress when t
 Below an OUT in an object store an object cannot be appended to: the journal is a folder of part objects,
 ``OUT/ledger/<shard>.journal/<seq>.jsonl``, each a batch of lines put once (a conditional put) every
 `JOURNAL_EVERY_SAMPLES` rows or `JOURNAL_EVERY_SECONDS` (`StoreJournal`). Readers take the parts in order after the
-sealed ledger; sealing deletes them. A crash loses the rows and marks not yet put: those samples are done again
-(a sample file of the run that has no row is adopted, as on disk).
+sealed ledger; sealing deletes them. A mark is put at once, with the rows kept (one part a sample read), so a sample
+that takes the process down is seen in progress by the next run, as on disk. A crash loses the rows not yet put:
+those samples are done again (a sample file of the run that has no row is adopted, as on disk).
 """
 
 from __future__ import annotations
@@ -342,8 +343,9 @@ class Journal:
 
 
 class StoreJournal:
-    """A shard's journal below an OUT in an object store: lines kept in memory and put as one part object every
-    `every` rows or when the oldest kept line is `seconds` old (checked at each row and mark), and when it closes."""
+    """A shard's journal below an OUT in an object store: lines kept in memory and put as one part object at each mark
+    (a sample about to be read: the rows kept go with it), every `every` rows or when the oldest kept line is `seconds`
+    old (checked at each row), and when it closes."""
 
     def __init__(
         self,
@@ -363,7 +365,10 @@ class StoreJournal:
         self._keep((row.to_json() + "\n").encode(), row=True)
 
     def mark(self, key: str, **context: Any) -> None:
+        """Note that sample `key`'s trip starts, and put it now with the rows kept (one part): a sample that takes the
+        process down is seen in progress by the next run, as on disk (`Journal.mark`)."""
         self._keep((json.dumps({MARK: key, "pid": os.getpid(), **context}) + "\n").encode(), row=False)
+        self.flush()
 
     def _keep(self, line: bytes, *, row: bool) -> None:
         if not self._lines:

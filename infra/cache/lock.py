@@ -15,6 +15,9 @@ owner's record and when its lease ends (`LEASE_SECONDS` ahead). It is taken with
 *``), renewed by a heartbeat thread every `HEARTBEAT_SECONDS` (``If-Match`` on the ETag of our last put), and deleted
 on release. A live lease of another owner stops the run (LockedError); an expired one, or one of a process of this
 host that is gone, is taken over with ``If-Match`` on the ETag read, so two runs taking over at once cannot both win.
+A run whose heartbeat finds its lease taken (the ``If-Match`` refused), or that could not renew it before it ran out,
+stops writing at once: every later put of the process below that OUT is refused (`infra.outstore.lose`: LeaseLost,
+one line). ``LATENTFORGE_LEASE_SECONDS`` sets the lease (the heartbeat is a quarter of it): tests shorten it.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from typing import Any
 
 import psutil
 
-from infra import outdir, procs
-from infra.errors import ConflictError
+from infra import outdir, outstore, procs
+from infra.errors import ConfigError, ConflictError, LeaseLost, OutWriteError
 from infra.outstore import StoreOut
 
 logger = logging.getLogger(__name__)
@@ -52,6 +55,8 @@ _held: dict[int, Path] = {}
 #: How long a lease in an object store holds without renewal, and how often its heartbeat renews it.
 LEASE_SECONDS = 120.0
 HEARTBEAT_SECONDS = 30.0
+#: Another lease length in seconds (the heartbeat a quarter of it): how the tests see a lease run out in seconds.
+LEASE_ENV = "LATENTFORGE_LEASE_SECONDS"
 #: The leases this process holds in object stores: `clear_held` deletes them before an immediate exit.
 _leases: set[_Lease] = set()
 
@@ -237,6 +242,21 @@ class _Found:
         return self.expires > datetime.now(UTC) and not gone_here
 
 
+def lease_seconds() -> tuple[float, float]:
+    """(the lease, its heartbeat) in seconds: `LEASE_SECONDS` / `HEARTBEAT_SECONDS`, or ``LATENTFORGE_LEASE_SECONDS``
+    and a quarter of it."""
+    raw = os.environ.get(LEASE_ENV)
+    if not raw:
+        return LEASE_SECONDS, HEARTBEAT_SECONDS
+    try:
+        lease = float(raw)
+    except ValueError:
+        raise ConfigError(f"{LEASE_ENV}={raw!r}: a number of seconds") from None
+    if not lease > 0:
+        raise ConfigError(f"{LEASE_ENV}={raw!r}: a number of seconds above 0")
+    return lease, lease / 4
+
+
 def _read_lease(out: StoreOut) -> _Found | None:
     head = out.head(LOCK_NAME)
     if head is None:
@@ -257,16 +277,19 @@ class _Lease:
 
     def __init__(self, out: StoreOut) -> None:
         self.out, self.etag = out, ""
+        self.seconds, self.beat = lease_seconds()
+        self._until = 0.0  # (monotonic) when the lease last put runs out
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
     def _record(self) -> bytes:
         owner = asdict(LockOwner.me())
-        expires = datetime.now(UTC) + timedelta(seconds=LEASE_SECONDS)
+        expires = datetime.now(UTC) + timedelta(seconds=self.seconds)
         run = os.environ.get("PREFECT__FLOW_RUN_ID")
         return json.dumps({**owner, "expires": expires.isoformat(timespec="seconds"), "run": run}).encode()
 
     def take(self) -> None:
+        self._until = time.monotonic() + self.seconds
         try:
             self.etag = self.out.put(LOCK_NAME, self._record(), create=True)
             return
@@ -287,21 +310,39 @@ class _Lease:
             raise _refusal(self.out, None) from None  # another run took it over first
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_SECONDS):
+        while not self._stop.wait(self.beat):
+            sent = time.monotonic()
             try:
                 self.etag = self.out.put(LOCK_NAME, self._record(), match=self.etag)
+                self._until = sent + self.seconds
             except FileExistsError:
-                logger.error("%s: this run's lease was taken by another run (it was not renewed in time)", self.out)
+                found = _read_lease(self.out)
+                holder = found.owner.text() if found is not None else "another run (released since)"
+                self._lose(f"this run's lease was taken over by {holder}")
                 return
-            except OSError as exc:  # a store error: tried again at the next beat, while the lease still holds
+            except (OSError, OutWriteError) as exc:  # a store error: tried again at the next beat while the lease holds
+                if time.monotonic() >= self._until:
+                    self._lose(f"this run's lease ran out unrenewed ({exc})")
+                    return
                 logger.warning("%s: the lease was not renewed (%s); trying again", self.out, exc)
+
+    def _lose(self, why: str) -> None:
+        """Refuse this process's every later write below OUT, with one line saying why (logged once here)."""
+        message = (
+            f"{self.out}: {why}; this run stopped writing there (nothing more is put). If no other run is writing "
+            "OUT, run the same command again: it resumes"
+        )
+        if not self._stop.is_set():
+            outstore.lose(self.out.url, message)
+            logger.error("%s", message)
 
     def release(self) -> None:
         self._stop.set()
         _leases.discard(self)
         head = self.out.head(LOCK_NAME)
         if head is not None and head.etag == self.etag:  # still ours: a lease taken over is not deleted
-            self.out.delete(LOCK_NAME)
+            with contextlib.suppress(LeaseLost):  # one that ran out unrenewed is left as it is: nothing more is sent
+                self.out.delete(LOCK_NAME)
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -312,5 +353,7 @@ class _Lease:
         try:
             yield
         finally:
-            self.release()
+            self._stop.set()
             self._beat.join(timeout=5)
+            self.release()
+            outstore.regain(self.out.url)

@@ -6,7 +6,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.errors import DiskFull, OutWriteError
+from infra.errors import DiskFull, LeaseLost, OutWriteError
 from infra.outstore import StoreOut
 from infra.report_files import human_bytes
 
@@ -62,7 +62,9 @@ def disk_full_message(out: Path, cause: str) -> str:
 
 def stopping_message(out: Path | StoreOut, exc: OutWriteError) -> str:
     """What a run stopped by a whole-OUT write error says: for a full disk the sizes (`disk_full_message`), for a
-    refused write the path, and what to do."""
+    refused write the path, and what to do; a lost lease its own line."""
+    if isinstance(exc, LeaseLost):
+        return str(exc)
     if isinstance(out, StoreOut):
         return (
             f"OUT not writable: {exc}; no later sample could be written either; finished samples are kept and no "
