@@ -23,7 +23,7 @@ from infra.formats.stream import stream_samples
 from infra.gates.conflicts import overwrite_token
 from infra.outstore import StoreOut
 from tests.conftest import assert_same_cache, config, make_shards, sample, tree_files
-from tests.media_utils import cut_clip
+from tests.media_utils import cut_clip, trainer_dataset
 from tests.s3_proxy import LoopbackS3, loopback_s3
 
 ACCESS_KEY, SECRET_KEY = "AKIDVERBSTESTKEY", "verbs-secret-never-written"
@@ -156,3 +156,20 @@ def test_a_fastvideo_parquet_cache_on_the_store_verifies_and_streams(s3, shards,
     assert verified.exit_code == 0, verified.output
     streamed = list(stream_samples(f"{url}/{parts[0]}"))  # one part, named by its URL
     assert len(streamed) == SAMPLES and all(s["latents"].isfinite().all() for s in streamed)
+
+
+def test_the_audio_gate_on_an_ltx2_cache_in_the_store(s3, ltx2_model, tmp_path):
+    """An LTX-2 build with audio to the store: the build's audio gate passes on the store's objects, and
+    `audio-check` loads every audio latent from the store and names the clip without a track."""
+    dataset = trainer_dataset(tmp_path / "data", {"bigbuckbunny": "a grey rabbit wakes up", "bikes": "cyclists"})
+    url = f"s3://{BUCKET}/ltx2"
+    values = {"source": f"meta:{dataset}", "format": "ltx", "audio": True, "buckets": "96x64x9", "workers": 1}
+    ok, result = run_build(config(dataset.parent, ltx2_model, url, **values))  # type: ignore[arg-type]
+    assert ok, result
+    audio = [k for k in s3.objects(BUCKET, "ltx2") if k.startswith(".precomputed/audio_latents/")]
+    assert audio == [".precomputed/audio_latents/clips/bigbuckbunny.pt"], audio
+    checked = runner.invoke(app, ["audio-check", url, "--json"])
+    assert checked.exit_code == 0, checked.output
+    report = json.loads(checked.stdout)
+    assert (report["audio_run"], report["with_audio"], report["unreadable"]) == (True, 1, []), report
+    assert [(n["id"], n["reason"]) for n in report["without"]] == [("clips/bikes.mp4", "no_audio_track")], report
