@@ -23,11 +23,13 @@ from infra.formats.stream import stream_samples
 from infra.gates.conflicts import overwrite_token
 from infra.outstore import StoreOut
 from tests.conftest import assert_same_cache, config, make_shards, sample, tree_files
+from tests.fakehub import FakeHub
 from tests.media_utils import cut_clip, trainer_dataset
 from tests.s3_proxy import LoopbackS3, loopback_s3
 
 ACCESS_KEY, SECRET_KEY = "AKIDVERBSTESTKEY", "verbs-secret-never-written"
-BUCKET = "lf-verbs"
+HF_TOKEN = "hf_verbsTokenNeverWritten0123456789"
+BUCKET, REPO = "lf-verbs", "latentforge-test/s3-cache"
 URL = f"s3://{BUCKET}/cache"
 SAMPLES = 2
 runner = CliRunner()
@@ -40,6 +42,25 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3]:
 
 
 @pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeHub]:
+    """The loopback Hub, refusing any token but the module's, and huggingface_hub aimed at it for every run of the
+    module (the token is in the environment of the builds too: no byte they write may hold it)."""
+    import huggingface_hub.constants as hf_constants  # noqa: PLC0415 - after the env is set
+
+    fake = FakeHub(token=HF_TOKEN)
+    fake.start()
+    env = {"HF_ENDPOINT": fake.url, "HF_TOKEN": HF_TOKEN, "HF_HOME": str(tmp_path_factory.mktemp("hf-home"))}
+    env |= {"HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1,localhost"}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        patch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
+        patch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
+        yield fake
+    fake.stop()
+
+
+@pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory, clips: dict[str, bytes]) -> Path:
     root = tmp_path_factory.mktemp("verbs-src")
     video = cut_clip(clips["carphone"], 6)
@@ -47,7 +68,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory, clips: dict[str, bytes]) ->
 
 
 @pytest.fixture(scope="module")
-def built(s3: LoopbackS3, shards: Path, tiny_model: Path) -> dict:
+def built(s3: LoopbackS3, hub: FakeHub, shards: Path, tiny_model: Path) -> dict:
     """The module's S3 cache, its build's decode-and-verify on one sample (its strips written to the store)."""
     ok, result = run_build(config(shards, tiny_model, URL, workers=1, decode_samples=1))  # type: ignore[arg-type]
     assert ok, result
@@ -173,3 +194,19 @@ def test_the_audio_gate_on_an_ltx2_cache_in_the_store(s3, ltx2_model, tmp_path):
     report = json.loads(checked.stdout)
     assert (report["audio_run"], report["with_audio"], report["unreadable"]) == (True, 1, []), report
     assert [(n["id"], n["reason"]) for n in report["without"]] == [("clips/bikes.mp4", "no_audio_track")], report
+
+
+def test_an_s3_cache_is_published_to_the_hub(s3, built, hub):
+    """`latentforge upload s3://... --to hf://...`: the Hub gets the store's objects (but the upload's private state
+    and the recorded plan), byte for byte, with its card; the remote check passes."""
+    result = runner.invoke(app, ["upload", URL, "--to", f"hf://datasets/{REPO}", "--license", "cc-by-4.0"])
+    assert result.exit_code == 0, result.output
+    assert "remote verified: " in result.stdout, result.output
+    client = boto3.client("s3", endpoint_url=s3.direct)
+    listed = [i["Key"] for i in client.list_objects_v2(Bucket=BUCKET, Prefix="cache/")["Contents"]]
+    stored = {k.removeprefix("cache/"): client.get_object(Bucket=BUCKET, Key=k)["Body"].read() for k in listed}
+    sent = {k: v for k, v in stored.items() if not k.startswith(("reports/upload-", ".latentforge", "ledger/plan"))}
+    files = hub.files(REPO)
+    assert {k: v for k, v in files.items() if k not in (".gitattributes", "README.md")} == sent
+    assert b"license: cc-by-4.0" in files["README.md"]
+    assert any(k.startswith("reports/upload-") for k in stored)  # its report written to the store
