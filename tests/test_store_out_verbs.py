@@ -15,14 +15,17 @@ from pathlib import Path
 import boto3
 import pytest
 import torch
+from click.testing import Result
 from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.terminal_run import run_build
+from infra import outdir
+from infra.errors import OutNotWritable, exit_code
 from infra.formats.stream import stream_samples
 from infra.gates.conflicts import overwrite_token
 from infra.outstore import StoreOut
-from tests.conftest import assert_same_cache, config, make_shards, sample, tree_files
+from tests.conftest import FRAMES, HEIGHT, WIDTH, assert_same_cache, config, make_shards, sample, tree_files
 from tests.fakehub import FakeHub
 from tests.media_utils import cut_clip, trainer_dataset
 from tests.s3_proxy import LoopbackS3, loopback_s3
@@ -210,3 +213,56 @@ def test_an_s3_cache_is_published_to_the_hub(s3, built, hub):
     assert {k: v for k, v in files.items() if k not in (".gitattributes", "README.md")} == sent
     assert b"license: cc-by-4.0" in files["README.md"]
     assert any(k.startswith("reports/upload-") for k in stored)  # its report written to the store
+
+
+def _one_error_line(result: Result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    return errors[0]
+
+
+def _build_args(shards: Path, model: Path, out: str) -> list[str]:
+    geometry = ["--frames", str(FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH)]
+    return ["build", "--source", f"vbvr:{shards}", "--model", str(model), "--out", out, *geometry, "--device", "cpu"]
+
+
+def test_a_bucket_that_does_not_exist_stops_the_build_with_one_line(s3, shards, tiny_model):
+    url = "s3://lf-no-such-bucket/cache"
+    result = runner.invoke(app, _build_args(shards, tiny_model, url))
+    line = _one_error_line(result)
+    assert result.exit_code == exit_code(OutNotWritable("", "")), result.output
+    assert url in line and "NoSuchBucket" in line, line
+
+
+def test_a_store_that_refuses_writes_stops_the_build_at_once_with_one_line(s3, shards, tiny_model):
+    """No permission to write (403 to every PUT and DELETE, reads allowed): the run stops at its first write, the
+    lock, before a sample is encoded; one line names the object and the store's reason."""
+    s3.proxy.refuse_writes = ""
+    s3.proxy.reset()
+    try:
+        result = runner.invoke(app, _build_args(shards, tiny_model, f"s3://{BUCKET}/refused"))
+    finally:
+        s3.proxy.refuse_writes = None
+    line = _one_error_line(result)
+    assert result.exit_code == exit_code(OutNotWritable("", "")), result.output
+    assert f"s3://{BUCKET}/refused/.latentforge.lock" in line and "AccessDenied" in line, line
+    assert s3.proxy.counts["REFUSED"] == 1 and s3.objects(BUCKET, "refused") == {}, dict(s3.proxy.counts)
+
+
+def test_writes_refused_mid_run_stop_it_at_the_first_sample_with_one_line(s3, shards, tiny_model):
+    """The permission lost after the run began (its lock, cache.json and plan written; every sample's PUT refused):
+    the run stops at the first sample, not one failed row after another; the lock is released."""
+    url = f"s3://{BUCKET}/midrun"
+    s3.proxy.refuse_writes = "/midrun/G-"  # the samples' group folders
+    s3.proxy.reset()
+    try:
+        result = runner.invoke(app, _build_args(shards, tiny_model, url))
+    finally:
+        s3.proxy.refuse_writes = None
+    line = _one_error_line(result)
+    assert f"{url}/G-11_" in line and "AccessDenied" in line, line
+    assert s3.proxy.counts["REFUSED"] == 1, dict(s3.proxy.counts)  # the first sample's, and no other sample tried
+    objects = s3.objects(BUCKET, "midrun")
+    assert "cache.json" in objects and not any(k.endswith(".pt") for k in objects), sorted(objects)
+    assert outdir.lstat(StoreOut.of(url), ".latentforge.lock") is None  # released: the same command resumes
