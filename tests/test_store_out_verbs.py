@@ -9,6 +9,8 @@ works on a server-side copy of it."""
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,20 +47,29 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3]:
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeHub]:
+def local(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the module's runs keep local files: the temporary files (the plan's spool), HF_HOME."""
+    return tmp_path_factory.mktemp("verbs-local")
+
+
+@pytest.fixture(scope="module")
+def hub(local: Path) -> Iterator[FakeHub]:
     """The loopback Hub, refusing any token but the module's, and huggingface_hub aimed at it for every run of the
-    module (the token is in the environment of the builds too: no byte they write may hold it)."""
+    module (the token is in the environment of the builds too: no byte they write may hold it); this process's
+    temporary files under `local`."""
     import huggingface_hub.constants as hf_constants  # noqa: PLC0415 - after the env is set
 
     fake = FakeHub(token=HF_TOKEN)
     fake.start()
-    env = {"HF_ENDPOINT": fake.url, "HF_TOKEN": HF_TOKEN, "HF_HOME": str(tmp_path_factory.mktemp("hf-home"))}
+    (local / "tmp").mkdir()
+    env = {"HF_ENDPOINT": fake.url, "HF_TOKEN": HF_TOKEN, "HF_HOME": str(local / "hf-home")}
     env |= {"HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "NO_PROXY": "127.0.0.1,localhost"}
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
         patch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
         patch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
+        patch.setattr(tempfile, "tempdir", str(local / "tmp"))  # the documented override of gettempdir()
         yield fake
     fake.stop()
 
@@ -199,10 +210,16 @@ def test_the_audio_gate_on_an_ltx2_cache_in_the_store(s3, ltx2_model, tmp_path):
     assert [(n["id"], n["reason"]) for n in report["without"]] == [("clips/bikes.mp4", "no_audio_track")], report
 
 
-def test_an_s3_cache_is_published_to_the_hub(s3, built, hub):
-    """`latentforge upload s3://... --to hf://...`: the Hub gets the store's objects (but the upload's private state
-    and the recorded plan), byte for byte, with its card; the remote check passes."""
-    result = runner.invoke(app, ["upload", URL, "--to", f"hf://datasets/{REPO}", "--license", "cc-by-4.0"])
+@pytest.fixture(scope="module")
+def published(built: dict, hub: FakeHub) -> Result:
+    """`latentforge upload s3://... --to hf://...` of the module's cache (its token the module's)."""
+    return runner.invoke(app, ["upload", URL, "--to", f"hf://datasets/{REPO}", "--license", "cc-by-4.0"])
+
+
+def test_an_s3_cache_is_published_to_the_hub(s3, hub, published):
+    """The Hub gets the store's objects (but the upload's private state and the recorded plan), byte for byte, with
+    its card; the remote check passes."""
+    result = published
     assert result.exit_code == 0, result.output
     assert "remote verified: " in result.stdout, result.output
     client = boto3.client("s3", endpoint_url=s3.direct)
@@ -266,3 +283,28 @@ def test_writes_refused_mid_run_stop_it_at_the_first_sample_with_one_line(s3, sh
     objects = s3.objects(BUCKET, "midrun")
     assert "cache.json" in objects and not any(k.endswith(".pt") for k in objects), sorted(objects)
     assert outdir.lstat(StoreOut.of(url), ".latentforge.lock") is None  # released: the same command resumes
+
+
+def test_no_credential_in_any_byte_the_runs_wrote(s3, published, hub, local):
+    """Issue 40 item 5, after every run of the module (builds, verbs, the upload): the test's access key, secret key
+    and Hub token are in no object of the bucket, no file of the Hub, and no local file the runs wrote: the temporary
+    files (the plan's spool), HF_HOME, the sanity sample and hash cache ($LATENTFORGE_CACHE_DIR), the Prefect home,
+    and the Prefect database (flow runs' parameters, artifacts, logs)."""
+    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_DATABASE_CONNECTION_URL  # noqa: PLC0415
+
+    secrets = [s.encode() for s in (ACCESS_KEY, SECRET_KEY, HF_TOKEN)]
+    written: dict[str, bytes] = {}
+    client = boto3.client("s3", endpoint_url=s3.direct)
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        for item in page.get("Contents", []):
+            written[f"s3://{BUCKET}/{item['Key']}"] = client.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read()
+    for repo in hub.repos:
+        written |= {f"hf://datasets/{repo}/{path}": data for path, data in hub.files(repo).items()}
+    database = Path(PREFECT_SERVER_DATABASE_CONNECTION_URL.value().split("///", 1)[1]).parent
+    for root in (local, Path(os.environ["LATENTFORGE_CACHE_DIR"]), PREFECT_HOME.value(), database):
+        written |= {str(p): p.read_bytes() for p in Path(root).rglob("*") if p.is_file() and not p.is_symlink()}
+    names = " ".join(written)
+    for kind in ("/reports/run-", "/reports/upload-", "/ledger/", "README.md", ".sanity/", ".db"):
+        assert kind in names, kind  # what the grep must see: reports, ledgers, the card, the sanity, the database
+    leaked = {name: [s.decode() for s in secrets if s in data] for name, data in written.items()}
+    assert {name: found for name, found in leaked.items() if found} == {}
