@@ -148,9 +148,12 @@ def test_reconcile_counts_the_store_and_names_a_lost_sample(s3, built):
 
 def test_decode_and_verify_writes_its_strips_to_the_store(s3, built):
     assert built["decode_strips"] and all(p.startswith(f"{URL}/reports/decode/") for p in built["decode_strips"])
-    result = runner.invoke(app, ["decode", URL, "--decode-samples", "1"])
+    # on a copy: the command's strips are the build's bytes again, and two files of one content in one Hub commit
+    # upload one shared file object twice at once under the loopback Hub (its LFS batch answers each copy)
+    url = _copy(s3, "decoded")
+    result = runner.invoke(app, ["decode", url, "--decode-samples", "1"])
     assert result.exit_code == 0 and "1 sample(s), mean PSNR" in result.stdout, result.output
-    strips = [k for k in _reports(s3, "cache") if k.startswith("reports/decode/") and k.endswith(".png")]
+    strips = [k for k in _reports(s3, "decoded") if k.startswith("reports/decode/") and k.endswith(".png")]
     assert len(strips) == 2, strips  # the build's, and the command's in a new stamped folder beside it
 
 
@@ -308,3 +311,13 @@ def test_no_credential_in_any_byte_the_runs_wrote(s3, published, hub, local):
         assert kind in names, kind  # what the grep must see: reports, ledgers, the card, the sanity, the database
     leaked = {name: [s.decode() for s in secrets if s in data] for name, data in written.items()}
     assert {name: found for name, found in leaked.items() if found} == {}
+
+
+def test_musubi_asks_for_a_local_out(s3, shards, wan21_model):
+    """musubi-tuner reads its cache from the local folder its dataset config names: a URL OUT is refused before a
+    byte is written, in one line (it once became a local folder named ``s3:``)."""
+    args = _build_args(shards, wan21_model, f"s3://{BUCKET}/musubi")
+    result = runner.invoke(app, [*args, "--format", "musubi", "--temporal", "head"])
+    line = _one_error_line(result)
+    assert result.exit_code == 2 and "musubi-tuner reads its cache from a local folder" in line, result.output
+    assert s3.objects(BUCKET, "musubi") == {} and not Path("s3:").exists()
