@@ -135,6 +135,27 @@ def test_changed_settings_stop_at_the_approval_and_overwrite_nothing(s3, built, 
     assert json.loads(after["cache.json"])["fingerprint"] != old and result["encoded"] == SAMPLES
 
 
+def test_a_changed_source_stops_at_the_stale_approval_and_replace_rewrites_only_its_sample(
+    s3, built, clips, tiny_model, tmp_path
+):
+    """One prompt revised upstream: the build stops at the stale gate with nothing written; approved (--on-stale
+    replace), only that sample's object is put again."""
+    url = _copy(s3, "stale")
+    before = s3.objects(BUCKET, "stale")
+    video = cut_clip(clips["carphone"], 6)
+    revised = make_shards(
+        tmp_path, {"part-00000": [sample(0, 0, video, b"clip 0, revised"), sample(0, 1, video, b"clip 1")]}
+    )
+    ok, refused = run_build(config(revised, tiny_model, url, workers=1))  # type: ignore[arg-type]
+    assert not ok and "changed in the source" in str(refused), refused
+    assert s3.objects(BUCKET, "stale") == before
+    ok, result = run_build(config(revised, tiny_model, url, workers=1, on_stale="replace"))  # type: ignore[arg-type]
+    assert ok and (result["encoded"], result["reused"]) == (1, 1), result
+    after = s3.objects(BUCKET, "stale")
+    changed = [k for k in before if k.endswith(".pt") and after[k] != before[k]]
+    assert changed == [next(k for k in before if k.endswith("_00000000.pt"))], changed
+
+
 def test_reconcile_counts_the_store_and_names_a_lost_sample(s3, built):
     ok = runner.invoke(app, ["reconcile", URL])
     assert ok.exit_code == 0 and f"OK ({SAMPLES} of {SAMPLES} expected" in ok.stdout, ok.output
