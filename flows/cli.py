@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 import flows  # noqa: F401  (offline defaults before Prefect loads)
-from flows.cli_options import DEBUG_ENV, OneLineGroup, cli_errors, config_command, console_logging
+from flows.cli_options import DEBUG_ENV, OneLineGroup, OutArg, cli_errors, config_command, console_logging
 from flows.cli_rerun import rerun
 from flows.cli_server import app as server_app
 from flows.cli_upload import upload
@@ -47,7 +47,7 @@ app.command()(rerun)
 logger = logging.getLogger("latentforge")
 
 Opt = typer.Option
-OutArg = Annotated[Path, typer.Argument(help="cache root")]
+
 JsonOpt = Annotated[bool, Opt("--json", help="machine-readable")]
 QuickOpt = Annotated[
     bool,

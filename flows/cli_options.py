@@ -28,8 +28,9 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from typer.core import TyperGroup
 
+from infra import outdir
 from infra.config import SECTIONS, URL_CREDENTIALS, BuildConfig, UploadConfig
-from infra.errors import EXIT_FAILED, LatentforgeError, exit_code
+from infra.errors import EXIT_FAILED, ConfigError, LatentforgeError, exit_code
 
 logger = logging.getLogger("latentforge")
 #: Set (to 1) by ``latentforge --debug``: errors then also print their traceback.
@@ -46,6 +47,19 @@ SECTION_HELP = {
     "alert_webhook": "POST alerts here (or LATENTFORGE_ALERT_WEBHOOK)",
     "alert_block": "Prefect notification block TYPE/NAME for alerts (or LATENTFORGE_ALERT_BLOCK)",
 }
+
+
+def out_root(value: str) -> outdir.Out:
+    """OUT as a command's argument names it: a local folder, or a folder URL in an object store
+    (``s3://BUCKET/PREFIX``: a `StoreOut`; a `Path` would fold its ``//``)."""
+    try:
+        return outdir.root(value)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+#: OUT, a command's argument (typer takes no union type: `Any`, and the parser `out_root` says what it is).
+OutArg = Annotated[Any, typer.Argument(parser=out_root, help="cache root")]
 
 
 def debugging() -> bool:

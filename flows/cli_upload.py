@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli_options import config_command
+from flows.cli_options import OutArg, config_command
 from flows.preflight import check_cache
 from flows.settings import check_upload
 from infra.config import UploadConfig, load_config_file
@@ -21,7 +21,7 @@ Opt = typer.Option
 
 @config_command(UploadConfig.model_fields)
 def upload(
-    out: Annotated[Path, typer.Argument(help="cache root")],
+    out: OutArg,
     verify_only: Annotated[
         bool, Opt("--verify-only", help="send nothing; check the remote against the ledger")
     ] = False,

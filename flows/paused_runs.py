@@ -11,7 +11,6 @@ import json
 import socket
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -98,7 +97,7 @@ def _owner(run: Any) -> LockOwner | None:
     if not out or run.start_time is None:
         return None
     try:
-        owner = LockOwner(**json.loads(outdir.read_text(Path(out), LOCK_NAME)))
+        owner = LockOwner(**json.loads(outdir.read_text(outdir.root(out), LOCK_NAME)))
         taken = datetime.fromisoformat(owner.since)
     except (OSError, ValueError, TypeError, outdir.UnsafePath):  # no record (released, or never taken: a pause)
         return None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from infra import outdir
 from infra.cache.cachedir import CACHE_JSON, read_cache_json
 from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConfigError
@@ -25,8 +26,11 @@ BNB_MIN = "0.46.1"
 BNB_REQUIREMENT = f"bitsandbytes>={BNB_MIN}"
 
 
-def check_out(out: Path) -> None:
-    """OUT is absent or a directory (a file there is the user's mistake, not the lock's)."""
+def check_out(out: outdir.Out) -> None:
+    """OUT is absent or a directory (a file there is the user's mistake, not the lock's); a URL's prefix is a folder
+    (a store that refuses it says so at its first request)."""
+    if outdir.is_store(out):
+        return
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: is a file, not a directory")
     parent = next((p for p in out.absolute().parents if p.exists()), None)
@@ -34,8 +38,14 @@ def check_out(out: Path) -> None:
         raise ConfigError(f"--out {out}: {parent} is a file, not a directory")
 
 
-def check_cache(out: Path) -> None:
+def check_cache(out: outdir.Out) -> None:
     """OUT is a latentforge cache (a directory with its cache.json): for the steps that read one (upload)."""
+    if outdir.is_store(out):  # a URL's prefix: its cache.json an object
+        if not outdir.is_file(out, CACHE_JSON):
+            raise ConfigError(
+                f"{out} is not a latentforge cache: it {'has no cache.json' if out.exists() else 'does not exist'}"
+            )
+        return
     if not (out / CACHE_JSON).is_file():
         what = (
             "does not exist" if not out.exists() else "is not a directory" if not out.is_dir() else "has no cache.json"
@@ -93,7 +103,7 @@ def check_text_8bit(config: BuildConfig) -> None:
 
 def check_build(config: BuildConfig) -> None:
     """Everything above, for a build or a sanity run."""
-    check_out(Path(config.out).expanduser())
+    check_out(_out(config))
     check_source(config)
     check_text_8bit(config)
     check_devices(config)  # a bad list is named before a missing GPU is
@@ -112,7 +122,7 @@ def check_reuse(config: BuildConfig, planned: CacheSpec) -> None:
         settings_that_differ,
     )
 
-    out = Path(config.out).expanduser()
+    out = _out(config)
     try:
         existing = CacheSpec.model_validate(read_cache_json(out)["spec"])
     except (OSError, ValueError, KeyError, TypeError, UnsafePath):
@@ -138,3 +148,8 @@ def check_devices(config: BuildConfig) -> None:
     from infra.devices import placement, visible_accelerators  # noqa: PLC0415 - torch only when GPUs are named
 
     placement(config.run.device, config.run.devices, visible_accelerators("cuda"))
+
+
+def _out(config: BuildConfig) -> outdir.Out:
+    """The config's OUT: a local folder (``~`` expanded), or a `StoreOut` for a URL."""
+    return outdir.root(config.out) if outdir.is_store(config.out) else Path(config.out).expanduser()

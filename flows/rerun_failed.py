@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from uuid import UUID
 
 from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
 
+from infra import outdir
 from infra.audit.run_report import run_report_of
 from infra.cache import ledger
 from infra.config import BuildConfig
@@ -35,7 +35,7 @@ class Rerun:
     notes: tuple[str, ...] = ()
 
 
-def failed_selectors(out: Path, run_id: str) -> list[str]:
+def failed_selectors(out: outdir.Out, run_id: str) -> list[str]:
     """``SHARD/KEY`` for each sample RUN_ID left failed (and still failed now), ``SHARD`` for each shard it crashed."""
     selectors = {
         f"{shard}/{key}"
@@ -48,7 +48,7 @@ def failed_selectors(out: Path, run_id: str) -> list[str]:
     return sorted(selectors)
 
 
-def accepted_loss(out: Path, run_id: str) -> str | None:
+def accepted_loss(out: outdir.Out, run_id: str) -> str | None:
     """How RUN_ID's run report says its loss was accepted (``accept_loss by ... : N missing {reasons}``), or None."""
     report = run_report_of(out, run_id)
     accepted = [d for d in (report.decisions_at("loss") if report else []) if d.choice == "accept_loss"]
@@ -68,7 +68,7 @@ def plan_rerun(run_id: str, gates: dict[str, str] | None = None) -> Rerun:
     if raw is None:
         raise ConfigError(f"flow run {run_id} ({run.name}) is not a build-cache run (no config parameter)")
     config = BuildConfig.model_validate(raw)
-    out = Path(config.out)
+    out = outdir.root(config.out)
     selectors = failed_selectors(out, run_id)
     # Same spec and settings; a token approved that run's change, not this one's.
     update: dict = {"only": selectors, "approve_overwrite": None, **(gates or {})}

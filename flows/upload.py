@@ -129,4 +129,4 @@ def upload_cache(
     out: str, upload: UploadConfig, verify_only: bool = False, approval_timeout: int = 86400
 ) -> dict[str, Any]:
     """Publish a finished cache (or verify its remote copy): `latentforge upload OUT --to TARGET`."""
-    return upload_step(Path(out), upload, verify_only=verify_only, approval_timeout=approval_timeout)
+    return upload_step(outdir.root(out), upload, verify_only=verify_only, approval_timeout=approval_timeout)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import io
 import os
 import stat
 from collections.abc import Iterator
@@ -161,7 +162,9 @@ def open_read(out: Out, rel: str | os.PathLike[str]) -> BinaryIO:
     """The regular file `rel` below `out`, open for reading (close it, or use it in a ``with``)."""
     if isinstance(out, StoreOut):
         split(rel)
-        return out.open_read(_rel(rel))  # type: ignore[return-value]
+        # a buffered binary stream, as a local file's: readers that take only io.BufferedIOBase (huggingface_hub's
+        # commit of a file object) take a store's object too
+        return io.BufferedReader(out.open_read(_rel(rel)))  # type: ignore[arg-type]
     return os.fdopen(open_fd(out, rel, os.O_RDONLY), "rb")
 
 

@@ -99,6 +99,11 @@ class StoreOut:
         return self.url.rsplit("/", 1)[-1]
 
     @property
+    def parent(self) -> StoreOut:
+        """The URL one folder up (as `Path.parent`: a report's path names its OUT)."""
+        return StoreOut(self.url.rsplit("/", 1)[0])
+
+    @property
     def scheme(self) -> str:
         return self.url.split("://", 1)[0].lower()
 

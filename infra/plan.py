@@ -350,7 +350,8 @@ def resolve(config: BuildConfig) -> Resolved:
             f"format {config.encoding.format} has no place for {', '.join(unplaced)} (family {family.name})"
         )
     check_consumer(spec, family.kinds(spec))
-    get_format(spec.format).check_out(Path(config.out).expanduser(), config.source)  # musubi: one dataset per OUT
+    out = outdir.root(config.out) if outdir.is_store(config.out) else Path(config.out).expanduser()
+    get_format(spec.format).check_out(out, config.source)  # musubi: one dataset per OUT, a local one
     kinds = family.kinds(spec)
     resolved = {
         "family": family.name,

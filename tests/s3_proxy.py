@@ -1,7 +1,8 @@
 """A loopback HTTP proxy in front of an S3 server (moto), for tests of sources in a store: it counts what the client
 asks (GET, ranged GET, HEAD, LIST, PUT and the bytes sent back) and injects faults in GETs of objects: an S3
 ``503 SlowDown``, a reset connection (the socket closed with no answer), a short range answer (a 206 with fewer bytes
-than the Range asked, its Content-Length the short body's); or refuses everything (``403 AccessDenied``).
+than the Range asked, its Content-Length the short body's); or refuses everything, or every write
+(``403 AccessDenied``).
 
 The proxy is standard library only (ThreadingHTTPServer on 127.0.0.1, a free port); each request is forwarded whole
 to the server behind it and its answer sent back whole, with its own Content-Length, so keep-alive clients work.
@@ -52,6 +53,9 @@ class Proxy:
     refuse: bool = False  # every request answered 403 AccessDenied
     #: Every request since the last reset, in order: (its kind, its path with the query).
     requests: list = field(default_factory=list)
+    #: PUTs, POSTs and DELETEs of a key holding this ("": every one) answered 403 AccessDenied, counted as REFUSED
+    #: (reads pass: no permission to write there); None: none.
+    refuse_writes: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
@@ -146,7 +150,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.proxy.lock:
             self.proxy.counts[kind] += 1
             self.proxy.requests.append((kind, self.path))
-        if self.proxy.refuse:
+        if self.proxy.refuse or self._write_refused(method):
             self._send(403, [("Content-Type", "application/xml")], ACCESS_DENIED, method)
             return
         fault = self.proxy.next_fault(kind, self.path)
@@ -172,6 +176,14 @@ class _Handler(BaseHTTPRequestHandler):
         with self.proxy.lock:
             self.proxy.bytes_out += len(data)
         self._send(answer.status, sent, data, method)
+
+    def _write_refused(self, method: str) -> bool:
+        refused = self.proxy.refuse_writes
+        if refused is None or method not in ("PUT", "POST", "DELETE") or refused not in urlsplit(self.path).path:
+            return False
+        with self.proxy.lock:
+            self.proxy.counts["REFUSED"] += 1
+        return True
 
     def _send(self, status: int, headers: list[tuple[str, str]], data: bytes, method: str) -> None:
         self.send_response(status)

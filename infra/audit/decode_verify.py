@@ -114,9 +114,9 @@ class DecodeReport:
         return bool(self.rows) and not self.problems and all(r.psnr >= self.min_psnr for r in self.rows)
 
     @property
-    def strip_paths(self) -> list[Path]:
-        """The PNG strips (top row source, bottom row decoded), one per verified sample."""
-        return [Path(r.png) for r in self.rows]
+    def strip_paths(self) -> list[outdir.Out]:
+        """The PNG strips (top row source, bottom row decoded), one per verified sample (a URL where OUT is one)."""
+        return [outdir.root(r.png) for r in self.rows]
 
     def headline(self) -> str:
         """One line: the verdict and the means."""
@@ -169,9 +169,9 @@ class DecodeReport:
         `max_chars`; None when there is none, or it cannot fit."""
         if path is None:
             return None
-        base = Path(self.out) if Path(path).is_relative_to(self.out) else Path(self.report_dir)
+        base = self.out if _under(path, self.out) is not None else self.report_dir
         try:
-            found = reports.png_data_uri(outdir.read_bytes(base, Path(path).relative_to(base)), max_chars)
+            found = reports.png_data_uri(outdir.read_bytes(outdir.root(base), _rel_below(path, base)), max_chars)
         except (OSError, outdir.UnsafePath) as exc:  # a strip moved or removed since: named, not drawn
             logger.warning("decode-verify: %s not embedded: %s", path, exc)
             return None
@@ -204,7 +204,25 @@ def _relative(path: str | None, root: str) -> str | None:
     """`path` relative to `root` where it lies inside it (report.md's links), else as it is."""
     if path is None:
         return None
-    return Path(path).relative_to(root).as_posix() if Path(path).is_relative_to(root) else path
+    found = _under(path, root)
+    return path if found is None else found
+
+
+def _under(path: str, root: str) -> str | None:
+    """`path` relative to `root` where it lies inside it, else None. A URL (OUT in a store) by its text: a `Path`
+    would fold its ``//``."""
+    if outdir.is_store(root) or outdir.is_store(path):
+        prefix = root.rstrip("/") + "/"
+        return path[len(prefix) :] if path.startswith(prefix) else None
+    return Path(path).relative_to(root).as_posix() if Path(path).is_relative_to(root) else None
+
+
+def _rel_below(path: str, root: str) -> str:
+    """`path` relative to `root`; ValueError when it is not inside it (as `Path.relative_to`)."""
+    found = _under(path, root)
+    if found is None:
+        raise ValueError(f"{path} is not below {root}")
+    return found
 
 
 def _pictures(pictures: list[tuple[DecodedSample, str | None, str | None]]) -> str:
@@ -426,7 +444,7 @@ def decode_and_verify(
     base, root = (Path(report_dir), "") if report_dir else (out, f"{reports.REPORTS_DIR}/{DECODE_DIR}")
     folder = _run_folder(base, root, chosen, fmt)
     shown = named if is_url(named) else str(model)
-    report = DecodeReport(str(out), shown, source_spec, str(Path(base, folder)), min_psnr)
+    report = DecodeReport(str(out), shown, source_spec, outdir.shown(base, folder), min_psnr)
     if chosen:
         heap.release_freed()  # a build's freed encode buffers back to the OS before decoding at full size
         if component_identity(model / "vae", spec.identity_scheme) != spec.model_identity.get("vae"):

@@ -34,6 +34,7 @@ from infra.media.mp4 import mp4_bytes
 from infra.media.prompts import CaptionRules, caption_prompt
 from infra.models import get_family
 from infra.outdir import OutFile
+from infra.outstore import is_url
 from infra.preprocess.prepare import prepare_video
 from infra.sources import SampleRef, open_source
 from infra.sources.names import sample_name
@@ -65,6 +66,8 @@ def export_overfit(
     """Export the samples named by `ids` (ID or GROUP/ID), or `n` spread over groups, `copies` times each, to
     `to` (absent or empty; built aside and renamed into place). `source` overrides the source OUT was built from
     (where the reference clips and prompts are read). ConfigError for bad choices; nothing is written then."""
+    if is_url(str(out)) or not isinstance(out, (str, Path)):
+        raise ConfigError(f"overfit: export from a local OUT ({out} is in an object store: copy it down first)")
     out, to = Path(out).resolve(), Path(to).resolve()
     if to == out or to.is_relative_to(out) or out.is_relative_to(to):
         raise ConfigError(f"the overfit export never writes into OUT: {to} and {out} overlap")

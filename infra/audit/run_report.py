@@ -219,7 +219,8 @@ def read_run_report(path: Path) -> RunReport:
 def run_report_paths(out: Path) -> list[Path]:
     """Every run report under OUT, oldest first (by name: timestamp, then collision number)."""
     names = [e.name for e in outdir.entries(out, REPORTS_DIR) if e.name.endswith(".json")]
-    named = [(key, Path(out, REPORTS_DIR, name)) for name in names if (key := report_order(Path(name), RUN_PREFIX))]
+    root = outdir.root(out)  # a folder, or a store's URL (its reports' paths are URLs too)
+    named = [(key, root / REPORTS_DIR / name) for name in names if (key := report_order(Path(name), RUN_PREFIX))]
     return [p for _, p in sorted(named)]
 
 

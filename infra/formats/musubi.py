@@ -204,6 +204,11 @@ class MusubiFormat(Format):
         return derived
 
     def check_out(self, out: Path, source: str) -> None:
+        if outdir.is_store(out):  # its dataset config names the cache's folder for musubi-tuner to read from
+            raise ConfigError(
+                f"--format musubi: musubi-tuner reads its cache from a local folder (its dataset config names it), "
+                f"not {out}: give --out a local folder"
+            )
         check_cache_directory(Path(out), source)
 
 
