@@ -342,3 +342,29 @@ def test_musubi_asks_for_a_local_out(s3, shards, wan21_model):
     line = _one_error_line(result)
     assert result.exit_code == 2 and "musubi-tuner reads its cache from a local folder" in line, result.output
     assert s3.objects(BUCKET, "musubi") == {} and not Path("s3:").exists()
+
+
+def test_rerun_reads_the_failed_samples_from_the_store(s3, built):
+    """`rerun --failed-only` selects what a run left failed from its OUT's ledger: on a store it reads the store's
+    ledger (a folded ``s3:/`` path read no ledger and found nothing to rerun). The module's ledger is marked failed
+    for the test and put back as it was."""
+    run_id = json.loads(outdir.read_text(outdir.root(URL), built["run_report"].removeprefix(URL + "/")))["flow_run_id"]
+    client = boto3.client("s3", endpoint_url=s3.direct)
+    objects = s3.objects(BUCKET, "cache")
+    (key,) = [k for k in objects if k.startswith("ledger/") and k.endswith(".jsonl") and k.count("/") == 1]
+    rows = [json.loads(line) for line in objects[key].decode().splitlines()]
+    rows[0]["status"], rows[0]["extra"] = "failed", {**rows[0].get("extra", {}), "run_id": run_id}
+    client.put_object(Bucket=BUCKET, Key=f"cache/{key}", Body="".join(json.dumps(r) + "\n" for r in rows).encode())
+    try:
+        dry = runner.invoke(app, ["rerun", run_id, "--failed-only", "--dry-run"])
+    finally:
+        client.put_object(Bucket=BUCKET, Key=f"cache/{key}", Body=objects[key])
+    shard = key.removeprefix("ledger/").removesuffix(".jsonl")
+    assert dry.exit_code == 0 and f'["{shard}/{rows[0]["key"]}"]' in dry.output, dry.output
+
+
+def test_overfit_asks_for_a_local_out(s3, built, tmp_path):
+    """The overfit export copies per-sample files from a local OUT: a URL OUT is refused with one line, nothing made."""
+    result = runner.invoke(app, ["overfit", URL, "--to", str(tmp_path / "of"), "--n", "1"])
+    assert result.exit_code == 2, result.output
+    assert "export from a local OUT" in _one_error_line(result) and not (tmp_path / "of").exists()
