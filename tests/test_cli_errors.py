@@ -3,6 +3,7 @@ is one ``error: ...`` line and exit 2, found before any flow (or Prefect) starts
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from tests.conftest import make_shards, sample
+from tests.procs import prefect_home
 
 runner = CliRunner()
 LF = str(Path(sys.executable).with_name("latentforge"))
@@ -167,15 +169,22 @@ def test_a_finding_inside_the_flow_ends_in_one_error_line_and_its_traceback_only
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "LATENTFORGE_DEBUG")}
     geometry = ("--frames", "9", "--height", "48", "--width", "48", "--dtype", "fp32", "--decode-samples", "0")
-    runs = {}
-    for name, extra_env in (("quiet", {}), ("debug", {"LATENTFORGE_DEBUG": "1"})):
-        args = _build(src, tiny_model, tmp_path / f"out-{name}", *geometry, "--on-loss", "abort")
-        runs[name] = subprocess.run([LF, *args], env={**env, **extra_env}, capture_output=True, text=True, timeout=600)
-    quiet, debug = runs["quiet"], runs["debug"]
-    assert quiet.returncode == 1 and debug.returncode == 1, quiet.stderr[-2000:]
-    lines = quiet.stderr.strip().splitlines()
+    codes = {}
+    with contextlib.ExitStack() as stack:
+        for name, extra_env in (("quiet", {}), ("debug", {"LATENTFORGE_DEBUG": "1"})):
+            # the two runs side by side (each its own OUT and Prefect home): they share nothing, and take half as long
+            home = {"PREFECT_HOME": str(prefect_home(tmp_path / f"prefect-{name}"))}
+            args = _build(src, tiny_model, tmp_path / f"out-{name}", *geometry, "--on-loss", "abort")
+            stderr = stack.enter_context((tmp_path / f"{name}.stderr").open("w"))
+            codes[name] = subprocess.Popen(
+                [LF, *args], env={**env, **home, **extra_env}, stdout=subprocess.DEVNULL, stderr=stderr
+            )
+        codes = {name: build.wait(timeout=600) for name, build in codes.items()}
+    quiet_stderr, debug_stderr = ((tmp_path / f"{name}.stderr").read_text() for name in ("quiet", "debug"))
+    assert codes == {"quiet": 1, "debug": 1}, quiet_stderr[-2000:]
+    lines = quiet_stderr.strip().splitlines()
     (error,) = [i for i, line in enumerate(lines) if line.startswith("error: ")]
     assert "video_decode_error" in lines[error] and "--on-loss accept" in lines[error], lines[error:]
     assert lines[error + 1 :] == ["decided: abort by the setting on_loss=abort"]  # its detail, after it
-    assert "Traceback" not in quiet.stderr
-    assert "Traceback" in debug.stderr and "LossAborted" in debug.stderr
+    assert "Traceback" not in quiet_stderr
+    assert "Traceback" in debug_stderr and "LossAborted" in debug_stderr
