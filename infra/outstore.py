@@ -16,9 +16,12 @@ here (the Hub takes a cache by ``--upload``, its commit model has no per-object 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import re
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -122,6 +125,53 @@ class StoreOut:
         except FileNotFoundError:
             raise FileNotFoundError(errno.ENOENT, "no such object", f"{self.url}/{rel}") from None
 
+    def known(self, rel: str) -> tuple[str, int] | bool | None:
+        """What a listing snapshot (`snapshot`) says is at `rel`: ("file", size), ("dir", 0) or None (nothing);
+        False when no snapshot is taken of this OUT now (ask the store)."""
+        snap = _snapshots.get(self.url)
+        if snap is None or self.scheme not in ("s3", "s3a"):
+            return False
+        return snap.answer(self, rel)
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """While the block runs, the existence and size of an object below OUT (`infra.outdir.lstat`, `size`) are
+        answered from a listing of its folder taken once, a page (1000 names) at a time from the name asked on,
+        kept true by this process's own puts and deletes (`put`, `delete`), instead of a HEAD (and a LIST when
+        absent) each. Only for a block that holds OUT's writer lock: no other writer changes OUT meanwhile.
+        Blocks of this process (a shard task's threads) share one snapshot of an OUT."""
+        with _snapshots_lock:
+            snap = _snapshots.setdefault(self.url, _Snapshot())
+            snap.users += 1
+        try:
+            yield
+        finally:
+            with _snapshots_lock:
+                snap.users -= 1
+                if snap.users == 0 and _snapshots.get(self.url) is snap:
+                    del _snapshots[self.url]
+
+    def _list_page(self, folder: str, start_after: str) -> tuple[dict[str, tuple[str, int]], str | None]:
+        """One page of the folder `folder`'s names after `start_after` (a name, "" for the first), each as
+        (kind, size), a folder's with a trailing ``/``; and the last name it holds (None: the folder's end)."""
+        fs, path = self.at(folder)
+        bucket, key = _bucket_key(path)
+        prefix = f"{key}/" if key else ""
+        ask: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/", "MaxKeys": PAGE}
+        if start_after:  # after a folder (``sub/``): after every name below it too
+            ask["StartAfter"] = prefix + (f"{start_after[:-1]}0" if start_after.endswith("/") else start_after)
+        try:
+            answer = fs.call_s3("list_objects_v2", **ask)
+        except FileNotFoundError:
+            return {}, None
+        except OSError as exc:
+            raise self._refused(folder or ".", exc) from exc
+        found = {item["Key"][len(prefix) :]: ("file", int(item.get("Size", 0))) for item in answer.get("Contents", [])}
+        found.update({item["Prefix"][len(prefix) :]: ("dir", 0) for item in answer.get("CommonPrefixes", [])})
+        found.pop("", None)  # a folder marker object (the prefix itself)
+        last = max(found, default=start_after)
+        return found, last if answer.get("IsTruncated") else None
+
     def head(self, rel: str) -> Head | None:
         """The object at `rel` as its store answers now; None when there is none (a prefix is not an object)."""
         fs, path = self.at(rel)
@@ -190,6 +240,7 @@ class StoreOut:
                     raise FileExistsError(errno.EEXIST, "exists: not overwriting it", f"{self.url}/{rel}") from None
                 raise self._refused(rel, exc) from exc
             fs.invalidate_cache(path)
+            _noted(self, rel, len(data))
             return str(answer.get("ETag", "")).strip('"')
         # memory://: check-then-put, whole inside this process (the store is this process's own)
         found = self.head(rel)
@@ -208,6 +259,7 @@ class StoreOut:
         except OSError as exc:
             raise self._refused(rel, exc) from exc
         fs.invalidate_cache(path)
+        _noted(self, rel, None)
 
     def delete_many(self, rels: list[str]) -> None:
         """Remove the objects `rels` (S3: up to 1000 in a request)."""
@@ -221,8 +273,9 @@ class StoreOut:
             pass
         except OSError as exc:
             raise self._refused(rels[0], exc) from exc
-        for path in paths:
+        for path, rel in zip(paths, rels, strict=True):
             fs.invalidate_cache(path)
+            _noted(self, rel, None)
 
     def _refused(self, rel: str, exc: OSError) -> OSError:
         """The error of a request the store refused: OutNotWritable where no later write would get past it (no
@@ -232,6 +285,75 @@ class StoreOut:
             why = code or type(exc).__name__
             return OutNotWritable(f"{self.url}/{rel}: the store refuses it ({why}: {_message(exc)})", self.url)
         return exc
+
+
+#: Names a snapshot's LIST asks for at once (S3's most).
+PAGE = 1000
+
+
+@dataclass
+class _Window:
+    """A folder's names listed after `after` up to `last` (None: to the folder's end), each as (kind, size)."""
+
+    after: str
+    last: str | None
+    names: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def covers(self, name: str) -> bool:
+        """Whether the listing answers for `name` (an object, or a folder: ``name/``)."""
+        return self.after < name and (self.last is None or f"{name}/" <= self.last)
+
+
+class _Snapshot:
+    """OUT's folders as listed by a `StoreOut.snapshot`: one window of names a folder, moved forward (or started
+    again at the name asked) when a name past it is asked; this process's puts and deletes written into it."""
+
+    def __init__(self) -> None:
+        self.users = 0
+        self.lock = threading.Lock()
+        self.windows: dict[str, _Window] = {}
+
+    def answer(self, out: StoreOut, rel: str) -> tuple[str, int] | None:
+        folder, _, name = rel.rpartition("/")
+        with self.lock:  # held while listing: a put noted meanwhile waits, then lands in the new window
+            window = self.windows.get(folder)
+            if window is None or not window.covers(name):
+                window = self._listed(out, folder, name, window)
+            return window.names.get(name) or window.names.get(f"{name}/")
+
+    def _listed(self, out: StoreOut, folder: str, name: str, window: _Window | None) -> _Window:
+        """The window that covers `name`: the folder's listing continued from where it ends where `name` is near
+        after it, else listed anew from just before `name` (its name less its last character)."""
+        start = name[:-1]
+        if window is None or window.last is None or not (window.after < name and start <= window.last):
+            window = self.windows[folder] = _Window(start, start)
+        while not window.covers(name):
+            found, last = out._list_page(folder, window.last or "")
+            window.names.update(found)
+            window.last = last
+        return window
+
+    def note(self, rel: str, size: int | None) -> None:
+        folder, _, name = rel.rpartition("/")
+        with self.lock:
+            window = self.windows.get(folder)
+            if window is None or not window.covers(name):
+                return  # a later listing of it sees the store as it is after this
+            if size is None:
+                window.names.pop(name, None)
+            else:
+                window.names[name] = ("file", size)
+
+
+_snapshots: dict[str, _Snapshot] = {}
+_snapshots_lock = threading.Lock()
+
+
+def _noted(out: StoreOut, rel: str, size: int | None) -> None:
+    """A put (`size`) or delete (None) of `rel` made by this process, written into OUT's snapshot if one is taken."""
+    snap = _snapshots.get(out.url)
+    if snap is not None:
+        snap.note(rel, size)
 
 
 def _bucket_key(path: str) -> tuple[str, str]:
