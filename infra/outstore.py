@@ -97,10 +97,15 @@ class StoreOut:
         import fsspec  # noqa: PLC0415 - optional: a store's library (the `s3` extra)
 
         try:
-            return fsspec.core.url_to_fs(self.url)
+            fs, path = fsspec.core.url_to_fs(self.url)
         except ImportError as exc:
             hint = "pip install 'latentforge[s3]'"
             raise ConfigError(f"--out {self.url}: its store's library is missing ({exc}): {hint}") from exc
+        if self.scheme in ("s3", "s3a"):
+            from infra.sources import retries  # noqa: PLC0415 - infra.sources imports this module
+
+            retries.watch_s3(fs)  # its client's retries counted in the run report, as a source's are
+        return fs, path
 
     def at(self, rel: str) -> tuple[Any, str]:
         """(the file system, the store path of the OUT-relative `rel`; "" is OUT itself), in one lookup."""
@@ -138,8 +143,9 @@ class StoreOut:
         """While the block runs, the existence and size of an object below OUT (`infra.outdir.lstat`, `size`) are
         answered from a listing of its folder taken once, a page (1000 names) at a time from the name asked on,
         kept true by this process's own puts and deletes (`put`, `delete`), instead of a HEAD (and a LIST when
-        absent) each. Only for a block that holds OUT's writer lock: no other writer changes OUT meanwhile.
-        Blocks of this process (a shard task's threads) share one snapshot of an OUT."""
+        absent) each. For a block that holds OUT's writer lock (no other writer changes OUT meanwhile), or one that
+        only reads (verify: its answer is of the moment it looked, a listing's as a HEAD's). Blocks of this process
+        (a shard task's threads) share one snapshot of an OUT, dropped when the last one ends."""
         with _snapshots_lock:
             snap = _snapshots.setdefault(self.url, _Snapshot())
             snap.users += 1
@@ -225,10 +231,13 @@ class StoreOut:
 
     # -- writes ------------------------------------------------------------------------------------------------
 
-    def put(self, rel: str, data: bytes, *, create: bool = False, match: str | None = None) -> str:
+    def put(
+        self, rel: str, data: bytes, *, create: bool = False, match: str | None = None, same_ok: bool = False
+    ) -> str:
         """Write the object `rel` in one request; its new ETag. `create`: only where there is none (FileExistsError
-        otherwise); `match`: only over the object whose ETag that is (FileExistsError otherwise); neither: over
-        whatever is there. OutNotWritable when the store refuses writes."""
+        otherwise; with `same_ok`, not where the object there is these very bytes: `_holds`); `match`: only over the
+        object whose ETag that is (FileExistsError otherwise); neither: over whatever is there. OutNotWritable when
+        the store refuses writes."""
         fs, path = self.at(rel)
         if self.scheme in ("s3", "s3a"):
             bucket, key = _bucket_key(path)
@@ -236,9 +245,11 @@ class StoreOut:
             try:
                 answer = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **cond)
             except OSError as exc:
-                if _precondition(exc):
+                if not _precondition(exc):
+                    raise self._refused(rel, exc) from exc
+                if not (create and same_ok and self._holds(rel, data)):
                     raise FileExistsError(errno.EEXIST, "exists: not overwriting it", f"{self.url}/{rel}") from None
-                raise self._refused(rel, exc) from exc
+                answer = {"ETag": _md5(data)}  # our own put, whose answer was lost: retried, it met itself
             fs.invalidate_cache(path)
             _noted(self, rel, len(data))
             return str(answer.get("ETag", "")).strip('"')
@@ -248,6 +259,15 @@ class StoreOut:
             raise FileExistsError(errno.EEXIST, "exists: not overwriting it", f"{self.url}/{rel}")
         fs.pipe_file(path, data)
         return _memory_etag(fs, path)
+
+    def _holds(self, rel: str, data: bytes) -> bool:
+        """Whether the object at `rel` is `data` (its ETag the MD5 of a single-part put of them): a conditional put
+        whose first attempt was written but whose answer was lost (a reset connection) is retried by the client and
+        meets its own object (a 412: s3fs, botocore and aiohttp each retry a reset, and only botocore says so); that
+        put is done, not refused. Asked only after a 412, and only for a whole file (`infra.storage.atomic_file`):
+        a lease or a journal part is never taken for another's that holds the same bytes."""
+        head = self.head(rel)
+        return head is not None and head.size == len(data) and head.etag == _md5(data)
 
     def delete(self, rel: str) -> None:
         """Remove the object `rel` (nothing there is no error)."""
@@ -359,6 +379,12 @@ def _noted(out: StoreOut, rel: str, size: int | None) -> None:
 def _bucket_key(path: str) -> tuple[str, str]:
     bucket, _, key = path.partition("/")
     return bucket, key
+
+
+def _md5(data: bytes) -> str:
+    import hashlib  # noqa: PLC0415 - after a 412 only
+
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
 def _memory_etag(fs: Any, path: str) -> str:

@@ -6,7 +6,9 @@ exists, so even a racing writer cannot clobber an existing file.
 
 Below an OUT in an object store (`infra.outstore.StoreOut`) the file is spooled in memory and sent in one PUT when
 the block ends: a conditional put (``If-None-Match: *``) without `replace`, so a racing writer cannot clobber an
-object either; an object appears whole or not at all.
+object either; an object appears whole or not at all. A put the store wrote but whose answer was lost is retried by
+the client and meets its own object: one that holds these very bytes is taken as written (`StoreOut.put`'s
+`same_ok`), any other is FileExistsError.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def _store_file(out: StoreOut, path: Path | str, replace: bool) -> Iterator[Atom
     handle = AtomicFile(spool)  # type: ignore[arg-type]
     yield handle
     fault_point("write")
-    out.put(rel, spool.getvalue(), create=not replace)
+    out.put(rel, spool.getvalue(), create=not replace, same_ok=True)
     handle.written = Written(out / rel, handle.bytes, handle.sha256)
 
 

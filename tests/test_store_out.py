@@ -4,6 +4,7 @@ overwritten; a second writer meets the lease; a store that refuses writes stops 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from infra.outstore import StoreOut
 from infra.storage import atomic_write
 from tests.conftest import assert_same_cache, config, make_shards, sample, tree_files
 from tests.media_utils import cut_clip
-from tests.s3_proxy import LoopbackS3, loopback_s3
+from tests.s3_proxy import LOST, RESET, SLOW_DOWN_FAULT, LoopbackS3, loopback_s3
 
 ACCESS_KEY, SECRET_KEY = "AKIDSTOREOUTTEST", "store-out-secret-never-written"
 BUCKET = "lf-out"
@@ -25,6 +26,11 @@ SHARDS = 2
 #: The PUTs a build to a store sends beside one per sample: a shard's journal part, its sealed ledger and its listing;
 #: a run's lock (and a heartbeat), plan index, cache.json, reports (measured: 4 samples in 2 shards, 16 PUTs).
 PUTS_PER_SHARD, PUTS_PER_RUN = 3, 8
+#: Every request of a build (of a resume) to a store but its PUTs and the source's reads, all a run's and its shards':
+#: no sample is asked about by a HEAD (a listing of its folder answers: `infra.outstore.StoreOut.snapshot`); measured
+#: (4 samples in 2 shards, 2 group folders) 92 and 171, of which the resume's verify, stale gate, sanity and reconcile
+#: read the ledgers and the plan again, and verify loads its spot-check samples (8 at most); each budget a few above.
+BUILD_READS, RESUME_READS = 100, 180
 
 
 @pytest.fixture(scope="module")
@@ -56,19 +62,37 @@ def test_a_build_to_s3_writes_the_objects_of_a_local_build(s3, shards, tiny_mode
     ok, result = run_build(config(shards, tiny_model, f"s3://{BUCKET}/cache", workers=1))  # type: ignore[arg-type]
     assert ok, result
     assert s3.proxy.counts["PUT"] <= result["done"] + PUTS_PER_SHARD * SHARDS + PUTS_PER_RUN, dict(s3.proxy.counts)
+    assert _out_reads(s3) <= BUILD_READS, dict(s3.proxy.counts)
     assert_same_cache(s3.objects(BUCKET, "cache"), tree_files(local))
 
 
+def _out_reads(s3: LoopbackS3) -> int:
+    """The requests the proxy counted but PUTs (the source here is local: every one is OUT's)."""
+    return sum(n for kind, n in s3.proxy.counts.items() if kind != "PUT")
+
+
 def test_a_second_run_resumes_without_sending_a_done_sample_again(s3, shards, tiny_model):
-    """The build of the test above, run again: no sample object is put again, the objects are unchanged."""
+    """A build whose sample PUTs meet a 503 SlowDown, a reset connection and a lost answer (written, then the
+    connection reset: its retry meets its own object) ends whole and counts its retries in the run report; run again,
+    no sample object is put again, none is asked about one by one, the objects are unchanged."""
     url = f"s3://{BUCKET}/resume"
+    s3.proxy.fault([SLOW_DOWN_FAULT, RESET, LOST], ".pt", kinds=("PUT",))
     ok, result = run_build(config(shards, tiny_model, url, workers=1))  # type: ignore[arg-type]
     assert ok, result
+    assert not s3.proxy.faults and result["failed"] == 0 and result["done"] == 4, result
+    retried = result["store_retries"]
+    assert retried.get("slow_down") == 1 and retried.get("connection", 0) >= 1, retried
+    out = StoreOut.of(url)
+    (report,) = [
+        e.name for e in outdir.entries(out, "reports") if e.name.startswith("run-") and e.name.endswith("json")
+    ]
+    assert json.loads(outdir.read_text(out, f"reports/{report}"))["store_retries"] == retried
     before = s3.objects(BUCKET, "resume")
     s3.proxy.reset()
     ok, result = run_build(config(shards, tiny_model, url, workers=1))  # type: ignore[arg-type]
     assert ok, result
     assert s3.proxy.counts["PUT"] <= PUTS_PER_SHARD * SHARDS + PUTS_PER_RUN, dict(s3.proxy.counts)  # no sample
+    assert _out_reads(s3) <= RESUME_READS, dict(s3.proxy.counts)
     after = s3.objects(BUCKET, "resume")
     samples = [rel for rel in before if rel.endswith(".pt")]
     assert samples and {rel: after[rel] for rel in samples} == {rel: before[rel] for rel in samples}
@@ -84,6 +108,17 @@ def test_a_live_lease_stops_a_second_writer_and_an_object_is_never_clobbered(s3)
     with pytest.raises(FileExistsError):
         atomic_write("a/x.bin", b"second", out=out)
     assert outdir.read_bytes(out, "a/x.bin") == b"first"
+
+
+def test_a_conditional_put_whose_answer_was_lost_meets_itself_and_is_done(s3):
+    """A no-clobber put the store wrote but whose answer was lost is retried by the client and meets its own object
+    (a 412): done, not refused; other bytes there are still refused."""
+    out = StoreOut.of(f"s3://{BUCKET}/lost")
+    s3.proxy.fault([LOST], "lost/a/x.bin", kinds=("PUT",))
+    atomic_write("a/x.bin", b"mine", out=out)
+    assert not s3.proxy.faults and outdir.read_bytes(out, "a/x.bin") == b"mine"
+    with pytest.raises(FileExistsError):
+        atomic_write("a/x.bin", b"theirs", out=out)
 
 
 def test_a_url_with_credentials_is_refused():
