@@ -4,8 +4,9 @@ A `StoreOut` names the store's folder by URL (never a key: a URL with ``user:pas
 come from the store's own chain). Every operation takes an OUT-relative path the door has checked already (no
 ``..``, no absolute path) and reaches one object below the URL's prefix; a store has no links to follow.
 
-Writes are whole objects, one PUT each (spooled in memory by `infra.storage`): a no-clobber write is a conditional
-put (``If-None-Match: *``, S3's; a 412 is the FileExistsError of a local no-clobber link), ``replace`` a plain put.
+Writes are whole objects, one PUT each (spooled by `infra.storage`, a large one in a local temp file): a no-clobber
+write is a conditional put (``If-None-Match: *``, S3's; a 412 is the FileExistsError of a local no-clobber link),
+``replace`` a plain put.
 The writer lock is a lease object written with conditional puts too (``If-None-Match: *`` to take it, ``If-Match``
 on its ETag to renew or take over an expired one: `infra.cache.lock`).
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import re
 import threading
 from collections.abc import Iterator
@@ -232,12 +234,18 @@ class StoreOut:
     # -- writes ------------------------------------------------------------------------------------------------
 
     def put(
-        self, rel: str, data: bytes, *, create: bool = False, match: str | None = None, same_ok: bool = False
+        self,
+        rel: str,
+        data: bytes | IO[bytes],
+        *,
+        create: bool = False,
+        match: str | None = None,
+        same_ok: bool = False,
     ) -> str:
-        """Write the object `rel` in one request; its new ETag. `create`: only where there is none (FileExistsError
-        otherwise; with `same_ok`, not where the object there is these very bytes: `_holds`); `match`: only over the
-        object whose ETag that is (FileExistsError otherwise); neither: over whatever is there. OutNotWritable when
-        the store refuses writes."""
+        """Write the object `rel` (bytes, or a local file sent from its start) in one request; its new ETag.
+        `create`: only where there is none (FileExistsError otherwise; with `same_ok`, not where the object there is
+        these very bytes: `_holds`); `match`: only over the object whose ETag that is (FileExistsError otherwise);
+        neither: over whatever is there. OutNotWritable when the store refuses writes."""
         fs, path = self.at(rel)
         if self.scheme in ("s3", "s3a"):
             bucket, key = _bucket_key(path)
@@ -251,23 +259,24 @@ class StoreOut:
                     raise FileExistsError(errno.EEXIST, "exists: not overwriting it", f"{self.url}/{rel}") from None
                 answer = {"ETag": _md5(data)}  # our own put, whose answer was lost: retried, it met itself
             fs.invalidate_cache(path)
-            _noted(self, rel, len(data))
+            _noted(self, rel, _size(data))
             return str(answer.get("ETag", "")).strip('"')
         # memory://: check-then-put, whole inside this process (the store is this process's own)
+        data = data if isinstance(data, bytes) else data.read()
         found = self.head(rel)
         if (create and found is not None) or (match is not None and (found is None or found.etag != match)):
             raise FileExistsError(errno.EEXIST, "exists: not overwriting it", f"{self.url}/{rel}")
         fs.pipe_file(path, data)
         return _memory_etag(fs, path)
 
-    def _holds(self, rel: str, data: bytes) -> bool:
+    def _holds(self, rel: str, data: bytes | IO[bytes]) -> bool:
         """Whether the object at `rel` is `data` (its ETag the MD5 of a single-part put of them): a conditional put
         whose first attempt was written but whose answer was lost (a reset connection) is retried by the client and
         meets its own object (a 412: s3fs, botocore and aiohttp each retry a reset, and only botocore says so); that
         put is done, not refused. Asked only after a 412, and only for a whole file (`infra.storage.atomic_file`):
         a lease or a journal part is never taken for another's that holds the same bytes."""
         head = self.head(rel)
-        return head is not None and head.size == len(data) and head.etag == _md5(data)
+        return head is not None and head.size == _size(data) and head.etag == _md5(data)
 
     def delete(self, rel: str) -> None:
         """Remove the object `rel` (nothing there is no error)."""
@@ -381,10 +390,19 @@ def _bucket_key(path: str) -> tuple[str, str]:
     return bucket, key
 
 
-def _md5(data: bytes) -> str:
+def _size(data: bytes | IO[bytes]) -> int:
+    return len(data) if isinstance(data, bytes) else os.fstat(data.fileno()).st_size
+
+
+def _md5(data: bytes | IO[bytes]) -> str:
     import hashlib  # noqa: PLC0415 - after a 412 only
 
-    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+    if isinstance(data, bytes):
+        return hashlib.md5(data, usedforsecurity=False).hexdigest()
+    data.seek(0)
+    digest = hashlib.file_digest(data, lambda: hashlib.md5(usedforsecurity=False))  # type: ignore[arg-type]
+    data.seek(0)
+    return digest.hexdigest()
 
 
 def _memory_etag(fs: Any, path: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows.terminal_run import run_build
-from infra import outdir
+from infra import outdir, storage
 from infra.cache.lock import LOCK_NAME, LockedError, out_lock
 from infra.errors import ConfigError
 from infra.outstore import StoreOut
@@ -119,6 +119,21 @@ def test_a_conditional_put_whose_answer_was_lost_meets_itself_and_is_done(s3):
     assert not s3.proxy.faults and outdir.read_bytes(out, "a/x.bin") == b"mine"
     with pytest.raises(FileExistsError):
         atomic_write("a/x.bin", b"theirs", out=out)
+
+
+def test_a_file_past_the_memory_spool_is_sent_from_a_local_temp_file(s3, monkeypatch):
+    """A file larger than what is kept in memory (a shard format's part) is spooled to a temp file and sent from it in
+    one conditional PUT: the same bytes arrive; its lost answer meets its own object; other bytes are refused."""
+    monkeypatch.setattr(storage, "SPOOL_IN_MEMORY", 4096)
+    out, data = StoreOut.of(f"s3://{BUCKET}/spooled"), bytes(range(256)) * 400
+    s3.proxy.fault([LOST], "spooled/shards/p.tar", kinds=("PUT",))
+    with storage.atomic_file("shards/p.tar", out=out) as fh:
+        for start in range(0, len(data), 1000):
+            fh.write(data[start : start + 1000])
+    assert not s3.proxy.faults and outdir.read_bytes(out, "shards/p.tar") == data
+    assert fh.written is not None and fh.written.bytes == len(data)
+    with pytest.raises(FileExistsError), storage.atomic_file("shards/p.tar", out=out) as other:
+        other.write(data[::-1])
 
 
 def test_a_url_with_credentials_is_refused():
