@@ -22,7 +22,7 @@ import errno
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -34,6 +34,9 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")
 #: The schemes OUT may name: those whose conditional put is used and tested.
 SCHEMES = ("s3", "s3a", "memory")
+#: Called with the S3 file system of each OUT operation: `infra.sources.retries` (a floor above) adds the one that
+#: counts its client's retries (`watch_s3`), so that OUT's are in the run report's ``store_retries`` as a source's.
+S3_WATCHERS: list[Callable[[Any], None]] = []
 #: S3's answers that mean "this store refuses writes here" (no later write would get past them).
 REFUSALS = ("AccessDenied", "AllAccessDisabled", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch")
 
@@ -104,9 +107,8 @@ class StoreOut:
             hint = "pip install 'latentforge[s3]'"
             raise ConfigError(f"--out {self.url}: its store's library is missing ({exc}): {hint}") from exc
         if self.scheme in ("s3", "s3a"):
-            from infra.sources import retries  # noqa: PLC0415 - infra.sources imports this module
-
-            retries.watch_s3(fs)  # its client's retries counted in the run report, as a source's are
+            for watch in S3_WATCHERS:  # its client's retries counted in the run report, as a source's are
+                watch(fs)
         return fs, path
 
     def at(self, rel: str) -> tuple[Any, str]:
