@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows.terminal_run import run_build
-from infra import outdir, storage
+from infra import outdir, outstore, storage
 from infra.cache.lock import LOCK_NAME, LockedError, out_lock
 from infra.errors import ConfigError
 from infra.outstore import StoreOut
@@ -134,6 +134,28 @@ def test_a_file_past_the_memory_spool_is_sent_from_a_local_temp_file(s3, monkeyp
     assert fh.written is not None and fh.written.bytes == len(data)
     with pytest.raises(FileExistsError), storage.atomic_file("shards/p.tar", out=out) as other:
         other.write(data[::-1])
+
+
+def test_a_listing_snapshot_answers_as_the_store_does_page_by_page(s3, monkeypatch):
+    """Inside `snapshot` a file's existence and size are answered by listing its folder a page at a time (pages of 3
+    here), moved on or started again at the name asked; this process's puts and deletes are seen; the answers are
+    those the store gives outside it, without a HEAD."""
+    monkeypatch.setattr(outstore, "PAGE", 3)
+    out = StoreOut.of(f"s3://{BUCKET}/snap")
+    names = [f"g/s{i:02d}.pt" for i in range(0, 20, 2)]  # s00, s02, ... s18: the odd ones are absent
+    for i, rel in enumerate(names):
+        atomic_write(rel, b"x" * (i + 1), out=out)
+    atomic_write("g/s07/inner.bin", b"folder", out=out)  # a folder among the files
+    asked = [f"g/s{i:02d}.pt" for i in (*range(20), 15, 3, 19, 0)] + ["g/s07", "g/zz.pt", "g/a.pt", "h/s00.pt"]
+    truth = {rel: (outdir.size(out, rel), outdir.is_dir(out, rel)) for rel in asked}
+    s3.proxy.reset()
+    with outdir.snapshot(out):
+        assert {rel: (outdir.size(out, rel), outdir.is_dir(out, rel)) for rel in asked} == truth
+        atomic_write("g/s01.pt", b"new", out=out)
+        outdir.unlink(out, "g/s02.pt")
+        assert outdir.size(out, "g/s01.pt") == 3 and outdir.lstat(out, "g/s02.pt") is None
+    assert s3.proxy.counts["HEAD"] == 0 and s3.proxy.counts["LIST"] <= 12, dict(s3.proxy.counts)
+    assert outdir.size(out, "g/s01.pt") == 3 and outdir.lstat(out, "g/s02.pt") is None
 
 
 def test_a_url_with_credentials_is_refused():
