@@ -1,7 +1,8 @@
 """A whole build with its source (and OUT, `--out s3`) on a loopback S3 against the same build on local disk, in
 one run: steady-state samples/s (the preprocess's own seconds, the run's `seconds`: plan and start-up left out) and
 their ratio (goal ≥ 0.9× local), and the requests the S3 build sent, per sample, as the counting proxy of the tests
-saw them (`tests/s3_proxy.py`: GET, ranged GET, HEAD, LIST, PUT; goal ≤ 3 PUTs a sample plus a constant a shard).
+saw them (`tests/s3_proxy.py`: GET, ranged GET, HEAD, LIST, PUT; goal ≤ 3 PUTs a sample plus a constant a shard),
+and those of a resume of that build (run again, nothing left to encode: goal ≤ 2 a sample plus a constant a shard).
 
 The same clips, VBVR tars of `--shards` shards, the tiny Wan2.2 model at 17×48×80 on the CPU, the local runner with
 2 workers; each build is done `--repeats` times into a fresh OUT (best time kept, requests of the last). The sample
@@ -93,6 +94,9 @@ def main() -> None:
             proxy.reset()
             seconds["s3"].append(_build(f"vbvr:s3://{BUCKET}/src", model, s3_out)["seconds"])
             counts = dict(proxy.counts)
+        proxy.reset()
+        _build(f"vbvr:s3://{BUCKET}/src", model, s3_out)  # the same build again: a resume with nothing to encode
+        resumed = dict(proxy.counts)
         if args.out == "s3":
             same = _samples(store.objects(BUCKET, f"out-{args.repeats - 1}")) == _samples(tree_files(local_out))
         else:
@@ -110,6 +114,11 @@ def main() -> None:
         print("| " + " | ".join(f"{counts.get(k, 0) / n:.2f} ({counts.get(k, 0)})" for k in KINDS) + " |")
         puts = counts.get("PUT", 0)
         print(f"PUTs beyond 3 a sample, per shard: {(puts - 3 * n) / args.shards:.1f}; other: {counts}")
+        print("\nrequests of its resume (the same build again), per sample (and in all):")
+        print("| " + " | ".join(KINDS) + " | all |\n|" + "---|" * (len(KINDS) + 1))
+        every = sum(resumed.values())
+        print("| " + " | ".join(f"{resumed.get(k, 0) / n:.2f} ({resumed.get(k, 0)})" for k in KINDS), end="")
+        print(f" | {every / n:.2f} ({every}) |; other: {resumed}")
         print(f"sample files byte for byte equal to the local build's: {same}")
 
 

@@ -209,6 +209,13 @@ def lstat(out: Out, rel: str | os.PathLike[str]) -> os.stat_result | None:
 
 
 def _store_stat(out: StoreOut, rel: str) -> os.stat_result | None:
+    known = out.known(rel)
+    if known is not False:  # a listing snapshot answers (`snapshot`)
+        if known is None:
+            return None
+        kind, size = known
+        mode = stat.S_IFREG | 0o644 if kind == "file" else stat.S_IFDIR | 0o755
+        return os.stat_result((mode, 0, 0, 1, 0, 0, size, 0, 0, 0))
     head = out.head(rel)
     if head is not None:
         return os.stat_result((stat.S_IFREG | 0o644, 0, 0, 1, 0, 0, head.size, 0, 0, 0))
@@ -217,10 +224,20 @@ def _store_stat(out: StoreOut, rel: str) -> os.stat_result | None:
     return None
 
 
+def snapshot(out: Out) -> contextlib.AbstractContextManager[None]:
+    """A block in which the existence and size of files below an OUT in a store are answered from a listing of their
+    folder taken once (`StoreOut.snapshot`: a LIST a thousand names, not a HEAD each); nothing for a local OUT. Only
+    under OUT's writer lock."""
+    return out.snapshot() if isinstance(out, StoreOut) else contextlib.nullcontext()
+
+
 def size(out: Out, rel: str | os.PathLike[str]) -> int | None:
     """The size of the regular file `rel` below `out`; None when there is none (absent, or a folder)."""
-    if isinstance(out, StoreOut):  # one HEAD: an object or none
+    if isinstance(out, StoreOut):  # one HEAD: an object or none (or the snapshot's answer)
         split(rel)
+        known = out.known(_rel(rel))
+        if known is not False:
+            return known[1] if known is not None and known[0] == "file" else None
         head = out.head(_rel(rel))
         return None if head is None else head.size
     found = lstat(out, rel)

@@ -6,7 +6,9 @@ exists, so even a racing writer cannot clobber an existing file.
 
 Below an OUT in an object store (`infra.outstore.StoreOut`) the file is spooled in memory and sent in one PUT when
 the block ends: a conditional put (``If-None-Match: *``) without `replace`, so a racing writer cannot clobber an
-object either; an object appears whole or not at all.
+object either; an object appears whole or not at all. A put the store wrote but whose answer was lost is retried by
+the client and meets its own object: one that holds these very bytes is taken as written (`StoreOut.put`'s
+`same_ok`), any other is FileExistsError.
 """
 
 from __future__ import annotations
@@ -122,16 +124,53 @@ def _folder(parent: str | Path, out: Path | None) -> Iterator[int]:
         os.close(fd)
 
 
+#: The bytes a file below a StoreOut keeps in memory; past them it is spooled to a local temp file and sent from it
+#: (a shard format's part, webdataset or parquet, can be GiBs; a per-sample file stays in memory, as it was).
+SPOOL_IN_MEMORY = 64 << 20
+
+
+class _Spool:
+    """A file's bytes before its PUT: in memory up to `SPOOL_IN_MEMORY`, then in an anonymous temp file (the
+    process's TMPDIR, its own scratch: a worker that shares no disk has one; gone when closed or the process ends)."""
+
+    def __init__(self) -> None:
+        self._memory: io.BytesIO | None = io.BytesIO()
+        self._file: BinaryIO | None = None
+
+    def write(self, data: bytes) -> int:
+        if self._memory is not None and self._memory.tell() + len(data) > SPOOL_IN_MEMORY:
+            self._file = tempfile.TemporaryFile(prefix="latentforge-put-")  # closed by `close`
+            self._file.write(self._memory.getbuffer())
+            self._memory = None
+        return (self._memory if self._memory is not None else self._file).write(data)  # type: ignore[union-attr]
+
+    def body(self) -> bytes | BinaryIO:
+        """What the PUT sends: the bytes, or the temp file from its start."""
+        if self._memory is not None:
+            return self._memory.getvalue()
+        assert self._file is not None
+        self._file.flush()
+        self._file.seek(0)
+        return self._file
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
 @contextlib.contextmanager
 def _store_file(out: StoreOut, path: Path | str, replace: bool) -> Iterator[AtomicFile]:
-    """`atomic_file` below a StoreOut: spooled in memory, one PUT at the end (conditional unless `replace`)."""
+    """`atomic_file` below a StoreOut: spooled (`_Spool`), one PUT at the end (conditional unless `replace`)."""
     rel = "/".join(outdir.parts(path))
     outdir.split(rel)
-    spool = io.BytesIO()
-    handle = AtomicFile(spool)  # type: ignore[arg-type]
-    yield handle
-    fault_point("write")
-    out.put(rel, spool.getvalue(), create=not replace)
+    spool = _Spool()
+    try:
+        handle = AtomicFile(spool)  # type: ignore[arg-type]
+        yield handle
+        fault_point("write")
+        out.put(rel, spool.body(), create=not replace, same_ok=True)
+    finally:
+        spool.close()
     handle.written = Written(out / rel, handle.bytes, handle.sha256)
 
 

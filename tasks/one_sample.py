@@ -7,6 +7,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from infra import outdir
 from infra.gates.disk import DiskCheck, check_disk
 from infra.plan import BuildPlan
 from infra.preprocess.one_sample import SanityReport, run_sanity
@@ -17,7 +18,8 @@ def one_sample_sanity(plan: BuildPlan, *, pending_only: bool = False) -> SanityR
     """Encode the plan's first usable sample (`pending_only`, the build's gate: the first one the build would
     encode; nothing to encode, a finished cache's resume, loads no model and reads no media) into OUT.sanity/,
     check it, time it, project the full run."""
-    return run_sanity(plan.job, plan.shards, plan.spool, pending_only=pending_only)
+    with outdir.snapshot(plan.out):  # under the build's lock: a store's done files by listing, not a HEAD each
+        return run_sanity(plan.job, plan.shards, plan.spool, pending_only=pending_only)
 
 
 @task(name="disk-check", cache_policy=NO_CACHE)

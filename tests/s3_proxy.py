@@ -1,8 +1,8 @@
 """A loopback HTTP proxy in front of an S3 server (moto), for tests of sources in a store: it counts what the client
-asks (GET, ranged GET, HEAD, LIST, PUT and the bytes sent back) and injects faults in GETs of objects: an S3
+asks (GET, ranged GET, HEAD, LIST, PUT and the bytes sent back) and injects faults in GETs of objects (or PUTs): an S3
 ``503 SlowDown``, a reset connection (the socket closed with no answer), a short range answer (a 206 with fewer bytes
-than the Range asked, its Content-Length the short body's); or refuses everything, or every write
-(``403 AccessDenied``).
+than the Range asked, its Content-Length the short body's), a lost answer (forwarded, then the connection reset); or
+refuses everything, or every write (``403 AccessDenied``).
 
 The proxy is standard library only (ThreadingHTTPServer on 127.0.0.1, a free port); each request is forwarded whole
 to the server behind it and its answer sent back whole, with its own Content-Length, so keep-alive clients work.
@@ -32,8 +32,8 @@ SLOW_DOWN = (
 ACCESS_DENIED = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>'
 )
-#: The faults `fault` injects.
-SLOW_DOWN_FAULT, RESET, SHORT = "slow_down", "reset", "short"
+#: The faults `fault` injects (LOST: the request reaches the store, then the connection is reset: its answer is lost).
+SLOW_DOWN_FAULT, RESET, SHORT, LOST = "slow_down", "reset", "short", "lost"
 SHORT_KEEPS = 256  # the bytes a short answer keeps, at most
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"}
 
@@ -45,10 +45,11 @@ class Proxy:
     upstream: str  # host:port of the S3 server behind
     counts: Counter = field(default_factory=Counter)
     bytes_out: int = 0
-    #: The faults still to inject, in order, each in a GET of an object whose key holds `fault_match` (a short answer
-    #: waits for a ranged one).
+    #: The faults still to inject, in order, each in a request of `fault_kinds` (a GET of an object, unless told)
+    #: whose key holds `fault_match` (a short answer waits for a ranged GET).
     faults: deque = field(default_factory=deque)
     fault_match: str = ""
+    fault_kinds: tuple[str, ...] = ("GET", "GET_RANGE")
     faults_sent: int = 0
     refuse: bool = False  # every request answered 403 AccessDenied
     #: Every request since the last reset, in order: (its kind, its path with the query).
@@ -85,16 +86,16 @@ class Proxy:
         """Answer the next `times` GETs of an object whose key holds `match` with ``503 SlowDown``."""
         self.fault([SLOW_DOWN_FAULT] * times, match)
 
-    def fault(self, faults: list[str], match: str) -> None:
-        """Inject `faults` (`SLOW_DOWN_FAULT`, `RESET`, `SHORT`), in order, in the next GETs of an object whose key
-        holds `match`."""
+    def fault(self, faults: list[str], match: str, kinds: tuple[str, ...] = ("GET", "GET_RANGE")) -> None:
+        """Inject `faults` (`SLOW_DOWN_FAULT`, `RESET`, `SHORT`, `LOST`), in order, in the next requests of `kinds`
+        (GETs of an object, or ``("PUT",)``: a write) whose key holds `match`."""
         with self.lock:
-            self.faults, self.fault_match = deque(faults), match
+            self.faults, self.fault_match, self.fault_kinds = deque(faults), match, kinds
 
     def next_fault(self, kind: str, path: str) -> str | None:
         """The fault to inject in this request (taken off the queue), or None."""
         with self.lock:
-            if not (kind.startswith("GET") and self.faults and self.fault_match in path):
+            if not (kind in self.fault_kinds and self.faults and self.fault_match in path):
                 return None
             if self.faults[0] == SHORT and kind != "GET_RANGE":
                 return None
@@ -171,6 +172,10 @@ class _Handler(BaseHTTPRequestHandler):
             sent = [(k, v) for k, v in answer.getheaders() if k.lower() not in keep]
         finally:
             conn.close()
+        if fault == LOST:
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         if fault == SHORT and answer.status == 206 and len(data) > 1:
             data, sent = _short(data, sent)
         with self.proxy.lock:

@@ -242,6 +242,30 @@ def test_listing_reads_tar_headers_not_members(s3, tmp_path):
     listing.close()
 
 
+def test_a_tar_read_is_pinned_to_the_object_listed(s3, tmp_path):
+    """Reading a vbvr sample from S3 asks no HEAD (every range request carries the listed object's ETag); a tar
+    rewritten mid-run ends its next sample's read as shard_changed, a deleted one as shard_vanished, never the run."""
+    members = [sample(0, i, random.Random(i).randbytes(MEMBER_BYTES), b"clip %d" % i) for i in range(SAMPLES)]
+    tar = make_shards(tmp_path / "pinned", {"part-00000": members}) / "part-00000.tar"
+    _upload(tar, "pinned")
+    source = open_source(f"vbvr:s3://{BUCKET}/pinned")
+    (shard,) = source.shards()
+    listing = source.samples(shard)
+    refs = [next(listing) for _ in range(SAMPLES)]
+    s3.reset()
+    assert refs[0].read_media() == members[0].files["ground_truth.mp4"]
+    assert s3.counts["HEAD"] == 0 and s3.counts["GET_RANGE"] >= 1, dict(s3.counts)
+    _client().put_object(Bucket=BUCKET, Key="pinned/part-00000.tar", Body=tar.read_bytes()[::-1])
+    with pytest.raises(InputError) as caught:
+        refs[1].read_media()
+    assert caught.value.reason == "shard_changed", caught.value
+    _client().delete_object(Bucket=BUCKET, Key="pinned/part-00000.tar")
+    with pytest.raises(InputError) as caught:
+        refs[2].read_media()
+    assert caught.value.reason == "shard_vanished", caught.value
+    listing.close()
+
+
 def test_the_keys_never_reach_out_or_the_logs(builds):
     secrets = (ACCESS_KEY.encode(), SECRET_KEY.encode())
     for _, remote in builds["outs"].values():

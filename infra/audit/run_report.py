@@ -193,8 +193,8 @@ def run_report(
 
 
 def _reads_a_store(job: Job) -> bool:
-    """True when the run's source (``KIND:PATH``) or model is a URL."""
-    return is_url(job.source.partition(":")[2]) or is_url(job.model)
+    """True when the run's source (``KIND:PATH``), model or OUT is a URL."""
+    return is_url(job.source.partition(":")[2]) or is_url(job.model) or is_url(str(job.out))
 
 
 def write_run_report(out: Path, report: RunReport) -> Path:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from infra import outdir
 from infra.cache import ledger
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow
 from infra.devices import bind_thread, pin_cpu_threads
@@ -122,6 +123,7 @@ def process_shard(
     get_encoder = functools.cache(functools.partial(load_encoder, job))  # loaded on first use only, then held
     state = shard_state(job, run or RunState(shard.id))
     with (
+        outdir.snapshot(job.out),  # a store's existence checks answered by a listing (a LIST a 1000 samples)
         ledger.open_journal(job.out, ledger_id) as journal,
         preempt.cleanup(functools.partial(_seal_from_journal, job, ledger_id, journal)),
         get_format(job.spec.format).open_writer(job.out, job.spec, writer_id) as writer,

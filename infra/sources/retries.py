@@ -10,6 +10,8 @@ The counts are this process's (`take` hands them over and starts again at zero):
 cost when it ends, the flow what its own reads (listing, the sanity sample) cost before the summary, so each retry
 is counted once whichever process or thread made it. Other stores' libraries (the Hub's, gcsfs) retry without a
 public hook: their retries are not counted, their short answers are.
+OUT in S3 (`infra.outstore.StoreOut`) has its client watched the same way (`outstore.S3_WATCHERS`): its puts'
+retries are counted with the reads'.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
+
+from infra import outstore
 
 logger = logging.getLogger(__name__)
 
@@ -130,3 +134,6 @@ def damaged(exc: BaseException) -> bool:
     except ImportError:
         return False
     return isinstance(exc, FlexibleChecksumError | IncompleteReadError)
+
+
+outstore.S3_WATCHERS.append(watch_s3)  # OUT in S3: its client's retries counted too

@@ -167,6 +167,12 @@ def read(url: str, listed: Stat | None, max_mb: int, *, reason: str = "member_un
     return data
 
 
+def expired(exc: BaseException) -> bool:
+    """Whether a read failed because the object is no longer the one opened (s3fs's `FileExpired`: a 412 on a pinned
+    range request, `WholeReads.pinned`)."""
+    return type(exc).__name__ == "FileExpired" and isinstance(exc, OSError)
+
+
 def read_whole(url: str) -> bytes:
     """A small object's bytes (a metadata file): FileNotFoundError when it is not there."""
     fs, path = filesystem(url)
@@ -198,6 +204,14 @@ class WholeReads:
         data = retries.read_rest(self._read_at, pos, want, self.name)
         self._file.seek(pos + len(data))
         return data
+
+    def pinned(self) -> Stat | None:
+        """The object as it was opened, when every range request asks for that one only (S3's ``If-Match`` on the
+        ETag s3fs read at opening: a changed object's answer is a 412, `FileExpired`); None when reads are not
+        pinned (another store)."""
+        if "IfMatch" not in (getattr(self._file, "read_kw", None) or {}):
+            return None
+        return stat_of(self._file.details)
 
     def _read_at(self, start: int, n: int) -> bytes:
         self._file.seek(start)

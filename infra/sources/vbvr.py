@@ -40,7 +40,15 @@ from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import is_text, name_key
 from infra.sources.tars import Member, TarDamaged, read_member, scan
 
-__all__ = ["ShardReadError", "VbvrSource", "check_unchanged", "open_shard_tar", "shard_id_for", "tar_shards"]
+__all__ = [
+    "ShardReadError",
+    "VbvrSource",
+    "check_unchanged",
+    "open_shard_tar",
+    "read_failed",
+    "shard_id_for",
+    "tar_shards",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -100,12 +108,17 @@ def open_shard_tar(shard: Shard) -> tarfile.TarFile:
             stream = store.open_stream(shard.path)
             tf = tarfile.open(fileobj=stream, mode="r:*")
             weakref.finalize(tf, stream.close)  # tarfile leaves a file it was handed open when it closes
+            _streams[tf] = stream
             return tf
         return tarfile.open(shard.path, "r:*")
     except FileNotFoundError as exc:
         raise ShardReadError(f"{shard.path}: the shard vanished since it was listed") from exc
     except (tarfile.TarError, OSError) as exc:
         raise ShardReadError(f"{shard.path}: not a readable tar ({exc})") from exc
+
+
+#: The store stream each tar opened from a URL reads (`check_unchanged`: a pinned one is checked without a request).
+_streams: weakref.WeakKeyDictionary[tarfile.TarFile, store.WholeReads] = weakref.WeakKeyDictionary()
 
 
 def find_store_tars(spec: str, kind: str) -> dict[str, store.Stat]:
@@ -234,13 +247,14 @@ def _read(
     read, or a member over `max_mb` MiB (``too_large``, nothing of it read)."""
     if member is None or not member.regular:
         return None
-    check_unchanged(shard)
+    check_unchanged(shard, tf)
     name = path.rpartition("/")[2]
     if name == PROMPT_MEMBER and member.size > MAX_PROMPT_BYTES:
         raise InputError("prompt_too_long", f"{path}: {member.size} bytes, over {MAX_PROMPT_BYTES}: not read")
     try:
         data = read_member(tf, path, member, max_mb)
     except (tarfile.TarError, OSError, EOFError) as exc:
+        read_failed(shard, tf, exc)
         raise InputError("member_unreadable", f"{path}: {exc}") from exc
     if len(data) != member.size:
         raise InputError("member_unreadable", f"{path}: {len(data)} of {member.size} bytes (shard cut short)")
@@ -248,10 +262,21 @@ def _read(
     return data
 
 
-def check_unchanged(shard: Shard) -> None:
-    """InputError when the shard file is gone, or is not the file that was listed (its size or mtime differ)."""
+def check_unchanged(shard: Shard, tf: tarfile.TarFile | None = None) -> None:
+    """InputError when the shard file is gone, or is not the file that was listed (its size or mtime differ). A tar
+    `tf` opened from S3 reads the object it opened only (every range request pinned to its ETag: `read_failed` says
+    what a 412 or a 404 means), so it is checked against the listing as it was opened, without a request."""
     if not shard.size and not shard.mtime_ns:
         return  # listed without a stat (an older plan): nothing to compare with
+    stream = _streams.get(tf) if tf is not None else None
+    opened = stream.pinned() if stream is not None else None
+    if opened is not None:
+        changes = store.differences(store.Stat(shard.size, shard.version), opened)
+        if changes:
+            raise InputError(
+                "shard_changed", f"{store.shown(shard.path)} changed since it was listed ({changes}): not read"
+            )
+        return
     if is_url(shard.path):
         _check_object(shard)
         return
@@ -266,6 +291,18 @@ def check_unchanged(shard: Shard) -> None:
         changes.append(f"mtime {shard.mtime_ns / 1e9:.3f} → {stat.st_mtime_ns / 1e9:.3f}")
     if changes:
         raise InputError("shard_changed", f"{shard.path} changed since it was listed ({', '.join(changes)}): not read")
+
+
+def read_failed(shard: Shard, tf: tarfile.TarFile, exc: BaseException) -> None:
+    """Raise the InputError of a read of a tar pinned to the object it opened (`check_unchanged`) that failed because
+    the object changed (a 412) or vanished (a 404) since; return for any other error (the caller's to say)."""
+    if _streams.get(tf) is None:
+        return
+    where = store.shown(shard.path)
+    if store.expired(exc):
+        raise InputError("shard_changed", f"{where} changed since it was listed: not read") from exc
+    if isinstance(exc, FileNotFoundError):
+        raise InputError("shard_vanished", f"{where} vanished since it was listed: not read") from exc
 
 
 def _check_object(shard: Shard) -> None:

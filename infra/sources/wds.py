@@ -40,7 +40,14 @@ from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import name_key, nameable, output_stem
 from infra.sources.tars import Member, TarDamaged, read_member, scan, short
-from infra.sources.vbvr import TAR_SUFFIXES, check_unchanged, find_store_tars, open_shard_tar, tar_shards
+from infra.sources.vbvr import (
+    TAR_SUFFIXES,
+    check_unchanged,
+    find_store_tars,
+    open_shard_tar,
+    read_failed,
+    tar_shards,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -209,12 +216,13 @@ def _read(
     if member is None:
         return None
     name = f"{sample.key}.{ext}"
-    check_unchanged(shard)
+    check_unchanged(shard, tf)
     if cap is not None and member.size > cap:
         raise InputError("prompt_too_long", f"{name}: {member.size} bytes, over {cap}: not read")
     try:
         data = read_member(tf, name, member, max_mb)
     except (tarfile.TarError, OSError, EOFError) as exc:
+        read_failed(shard, tf, exc)
         raise InputError("member_unreadable", f"{name}: {exc}") from exc
     if len(data) != member.size:
         raise InputError("member_unreadable", f"{name}: not all of its {member.size} bytes (shard cut short)")
