@@ -10,8 +10,10 @@ hands them (a store's endpoint and keys).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -146,11 +148,20 @@ def start(workers: int, node_env: dict[str, str]) -> Cluster:
     return cluster
 
 
+#: Seconds a node's group gets after SIGTERM before SIGKILL.
+STOP_GRACE = 5.0
+
+
 def stop(cluster: Cluster) -> None:
-    """Every node's process group, workers first; the root removed."""
-    for node in reversed(cluster.nodes):
-        if node.proc is not None:
-            stop_group(node.proc, timeout=20)
+    """Every node's process group at once: SIGTERM to all, SIGKILL what lingers 5 s on (a `ray start --block` group
+    outlives a SIGTERM by 20 s and more; nothing of a test cluster needs keeping); the root removed."""
+    procs = [node.proc for node in reversed(cluster.nodes) if node.proc is not None and node.proc.poll() is None]
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE
+    for proc in procs:
+        stop_group(proc, timeout=max(0.1, deadline - time.monotonic()))
     shutil.rmtree(cluster.root, ignore_errors=True)
 
 
