@@ -435,8 +435,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def lfs_batch(self, body: bytes, query: dict[str, str], repo: str) -> tuple[int, Any, dict[str, str]]:
         state = self.hub.repo(repo)
-        objects = []
+        objects, seen = [], set()
         for obj in json.loads(body)["objects"]:
+            if obj["oid"] in seen:  # one answer an object: the client maps each oid to one of its files, sent once
+                continue
+            seen.add(obj["oid"])
             item: dict[str, Any] = {"oid": obj["oid"], "size": obj["size"]}
             if obj["oid"] not in state.lfs:
                 where = f"{quote(repo, safe='')}/{obj['oid']}"

@@ -169,8 +169,7 @@ def test_reconcile_counts_the_store_and_names_a_lost_sample(s3, built):
 
 def test_decode_and_verify_writes_its_strips_to_the_store(s3, built):
     assert built["decode_strips"] and all(p.startswith(f"{URL}/reports/decode/") for p in built["decode_strips"])
-    # on a copy: the command's strips are the build's bytes again, and two files of one content in one Hub commit
-    # upload one shared file object twice at once under the loopback Hub (its LFS batch answers each copy)
+    # on a copy: the module's cache is what the other tests read and publish
     url = _copy(s3, "decoded")
     result = runner.invoke(app, ["decode", url, "--decode-samples", "1"])
     assert result.exit_code == 0 and "1 sample(s), mean PSNR" in result.stdout, result.output
@@ -235,8 +234,14 @@ def test_the_audio_gate_on_an_ltx2_cache_in_the_store(s3, ltx2_model, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def published(built: dict, hub: FakeHub) -> Result:
-    """`latentforge upload s3://... --to hf://...` of the module's cache (its token the module's)."""
+def published(s3: LoopbackS3, built: dict, hub: FakeHub) -> Result:
+    """`latentforge upload s3://... --to hf://...` of the module's cache (its token the module's), with a second
+    object of one strip's bytes beside it (two files of one content in one commit: one LFS upload, two paths)."""
+    client = boto3.client("s3", endpoint_url=s3.direct)
+    strip = built["decode_strips"][0].removeprefix(f"s3://{BUCKET}/")
+    client.copy_object(
+        Bucket=BUCKET, Key="cache/reports/decode/same-bytes.png", CopySource={"Bucket": BUCKET, "Key": strip}
+    )
     return runner.invoke(app, ["upload", URL, "--to", f"hf://datasets/{REPO}", "--license", "cc-by-4.0"])
 
 
