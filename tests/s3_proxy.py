@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 SLOW_DOWN = (
@@ -286,3 +287,16 @@ def loopback_s3(bucket: str, access_key: str, secret_key: str, home: Path) -> It
                 os.environ[name] = value
         proxy.stop()
         server.stop()
+
+
+def module_s3(bucket: str, access_key: str, secret_key: str) -> Any:
+    """A module-scoped fixture of `loopback_s3` (``s3 = module_s3(BUCKET, KEY, SECRET)`` in a test module): moto's
+    server on 127.0.0.1 behind the counting proxy, the AWS chain aimed at the proxy for the module."""
+    import pytest  # noqa: PLC0415 - the benches import this module without pytest's fixtures
+
+    @pytest.fixture(scope="module", name="s3")
+    def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3]:
+        with loopback_s3(bucket, access_key, secret_key, tmp_path_factory.mktemp("aws")) as store:
+            yield store
+
+    return s3

@@ -5,7 +5,6 @@ overwritten; a second writer meets the lease; a store that refuses writes stops 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from infra.outstore import StoreOut
 from infra.storage import atomic_write
 from tests.conftest import assert_same_cache, config, make_shards, sample, tree_files
 from tests.media_utils import cut_clip
-from tests.s3_proxy import LOST, RESET, SLOW_DOWN_FAULT, LoopbackS3, loopback_s3
+from tests.s3_proxy import LOST, RESET, SLOW_DOWN_FAULT, LoopbackS3, module_s3
 
 ACCESS_KEY, SECRET_KEY = "AKIDSTOREOUTTEST", "store-out-secret-never-written"
 BUCKET = "lf-out"
@@ -34,11 +33,7 @@ PUTS_PER_SAMPLE, PUTS_PER_SHARD, PUTS_PER_RUN = 2, 3, 9
 BUILD_READS, RESUME_READS = 100, 180
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3]:
-    """moto's server on 127.0.0.1 behind the counting proxy; the AWS chain aimed at the proxy for the module."""
-    with loopback_s3(BUCKET, ACCESS_KEY, SECRET_KEY, tmp_path_factory.mktemp("aws")) as store:
-        yield store
+s3 = module_s3(BUCKET, ACCESS_KEY, SECRET_KEY)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from infra.outstore import StoreOut
 from tests.conftest import FRAMES, HEIGHT, WIDTH, assert_same_cache, config, make_shards, sample, tree_files
 from tests.media_utils import cut_clip
 from tests.procs import cli_env
-from tests.s3_proxy import LoopbackS3, loopback_s3
+from tests.s3_proxy import LoopbackS3, module_s3
 
 ACCESS_KEY, SECRET_KEY = "AKIDSTORECRASHTEST", "store-crash-secret-never-written"
 BUCKET = "lf-crash"
@@ -39,10 +38,7 @@ SAMPLES = 4  # shard a: 2, shard b: 2
 CHILD_LEASE_S = "6"
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3]:
-    with loopback_s3(BUCKET, ACCESS_KEY, SECRET_KEY, tmp_path_factory.mktemp("aws")) as store:
-        yield store
+s3 = module_s3(BUCKET, ACCESS_KEY, SECRET_KEY)
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from infra.outstore import StoreOut
 from tests.conftest import FRAMES, HEIGHT, WIDTH, assert_same_cache, config, make_shards, sample, tree_files
 from tests.fakehub import FakeHub
 from tests.media_utils import cut_clip, trainer_dataset
-from tests.s3_proxy import LoopbackS3, loopback_s3
+from tests.s3_proxy import LoopbackS3, module_s3
 
 ACCESS_KEY, SECRET_KEY = "AKIDVERBSTESTKEY", "verbs-secret-never-written"
 HF_TOKEN = "hf_verbsTokenNeverWritten0123456789"
@@ -40,10 +40,7 @@ SAMPLES = 2
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3]:
-    with loopback_s3(BUCKET, ACCESS_KEY, SECRET_KEY, tmp_path_factory.mktemp("aws")) as store:
-        yield store
+s3 = module_s3(BUCKET, ACCESS_KEY, SECRET_KEY)
 
 
 @pytest.fixture(scope="module")
