@@ -91,7 +91,7 @@ def build(*, config_file: Path | None, flags: dict[str, Any]) -> None:
     check_build(config)  # and OUT, the source, the shard filter, the device: a mistake is one line, exit 2
     check_reuse(config, spec)  # --on-conflict reuse with a setting that asks for another value than OUT's
     if not config.run.dry_run:
-        check_not_locked(outdir.root(config.out))  # refused at once, before any flow runs
+        check_not_locked(outdir.of_setting(config.out))  # refused at once, before any flow runs
     from flows.build import build_cache  # noqa: PLC0415 - heavy: torch, Prefect
     from flows.terminal_run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-from pathlib import Path
 
 from packaging.version import Version
 
@@ -103,7 +102,7 @@ def check_text_8bit(config: BuildConfig) -> None:
 
 def check_build(config: BuildConfig) -> None:
     """Everything above, for a build or a sanity run."""
-    check_out(_out(config))
+    check_out(outdir.of_setting(config.out))
     check_source(config)
     check_text_8bit(config)
     check_devices(config)  # a bad list is named before a missing GPU is
@@ -122,7 +121,7 @@ def check_reuse(config: BuildConfig, planned: CacheSpec) -> None:
         settings_that_differ,
     )
 
-    out = _out(config)
+    out = outdir.of_setting(config.out)
     try:
         existing = CacheSpec.model_validate(read_cache_json(out)["spec"])
     except (OSError, ValueError, KeyError, TypeError, UnsafePath):
@@ -148,8 +147,3 @@ def check_devices(config: BuildConfig) -> None:
     from infra.devices import placement, visible_accelerators  # noqa: PLC0415 - torch only when GPUs are named
 
     placement(config.run.device, config.run.devices, visible_accelerators("cuda"))
-
-
-def _out(config: BuildConfig) -> outdir.Out:
-    """The config's OUT: a local folder (``~`` expanded), or a `StoreOut` for a URL."""
-    return outdir.root(config.out) if outdir.is_store(config.out) else Path(config.out).expanduser()

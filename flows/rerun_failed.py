@@ -68,7 +68,7 @@ def plan_rerun(run_id: str, gates: dict[str, str] | None = None) -> Rerun:
     if raw is None:
         raise ConfigError(f"flow run {run_id} ({run.name}) is not a build-cache run (no config parameter)")
     config = BuildConfig.model_validate(raw)
-    out = outdir.root(config.out)
+    out = outdir.of_setting(config.out)
     selectors = failed_selectors(out, run_id)
     # Same spec and settings; a token approved that run's change, not this one's.
     update: dict = {"only": selectors, "approve_overwrite": None, **(gates or {})}

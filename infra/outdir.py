@@ -81,6 +81,12 @@ def shown(out: Out, rel: str | os.PathLike[str] = "") -> str:
     return str(Path(out, rel))
 
 
+def of_setting(value: str) -> Out:
+    """OUT as a setting (``--out``, a config's ``out``) names it: a `StoreOut` for a URL, else the local folder with
+    ``~`` expanded."""
+    return root(value) if is_store(value) else Path(value).expanduser()
+
+
 def is_store(out: object) -> bool:
     """Whether `out` is OUT in an object store (a StoreOut, or a URL)."""
     return isinstance(out, StoreOut) or (isinstance(out, str) and is_url(out))

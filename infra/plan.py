@@ -350,7 +350,7 @@ def resolve(config: BuildConfig) -> Resolved:
             f"format {config.encoding.format} has no place for {', '.join(unplaced)} (family {family.name})"
         )
     check_consumer(spec, family.kinds(spec))
-    out = outdir.root(config.out) if outdir.is_store(config.out) else Path(config.out).expanduser()
+    out = outdir.of_setting(config.out)
     get_format(spec.format).check_out(out, config.source)  # musubi: one dataset per OUT, a local one
     kinds = family.kinds(spec)
     resolved = {

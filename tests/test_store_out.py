@@ -158,3 +158,12 @@ def test_a_listing_snapshot_answers_as_the_store_does_page_by_page(s3, monkeypat
 def test_a_url_with_credentials_is_refused():
     with pytest.raises(ConfigError, match="credentials"):
         StoreOut.of(f"s3://{ACCESS_KEY}:{SECRET_KEY}@{BUCKET}/cache")
+
+
+def test_out_as_a_setting_is_a_store_for_a_url_and_a_home_expanded_folder_else(monkeypatch, tmp_path):
+    """`outdir.of_setting`, the one reading of ``--out`` / a config's ``out`` (the plan, the preflight, the CLI's lock
+    check and `rerun` share it): a URL is a StoreOut, a local setting the folder with ``~`` expanded."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert outdir.of_setting(f"s3://{BUCKET}/cache") == StoreOut.of(f"s3://{BUCKET}/cache")
+    assert outdir.of_setting("~/cache") == tmp_path / "cache"
+    assert outdir.of_setting("rel/cache") == Path("rel/cache")
