@@ -23,6 +23,8 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.terminal_run import run_build
 from infra import outdir
+from infra.cache.cachedir import CACHE_JSON, PENDING_JSON
+from infra.cache.lock import LOCK_NAME
 from infra.errors import OutNotWritable, exit_code
 from infra.formats.stream import stream_samples
 from infra.gates.conflicts import overwrite_token
@@ -125,11 +127,18 @@ def test_changed_settings_stop_at_the_approval_and_overwrite_nothing(s3, built, 
 
     token = overwrite_token(StoreOut.of(url), old, make_plan(changed).fingerprint)
     assert token in str(message)
+    s3.proxy.reset()
     ok, result = run_build(changed.with_values(approve_overwrite=token))
     assert ok, result
     after = s3.objects(BUCKET, "conflict")
     assert after[f"cache.{old[:16]}.json"] == before["cache.json"]  # the old cache.json kept beside the new one
     assert json.loads(after["cache.json"])["fingerprint"] != old and result["encoded"] == SAMPLES
+    # the new cache.json is put last, once, as a fresh build's: after every sample (the pending copy meanwhile)
+    start = f"/{BUCKET}/conflict/"
+    puts = [p.split("?")[0][len(start) :] for kind, p in s3.proxy.requests if kind == "PUT" and start in p]
+    puts = [rel for rel in puts if rel != LOCK_NAME and not rel.startswith("reports/")]
+    assert puts[-1] == CACHE_JSON and puts.count(CACHE_JSON) == 1 and PENDING_JSON in puts, puts
+    assert PENDING_JSON not in after
 
 
 def test_a_changed_source_stops_at_the_stale_approval_and_replace_rewrites_only_its_sample(
