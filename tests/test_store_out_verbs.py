@@ -379,3 +379,31 @@ def test_overfit_asks_for_a_local_out(s3, built, tmp_path):
     result = runner.invoke(app, ["overfit", URL, "--to", str(tmp_path / "of"), "--n", "1"])
     assert result.exit_code == 2, result.output
     assert "export from a local OUT" in _one_error_line(result) and not (tmp_path / "of").exists()
+
+
+def test_on_conflict_new_dir_writes_a_new_prefix_beside_the_store_out(s3, built, shards, tiny_model):
+    """``--on-conflict new_dir`` on a URL OUT: the changed build goes to ``<OUT>-v2`` (the first prefix with no object
+    below it, as OUT-v2 is the first free folder locally); OUT is left as it was."""
+    url = _copy(s3, "newdir")
+    boto3.client("s3", endpoint_url=s3.direct).put_object(Bucket=BUCKET, Key="newdir-v2/taken", Body=b"x")
+    before = s3.objects(BUCKET, "newdir")
+    changed = config(shards, tiny_model, url, workers=1, text_padding="zeros", on_conflict="new_dir")  # type: ignore[arg-type]
+    ok, result = run_build(changed)
+    assert ok and result["out"] == f"{url}-v3" and result["encoded"] == SAMPLES, result
+    assert s3.objects(BUCKET, "newdir") == before  # -v2 holds an object: -v3 is the first free prefix
+    made = s3.objects(BUCKET, "newdir-v3")
+    assert CACHE_JSON in made and PENDING_JSON not in made and StoreOut.of(f"{url}-v3").head(LOCK_NAME) is None
+    assert json.loads(made[CACHE_JSON])["fingerprint"] != json.loads(before[CACHE_JSON])["fingerprint"]
+
+
+def test_a_diffsynth_cache_on_the_store_is_the_local_one(s3, shards, tiny_model, tmp_path):
+    """``--format diffsynth`` (a .pth a sample) on a URL OUT: the objects are the files of the same build local."""
+    local = tmp_path / "local"
+    ok, result = run_build(config(shards, tiny_model, local, workers=1, format="diffsynth", text_padding="zeros"))
+    assert ok, result
+    url = f"s3://{BUCKET}/diffsynth"
+    ok, result = run_build(config(shards, tiny_model, url, workers=1, format="diffsynth", text_padding="zeros"))  # type: ignore[arg-type]
+    assert ok and result["done"] == SAMPLES, result
+    ours = s3.objects(BUCKET, "diffsynth")
+    assert_same_cache(ours, tree_files(local))
+    assert len([k for k in ours if k.endswith(".pth")]) == SAMPLES
