@@ -191,6 +191,23 @@ def test_inspect_counts_the_store(s3, built):
     assert (report["out"], report["fingerprint"], report["done"]) == (URL, cache["fingerprint"], SAMPLES), report
     (one,) = report["samples"].values()  # one sample per group, loaded from the store
     assert one["x0"]["shape"] == [48, 5, 3, 5] and report["bytes"] > 0, one
+    assert report["unfinished"] is False and "unfinished" not in runner.invoke(app, ["inspect", URL]).stdout
+
+
+def test_inspect_says_a_store_out_without_cache_json_is_unfinished(s3, built):
+    """A store OUT whose run has not ended (or stopped before it did) holds the pending spec, no cache.json: inspect
+    reads it and says so, in its text and its JSON."""
+    url = _copy(s3, "unfinished")
+    client = boto3.client("s3", endpoint_url=s3.direct)
+    pending = {"Bucket": BUCKET, "Key": f"unfinished/{CACHE_JSON}"}
+    client.copy_object(Bucket=BUCKET, Key=f"unfinished/{PENDING_JSON}", CopySource=pending)
+    client.delete_object(**pending)
+    text = runner.invoke(app, ["inspect", url])
+    assert text.exit_code == 0, text.output
+    line = next((ln for ln in text.stdout.splitlines() if ln.startswith("unfinished")), "")
+    assert "no cache.json yet" in line and "the same build command finishes it" in line, text.stdout
+    report = json.loads(runner.invoke(app, ["inspect", url, "--json"]).stdout)
+    assert report["unfinished"] is True and report["done"] == SAMPLES, report
 
 
 def test_a_webdataset_cache_on_the_store_is_the_local_one_and_streams_the_same(s3, shards, tiny_model, tmp_path):
