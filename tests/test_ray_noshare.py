@@ -224,6 +224,7 @@ def test_a_lease_taken_over_mid_build_stops_the_workers_writes_too(stores, sourc
     assert not build.is_alive()
     ok, message = ended["result"]
     assert not ok and "lease was taken over by pid 1 on the-other-run" in str(message), message
+    assert "\n" not in str(message).strip(), message  # one line
     assert _writes(s3, prefix) == []  # nothing put or deleted by any process: the driver's nor a worker's
     assert json.loads(out.read_bytes(LOCK_NAME)) == theirs  # the other run's lease is left as it is
 
