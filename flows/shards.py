@@ -19,6 +19,7 @@ from tqdm import tqdm
 from infra import outdir
 from infra.cache import ledger
 from infra.cache.ledger import LEDGER_DIR
+from infra.cache.lock import lease_of
 from infra.devices import DeviceSlots, placement, visible_accelerators
 from infra.errors import OutWriteError
 from infra.ops import preempt, runners
@@ -69,7 +70,7 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
         book.chunks[shard.id], book.open[shard.id] = chunks or [], len(chunks or [None])
         pending += [_Unit(shard, chunk) for chunk in chunks] if chunks else [_Unit(shard)]
     full: list[OutWriteError | UnsafePath] = []  # what stops the run: a full or read-only OUT, a link under OUT
-    run = RunState(run_key)  # the run's counts and stop check, handed to every shard task
+    run = RunState(run_key, lease=lease_of(plan.out))  # counts, stop check and lease, handed to every shard task
     slots, workers = _slots(plan)
     bar = tqdm(total=total, unit="sample", desc="encoding", disable=None)
     artifact = create_progress_artifact(0.0, key="build-progress", description=f"{plan.out}: {total} samples")

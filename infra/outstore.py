@@ -42,6 +42,21 @@ REFUSALS = ("AccessDenied", "AllAccessDisabled", "NoSuchBucket", "InvalidAccessK
 #: The OUTs (URL → why) whose lease this process lost (`infra.cache.lock`): every later write below one is refused
 #: before it is sent (LeaseLost), so a run that knows another owns OUT puts nothing more there.
 _lost: dict[str, str] = {}
+#: The OUTs (URL → check) whose lease another process holds for the run this process writes for (a Ray worker's shard
+#: task: `infra.cache.lock.follow`): before each write below one, `check` reads the lease and answers None while it is
+#: the run's, else why not; then the write, and every later one, is refused (LeaseLost) as where the lease was lost.
+_guards: dict[str, Callable[[], str | None]] = {}
+
+
+def guard(url: str, check: Callable[[], str | None]) -> None:
+    """Ask `check` before each write of this process below the OUT `url` (None: the run's lease holds; else why not)."""
+    _guards[url.rstrip("/")] = check
+
+
+def unguard(url: str) -> None:
+    """No more checks before the writes below `url`; they are this process's own again (`regain`)."""
+    _guards.pop(url.rstrip("/"), None)
+    regain(url)
 
 
 def lose(url: str, why: str) -> None:
@@ -331,10 +346,17 @@ class StoreOut:
             _noted(self, rel, None)
 
     def _held(self, rel: str) -> None:
-        """LeaseLost when this process lost the lease of the OUT `rel` is below: nothing more is sent there."""
-        for url, why in _lost.items():
+        """LeaseLost when this process lost the lease of the OUT `rel` is below, or (a worker of the run that holds it:
+        `guard`) the lease is no longer the run's: nothing more is sent there."""
+        for url, why in list(_lost.items()):
             if self.url == url or self.url.startswith(url + "/"):
                 raise LeaseLost(why, f"{self.url}/{rel}")
+        for url, check in list(_guards.items()):
+            if self.url == url or self.url.startswith(url + "/"):
+                why = check()
+                if why is not None:
+                    lose(url, why)
+                    raise LeaseLost(why, f"{self.url}/{rel}")
 
     def _refused(self, rel: str, exc: OSError) -> OSError:
         """The error of a request the store refused: OutNotWritable where no later write would get past it (no

@@ -8,6 +8,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
+from infra.cache.lock import follow
 from infra.errors import OutWriteError
 from infra.job import Job
 from infra.ops import runners
@@ -50,7 +51,8 @@ def preprocess_shard(
     on_row = runners.row_reporter(run)
     if device is not None:
         job = job.placed(device)
-    return process_shard(job, shard, on_row=on_row, run_id=flow_run.get_id(), chunk=chunk, run=run)
+    with follow(None if run.counting else run.lease):  # another process: its writes stop when the run's lease is lost
+        return process_shard(job, shard, on_row=on_row, run_id=flow_run.get_id(), chunk=chunk, run=run)
 
 
 @task(name="merge-chunks", cache_policy=NO_CACHE)

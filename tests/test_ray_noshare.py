@@ -3,12 +3,16 @@ HOME, TMPDIR, caches and Prefect home) builds from a source to an OUT both on a 
 127.0.0.1) with the model on the loopback Hub (`tests/fakehub.py`): the objects equal the local runner's build of the
 same clips, each worker node fetched the model into its own cache once, and nothing outside a node's own folders
 gained a file while the Ray build ran (the driver's folders, the checkout, the test's folders); no node's file (Ray's
-logs included) holds the test's token or secret key."""
+logs included) holds the test's token or secret key. A run whose lease is taken over mid-build stops every process's
+writes below OUT, the workers' as the driver's."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +21,11 @@ import boto3
 import pytest
 
 from flows.terminal_run import run_build
+from infra import outstore
+from infra.cache.lock import LEASE_ENV, LOCK_NAME
+from infra.faults import HOLD_ENV
 from infra.ops import runners
+from infra.outstore import StoreOut
 from tests import fakehub, ray_nodes
 from tests.conftest import assert_same_cache, config, make_shards, sample, tree_files
 from tests.media_utils import cut_clip
@@ -170,6 +178,55 @@ def test_ray_nodes_that_share_no_disk_build_the_local_runners_bytes(
         and any(s in p.read_bytes() for s in (TOKEN.encode(), SECRET_KEY.encode()))
     ]
     assert leaked == []
+
+
+def _writes(s3: Any, prefix: str) -> list[tuple[str, str]]:
+    return [(kind, path) for kind, path in s3.proxy.requests if kind in ("PUT", "POST", "DELETE") and prefix in path]
+
+
+def _wait(ready: Any, what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_lease_taken_over_mid_build_stops_the_workers_writes_too(stores, source, cluster, tmp_path, monkeypatch):
+    s3, url = stores["s3"], f"s3://{BUCKET}/ray-lease"
+    out, prefix = StoreOut.of(url), f"/{BUCKET}/ray-lease/"
+    hold = tmp_path / "hold"
+    hold.touch()
+    monkeypatch.setenv(HOLD_ENV, f"sample:1={hold}")  # each worker waits after its first row (passed to the workers)
+    monkeypatch.setenv(LEASE_ENV, "2")  # the driver's heartbeat every 0.5 s
+    ended: dict[str, Any] = {}
+    build = threading.Thread(
+        target=lambda: ended.update(result=run_build(_config(source, url, runner="ray", ray_address=cluster.address))),
+        daemon=True,
+    )
+    build.start()
+    try:  # both workers wrote their first sample and wait: their writes settle
+        _wait(lambda: len({p.split("?")[0] for k, p in _writes(s3, prefix) if p.split("?")[0].endswith(".pt")}) >= 2,
+              "a sample of each shard written", timeout=240)  # fmt: skip
+        settled = -1  # the driver's heartbeat puts the lease meanwhile: the samples' writes are what settles
+        while settled != len([w for w in _writes(s3, prefix) if LOCK_NAME not in w[1]]):
+            settled = len([w for w in _writes(s3, prefix) if LOCK_NAME not in w[1]])
+            time.sleep(1.5)
+        # another run takes the lease over, as a takeover does: If-Match on the ETag it read
+        theirs = {"pid": 1, "host": "the-other-run", "create_time": None, "since": "now", "expires": "2999-01-01"}
+        head = out.head(LOCK_NAME)
+        assert head is not None
+        out.put(LOCK_NAME, json.dumps(theirs).encode(), match=head.etag)
+        _wait(lambda: url in outstore._lost, "the driver to find its lease taken", timeout=30)
+        s3.proxy.reset()  # the workers still wait: whatever any process writes from here is after the takeover
+    finally:
+        hold.unlink()
+        build.join(timeout=240)
+    assert not build.is_alive()
+    ok, message = ended["result"]
+    assert not ok and "lease was taken over by pid 1 on the-other-run" in str(message), message
+    assert "\n" not in str(message).strip(), message  # one line
+    assert _writes(s3, prefix) == []  # nothing put or deleted by any process: the driver's nor a worker's
+    assert json.loads(out.read_bytes(LOCK_NAME)) == theirs  # the other run's lease is left as it is
 
 
 def test_workers_on_other_hosts_get_no_path_of_the_driver(monkeypatch):

@@ -23,6 +23,8 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.terminal_run import run_build
 from infra import outdir
+from infra.cache.cachedir import CACHE_JSON, PENDING_JSON
+from infra.cache.lock import LOCK_NAME
 from infra.errors import OutNotWritable, exit_code
 from infra.formats.stream import stream_samples
 from infra.gates.conflicts import overwrite_token
@@ -125,11 +127,18 @@ def test_changed_settings_stop_at_the_approval_and_overwrite_nothing(s3, built, 
 
     token = overwrite_token(StoreOut.of(url), old, make_plan(changed).fingerprint)
     assert token in str(message)
+    s3.proxy.reset()
     ok, result = run_build(changed.with_values(approve_overwrite=token))
     assert ok, result
     after = s3.objects(BUCKET, "conflict")
     assert after[f"cache.{old[:16]}.json"] == before["cache.json"]  # the old cache.json kept beside the new one
     assert json.loads(after["cache.json"])["fingerprint"] != old and result["encoded"] == SAMPLES
+    # the new cache.json is put last, once, as a fresh build's: after every sample (the pending copy meanwhile)
+    start = f"/{BUCKET}/conflict/"
+    puts = [p.split("?")[0][len(start) :] for kind, p in s3.proxy.requests if kind == "PUT" and start in p]
+    puts = [rel for rel in puts if rel != LOCK_NAME and not rel.startswith("reports/")]
+    assert puts[-1] == CACHE_JSON and puts.count(CACHE_JSON) == 1 and PENDING_JSON in puts, puts
+    assert PENDING_JSON not in after
 
 
 def test_a_changed_source_stops_at_the_stale_approval_and_replace_rewrites_only_its_sample(
@@ -182,6 +191,23 @@ def test_inspect_counts_the_store(s3, built):
     assert (report["out"], report["fingerprint"], report["done"]) == (URL, cache["fingerprint"], SAMPLES), report
     (one,) = report["samples"].values()  # one sample per group, loaded from the store
     assert one["x0"]["shape"] == [48, 5, 3, 5] and report["bytes"] > 0, one
+    assert report["unfinished"] is False and "unfinished" not in runner.invoke(app, ["inspect", URL]).stdout
+
+
+def test_inspect_says_a_store_out_without_cache_json_is_unfinished(s3, built):
+    """A store OUT whose run has not ended (or stopped before it did) holds the pending spec, no cache.json: inspect
+    reads it and says so, in its text and its JSON."""
+    url = _copy(s3, "unfinished")
+    client = boto3.client("s3", endpoint_url=s3.direct)
+    pending = {"Bucket": BUCKET, "Key": f"unfinished/{CACHE_JSON}"}
+    client.copy_object(Bucket=BUCKET, Key=f"unfinished/{PENDING_JSON}", CopySource=pending)
+    client.delete_object(**pending)
+    text = runner.invoke(app, ["inspect", url])
+    assert text.exit_code == 0, text.output
+    line = next((ln for ln in text.stdout.splitlines() if ln.startswith("unfinished")), "")
+    assert "no cache.json yet" in line and "the same build command finishes it" in line, text.stdout
+    report = json.loads(runner.invoke(app, ["inspect", url, "--json"]).stdout)
+    assert report["unfinished"] is True and report["done"] == SAMPLES, report
 
 
 def test_a_webdataset_cache_on_the_store_is_the_local_one_and_streams_the_same(s3, shards, tiny_model, tmp_path):
@@ -370,3 +396,31 @@ def test_overfit_asks_for_a_local_out(s3, built, tmp_path):
     result = runner.invoke(app, ["overfit", URL, "--to", str(tmp_path / "of"), "--n", "1"])
     assert result.exit_code == 2, result.output
     assert "export from a local OUT" in _one_error_line(result) and not (tmp_path / "of").exists()
+
+
+def test_on_conflict_new_dir_writes_a_new_prefix_beside_the_store_out(s3, built, shards, tiny_model):
+    """``--on-conflict new_dir`` on a URL OUT: the changed build goes to ``<OUT>-v2`` (the first prefix with no object
+    below it, as OUT-v2 is the first free folder locally); OUT is left as it was."""
+    url = _copy(s3, "newdir")
+    boto3.client("s3", endpoint_url=s3.direct).put_object(Bucket=BUCKET, Key="newdir-v2/taken", Body=b"x")
+    before = s3.objects(BUCKET, "newdir")
+    changed = config(shards, tiny_model, url, workers=1, text_padding="zeros", on_conflict="new_dir")  # type: ignore[arg-type]
+    ok, result = run_build(changed)
+    assert ok and result["out"] == f"{url}-v3" and result["encoded"] == SAMPLES, result
+    assert s3.objects(BUCKET, "newdir") == before  # -v2 holds an object: -v3 is the first free prefix
+    made = s3.objects(BUCKET, "newdir-v3")
+    assert CACHE_JSON in made and PENDING_JSON not in made and StoreOut.of(f"{url}-v3").head(LOCK_NAME) is None
+    assert json.loads(made[CACHE_JSON])["fingerprint"] != json.loads(before[CACHE_JSON])["fingerprint"]
+
+
+def test_a_diffsynth_cache_on_the_store_is_the_local_one(s3, shards, tiny_model, tmp_path):
+    """``--format diffsynth`` (a .pth a sample) on a URL OUT: the objects are the files of the same build local."""
+    local = tmp_path / "local"
+    ok, result = run_build(config(shards, tiny_model, local, workers=1, format="diffsynth", text_padding="zeros"))
+    assert ok, result
+    url = f"s3://{BUCKET}/diffsynth"
+    ok, result = run_build(config(shards, tiny_model, url, workers=1, format="diffsynth", text_padding="zeros"))  # type: ignore[arg-type]
+    assert ok and result["done"] == SAMPLES, result
+    ours = s3.objects(BUCKET, "diffsynth")
+    assert_same_cache(ours, tree_files(local))
+    assert len([k for k in ours if k.endswith(".pth")]) == SAMPLES

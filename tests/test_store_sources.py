@@ -5,11 +5,15 @@ sample's row; the test's keys never reach OUT or the logs. One build a kind and 
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
 import random
 import shutil
+import tarfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from infra.audit.decode_verify import decode_and_verify
 from infra.audit.run_report import latest_run_report
 from infra.config import BuildConfig
 from infra.errors import InputError, SourceError
+from infra.faults import HOLD_ENV, LOG_ENV
 from infra.plan import make_spec
 from infra.sources import open_source, retries, store
 from tests import fakehub
@@ -264,6 +269,52 @@ def test_a_tar_read_is_pinned_to_the_object_listed(s3, tmp_path):
         refs[2].read_media()
     assert caught.value.reason == "shard_vanished", caught.value
     listing.close()
+
+
+def _padded_wds(path: Path, images: list[Any]) -> Path:
+    """A WebDataset tar of `images` whose samples lie far apart (a ``.json`` of 4 × the tar reads' block each,
+    recorded, not read): reading one sample's image is a range request of its own, not a block read before."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for image in images:
+            pad = json.dumps({"mode": image.mode, "pad": "x" * 4 * store.TAR_BLOCK}).encode()
+            for name, data in ((f"{image.key}.{suffix(image.data)}", image.data), (f"{image.key}.txt",
+                               image.caption.encode()), (f"{image.key}.json", pad)):  # fmt: skip
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = len(data), 1_700_000_000
+                tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_wds_tar_rewritten_mid_run_ends_its_next_samples_as_shard_changed(s3, image_model, tmp_path, monkeypatch):
+    """A ``wds:`` build from S3 whose tar is rewritten while the build waits after its first row (one sample read at
+    a time): a sample read after it ends as shard_changed (its range reads are pinned to the ETag listed), never the
+    run nor another file's bytes."""
+    images = sample_images()[:3]
+    _upload(_padded_wds(tmp_path / "src" / "000.tar", images), "wds-changed")
+    hold, points = tmp_path / "hold", tmp_path / "points.log"
+    hold.touch()
+    monkeypatch.setenv(HOLD_ENV, f"sample:1={hold}")
+    monkeypatch.setenv(LOG_ENV, str(points))
+    spec = f"wds:s3://{BUCKET}/wds-changed/000.tar"
+    ended: dict[str, Any] = {}
+    wanted = _config("wds", spec, tmp_path / "out", "-", image_model).with_values(prefetch=0, text_batch=1)
+    build = threading.Thread(target=lambda: ended.update(result=run_build(wanted)), daemon=True)
+    build.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not (points.exists() and "sample" in points.read_text().split()):
+            assert time.monotonic() < deadline and build.is_alive(), "the build's first row never came"
+            time.sleep(0.05)
+        rewritten = _padded_wds(tmp_path / "other" / "000.tar", images[::-1])
+        _client().put_object(Bucket=BUCKET, Key="wds-changed/000.tar", Body=rewritten.read_bytes())
+    finally:
+        hold.unlink()
+        build.join(timeout=120)
+    ok, result = ended["result"]
+    assert ok, result
+    assert result["done"] >= 1 and result["reasons"].get("shard_changed", 0) >= 1, result
+    assert result["done"] + result["reasons"]["shard_changed"] == len(images), result  # no other outcome
 
 
 def test_the_keys_never_reach_out_or_the_logs(builds):

@@ -11,7 +11,7 @@ import torch
 
 from infra import outdir
 from infra.cache import ledger
-from infra.cache.cachedir import overwrite_in_progress, read_cache_json
+from infra.cache.cachedir import PENDING_JSON, overwrite_in_progress, read_cache_json
 from infra.cache.ledger import FileRecord, LedgerRow
 from infra.config import CacheSpec
 from infra.errors import DamagedCacheError
@@ -106,7 +106,8 @@ def repeated_frames(rows: Iterable[LedgerRow]) -> int:
 def inspect_cache(out: Path) -> dict[str, Any]:
     """Counts per group and status, bytes, fingerprint, and the keys/shapes/dtypes of one sample per group."""
     out = outdir.root(out)
-    meta = read_cache_json(out)
+    meta = read_cache_json(out)  # in a store, an unfinished run's pending one where there is one
+    unfinished = outdir.is_store(out) and outdir.lstat(out, PENDING_JSON) is not None
     fmt = get_format(meta["spec"]["format"])
     groups: dict[str, Counter[str]] = defaultdict(Counter)
     reasons: Counter[str] = Counter()
@@ -135,6 +136,7 @@ def inspect_cache(out: Path) -> dict[str, Any]:
             samples[group] = {"path": paths[0], "files": described}
     return {
         "out": str(out),
+        "unfinished": unfinished,
         "fingerprint": meta["fingerprint"],
         "family": meta["spec"]["family"],
         "format": meta["spec"]["format"],
@@ -171,6 +173,12 @@ def format_report(report: dict[str, Any]) -> str:
         f"done         {report['done']} samples, {report['bytes']:,} bytes"
         + (f"; {report['repeated_frames']} with frames repeated to fill F" if report.get("repeated_frames") else ""),
     ]
+    if report.get("unfinished"):
+        lines.insert(
+            1,
+            f"unfinished   no cache.json yet: a run is writing it, or stopped before it ended; this is the spec it "
+            f"declares ({PENDING_JSON}): the same build command finishes it",
+        )
     overwrite = report.get("overwrite")
     if overwrite:
         lines.append(

@@ -50,20 +50,19 @@ class OutState:
 
 def read_cache_json(out: Path) -> dict[str, Any]:
     """The parsed cache.json (raises FileNotFoundError / ValueError); in a store, the pending one of a run that has
-    not ended where there is no cache.json yet."""
-    try:
-        return json.loads(outdir.read_text(out, CACHE_JSON))
-    except FileNotFoundError:
-        if not isinstance(outdir.root(out), StoreOut):
-            raise
-        return json.loads(outdir.read_text(out, PENDING_JSON))
+    not ended where there is one (what that run declares: a new cache, or an approved overwrite of the cache.json
+    still there), else cache.json."""
+    if outdir.is_store(out):
+        with contextlib.suppress(FileNotFoundError):
+            return json.loads(outdir.read_text(out, PENDING_JSON))
+    return json.loads(outdir.read_text(out, CACHE_JSON))
 
 
 def has_cache_json(out: Path | StoreOut) -> bool:
     """OUT declares a cache: its cache.json, or in a store the pending one of a run that has not ended."""
     if outdir.lstat(out, CACHE_JSON) is not None:
         return True
-    return isinstance(outdir.root(out), StoreOut) and outdir.lstat(out, PENDING_JSON) is not None
+    return outdir.is_store(out) and outdir.lstat(out, PENDING_JSON) is not None
 
 
 def overwrite_in_progress(meta: Mapping[str, Any], done: Mapping[str | None, int]) -> dict[str, Any] | None:
@@ -78,8 +77,9 @@ def overwrite_in_progress(meta: Mapping[str, Any], done: Mapping[str | None, int
 
 
 def write_cache_json(out: Path, spec: CacheSpec, provenance: dict[str, Any], *, replace: bool = False) -> Path:
-    """Create cache.json (replaces an existing one only when told: an approved overwrite). In a store a new one is
-    the pending one, made cache.json by `finish_cache_json` when the run's writes end."""
+    """Create cache.json (replaces an existing one only when told: an approved overwrite). In a store it is the
+    pending one (an overwrite's over a pending one there), made cache.json by `finish_cache_json` when the run's writes
+    end."""
     body = {
         "fingerprint": spec.fingerprint(),
         "spec": spec.model_dump(mode="json"),
@@ -91,22 +91,39 @@ def write_cache_json(out: Path, spec: CacheSpec, provenance: dict[str, Any], *, 
         },
     }
     text = json.dumps(body, indent=2, sort_keys=True) + "\n"
-    rel = PENDING_JSON if isinstance(outdir.root(out), StoreOut) and not replace else CACHE_JSON
+    rel = PENDING_JSON if outdir.is_store(out) else CACHE_JSON
     return atomic_write(rel, text.encode(), replace=replace, out=out).path
 
 
 def finish_cache_json(out: Path | StoreOut) -> None:
     """In a store, when a run's writes end: the pending cache.json becomes cache.json (its bytes, one PUT, never over
-    one there), then the pending one is deleted. Nothing to do for a local OUT or where nothing is pending."""
-    if not isinstance(outdir.root(out), StoreOut):
+    one there but the cache.json an approved overwrite replaces), then the pending one is deleted. Nothing to do for
+    a local OUT or where nothing is pending."""
+    if not outdir.is_store(out):
         return
     try:
         data = outdir.read_bytes(out, PENDING_JSON)
     except FileNotFoundError:
         return
-    with contextlib.suppress(FileExistsError):  # written by an earlier run stopped before it deleted the pending one
-        atomic_write(CACHE_JSON, data, out=out)
+    if _replaces(out, data):  # an approved overwrite: its cache.json over the one it replaces
+        atomic_write(CACHE_JSON, data, replace=True, out=out)
+    else:
+        with contextlib.suppress(FileExistsError):  # a run stopped before it deleted the pending one wrote it
+            atomic_write(CACHE_JSON, data, out=out)
     outdir.unlink(out, PENDING_JSON)
+
+
+def _replaces(out: Path | StoreOut, pending: bytes) -> bool:
+    """Whether the pending cache.json `pending` is an approved overwrite of OUT's cache.json (its provenance names
+    the fingerprint that one declares, and it is not these bytes already)."""
+    try:
+        replaces = (json.loads(pending).get("provenance") or {}).get("replaces")
+        if not replaces:  # a new cache's (no read of cache.json)
+            return False
+        there = outdir.read_bytes(out, CACHE_JSON)
+        return there != pending and json.loads(there).get("fingerprint") == replaces
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _visible_entries(out: Path) -> list[Path]:
@@ -116,7 +133,7 @@ def _visible_entries(out: Path) -> list[Path]:
 def classify(out: Path, spec: CacheSpec) -> OutState:
     """absent / compatible / incompatible / foreign / damaged, with what differs."""
     out = outdir.root(out)
-    if isinstance(out, StoreOut):  # a prefix: absent while no object is below it (but the lease)
+    if outdir.is_store(out):  # a prefix: absent while no object is below it (but the lease)
         if not [e for e in outdir.entries(out) if e.name != LOCK_NAME]:
             return OutState("absent", f"{out} does not exist or is empty")
     elif not out.exists() or (out.is_dir() and not _visible_entries(out)):

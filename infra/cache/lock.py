@@ -17,7 +17,10 @@ on release. A live lease of another owner stops the run (LockedError); an expire
 host that is gone, is taken over with ``If-Match`` on the ETag read, so two runs taking over at once cannot both win.
 A run whose heartbeat finds its lease taken (the ``If-Match`` refused), or that could not renew it before it ran out,
 stops writing at once: every later put of the process below that OUT is refused (`infra.outstore.lose`: LeaseLost,
-one line). ``LATENTFORGE_LEASE_SECONDS`` sets the lease (the heartbeat is a quarter of it): tests shorten it.
+one line). The lease's record holds a token of its own (the same through its renewals): a Ray worker's shard task
+writes for the run that holds the lease (`follow`), and reads the lease before each of its writes below OUT, which it
+refuses (LeaseLost) once the token there is not the run's. ``LATENTFORGE_LEASE_SECONDS`` sets the lease (the heartbeat
+is a quarter of it): tests shorten it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -277,6 +281,7 @@ class _Lease:
 
     def __init__(self, out: StoreOut) -> None:
         self.out, self.etag = out, ""
+        self.token = secrets.token_hex(16)  # this lease's, through its renewals (what a worker checks: `follow`)
         self.seconds, self.beat = lease_seconds()
         self._until = 0.0  # (monotonic) when the lease last put runs out
         self._stop = threading.Event()
@@ -286,7 +291,8 @@ class _Lease:
         owner = asdict(LockOwner.me())
         expires = datetime.now(UTC) + timedelta(seconds=self.seconds)
         run = os.environ.get("PREFECT__FLOW_RUN_ID")
-        return json.dumps({**owner, "expires": expires.isoformat(timespec="seconds"), "run": run}).encode()
+        record = {**owner, "expires": expires.isoformat(timespec="seconds"), "run": run, "token": self.token}
+        return json.dumps(record).encode()
 
     def take(self) -> None:
         self._until = time.monotonic() + self.seconds
@@ -328,10 +334,7 @@ class _Lease:
 
     def _lose(self, why: str) -> None:
         """Refuse this process's every later write below OUT, with one line saying why (logged once here)."""
-        message = (
-            f"{self.out}: {why}; this run stopped writing there (nothing more is put). If no other run is writing "
-            "OUT, run the same command again: it resumes"
-        )
+        message = _lost_line(self.out, why)
         if not self._stop.is_set():
             outstore.lose(self.out.url, message)
             logger.error("%s", message)
@@ -357,3 +360,54 @@ class _Lease:
             self._beat.join(timeout=5)
             self.release()
             outstore.regain(self.out.url)
+
+
+def _lost_line(out: StoreOut, why: str) -> str:
+    return (
+        f"{out}: {why}; this run stopped writing there (nothing more is put). If no other run is writing OUT, run the "
+        "same command again: it resumes"
+    )
+
+
+def lease_of(out: Path | StoreOut) -> tuple[str, str] | None:
+    """(OUT's URL, the lease's token) of the lease this process holds on the store OUT `out`; None for a local OUT
+    or one this process holds no lease on. What a run hands its shard tasks in other processes (`follow`)."""
+    for lease in list(_leases):
+        if isinstance(out, StoreOut) and lease.out.url == out.url:
+            return lease.out.url, lease.token
+    return None
+
+
+@contextlib.contextmanager
+def follow(lease: tuple[str, str] | None) -> Iterator[None]:
+    """In a process that writes below an OUT for a run holding its lease elsewhere (a Ray worker's shard task): while
+    the block runs, each write below OUT first reads the lease (one GET) and is refused, with every later one
+    (LeaseLost, the line the run's own process gives), once the lease is not the run's (another run took it over, or
+    it is gone). A write whose check came just before a takeover is still sent: the store has no put conditional on
+    another object. Nothing for None (a local OUT)."""
+    if lease is None:
+        yield
+        return
+    url, token = lease
+    out = StoreOut(url)
+
+    def check() -> str | None:
+        try:
+            record = json.loads(out.read_bytes(LOCK_NAME))
+        except FileNotFoundError:
+            return _lost_line(out, "this run's lease is gone (released or removed)")
+        except (ValueError, TypeError):
+            record = {}
+        if isinstance(record, dict) and record.get("token") == token:
+            return None
+        try:
+            holder = LockOwner(**{k: record[k] for k in ("pid", "host", "create_time", "since")}).text()
+        except (KeyError, TypeError):
+            holder = "another run (an unreadable record)"
+        return _lost_line(out, f"this run's lease was taken over by {holder}")
+
+    outstore.guard(url, check)
+    try:
+        yield
+    finally:
+        outstore.unguard(url)

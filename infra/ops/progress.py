@@ -23,9 +23,10 @@ class RunState:
     stop between samples, or None. A plain class, not a dataclass: Prefect passes a task's parameters through as
     they are (it rebuilds dataclasses and models it walks)."""
 
-    def __init__(self, run_key: str, stop: StopCheck = preempt.requested) -> None:
+    def __init__(self, run_key: str, stop: StopCheck = preempt.requested, lease: tuple[str, str] | None = None) -> None:
         self.run_key = run_key
         self.stop = stop
+        self.lease = lease  # (OUT's URL, token) of the run's lease on a store OUT: `infra.cache.lock.follow`
         self._counts: Counter[str] | None = Counter()
         self._lock = threading.Lock()
 
@@ -47,8 +48,8 @@ class RunState:
             return dict(self._counts or {})
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"run_key": self.run_key, "stop": self.stop}  # counts stay in the flow's process
+        return {"run_key": self.run_key, "stop": self.stop, "lease": self.lease}  # counts stay in the flow's process
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.run_key, self.stop = state["run_key"], state["stop"]
+        self.run_key, self.stop, self.lease = state["run_key"], state["stop"], state.get("lease")
         self._counts, self._lock = None, threading.Lock()
