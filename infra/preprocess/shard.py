@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from infra import outdir
 from infra.cache import ledger
@@ -39,6 +40,7 @@ from infra.preprocess import record_row as record
 from infra.preprocess.chunks import Chunk
 from infra.preprocess.encode import encode, load_encoder, shard_state
 from infra.preprocess.inflight import KILLED_RUN, InFlight
+from infra.preprocess.kept import kept_listing
 from infra.preprocess.prefetch import read_ahead
 from infra.preprocess.prepare import PreparedSample, prepare
 from infra.preprocess.puts import Commits, Pending
@@ -82,6 +84,7 @@ class _Loop:
     inflight: InFlight
     commits: Commits | None = None  # every visit's row committed in order (`infra.preprocess.puts`)
     background: bool = False  # a sample's files are put on the pool of `commits` (an OUT in an object store)
+    spool: Path | None = None  # the plan's listing (`infra.preprocess.kept`)
 
     @property
     def shard_id(self) -> str:
@@ -99,6 +102,7 @@ def process_shard(
     run_id: str | None = None,
     chunk: Chunk | None = None,
     run: RunState | None = None,
+    listing: Path | None = None,
 ) -> ShardResult:
     """Encode one shard's samples (up to its quota), journal each row, seal the ledger at the end.
 
@@ -107,7 +111,8 @@ def process_shard(
     A `chunk` takes only its clips and seals only their rows, into its own ledger part (`infra.preprocess.chunks`:
     merged into the shard's ledger when the shard's chunks have ended). `run` is the run's state (its stop check);
     a shard run alone gets its own. A planned sample the task does not visit gets its row (`infra.preprocess.
-    unvisited`); a task that crashes seals what it has, those rows included, and raises the crash again."""
+    unvisited`); a task that crashes seals what it has, those rows included, and raises the crash again. `listing`:
+    the plan's spool of what it listed (a shard with nothing to encode is not listed again: `infra.preprocess.kept`)."""
     start = time.perf_counter()
     pin_cpu_threads(job.device)  # this thread encodes the shard (its text phase too): same bytes anywhere
     bind_thread(job.device)  # cuda:N placed: this thread's events and memory counters are that GPU's
@@ -137,6 +142,7 @@ def process_shard(
             job, shard, chunk, writer, journal, get_encoder, state, previous, rows, result, keys, run_id, on_row,
             inflight,
         )  # fmt: skip
+        loop.spool = listing
         loop.background = isinstance(outdir.root(job.out), StoreOut) and isinstance(writer, PerSampleWriter)
         loop.commits = Commits(
             writer if loop.background else None,
@@ -162,7 +168,10 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
     first, stop = (0, shard.quota) if chunk is None else (chunk.start, chunk.stop)
     wanted = functools.partial(_wanted, loop)
     source = open_source(job.source, job.spec, job.limits)
-    samples = source.samples(shard.shard)  # the task's one listing of its shard
+    whole = chunk is None and loop.keys is None and not job.run.text_offload
+    kept = kept_listing(job, shard, loop.previous, loop.spool, whole)
+    # the task's one listing of its shard (none where every sample is kept: the plan's)
+    samples = (ref for ref in kept) if kept is not None else source.samples(shard.shard)
     clips: Iterator[SampleRef] = itertools.islice(samples, first, stop)
     if job.run.text_offload:  # the prompts first; then the text encoder is parked
         texts, encoder = loop.state.texts, loop.get_encoder
