@@ -25,6 +25,11 @@ from typing import Any
 from infra.cache.ledger import LedgerRow
 from infra.errors import OutWriteError
 from infra.formats import PerSampleWriter, WrittenSample
+from infra.job import Job
+from infra.outdir import UnsafePath
+from infra.preprocess.record_row import Outcome, row
+from infra.preprocess.write import WrittenFiles
+from infra.sources import SampleRef
 
 logger = logging.getLogger(__name__)
 
@@ -138,3 +143,21 @@ class Commits:
 
 def _ready(made: Any) -> bool:
     return not isinstance(made, Pending) or (made.future is not None and made.future.done())
+
+
+def put_ended(ref: SampleRef, job: Job, outcome: Outcome, ended: WrittenSample | BaseException) -> LedgerRow:
+    """The row of a sample whose files were put in the background, from what the put ended with: done, or the row
+    its error gives (as `process_sample`'s); a store that refuses writes, or a lost lease, stops the shard."""
+    if isinstance(ended, WrittenSample):
+        outcome.written, outcome.status = WrittenFiles(ended.records(job.out)), "done"
+        return row(ref, job, outcome)
+    if isinstance(ended, OutWriteError | UnsafePath) or not isinstance(ended, Exception):
+        raise ended
+    seconds = outcome.seconds
+    if isinstance(ended, FileExistsError):
+        outcome = Outcome(reason="output_exists", detail=str(ended))
+    else:
+        logger.error("sample %s failed: %s", ref.key, ended, exc_info=ended)
+        outcome = Outcome(reason="encode_error", detail=f"{type(ended).__name__}: {ended}")
+    outcome.seconds = seconds
+    return row(ref, job, outcome)

@@ -26,7 +26,7 @@ from infra.cache.ledger import WINDOWS_KEY, LedgerRow
 from infra.devices import bind_thread, pin_cpu_threads
 from infra.errors import InputError, LatentforgeError, ModelLoadError, OutWriteError
 from infra.faults import fault_point
-from infra.formats import PerSampleWriter, Writer, WrittenSample, get_format
+from infra.formats import PerSampleWriter, Writer, get_format
 from infra.gates.disk import stopping_message
 from infra.job import Job
 from infra.media.prompts import CaptionRules
@@ -43,7 +43,7 @@ from infra.preprocess.inflight import KILLED_RUN, InFlight
 from infra.preprocess.kept import kept_listing
 from infra.preprocess.prefetch import read_ahead
 from infra.preprocess.prepare import PreparedSample, prepare
-from infra.preprocess.puts import Commits, Pending
+from infra.preprocess.puts import Commits, Pending, put_ended
 from infra.preprocess.read import read
 from infra.preprocess.shape_batches import ShapeBatches
 from infra.preprocess.shard_result import ShardResult
@@ -356,7 +356,7 @@ def process_sample(
             with stage_timing("write"):  # rendered here; put on the pool while the next sample encodes
                 rendered = writer.render(outcome.encoded.sample)
             outcome.seconds = round(time.perf_counter() - start, 4)
-            return Pending(rendered, overwrite, functools.partial(_put_ended, ref, job, outcome))
+            return Pending(rendered, overwrite, functools.partial(put_ended, ref, job, outcome))
         with stage_timing("write"):
             outcome.written = write.write(job, writer, outcome.encoded.sample, disk.files, overwrite)
         outcome.status = "done"
@@ -374,24 +374,6 @@ def process_sample(
         logger.exception("sample %s failed", ref.key)
         outcome = record.Outcome(reason="encode_error", detail=f"{type(exc).__name__}: {exc}")
     outcome.seconds = round(time.perf_counter() - start, 4)
-    return record.row(ref, job, outcome)
-
-
-def _put_ended(ref: SampleRef, job: Job, outcome: record.Outcome, ended: WrittenSample | BaseException) -> LedgerRow:
-    """The row of a sample whose files were put in the background, from what the put ended with: done, or the row
-    its error gives (as `process_sample`'s); a store that refuses writes, or a lost lease, stops the shard."""
-    if isinstance(ended, WrittenSample):
-        outcome.written, outcome.status = write.WrittenFiles(ended.records(job.out)), "done"
-        return record.row(ref, job, outcome)
-    if isinstance(ended, OutWriteError | UnsafePath) or not isinstance(ended, Exception):
-        raise ended
-    seconds = outcome.seconds
-    if isinstance(ended, FileExistsError):
-        outcome = record.Outcome(reason="output_exists", detail=str(ended))
-    else:
-        logger.error("sample %s failed: %s", ref.key, ended, exc_info=ended)
-        outcome = record.Outcome(reason="encode_error", detail=f"{type(ended).__name__}: {ended}")
-    outcome.seconds = seconds
     return record.row(ref, job, outcome)
 
 
