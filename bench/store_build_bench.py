@@ -98,9 +98,12 @@ def main() -> None:
         _build(f"vbvr:{src}", model, str(root / "warm"))  # imports and first loads, outside the timed runs
         seconds: dict[str, list[float]] = {"local": [], "s3": []}
         loads: list[tuple[float, float, float | None, float]] = []  # each S3 build: wall, proxy CPU, moto CPU, ours
+        local_cpu: list[float] = []  # each local build's process CPU seconds
         for attempt in range(args.repeats):
             local_out = root / f"local-{attempt}"
+            ours_before = time.process_time()
             seconds["local"].append(_build(f"vbvr:{src}", model, str(local_out))["seconds"])
+            local_cpu.append(time.process_time() - ours_before)
             s3_out = f"s3://{BUCKET}/out-{attempt}" if args.out == "s3" else str(root / f"s3src-{attempt}")
             proxy.reset()
             moto_before, ours_before, wall = store.moto_cpu_seconds(), time.process_time(), time.perf_counter()
@@ -130,6 +133,8 @@ def main() -> None:
         for wall, proxy_cpu, moto_cpu, ours in loads:
             shown = "n/a (a thread of the build's process)" if moto_cpu is None else f"{moto_cpu:.2f}"
             print(f"| {wall:.2f} | {shown} | {proxy_cpu:.2f} | {ours:.2f} |")
+        shown_cpu = ", ".join(f"{c:.2f}" for c in local_cpu)
+        print(f"the local builds' process CPU s (the same work without a store): {shown_cpu}")
         print("\nrequests of the S3 build, per sample (and in all):")
         print("| " + " | ".join(KINDS) + " |\n|" + "---|" * len(KINDS))
         print("| " + " | ".join(f"{counts.get(k, 0) / n:.2f} ({counts.get(k, 0)})" for k in KINDS) + " |")
