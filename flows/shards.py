@@ -88,6 +88,7 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
                         "run": run,
                         "chunk": unit.chunk,
                         "device": unit.device,
+                        "listing": plan.listing,
                     }
                     running[submit(preprocess_shard, params)] = unit
                 finished, _ = wait(list(running), timeout=POLL_SECONDS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -43,16 +44,24 @@ def _retry_unless_out_refuses(task: Any, task_run: Any, state: Any) -> bool:
     retry_condition_fn=_retry_unless_out_refuses,
 )
 def preprocess_shard(
-    job: Job, shard: ShardPlan, run: RunState, chunk: Chunk | None = None, device: str | None = None
+    job: Job,
+    shard: ShardPlan,
+    run: RunState,
+    chunk: Chunk | None = None,
+    device: str | None = None,
+    listing: str | None = None,
 ) -> ShardResult:
     """Encode one shard (or one chunk of it) of `run` under the plan's `job` on `device` (the placement's:
     ``cuda:N``; None: the configured one); resumes from its ledger, so a retry redoes only what is not done. Runs in
-    the flow's process or in a Ray worker (the job is what travels): progress goes where the runner says."""
+    the flow's process or in a Ray worker (the job is what travels): progress goes where the runner says. `listing`:
+    the plan's spool of its listing, where this process can read it (a shard with nothing to encode is not listed
+    again)."""
     on_row = runners.row_reporter(run)
     if device is not None:
         job = job.placed(device)
+    spool = Path(listing) if listing is not None else None
     with follow(None if run.counting else run.lease):  # another process: its writes stop when the run's lease is lost
-        return process_shard(job, shard, on_row=on_row, run_id=flow_run.get_id(), chunk=chunk, run=run)
+        return process_shard(job, shard, on_row=on_row, run_id=flow_run.get_id(), chunk=chunk, run=run, listing=spool)
 
 
 @task(name="merge-chunks", cache_policy=NO_CACHE)

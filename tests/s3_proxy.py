@@ -17,7 +17,10 @@ import http.client
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -58,6 +61,12 @@ class Proxy:
     #: PUTs, POSTs and DELETEs of a key holding this ("": every one) answered 403 AccessDenied, counted as REFUSED
     #: (reads pass: no permission to write there); None: none.
     refuse_writes: str | None = None
+    #: CPU seconds the proxy's own threads spent forwarding (`time.thread_time`): test machinery a real store's
+    #: client does not run (the benches print it beside the build's wall time).
+    cpu_seconds: float = 0.0
+    #: Seconds each PUT whose key holds `put_delay_match` waits before it is forwarded (a slow store, for tests).
+    put_delay: float = 0.0
+    put_delay_match: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
@@ -82,6 +91,7 @@ class Proxy:
             self.counts.clear()
             self.requests.clear()
             self.bytes_out = 0
+            self.cpu_seconds = 0.0
 
     def slow_down(self, times: int, match: str) -> None:
         """Answer the next `times` GETs of an object whose key holds `match` with ``503 SlowDown``."""
@@ -145,6 +155,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._forward("DELETE")
 
     def _forward(self, method: str) -> None:
+        start = time.thread_time()
+        try:
+            self._forward_timed(method)
+        finally:
+            with self.proxy.lock:
+                self.proxy.cpu_seconds += time.thread_time() - start
+
+    def _forward_timed(self, method: str) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         kind = kind_of(method, self.path)
         if kind == "GET" and "Range" in self.headers:
@@ -163,6 +181,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
+        if method == "PUT" and self.proxy.put_delay and self.proxy.put_delay_match in self.path:
+            time.sleep(self.proxy.put_delay)
         conn = http.client.HTTPConnection(self.proxy.upstream, timeout=60)
         try:
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
@@ -226,6 +246,14 @@ class LoopbackS3:
     proxy: Proxy
     direct: str
     env: dict[str, str]
+    moto_pid: int | None = None  # moto's own process (``moto="process"``), whose CPU `moto_cpu_seconds` reads
+
+    def moto_cpu_seconds(self) -> float | None:
+        """CPU seconds (user + system) moto's process has used so far; None when moto runs in this process."""
+        if self.moto_pid is None:
+            return None
+        fields = Path(f"/proc/{self.moto_pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
 
     def objects(self, bucket: str, prefix: str) -> dict[str, bytes]:
         """Every object below ``s3://BUCKET/PREFIX/`` (key relative to the prefix → bytes), read past the proxy,
@@ -249,15 +277,48 @@ def clear_store_clients() -> None:
 
 
 @contextlib.contextmanager
-def loopback_s3(bucket: str, access_key: str, secret_key: str, home: Path) -> Iterator[LoopbackS3]:
-    """moto's server on 127.0.0.1 behind a counting `Proxy`, `bucket` made, and this process's AWS chain aimed at the
-    proxy (`home`: where the empty config and credentials files are named) until the block ends."""
-    import boto3  # noqa: PLC0415 - the test environment's
+def _moto(where: str) -> Iterator[tuple[str, int, int | None]]:
+    """moto's server on 127.0.0.1, a thread of this process or (``"process"``) its own process: (host, port, its
+    PID or None)."""
+    if where == "process":
+        from tests.procs import free_port, stop_group, wait_answers  # noqa: PLC0415 - only a process needs them
+
+        port = free_port()
+        cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_answers(f"http://127.0.0.1:{port}/moto-api/", proc, "moto server", timeout=30)
+            yield "127.0.0.1", port, proc.pid
+        finally:
+            stop_group(proc, timeout=10)
+        return
     from moto.server import ThreadedMotoServer  # noqa: PLC0415
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
-    host, port = server.get_host_and_port()
+    try:
+        host, port = server.get_host_and_port()
+        yield host, port, None
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def loopback_s3(
+    bucket: str, access_key: str, secret_key: str, home: Path, moto: str = "thread"
+) -> Iterator[LoopbackS3]:
+    """moto's server on 127.0.0.1 (a thread of this process, or with ``moto="process"`` its own process, whose CPU
+    is then told apart) behind a counting `Proxy`, `bucket` made, and this process's AWS chain aimed at the proxy
+    (`home`: where the empty config and credentials files are named) until the block ends."""
+    with _moto(moto) as (host, port, pid), _proxied(bucket, access_key, secret_key, home, host, port) as store:
+        store.moto_pid = pid
+        yield store
+
+
+@contextlib.contextmanager
+def _proxied(bucket: str, access_key: str, secret_key: str, home: Path, host: str, port: int) -> Iterator[LoopbackS3]:
+    import boto3  # noqa: PLC0415 - the test environment's
+
     proxy = Proxy(upstream=f"{host}:{port}")
     proxy.start()
     env = {
@@ -286,7 +347,6 @@ def loopback_s3(bucket: str, access_key: str, secret_key: str, home: Path) -> It
             else:
                 os.environ[name] = value
         proxy.stop()
-        server.stop()
 
 
 def module_s3(bucket: str, access_key: str, secret_key: str) -> Any:

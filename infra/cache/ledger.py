@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -301,6 +302,7 @@ class Journal:
         self.path = journal_path(out, shard_id)
         self._fd = outdir.open_fd(out, journal_rel(shard_id), os.O_RDWR | os.O_APPEND | os.O_CREAT, create_dirs=True)
         _trim_torn_tail(self._fd, self.path)
+        self._lock = threading.Lock()  # a read-ahead thread marks while the shard's thread appends
 
     def append(self, row: LedgerRow) -> None:
         """Append one whole line and fsync it. A full disk (DiskFull) leaves no torn line: the journal is cut back
@@ -314,6 +316,10 @@ class Journal:
         self._write((json.dumps({MARK: key, "pid": os.getpid(), **context}) + "\n").encode(), sync=False)
 
     def _write(self, data: bytes, *, sync: bool) -> None:
+        with self._lock:
+            self._write_locked(data, sync=sync)
+
+    def _write_locked(self, data: bytes, *, sync: bool) -> None:
         size = os.fstat(self._fd).st_size
         try:
             written = 0
@@ -360,6 +366,7 @@ class StoreJournal:
         self._next = max((n for n in found if n is not None), default=-1) + 1  # after an interrupted run's parts
         self._lines: list[bytes] = []
         self._rows, self._oldest = 0, 0.0
+        self._lock = threading.RLock()  # a read-ahead thread marks while the shard's thread appends
 
     def append(self, row: LedgerRow) -> None:
         self._keep((row.to_json() + "\n").encode(), row=True)
@@ -371,6 +378,10 @@ class StoreJournal:
         self.flush()
 
     def _keep(self, line: bytes, *, row: bool) -> None:
+        with self._lock:
+            self._keep_locked(line, row=row)
+
+    def _keep_locked(self, line: bytes, *, row: bool) -> None:
         if not self._lines:
             self._oldest = time.monotonic()
         self._lines.append(line)
@@ -380,6 +391,10 @@ class StoreJournal:
 
     def flush(self) -> None:
         """Put the kept lines as the next part (a conditional put: a part is never replaced)."""
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
         if not self._lines:
             return
         body = b"".join(self._lines)

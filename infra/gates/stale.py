@@ -119,12 +119,12 @@ def find_stale(job: Job, shards: list[ShardPlan], spool: Path | None = None) -> 
             continue
         if not rows:
             continue
-        spooled = _spooled(spool, shard)
-        if spooled is not None:
+        listed = spooled(spool, shard)
+        if listed is not None:
             found = StaleReport()
             try:
-                _check(job, shard, spooled, rows, found)
-            except _NeedsBytes:  # listed below, where the sample's bytes can be read
+                _check(job, shard, listed, rows, found)
+            except NeedsBytes:  # listed below, where the sample's bytes can be read
                 pass
             else:
                 report.stale += found.stale
@@ -157,24 +157,24 @@ def _check(
                 setattr(report, state, getattr(report, state) + 1)
 
 
-class _NeedsBytes(Exception):
+class NeedsBytes(Exception):
     """A spooled sample's bytes were asked for: the plan's listing holds what it was listed as, not its bytes."""
 
 
 def _needs_bytes() -> bytes | None:
-    raise _NeedsBytes
+    raise NeedsBytes
 
 
-def _spooled(spool: Path | None, shard: ShardPlan) -> Iterator[SampleRef] | None:
+def spooled(spool: Path | None, shard: ShardPlan) -> Iterator[SampleRef] | None:
     """The shard's samples as the plan listed them (up to its quota), where it spooled their identities and
     listed the shard without damage (a damaged one is listed again: its damage is a problem of the report); each a
-    ref whose readers raise `_NeedsBytes`. None: the source is listed."""
+    ref whose readers raise `NeedsBytes`. None: the source is listed."""
     if spool is None or shard.damage is not None:
         return None
-    spooled = read_identities(spool, shard.id)
-    if spooled is None:
+    found = read_identities(spool, shard.id)
+    if found is None:
         return None
     return (
         SampleRef(id=sid, group=group, key=key, read_media=_needs_bytes, read_prompt=_needs_bytes, identity=identity)
-        for key, sid, group, identity in spooled
+        for key, sid, group, identity in found
     )

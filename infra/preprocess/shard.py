@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from infra import outdir
 from infra.cache import ledger
@@ -25,21 +26,24 @@ from infra.cache.ledger import WINDOWS_KEY, LedgerRow
 from infra.devices import bind_thread, pin_cpu_threads
 from infra.errors import InputError, LatentforgeError, ModelLoadError, OutWriteError
 from infra.faults import fault_point
-from infra.formats import Writer, get_format
+from infra.formats import PerSampleWriter, Writer, get_format
 from infra.gates.disk import stopping_message
 from infra.job import Job
 from infra.media.prompts import CaptionRules
 from infra.models import LoadedFamily
 from infra.ops import preempt
 from infra.outdir import UnsafePath
+from infra.outstore import StoreOut
 from infra.plan import ShardPlan, parse_only
 from infra.preprocess import phases, resume, write
 from infra.preprocess import record_row as record
 from infra.preprocess.chunks import Chunk
 from infra.preprocess.encode import encode, load_encoder, shard_state
 from infra.preprocess.inflight import KILLED_RUN, InFlight
+from infra.preprocess.kept import kept_listing
 from infra.preprocess.prefetch import read_ahead
 from infra.preprocess.prepare import PreparedSample, prepare
+from infra.preprocess.puts import Commits, Pending, put_ended
 from infra.preprocess.read import read
 from infra.preprocess.shape_batches import ShapeBatches
 from infra.preprocess.shard_result import ShardResult
@@ -78,6 +82,9 @@ class _Loop:
     run_id: str | None
     on_row: RowCallback | None
     inflight: InFlight
+    commits: Commits | None = None  # every visit's row committed in order (`infra.preprocess.puts`)
+    background: bool = False  # a sample's files are put on the pool of `commits` (an OUT in an object store)
+    spool: Path | None = None  # the plan's listing (`infra.preprocess.kept`)
 
     @property
     def shard_id(self) -> str:
@@ -95,6 +102,7 @@ def process_shard(
     run_id: str | None = None,
     chunk: Chunk | None = None,
     run: RunState | None = None,
+    listing: Path | None = None,
 ) -> ShardResult:
     """Encode one shard's samples (up to its quota), journal each row, seal the ledger at the end.
 
@@ -103,7 +111,8 @@ def process_shard(
     A `chunk` takes only its clips and seals only their rows, into its own ledger part (`infra.preprocess.chunks`:
     merged into the shard's ledger when the shard's chunks have ended). `run` is the run's state (its stop check);
     a shard run alone gets its own. A planned sample the task does not visit gets its row (`infra.preprocess.
-    unvisited`); a task that crashes seals what it has, those rows included, and raises the crash again."""
+    unvisited`); a task that crashes seals what it has, those rows included, and raises the crash again. `listing`:
+    the plan's spool of what it listed (a shard with nothing to encode is not listed again: `infra.preprocess.kept`)."""
     start = time.perf_counter()
     pin_cpu_threads(job.device)  # this thread encodes the shard (its text phase too): same bytes anywhere
     bind_thread(job.device)  # cuda:N placed: this thread's events and memory counters are that GPU's
@@ -133,6 +142,12 @@ def process_shard(
             job, shard, chunk, writer, journal, get_encoder, state, previous, rows, result, keys, run_id, on_row,
             inflight,
         )  # fmt: skip
+        loop.spool = listing
+        loop.background = isinstance(outdir.root(job.out), StoreOut) and isinstance(writer, PerSampleWriter)
+        loop.commits = Commits(
+            writer if loop.background else None,
+            functools.partial(_commit, loop),  # type: ignore[arg-type]
+        )
         crash = _loop_shard(loop)
     ledger.seal(job.out, ledger_id, rows.values())
     fault_point("shard")
@@ -153,7 +168,10 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
     first, stop = (0, shard.quota) if chunk is None else (chunk.start, chunk.stop)
     wanted = functools.partial(_wanted, loop)
     source = open_source(job.source, job.spec, job.limits)
-    samples = source.samples(shard.shard)  # the task's one listing of its shard
+    whole = chunk is None and loop.keys is None and not job.run.text_offload
+    kept = kept_listing(job, shard, loop.previous, loop.spool, whole)
+    # the task's one listing of its shard (none where every sample is kept: the plan's)
+    samples = (ref for ref in kept) if kept is not None else source.samples(shard.shard)
     clips: Iterator[SampleRef] = itertools.islice(samples, first, stop)
     if job.run.text_offload:  # the prompts first; then the text encoder is parked
         texts, encoder = loop.state.texts, loop.get_encoder
@@ -173,6 +191,7 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
             contextlib.closing(ahead) if ahead is not None else contextlib.nullcontext(),
             contextlib.closing(batches) if batches is not None else contextlib.nullcontext(),
             contextlib.closing(samples),
+            contextlib.closing(loop.commits),  # the puts in flight waited for (after `_run`: none is left)
         ):
             _run(loop, ahead if ahead is not None else clips)
     except ShardReadError as exc:
@@ -210,6 +229,8 @@ def _run(loop: _Loop, clips: Iterator[SampleRef]) -> None:
     """Visit every clip (each of its windows), up to a stop asked for (SIGTERM, Ctrl-C): the shard ends there,
     after the sample in flight."""
     known_windows = ledger.windows_by_clip(loop.previous)
+    commits = loop.commits
+    assert commits is not None
     for clip in clips:
         if loop.keys is not None and not resume.selected(clip.key, loop.keys):
             continue
@@ -220,16 +241,28 @@ def _run(loop: _Loop, clips: Iterator[SampleRef]) -> None:
             stopped = loop.state.run.stop()
             if stopped:
                 loop.result.interrupted = stopped
+                commits.drain()
                 return
-            row = _visit(loop, ref, len(windows) if ref.window is not None else None)
-            loop.rows[ref.key] = row
-            if loop.on_row is not None:
-                loop.on_row(row)
+            count = len(windows) if ref.window is not None else None
+            made, fresh = _visit(loop, ref, count)
+            commits.add(made, (count, fresh))
+    commits.drain()  # the shard's seal waits for its puts
 
 
-def _visit(loop: _Loop, ref: SampleRef, windows: int | None) -> LedgerRow:
-    """One sample of the shard: its done row kept (checked against the source), or made now and journalled (a
-    window's row records how many windows its clip has); a sample runs died on is recorded failed, not encoded."""
+def _commit(loop: _Loop, made: LedgerRow, note: tuple[int | None, bool]) -> None:
+    """A visit's row, in the order of the visits: a new one journalled and counted (a sample's files put in the
+    background: once they are in the store), then kept with the shard's rows and reported."""
+    windows, fresh = note
+    row = _new_row(loop, made, windows) if fresh else made
+    loop.rows[row.key] = row
+    if loop.on_row is not None:
+        loop.on_row(row)
+
+
+def _visit(loop: _Loop, ref: SampleRef, windows: int | None) -> tuple[LedgerRow | Pending, bool]:
+    """One sample of the shard: its done row kept (checked against the source), or made now (a `Pending` while its
+    files are put in the background); whether it is new (`_commit` journals it: a window's row records how many
+    windows its clip has); a sample runs died on is recorded failed, not encoded."""
     job = loop.job
     row, replace = loop.previous.get(ref.key), None
     if row is not None and resume.reusable(row, job):
@@ -237,14 +270,16 @@ def _visit(loop: _Loop, ref: SampleRef, windows: int | None) -> LedgerRow:
         if row is not loop.previous[ref.key]:
             loop.journal.append(row)
         if replace is None:
-            return row
+            return row, False
     elif loop.inflight.killed(ref, row):  # not tried again unless --only names it
         if row is not None and row.reason == KILLED_RUN:
-            return _left_failed(loop, row)
+            return _left_failed(loop, row), False
         detail = loop.inflight.detail(ref.key, loop.run_id)
-        return _new_row(loop, record.row(ref, job, record.Outcome(reason=KILLED_RUN, detail=detail)), windows)
-    made = process_sample(ref, job, loop.writer, loop.get_encoder, loop.state, replace_stale=replace)
-    return _new_row(loop, made, windows)
+        return record.row(ref, job, record.Outcome(reason=KILLED_RUN, detail=detail)), True
+    made = process_sample(
+        ref, job, loop.writer, loop.get_encoder, loop.state, replace_stale=replace, background=loop.background
+    )
+    return made, True
 
 
 def _new_row(loop: _Loop, row: LedgerRow, windows: int | None) -> LedgerRow:
@@ -295,10 +330,14 @@ def process_sample(
     state: ShardState,
     *,
     replace_stale: str | None = None,
-) -> LedgerRow:
+    background: bool = False,
+) -> LedgerRow | Pending:
     """One sample's trip → its ledger row (done / skipped with a reason / failed with the error). Inputs are read
     and prepared before the model is asked for, so a run of bad inputs never loads one. `replace_stale` (the old
-    file's sha256) re-encodes a sample whose source changed and replaces its files: approved at the stale gate."""
+    file's sha256) re-encodes a sample whose source changed and replaces its files: approved at the stale gate.
+    With `background` (a per-sample writer below an OUT in an object store), a sample with nothing at its paths is
+    encoded and rendered here and returned `Pending`: its files are put in the background (`infra.preprocess.puts`),
+    its row made when they are in the store."""
     start = time.perf_counter()
     disk = resume.on_disk(job, ref, replacing=replace_stale is not None)
     if disk.adopted is not None:  # written by an interrupted run of this spec: kept, not encoded now
@@ -313,6 +352,11 @@ def process_sample(
         fault_point("decode")
         outcome.encoded = encode(prepared, job, get_encoder(), state)
         overwrite = replace or job.replace_from is not None
+        if background and not disk.files and isinstance(writer, PerSampleWriter):
+            with stage_timing("write"):  # rendered here; put on the pool while the next sample encodes
+                rendered = writer.render(outcome.encoded.sample)
+            outcome.seconds = round(time.perf_counter() - start, 4)
+            return Pending(rendered, overwrite, functools.partial(put_ended, ref, job, outcome))
         with stage_timing("write"):
             outcome.written = write.write(job, writer, outcome.encoded.sample, disk.files, overwrite)
         outcome.status = "done"
