@@ -84,12 +84,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", choices=("s3", "local"), default="s3", help="where the S3 build's OUT is")
     parser.add_argument("--moto", choices=("process", "thread"), default="process", help="where moto's server runs")
+    parser.add_argument("--put-latency", type=float, default=0.0, help="seconds the proxy holds each PUT (a far store)")
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory() as tmp,
         loopback_s3(BUCKET, "bench", "bench", Path(tmp), moto=args.moto) as store,
     ):
         proxy, client = store.proxy, boto3.client("s3", endpoint_url=store.direct)
+        proxy.put_delay, proxy.put_delay_match = args.put_latency, ""  # every PUT through the proxy ("" matches all)
         root = Path(tmp)
         src = _shards(root / "src", args.samples, args.shards)
         for tar in sorted(src.glob("*.tar")):
@@ -122,7 +124,10 @@ def main() -> None:
         n = args.samples
         best = {where: min(times) for where, times in seconds.items()}
         rate = {where: n / s for where, s in best.items()}
-        print(f"{n} samples in {args.shards} shards; source on S3, OUT {args.out}; best of {args.repeats}")
+        print(
+            f"{n} samples in {args.shards} shards; source on S3, OUT {args.out}; best of {args.repeats}; "
+            f"{args.put_latency:g} s a PUT"
+        )
         print("| build | preprocess s | samples/s | vs local |")
         print("|---|---|---|---|")
         print(f"| local → local | {best['local']:.2f} | {rate['local']:.2f} | 1.00× |")

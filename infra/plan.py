@@ -423,13 +423,14 @@ def _count_samples(
     stems: dict[bytes, Claim],
     add: Callable[[str, str, str], None],
     note: Callable[[str, str, str, SourceIdentity], None] | None = None,
+    record: Callable[[Any], None] | None = None,
 ) -> tuple[int, dict[str, str], dict[str, str], str | None]:
     """How many samples this run visits in `shard`; {key: ``SHARD/KEY``} of those whose group and id an earlier
     sample has (a duplicate: refused, not encoded); {key: what it collides with} of those whose output name an
     earlier sample of another id has, up to case and Unicode normalisation (``a.mp4`` and ``a.mov``, ``Clip.mp4``
     and ``clip.mp4``: refused, ``name_collision``, the first kept); the damage that cut the listing short. Output
     names go into `stems` (`Claim`s by the digest of their collision key); each sample counted is handed to `add`
-    (key, id, group), and to `note` with its source identity as listed."""
+    (key, id, group), to `note` with its source identity as listed, and to `record` as its listing found it."""
     count, duplicates, collisions, damage = 0, {}, {}, None
     with contextlib.closing(source.samples(shard)) as samples:
         try:
@@ -438,6 +439,8 @@ def _count_samples(
                 add(ref.key, ref.id, ref.group)
                 if note is not None:
                     note(ref.key, ref.id, ref.group, ref.identity)
+                if record is not None:
+                    record(ref.listed)
                 kind, first = _claim(stems, shard.id, ref) if ref.stem else (None, "")
                 if kind is not None:
                     (duplicates if kind == "duplicate" else collisions)[ref.key] = first
@@ -501,11 +504,13 @@ def plan_shards(
         caps = [c for c in (left, config.selection.max_samples_per_shard) if c is not None]
         cap = min(caps) if caps else None
         noting = spool and shard.id in ledgered  # a resumed shard: what its samples are listed as, for the stale check
+        recording = spool and is_url(shard.path)  # its task reads no header again (`infra.preprocess.kept`)
         with (
             listing.spool_shard(spool, shard.id) if spool else contextlib.nullcontext(_unrecorded) as add,
             listing.spool_identities(spool, shard.id) if noting else contextlib.nullcontext() as note,
+            listing.spool_records(spool, shard.id) if recording else contextlib.nullcontext() as record,
         ):
-            count, duplicates, collisions, damage = _count_samples(source, shard, cap, stems, add, note)
+            count, duplicates, collisions, damage = _count_samples(source, shard, cap, stems, add, note, record)
         whole = damage is None and (cap is None or count < cap)
         listed = {"size": shard.size, "mtime_ns": shard.mtime_ns, "duplicates": duplicates, "collisions": collisions}
         listed |= {"version": shard.version or None}

@@ -17,7 +17,7 @@ import json
 import logging
 import shutil
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,47 @@ def read_identities(spool: Path, shard_id: str) -> Iterator[tuple[str, str, str,
     if not path.is_file():
         return None
     return _identities(path)
+
+
+def records(spool: Path) -> Path:
+    """Where a plan spools what each sample of a tar in a store was listed as (`spool_records`), beside its listing
+    spool: the run's own working record, never recorded in OUT."""
+    return spool.with_name(f"{spool.name}-records")
+
+
+@contextlib.contextmanager
+def spool_records(spool: Path, shard_id: str) -> Iterator[Callable[[Any], None]]:
+    """Write one shard's samples as its listing found them (`SampleRef.listed`: a tar sample's member offsets), for
+    its task to make them again without listing the tar (`Source.relisted`): yields ``add(listed)``, called in source
+    order. A sample without a record (None) drops the shard's file: its task lists the shard."""
+    path = listing_path(records(spool), shard_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    whole = True
+    with path.open("w", encoding="ascii") as fh:  # JSON escapes: any member name, even undecodable
+
+        def add(listed: Any) -> None:
+            nonlocal whole
+            whole = whole and listed is not None
+            if whole:
+                fh.write(json.dumps(listed) + "\n")
+
+        yield add
+    if not whole:
+        path.unlink()
+
+
+def read_records(spool: Path, shard_id: str) -> Generator[Any, None, None] | None:
+    """A shard's samples as `spool_records` spooled them (read as they come); None when the plan spooled none."""
+    path = listing_path(records(spool), shard_id)
+    if not path.is_file():
+        return None
+    return _json_lines(path)
+
+
+def _json_lines(path: Path) -> Generator[Any, None, None]:
+    with path.open(encoding="ascii") as fh:
+        for line in fh:
+            yield json.loads(line)
 
 
 def _identities(path: Path) -> Iterator[tuple[str, str, str, SourceIdentity]]:

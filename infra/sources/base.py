@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from infra.errors import InputError, LatentforgeError, SourceError
 from infra.registry import Registry
@@ -136,6 +136,9 @@ class SampleRef:
     #: What the listing found wrong with the sample, each with its detail (`Problem.DUPLICATE_ID`'s: the sample
     #: met first): it is refused for the first (`problem`) before a byte of it is read.
     problems: dict[Problem, str] = field(default_factory=dict)
+    #: What the listing found of the sample as a JSON value (a tar sample's member offsets): `Source.relisted`
+    #: makes the same ref from it without listing the shard again; None where the source makes none.
+    listed: Any = None
 
     @property
     def source_key(self) -> str:
@@ -172,6 +175,12 @@ class Source(ABC):
     def samples(self, shard: Shard) -> Iterator[SampleRef]:
         """The samples of one shard, in a stable order; a shard damaged part way yields what it can, then raises
         ShardReadError."""
+
+    def relisted(self, shard: Shard, records: Iterator[Any]) -> Iterator[SampleRef]:
+        """The refs `samples` yielded, made again from what each was listed as (`SampleRef.listed`, in the same
+        order) without listing the shard: the same keys, identities and problems, read the same way. Only a source
+        whose refs carry a record has it."""
+        raise NotImplementedError(f"{self.kind} source: its samples are listed, not made from records")
 
 
 class ShardReadError(LatentforgeError, RuntimeError):

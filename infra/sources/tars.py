@@ -13,6 +13,7 @@ import sys
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from infra.sources.bounded import check_size
 
@@ -46,6 +47,28 @@ def scan(tf: tarfile.TarFile) -> Iterator[tuple[str, Member]]:
         tf.members.clear()  # tarfile keeps every header it reads (see the module's docstring): ours are records
         sparse = tuple(map(tuple, info.sparse)) if info.sparse is not None else None
         yield info.name, Member(info.offset_data, info.size, info.mtime, info.isfile(), sparse)
+
+
+#: A `Member` as a JSON value (`record` / `from_record`): what a plan records of a listing (`infra.cache.listing.
+#: spool_records`) for a shard task to read the member again without listing the tar (`Source.relisted`).
+MemberRecord = list[Any]
+
+
+def record(member: Member | None) -> MemberRecord | None:
+    """`member` as a JSON value (None stays None)."""
+    if member is None:
+        return None
+    sparse = [list(run) for run in member.sparse] if member.sparse is not None else None
+    return [member.offset_data, member.size, member.mtime, member.regular, sparse]
+
+
+def from_record(value: MemberRecord | None) -> Member | None:
+    """The `Member` `record` made `value` from (None stays None)."""
+    if value is None:
+        return None
+    offset, size, mtime, regular, sparse = value
+    runs = tuple((int(a), int(b)) for a, b in sparse) if sparse is not None else None
+    return Member(int(offset), int(size), mtime, bool(regular), runs)
 
 
 def short(text: str) -> str:

@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
+from typing import Any
 
 from infra.errors import InputError, SourceError
 from infra.media.prompts import MAX_PROMPT_BYTES
@@ -38,7 +39,7 @@ from infra.sources.base import (
 from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import is_text, name_key
-from infra.sources.tars import Member, TarDamaged, read_member, scan
+from infra.sources.tars import Member, TarDamaged, from_record, read_member, record, scan
 
 __all__ = [
     "ShardReadError",
@@ -69,6 +70,15 @@ class _SampleMembers:
 
     def members(self) -> dict[str, Member]:
         return {n: m for n, m in ((VIDEO_MEMBER, self.video), (PROMPT_MEMBER, self.prompt)) if m is not None}
+
+    def record(self) -> list[Any]:
+        """What it was listed as, a JSON value (`SampleRef.listed`)."""
+        return [self.directory, record(self.video), record(self.prompt), self.cut]
+
+    @classmethod
+    def from_record(cls, value: list[Any]) -> _SampleMembers:
+        directory, video, prompt, cut = value
+        return cls(directory, from_record(video), from_record(prompt), bool(cut))
 
 
 def shard_id_for(path: PurePath) -> str:
@@ -177,6 +187,14 @@ class VbvrSource(Source):
         if error is not None:
             raise ShardReadError(f"{shard.path}: {error} (listed {len(groups)} samples before it)")
 
+    def relisted(self, shard: Shard, records: Iterator[Any]) -> Iterator[SampleRef]:
+        """The samples as `samples` listed them (their records, in order), the tar opened but its headers not
+        read (`infra.preprocess.kept`)."""
+        with open_shard_tar(shard) as tf:
+            for value in records:
+                sample = _SampleMembers.from_record(value)
+                yield mark_duplicate(_to_ref(tf, sample, shard, self.max_media_mb), shard)
+
 
 def _list_members(tf: tarfile.TarFile) -> tuple[list[_SampleMembers], str | None]:
     """Group file members by sample directory, in first-seen order (headers only, kept as `tars.Member` records);
@@ -225,6 +243,7 @@ def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers, shard: Shard, max_mb: i
         problems=problems,
         identity=identity,
         stem=f"{group}/{sid}" if group and Problem.BAD_LAYOUT not in problems else "",
+        listed=sample.record(),
     )
 
 

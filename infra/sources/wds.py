@@ -20,6 +20,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infra.errors import InputError, SourceError
 from infra.media.image import IMAGE_SUFFIXES
@@ -39,7 +40,7 @@ from infra.sources.base import (
 from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import name_key, nameable, output_stem
-from infra.sources.tars import Member, TarDamaged, read_member, scan, short
+from infra.sources.tars import Member, TarDamaged, from_record, read_member, record, scan, short
 from infra.sources.vbvr import (
     TAR_SUFFIXES,
     check_unchanged,
@@ -121,6 +122,15 @@ class _Sample:
     def member(self, ext: str) -> Member | None:
         return next((m for e, m in self.members if e == ext), None)
 
+    def record(self) -> list[Any]:
+        """What it was listed as, a JSON value (`SampleRef.listed`)."""
+        return [self.key, [[ext, record(m)] for ext, m in self.members]]
+
+    @classmethod
+    def from_record(cls, value: list[Any]) -> _Sample:
+        key, members = value
+        return cls(key, tuple((short(ext), from_record(m)) for ext, m in members))
+
 
 def split_key(name: str) -> tuple[str, str]:
     """webdataset's split of a member path: (key, extension), the extension from the file name's first dot."""
@@ -151,6 +161,13 @@ class WdsSource(Source):
                 yield mark_duplicate(_to_ref(tf, sample, shard, self.max_media_mb), shard)
         if error is not None:
             raise ShardReadError(f"{shard.path}: {error} (listed {len(samples)} samples before it)")
+
+    def relisted(self, shard: Shard, records: Iterator[Any]) -> Iterator[SampleRef]:
+        """The samples as `samples` listed them (their records, in order), the tar opened but its headers not
+        read (`infra.preprocess.kept`)."""
+        with open_shard_tar(shard) as tf:
+            for value in records:
+                yield mark_duplicate(_to_ref(tf, _Sample.from_record(value), shard, self.max_media_mb), shard)
 
 
 def _list(tf: tarfile.TarFile) -> tuple[list[_Sample], str | None]:
@@ -197,6 +214,7 @@ def _to_ref(tf: tarfile.TarFile, sample: _Sample, shard: Shard, max_mb: int) -> 
         problems=problems,
         identity=identity,
         stem="" if error else output_stem((shard.id, *sample.key.split("/"))),
+        listed=sample.record(),
     )
 
 
