@@ -83,4 +83,5 @@ def test_a_build_places_its_shard_tasks_on_the_named_gpus(tmp_path, tiny_model, 
     ok, result = run_build(config(src, tiny_model, tmp_path / "out", device="cuda", devices="0,2", workers=1))
     assert ok and result["done"] == 4, result
     placed = [r.getMessage().rsplit(" ", 1)[1] for r in caplog.records if "on device" in r.getMessage()]
-    assert Counter(placed) == {"cuda:0": 2, "cuda:2": 2}  # --workers 1, two GPUs: a task on each at once
+    # --workers 1, two GPUs: a task on each at once, the next shard to whichever frees first (2+2 or 3+1 under load)
+    assert len(placed) == 4 and set(Counter(placed)) == {"cuda:0", "cuda:2"}, placed
