@@ -26,6 +26,7 @@ from typing import Any
 
 from infra.errors import ConfigError
 from infra.outstore import is_url
+from infra.runtime import machine_cache
 
 logger = logging.getLogger(__name__)
 
@@ -98,11 +99,7 @@ def _from_hub(url: str, parts: tuple[str, ...]) -> Path:
 
 
 def cache_root() -> Path:
-    root = os.environ.get("LATENTFORGE_CACHE_DIR")
-    if root:
-        return Path(root).expanduser() / "models"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "latentforge" / "models"
+    return machine_cache("models")
 
 
 def _from_store(url: str, parts: tuple[str, ...]) -> Path:

@@ -7,9 +7,10 @@ so a bad geometry or a wrong model path fails in seconds.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -50,7 +51,7 @@ from infra.models import (
 from infra.models.base import GeometryRules, TextSettings, preprocess_name
 from infra.outstore import is_url
 from infra.recipes import apply_recipe
-from infra.sources import SampleRef, Shard, ShardReadError, Source, open_source
+from infra.sources import SampleRef, Shard, ShardReadError, Source, ahead, listing_cache, open_source
 from infra.sources.identity import SourceIdentity
 from infra.sources.names import collision_key
 
@@ -417,7 +418,7 @@ Claim = tuple[str, str, bytes]
 
 
 def _count_samples(
-    source: Source,
+    samples: Iterator[SampleRef],
     shard: Shard,
     stop_at: int | None,
     stems: dict[bytes, Claim],
@@ -425,14 +426,15 @@ def _count_samples(
     note: Callable[[str, str, str, SourceIdentity], None] | None = None,
     record: Callable[[Any], None] | None = None,
 ) -> tuple[int, dict[str, str], dict[str, str], str | None]:
-    """How many samples this run visits in `shard`; {key: ``SHARD/KEY``} of those whose group and id an earlier
-    sample has (a duplicate: refused, not encoded); {key: what it collides with} of those whose output name an
-    earlier sample of another id has, up to case and Unicode normalisation (``a.mp4`` and ``a.mov``, ``Clip.mp4``
-    and ``clip.mp4``: refused, ``name_collision``, the first kept); the damage that cut the listing short. Output
-    names go into `stems` (`Claim`s by the digest of their collision key); each sample counted is handed to `add`
-    (key, id, group), to `note` with its source identity as listed, and to `record` as its listing found it."""
+    """How many of `samples` (the shard's, as its source lists them) this run visits in `shard`; {key: ``SHARD/KEY``}
+    of those whose group and id an earlier sample has (a duplicate: refused, not encoded); {key: what it collides
+    with} of those whose output name an earlier sample of another id has, up to case and Unicode normalisation
+    (``a.mp4`` and ``a.mov``, ``Clip.mp4`` and ``clip.mp4``: refused, ``name_collision``, the first kept); the
+    damage that cut the listing short. Output names go into `stems` (`Claim`s by the digest of their collision key);
+    each sample counted is handed to `add` (key, id, group), to `note` with its source identity as listed, and to
+    `record` as its listing found it."""
     count, duplicates, collisions, damage = 0, {}, {}, None
-    with contextlib.closing(source.samples(shard)) as samples:
+    with contextlib.closing(samples):  # type: ignore[type-var]  # a generator: its tar closed when counted
         try:
             for ref in samples:
                 count += 1
@@ -498,27 +500,58 @@ def plan_shards(
     plans, left = [], config.selection.limit
     stems: dict[bytes, Claim] = {}
     ledgered = _ledgered(outdir.root(config.out)) if spool else frozenset()
-    for shard in shards:
-        if left is not None and left <= 0:
-            break
-        caps = [c for c in (left, config.selection.max_samples_per_shard) if c is not None]
-        cap = min(caps) if caps else None
-        noting = spool and shard.id in ledgered  # a resumed shard: what its samples are listed as, for the stale check
-        recording = spool and is_url(shard.path)  # its task reads no header again (`infra.preprocess.kept`)
-        with (
-            listing.spool_shard(spool, shard.id) if spool else contextlib.nullcontext(_unrecorded) as add,
-            listing.spool_identities(spool, shard.id) if noting else contextlib.nullcontext() as note,
-            listing.spool_records(spool, shard.id) if recording else contextlib.nullcontext() as record,
-        ):
-            count, duplicates, collisions, damage = _count_samples(source, shard, cap, stems, add, note, record)
-        whole = damage is None and (cap is None or count < cap)
-        listed = {"size": shard.size, "mtime_ns": shard.mtime_ns, "duplicates": duplicates, "collisions": collisions}
-        listed |= {"version": shard.version or None}
-        listed |= {"whole": whole, "damage": damage}
-        plans.append(ShardPlan(id=shard.id, path=shard.path, quota=cap, samples=count, **listed))
-        if left is not None:
-            left -= count
+    in_store = source.kind in listing_cache.TAR_KINDS and all(is_url(s.path) for s in shards)
+    lister = functools.partial(ahead.list_shard, source)
+    listings = (  # the caps known before any count: a store's tars listed at once (`infra.sources.ahead`)
+        ahead.listed_ahead([(s, config.selection.max_samples_per_shard) for s in shards], lister)
+        if in_store and left is None and len(shards) > 1
+        else None
+    )
+    try:
+        for shard in shards:
+            if left is not None and left <= 0:
+                break
+            caps = [c for c in (left, config.selection.max_samples_per_shard) if c is not None]
+            cap = min(caps) if caps else None
+            if listings is not None:
+                samples = next(listings).replay()
+            else:
+                samples = lister(shard, cap).replay() if in_store else source.samples(shard)
+            spools = _Spools(spool, shard.id in ledgered, listing_cache.relistable(source.kind, shard.path))
+            plans.append(_plan_shard(shard, samples, cap, stems, spools))
+            if left is not None:
+                left -= plans[-1].samples
+    finally:
+        if listings is not None:
+            listings.close()
     return plans
+
+
+class _Spools(NamedTuple):
+    """What the plan spools of a shard (`infra.cache.listing`): its listing (with a spool), its samples' identities
+    as listed (a resumed shard: for the stale check), its samples' records (a tar its task makes them again from:
+    `infra.preprocess.kept`)."""
+
+    spool: Path | None
+    noting: bool
+    recording: bool
+
+
+def _plan_shard(
+    shard: Shard, samples: Iterator[SampleRef], cap: int | None, stems: dict[bytes, Claim], spools: _Spools
+) -> ShardPlan:
+    """The shard's plan from its `samples` (up to `cap`), spooled as `spools` says."""
+    spool = spools.spool
+    with (
+        listing.spool_shard(spool, shard.id) if spool else contextlib.nullcontext(_unrecorded) as add,
+        listing.spool_identities(spool, shard.id) if spool and spools.noting else contextlib.nullcontext() as note,
+        listing.spool_records(spool, shard.id) if spool and spools.recording else contextlib.nullcontext() as record,
+    ):
+        count, duplicates, collisions, damage = _count_samples(samples, shard, cap, stems, add, note, record)
+    whole = damage is None and (cap is None or count < cap)
+    listed = {"size": shard.size, "mtime_ns": shard.mtime_ns, "duplicates": duplicates, "collisions": collisions}
+    listed |= {"version": shard.version or None, "whole": whole, "damage": damage}
+    return ShardPlan(id=shard.id, path=shard.path, quota=cap, samples=count, **listed)
 
 
 def _ledgered(out: outdir.Out) -> frozenset[str]:

@@ -67,6 +67,11 @@ class Proxy:
     #: Seconds each PUT whose key holds `put_delay_match` waits before it is forwarded (a slow store, for tests).
     put_delay: float = 0.0
     put_delay_match: str = ""
+    #: Seconds every request waits before it is forwarded: a far store's round trip (tests, `bench/`).
+    latency: float = 0.0
+    #: Requests being answered now, and the most at once since the last reset (a client asking several at once).
+    in_flight: int = 0
+    most_in_flight: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
@@ -92,6 +97,7 @@ class Proxy:
             self.requests.clear()
             self.bytes_out = 0
             self.cpu_seconds = 0.0
+            self.most_in_flight = self.in_flight
 
     def slow_down(self, times: int, match: str) -> None:
         """Answer the next `times` GETs of an object whose key holds `match` with ``503 SlowDown``."""
@@ -155,12 +161,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._forward("DELETE")
 
     def _forward(self, method: str) -> None:
+        with self.proxy.lock:
+            self.proxy.in_flight += 1
+            self.proxy.most_in_flight = max(self.proxy.most_in_flight, self.proxy.in_flight)
         start = time.thread_time()
         try:
+            if self.proxy.latency:
+                time.sleep(self.proxy.latency)
             self._forward_timed(method)
         finally:
             with self.proxy.lock:
                 self.proxy.cpu_seconds += time.thread_time() - start
+                self.proxy.in_flight -= 1
 
     def _forward_timed(self, method: str) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))

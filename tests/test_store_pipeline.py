@@ -16,6 +16,7 @@ from infra.config import BuildConfig
 from infra.formats import get_format
 from infra.outstore import StoreOut
 from infra.plan import make_plan
+from infra.preprocess.one_sample import dry_run
 from infra.preprocess.prefetch import Prefetcher
 from infra.preprocess.puts import Commits, Pending
 from infra.preprocess.read import RawSample
@@ -169,3 +170,18 @@ def test_a_first_build_of_a_store_tar_makes_its_samples_from_the_plans_listing(s
     assert reads["relisted"] < reads["listed"], reads
     assert reads["relisted"] <= 2 * SAMPLES + 1, reads  # a sample's members, the tar's first header
     assert files["relisted"] == files["listed"] and len(files["listed"]) == SAMPLES
+
+
+def test_the_sanity_sample_of_a_store_tar_is_made_from_the_plans_listing(s3, source, tiny_model, tmp_path):
+    """The one-sample check reads its sample from the plan's records of the tar's listing: fewer range requests of
+    the tar than when it lists the tar, the same sample encoded."""
+    url, spool = f"s3://{BUCKET}/sanity", tmp_path / "sanity" / "listing"
+    plan = make_plan(_config(source, tiny_model, url), spool)
+    reads, found = {}, {}
+    for name, spooled in (("relisted", spool), ("listed", None)):
+        s3.proxy.reset()
+        found[name] = dry_run(plan.job, plan.shards, spooled)
+        reads[name] = len(_source_reads(s3))
+    assert found["relisted"] == found["listed"] and found["listed"]["skipped_before"] == []
+    assert reads["relisted"] < reads["listed"], reads
+    assert reads["relisted"] <= 3, reads  # the tar's first header, the sample's two members

@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import re
 import struct
 import sys
@@ -27,6 +26,7 @@ from typing import Literal
 
 from tqdm import tqdm
 
+from infra.runtime import machine_cache
 from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -43,11 +43,7 @@ stats = {"bytes_hashed": 0, "files_hashed": 0, "files_known": 0}
 def hash_cache_dir() -> Path:
     """``$LATENTFORGE_CACHE_DIR/file-hashes``, else ``$XDG_CACHE_HOME/latentforge/file-hashes``, else
     ``~/.cache/latentforge/file-hashes``."""
-    root = os.environ.get("LATENTFORGE_CACHE_DIR")
-    if root:
-        return Path(root).expanduser() / "file-hashes"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "latentforge" / "file-hashes"
+    return machine_cache("file-hashes")
 
 
 def _stat_key(path: Path) -> tuple[Path, str]:

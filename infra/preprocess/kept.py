@@ -32,16 +32,11 @@ from infra.media.temporal import TemporalPolicy
 from infra.outstore import is_url
 from infra.plan import ShardPlan
 from infra.preprocess import resume
-from infra.sources import SampleRef, Shard, Source, store
+from infra.sources import SampleRef, Shard, Source, listing_cache, store
 from infra.sources.vbvr import TAR_SUFFIXES
 
 logger = logging.getLogger(__name__)
 
-#: The source kinds whose shard is one tar, each sample's identity read from its headers: the same file, the same
-#: identities (a `meta:` file's samples are other files, stat'ed as they are listed).
-TAR_KINDS = ("vbvr", "wds")
-#: A tar read in place: a member's offset is where its bytes are in the object (a compressed tar's are not).
-PLAIN_TAR = ".tar"
 #: The states of a done row that a visit keeps as it is (`infra.preprocess.resume.resumed`).
 KEPT_AS_IS = ("same", "kept", "unknown")
 
@@ -54,7 +49,8 @@ def kept_listing(
     (no chunk, no ``--only``, no text-first phase)."""
     if spool is None or not whole or shard.duplicates or shard.collisions or shard.damage is not None:
         return None
-    if TemporalPolicy.of(job.spec).kind == "windows" or job.source.partition(":")[0] not in TAR_KINDS:
+    kind = job.source.partition(":")[0]
+    if TemporalPolicy.of(job.spec).kind == "windows" or kind not in listing_cache.TAR_KINDS:
         return None
     if not shard.path.endswith(TAR_SUFFIXES):
         return None
@@ -81,7 +77,7 @@ def kept_listing(
 def relisted(shard: ShardPlan, source: Source, spool: Path | None) -> Iterator[SampleRef] | None:
     """The shard's samples made from the plan's records of its listing (`Source.relisted`), for a tar in a store
     that the plan listed without damage and that is the object listed (one HEAD); None: list the source."""
-    if spool is None or shard.damage is not None or not is_url(shard.path) or not shard.path.endswith(PLAIN_TAR):
+    if spool is None or shard.damage is not None or not listing_cache.relistable(source.kind, shard.path):
         return None
     records = read_records(spool, shard.id)
     if records is None:
@@ -91,6 +87,13 @@ def relisted(shard: ShardPlan, source: Source, spool: Path | None) -> Iterator[S
         return None
     logger.info("shard %s: made from the plan's listing; its tar's headers are not read again", shard.id)
     return source.relisted(shard.shard, records)
+
+
+def shard_samples(shard: ShardPlan, source: Source, spool: Path | None) -> Iterator[SampleRef]:
+    """The shard's samples: made from the plan's records of its listing where it has them (`relisted`), else listed
+    from the source (the shard task's listing, the sanity's)."""
+    samples = relisted(shard, source, spool)
+    return samples if samples is not None else source.samples(shard.shard)
 
 
 def unchanged(shard: Shard) -> bool:

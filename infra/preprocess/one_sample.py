@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import psutil
 import torch
 
-from infra import fetch, outdir
+from infra import outdir
 from infra.cache import ledger, listing
 from infra.cache.ledger import FileRecord
 from infra.cache.listing import Planned
@@ -39,8 +39,10 @@ from infra.outstore import StoreOut
 from infra.plan import ShardPlan, parse_only
 from infra.preprocess.encode import encode_sample, load_encoder
 from infra.preprocess.inflight import InFlight
+from infra.preprocess.kept import shard_samples
 from infra.preprocess.resume import reusable, selected
 from infra.report_files import human_bytes
+from infra.runtime import machine_cache
 from infra.sources import SampleRef, ShardReadError, open_source
 from infra.sources.names import sample_name
 from infra.storage import Written, atomic_write
@@ -144,7 +146,7 @@ def sanity_dir(out: Path | StoreOut) -> Path:
     sanity sample is scratch, kept on local disk."""
     if isinstance(out, StoreOut):
         name = hashlib.sha256(out.url.encode()).hexdigest()[:24]
-        return fetch.cache_root().parent / "sanity" / f"{name}.sanity"
+        return machine_cache("sanity") / f"{name}.sanity"
     out = Path(out).expanduser().absolute()
     if not out.name:
         raise ConfigError(f"OUT {out} has no name: cannot place a sanity directory beside it")
@@ -304,7 +306,8 @@ def candidates(
     only those the build would encode (the shard loop's rule, `resume.wanted`: selected by ``--only`` and not kept
     from OUT's ledger, those counted in `scan.kept`), and none a run died on; `avoid` (the sample the last sanity
     died on) is added to `scan.skipped`, as is an unreadable shard. A shard the plan listed whole into its `spool`
-    with no sample to try is not listed again (its kept samples counted from the plan's listing)."""
+    with no sample to try is not listed again (its kept samples counted from the plan's listing); a tar in a store
+    the plan recorded is made from its records (`infra.preprocess.kept.shard_samples`), its headers not read again."""
     source = open_source(job.source, job.spec, job.limits)
     for shard, verdict in _verdicts(job, shards, pending_only, avoid):
         planned = _spooled(spool, shard)
@@ -312,7 +315,7 @@ def candidates(
             scan.kept += sum(verdict(key) == _KEPT for key, _, _ in planned)
             continue
         try:
-            with contextlib.closing(source.samples(shard.shard)) as samples:
+            with contextlib.closing(shard_samples(shard, source, spool)) as samples:  # type: ignore[type-var]
                 for ref in itertools.islice(samples, shard.quota):
                     found = verdict(ref.key, ref)
                     if found == _AVOID:

@@ -40,7 +40,7 @@ from infra.preprocess import record_row as record
 from infra.preprocess.chunks import Chunk
 from infra.preprocess.encode import encode, load_encoder, shard_state
 from infra.preprocess.inflight import KILLED_RUN, InFlight
-from infra.preprocess.kept import kept_listing, relisted
+from infra.preprocess.kept import kept_listing, shard_samples
 from infra.preprocess.prefetch import read_ahead
 from infra.preprocess.prepare import PreparedSample, prepare
 from infra.preprocess.puts import Commits, Pending, put_ended
@@ -171,8 +171,7 @@ def _loop_shard(loop: _Loop) -> BaseException | None:
     whole = chunk is None and loop.keys is None and not job.run.text_offload
     kept = kept_listing(job, shard, loop.previous, loop.spool, whole)
     # the task's one listing of its shard (none where every sample is kept, or the plan recorded a store's tar)
-    samples = (ref for ref in kept) if kept is not None else relisted(shard, source, loop.spool)
-    samples = samples if samples is not None else source.samples(shard.shard)
+    samples = (ref for ref in kept) if kept is not None else shard_samples(shard, source, loop.spool)
     clips: Iterator[SampleRef] = itertools.islice(samples, first, stop)
     if job.run.text_offload:  # the prompts first; then the text encoder is parked
         texts, encoder = loop.state.texts, loop.get_encoder

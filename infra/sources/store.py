@@ -91,6 +91,7 @@ def find(spec: str) -> dict[str, Stat]:
     """Every file `spec` names (a pattern, a folder searched recursively, or one object), by URL, sorted; {} when it
     names nothing; NoSuchBucket when its bucket is not there."""
     fs, path = filesystem(spec)
+    fs.invalidate_cache()  # fsspec keeps listings a process long: the store as it is now (a rewritten object)
     if any(ch in path for ch in "*?["):
         found = fs.glob(path, detail=True)
     elif fs.isdir(path):
@@ -183,6 +184,7 @@ def open_stream(url: str) -> IO[bytes]:
     """The object as a seekable file of range requests, each asking `TAR_BLOCK` past what is read; a read answers
     every byte asked up to the object's end (a short range answer is asked again for the rest, and counted)."""
     fs, path = filesystem(url)
+    fs.invalidate_cache(path)  # opened as it is now, its reads pinned to that (not to a listing kept since)
     return WholeReads(fs.open(path, "rb", block_size=TAR_BLOCK, cache_type="readahead"), shown(url))  # type: ignore[return-value]
 
 

@@ -1,0 +1,84 @@
+"""A tar in a store, listed whole, kept on this machine: each sample's records of its listing (`SampleRef.listed`:
+its members' offsets, sizes and mtimes), by the object's URL, size and version, so that a later plan of the same
+object (a resume, another build from the same corpus) makes its samples from them (`Source.relisted`) instead of
+reading every header again: a range request or two a sample, one after the other, at the store's latency (minutes
+for a 10^4-member tar on a far store).
+
+An entry is ``$LATENTFORGE_CACHE_DIR/listings/<sha256>.jsonl`` (`infra.runtime.machine_cache`): a first line that
+says what was listed (URL, size, version, samples), then one JSON line a sample. What is kept is a listing that
+reached the tar's end with no damage, of an object with a version (an S3 ETag or version id, a Hub blob id, a GCS
+generation: an object rewritten since is another entry); an entry that does not say what it should (cut short,
+damaged) is listed again. About 200 bytes a sample; the folder is safe to delete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from infra.outstore import is_url
+from infra.runtime import machine_cache
+from infra.sources.base import Shard
+from infra.storage import atomic_write
+
+logger = logging.getLogger(__name__)
+
+#: The source kinds whose shard is one tar, each sample made from its members' headers.
+TAR_KINDS = ("vbvr", "wds")
+#: A tar read in place: a member's offset is where its bytes are in the object (a compressed tar's are not).
+PLAIN_TAR = ".tar"
+FOLDER = "listings"
+
+
+def relistable(kind: str, path: str) -> bool:
+    """Whether a shard's samples can be made from records of its listing (`Source.relisted`): a plain tar in a store,
+    of a tar kind. The one place this is decided (the plan's records, the shard task's, this cache)."""
+    return kind in TAR_KINDS and is_url(path) and path.endswith(PLAIN_TAR)
+
+
+def entry(shard: Shard) -> Path | None:
+    """Where the listing of `shard` is kept on this machine; None for an object listed without a version."""
+    if not shard.version or not shard.size:
+        return None
+    key = json.dumps([shard.path, shard.size, shard.version])
+    return machine_cache(FOLDER) / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.jsonl"
+
+
+def _head(shard: Shard, samples: int) -> dict[str, Any]:
+    return {"url": shard.path, "size": shard.size, "version": shard.version, "samples": samples}
+
+
+def cached(shard: Shard) -> list[Any] | None:
+    """The records kept of the object `shard` lists (its URL, size and version), in order; None when none are kept or
+    the entry is not whole (it is then listed again, and kept anew)."""
+    path = entry(shard)
+    if path is None or not path.is_file():
+        return None
+    try:
+        with path.open(encoding="ascii") as fh:
+            head = json.loads(fh.readline() or "null")
+            records = [json.loads(line) for line in fh]
+    except (OSError, ValueError) as exc:
+        logger.debug("kept listing %s: not read (%s)", path, exc)
+        return None
+    if not isinstance(head, dict) or head != _head(shard, len(records)):
+        logger.info("kept listing of %s is not whole: listed again", shard.path)
+        return None
+    return records
+
+
+def keep(shard: Shard, records: list[Any]) -> None:
+    """Keep `records` (a whole listing of `shard`, without damage) on this machine; a cache that cannot be written is
+    a warning, never an error (the next plan lists the tar again)."""
+    path = entry(shard)
+    if path is None or any(record is None for record in records):
+        return
+    lines = [json.dumps(_head(shard, len(records))), *map(json.dumps, records)]  # JSON escapes: any member name
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, ("\n".join(lines) + "\n").encode("ascii"), replace=True)
+    except OSError as exc:
+        logger.warning("the listing of %s is not kept on this machine (%s)", shard.path, exc)
