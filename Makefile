@@ -11,6 +11,10 @@ DEMO   := demo
 # two workers ran the suite in 660 s against 1316-1484 s with one (862 tests, 2 cores). Each worker builds its own
 # session fixtures (tiny models); --dist loadfile keeps a file's module fixtures on one worker.
 TEST_WORKERS ?= 2
+# The whole suite's bound (it runs in ~11 min on 2 cores): past it pytest is interrupted (SIGINT) and prints what it
+# ran, failed and was running, instead of a CI job killed with nothing said. A test's own bound is pytest-timeout's
+# (pyproject: 600 s, the thread method, so a test stuck in C code ends its worker too).
+TEST_TIMEOUT_S ?= 3600
 export PREFECT_HOME ?= $(CURDIR)/$(DEMO)/.prefect
 
 # Demo geometry: the recipe's 33 frames at 256x256 (the full 832x832 works too, ~10x slower on a CPU).
@@ -39,7 +43,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	@mkdir -p $(PREFECT_HOME)
 	$(BIN)/ruff check flows tasks infra tests bench
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	timeout --signal=INT --kill-after=120 $(TEST_TIMEOUT_S) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Soak: the crash-resume sweep (a real build SIGKILLed at every kill point of infra/faults.py, rerun,
 # compared), a killed build's server reaped, a second Ctrl-C. Minutes each: not in make test.

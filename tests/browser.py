@@ -26,11 +26,13 @@ CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 INSTALL = "apt-get install -y chromium chromium-driver (Debian), and selenium (pip, in the dev extra)"
 #: Without the background-networking flags Chromium's own connections are refused on a closed network. Without
 #: WebGL (--disable-3d-apis) the run page's graph stays blank, and its software-rendered canvas no longer spins a
-#: renderer at full CPU (seen stalling webdriver calls past selenium's 120 s on a 2-core machine).
+#: renderer at full CPU (seen stalling webdriver calls past selenium's 120 s on a 2-core machine). Without a zygote
+#: (--no-zygote, allowed with --no-sandbox): two zygote processes were once seen spinning at full CPU on both cores,
+#: unkillable (SIGKILL pending), holding the rest of the suite at a crawl.
 CHROME_ARGS = (
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
     "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-3d-apis",
+    "--disable-3d-apis", "--no-zygote",
 )  # fmt: skip
 WINDOW = (1400, 1100)
 WAIT_S = 60  # a click takes seconds on a loaded 2-core machine
