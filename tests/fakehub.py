@@ -16,7 +16,8 @@ A model repo is served by the same routes under ``/api/models/`` and ``/{repo}/r
 
 Every request is logged (method, path, bytes received, status) so tests can count what was sent; a test can
 make the Nth commit fail with a 4xx (`fail_commit`), drop the connection before (`drop_commit`) or after
-applying it (`lose_commit_response`), and commit as "someone else" (`commit`, `delete`).
+applying it (`lose_commit_response`), answer the next downloads with given statuses (`download_faults`), and
+commit as "someone else" (`commit`, `delete`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ class FakeHub:
         self.requests: list[Request] = []
         self.created: list[dict[str, Any]] = []  # create_repo payloads
         self._faults: dict[int, tuple[str, int]] = {}  # commit number (1-based) → (kind, status)
+        self._download_faults: list[int] = []  # the statuses the next matching downloads answer, in turn
+        self._download_match = ""
         self.commit_delay = 0.0  # seconds each commit takes (a slow Hub: lets a test kill an upload mid-way)
         self._commits_seen = 0
         self._counter = 0
@@ -187,6 +190,17 @@ class FakeHub:
     def lose_commit_response(self, nth: int) -> None:
         """The `nth` commit request from now is applied, then the connection closed without an answer."""
         self._faults[self._commits_seen + nth] = ("lose", 0)
+
+    def download_faults(self, statuses: list[int], match: str = "") -> None:
+        """The next len(`statuses`) downloads (GET or HEAD of a resolve URL) where the regex `match` is found in
+        ``"METHOD PATH"`` answer those statuses in turn (changing nothing); the ones after, as usual."""
+        with self.lock:
+            self._download_faults, self._download_match = list(statuses), match
+
+    def next_download_fault(self, method: str, path: str) -> int | None:
+        if self._download_faults and re.search(self._download_match, f"{method} {path}"):
+            return self._download_faults.pop(0)
+        return None
 
     def create(self, repo_id: str, *, private: bool = True) -> None:
         with self.lock:
@@ -337,6 +351,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise HubError(401, "Invalid credentials in Authorization header")
             with self.hub.lock:
                 reply = self._route(method, body)
+            status = reply[0]  # the status sent (a 206, a 409 answered, not raised), logged as it is
         except HubError as exc:
             status = exc.status
             headers = {"X-Error-Message": exc.message, **({"X-Error-Code": exc.code} if exc.code else {})}
@@ -488,6 +503,8 @@ class _Handler(BaseHTTPRequestHandler):
         return 200, {"errors": [], "warnings": []}, {}
 
     def resolve(self, body: bytes, query: dict[str, str], repo: str, rev: str, path: str) -> tuple[int, Any, dict]:
+        if (status := self.hub.next_download_fault(self.command, self.path)) is not None:
+            raise HubError(status, f"download refused by the fake (fault injection): {status}")
         oid, tree = self.hub.tree_at(repo, rev)
         blob = tree.get(unquote(path))
         if blob is None:

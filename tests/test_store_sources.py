@@ -194,15 +194,21 @@ def test_a_model_on_the_hub_fetches_its_components_only(hub_env, tiny_model, tmp
 
 
 def test_a_vbvr_source_on_the_hub_builds_the_same_files(hub_env, sources, builds, tiny_model, tmp_path, caplog):
-    """``vbvr:hf://datasets/ORG/NAME/PATH``: the same sample files as from disk; the token is written nowhere."""
+    """``vbvr:hf://datasets/ORG/NAME/PATH``: the same sample files as from disk; the token is written nowhere; a 429 on
+    a read of the tar is asked again by huggingface_hub and counted in the run report."""
     local_spec, _ = sources["vbvr"]
     tar = Path(local_spec.removeprefix("vbvr:")) / "part-00000.tar"
     hub_env.create("org/vbvr", private=True)
     hub_env.commit("org/vbvr", {"data/part-00000.tar": tar.read_bytes()})
+    hub_env.download_faults([429], "/resolve/main/data/part-00000.tar")
     caplog.set_level(logging.INFO)
     out = tmp_path / "hub-out"
+    retries.take()
     ok, result = run_build(_config("vbvr", "vbvr:hf://datasets/org/vbvr@main/data", out, tiny_model, tiny_model))
     assert ok, result
+    assert 429 in [r.status for r in hub_env.requests]
+    report = latest_run_report(out)
+    assert report is not None and report.store_retries == result["store_retries"] == {"slow_down": 1}, report
     local = builds["outs"]["vbvr"][0]
     ours, theirs = tree_hashes(out), tree_hashes(local)
     samples = {k for k in theirs if k.endswith(".pt")}

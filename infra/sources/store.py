@@ -62,6 +62,8 @@ def filesystem(url: str) -> tuple[Any, str]:
         fs, path = fsspec.core.url_to_fs(url, **options)
         if scheme in ("s3", "s3a"):
             retries.watch_s3(fs)  # its client's retries counted (`infra.sources.retries`)
+        elif scheme == "hf":
+            retries.watch_hub()  # huggingface_hub's shared client: its retries counted
         return fs, path
     except ImportError as exc:
         extra = EXTRAS.get(scheme)
