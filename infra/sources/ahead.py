@@ -5,7 +5,7 @@ latency (30 ms) a 1,000-clip shard takes a minute, and a corpus of 100 such shar
 sample. `listed_ahead` lists up to `AHEAD` shards in threads while the plan counts the current one; the plan's
 decisions (counts, a sample met in two shards kept from the first, damage, caps, the spools) are still taken one
 shard after the other, in the shards' order, from what each listing found: the plan is the one a listing one after
-the other makes, byte for byte. `listed_in_turn` is that listing, one after the other (local sources, ``--limit``).
+the other makes, byte for byte (local sources and a ``--limit`` run are listed one after the other).
 
 `list_shard` lists one shard: a plain tar in a store of a tar kind (`listing_cache.relistable`) from this machine's
 kept listing of the same object where there is one (no header read), else by reading its headers, its listing then
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -77,12 +77,6 @@ def _listed(source: Source, shard: Shard, cap: int | None) -> tuple[list[SampleR
     finally:
         samples.close()  # type: ignore[attr-defined]  # a generator: its tar closed now, not when collected
     return refs, None
-
-
-def listed_in_turn(shards: Iterable[tuple[Shard, int | None]], lister: Lister) -> Iterator[Listed]:
-    """Each shard's listing, one after the other."""
-    for shard, cap in shards:
-        yield lister(shard, cap)
 
 
 def listed_ahead(shards: list[tuple[Shard, int | None]], lister: Lister) -> Iterator[Listed]:

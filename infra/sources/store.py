@@ -96,12 +96,13 @@ def find(spec: str) -> dict[str, Stat]:
     fs.invalidate_cache()  # fsspec keeps listings a process long: the store as it is now (a rewritten object)
     if any(ch in path for ch in "*?["):
         found = fs.glob(path, detail=True)
-    elif fs.isdir(path):
-        found = fs.find(path, detail=True)
-    elif fs.exists(path):
-        found = {path: fs.info(path)}
-    else:
-        found = {}
+    else:  # a folder's objects in one listing (no listing of its first level before: 2× the LISTs of a big prefix)
+        try:
+            found = fs.find(path, detail=True)
+        except FileNotFoundError:  # a bucket that is not there (s3fs): said by `check_bucket` below
+            found = {}
+        if not found and fs.exists(path):
+            found = {path: fs.info(path)}
     if not found:
         check_bucket(fs, spec)
     files = {fs.unstrip_protocol(p): stat_of(info) for p, info in found.items() if info.get("type") != "directory"}
