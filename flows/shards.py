@@ -17,7 +17,7 @@ from prefect.runtime import flow_run
 from tqdm import tqdm
 
 from infra import outdir
-from infra.cache import ledger
+from infra.cache import ledger, listing
 from infra.cache.ledger import LEDGER_DIR
 from infra.cache.lock import lease_of
 from infra.devices import DeviceSlots, placement, visible_accelerators
@@ -88,7 +88,7 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
                         "run": run,
                         "chunk": unit.chunk,
                         "device": unit.device,
-                        "listing": plan.listing,
+                        "listing": shard_listing(plan, unit.shard.id),
                     }
                     running[submit(preprocess_shard, params)] = unit
                 finished, _ = wait(list(running), timeout=POLL_SECONDS)
@@ -111,6 +111,15 @@ def run_shards(plan: BuildPlan) -> list[ShardResult]:
         raise full[0]
     preempt.check()
     return book.results
+
+
+def shard_listing(plan: BuildPlan, shard_id: str) -> str | listing.Packed | None:
+    """What a shard task is handed of the plan's listing: the spool's path on the local runner (the flow's own disk);
+    on Ray the shard's part of it, carried with the task (`infra.cache.listing.packed`: a worker on another host
+    cannot read a path of the driver's)."""
+    if plan.spool is None or plan.config.run.runner != "ray":
+        return plan.listing
+    return listing.packed(plan.spool, shard_id)
 
 
 def _slots(plan: BuildPlan) -> tuple[DeviceSlots | None, int]:

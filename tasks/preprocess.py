@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
+from infra.cache.listing import Packed, unpacked
 from infra.cache.lock import follow
 from infra.errors import OutWriteError
 from infra.job import Job
@@ -49,18 +51,22 @@ def preprocess_shard(
     run: RunState,
     chunk: Chunk | None = None,
     device: str | None = None,
-    listing: str | None = None,
+    listing: str | Packed | None = None,
 ) -> ShardResult:
     """Encode one shard (or one chunk of it) of `run` under the plan's `job` on `device` (the placement's:
     ``cuda:N``; None: the configured one); resumes from its ledger, so a retry redoes only what is not done. Runs in
     the flow's process or in a Ray worker (the job is what travels): progress goes where the runner says. `listing`:
-    the plan's spool of its listing, where this process can read it (a shard with nothing to encode is not listed
-    again)."""
+    the plan's spool of its listing, where this process can read it, or the shard's part of it carried with the task
+    (`infra.cache.listing.packed`: a Ray worker on another host); a shard with nothing to encode is not listed again,
+    a tar in a store is made from the plan's records of it."""
     on_row = runners.row_reporter(run)
     if device is not None:
         job = job.placed(device)
-    spool = Path(listing) if listing is not None else None
-    with follow(None if run.counting else run.lease):  # another process: its writes stop when the run's lease is lost
+    with (
+        unpacked(listing, shard.id) if isinstance(listing, dict) else contextlib.nullcontext(listing) as spool,
+        follow(None if run.counting else run.lease),  # another process: its writes stop when the run's lease is lost
+    ):
+        spool = Path(spool) if spool is not None else None
         return process_shard(job, shard, on_row=on_row, run_id=flow_run.get_id(), chunk=chunk, run=run, listing=spool)
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from infra.cache import ledger
+from flows.shards import shard_listing
+from infra.cache import ledger, listing
 from infra.config import BuildConfig
 from infra.formats import get_format
 from infra.outstore import StoreOut
@@ -185,3 +186,29 @@ def test_the_sanity_sample_of_a_store_tar_is_made_from_the_plans_listing(s3, sou
     assert found["relisted"] == found["listed"] and found["listed"]["skipped_before"] == []
     assert reads["relisted"] < reads["listed"], reads
     assert reads["relisted"] <= 3, reads  # the tar's first header, the sample's two members
+
+
+def test_a_ray_task_carries_its_shards_part_of_the_plans_listing(s3, source, tiny_model, tmp_path):
+    """On Ray a shard task is handed its shard's part of the plan's listing as bytes, never a path of the driver's
+    (a worker on another host cannot read it); unpacked in the worker's own temporary folder, its samples are made
+    from the plan's records: the same rows and bytes as a task that lists the tar, fewer range requests."""
+    url, spool = f"s3://{BUCKET}/carried", tmp_path / "driver-only" / "listing"
+    plan = make_plan(_config(source, tiny_model, url).with_values(runner="ray"), spool)
+    carried = shard_listing(plan, "part")
+    assert isinstance(carried, dict) and {"listing", "records"} <= set(carried), carried
+    assert not any(str(tmp_path).encode() in data for data in carried.values())
+    with listing.unpacked(carried, "part") as unpacked:
+        assert not unpacked.is_relative_to(tmp_path)
+        s3.proxy.reset()
+        result = process_shard(plan.job, plan.shards[0], listing=unpacked)
+        carried_reads = len(_source_reads(s3))
+    assert result.counts == {"done": SAMPLES}, result
+    local = make_plan(_config(source, tiny_model, f"s3://{BUCKET}/listed"), tmp_path / "listed" / "listing")
+    assert shard_listing(local, "part") == local.listing  # the local runner: the spool's path
+    s3.proxy.reset()
+    process_shard(local.job, local.shards[0])
+    assert carried_reads < len(_source_reads(s3)), (carried_reads, len(_source_reads(s3)))
+    rows = {name: ledger.read_shard(f"s3://{BUCKET}/{name}", "part") for name in ("carried", "listed")}
+    files = {name: {k: StoreOut.of(f"s3://{BUCKET}/{name}").read_bytes(r.path or "") for k, r in rs.items()}
+             for name, rs in rows.items()}  # fmt: skip
+    assert files["carried"] == files["listed"] and len(files["carried"]) == SAMPLES

@@ -17,6 +17,7 @@ import json
 import logging
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -199,3 +200,34 @@ def _planned(lines: Iterable[str], path: Path | str) -> list[Planned]:
             raise LedgerError(f"{path}:{number}: not a planned sample ({exc})") from exc
         planned.append((key, sid, sys.intern(group)))  # a shard's few groups held once, not once a sample
     return planned
+
+
+#: A shard's part of the plan's spools as bytes (`packed`): its listing, its samples' identities, their records.
+Packed = dict[str, bytes]
+
+
+def _spooled_files(spool: Path, shard_id: str) -> dict[str, Path]:
+    return {
+        "listing": listing_path(spool, shard_id),
+        "identities": listing_path(identities(spool), shard_id),
+        "records": listing_path(records(spool), shard_id),
+    }
+
+
+def packed(spool: Path, shard_id: str) -> Packed:
+    """What the plan spooled of one shard (those of its files there), as bytes: what a shard task carries to a host
+    that cannot read the driver's spool (a Ray cluster whose nodes share no disk), `unpacked` there."""
+    return {kind: path.read_bytes() for kind, path in _spooled_files(spool, shard_id).items() if path.is_file()}
+
+
+@contextlib.contextmanager
+def unpacked(spooled: Packed, shard_id: str) -> Iterator[Path]:
+    """A spool of this host's own (below its temporary folder, removed at the end) holding what `packed` took of the
+    shard: the path a shard task reads the plan's listing from."""
+    with tempfile.TemporaryDirectory(prefix="lf-listing-") as tmp:
+        spool = Path(tmp) / "listing"
+        for kind, path in _spooled_files(spool, shard_id).items():
+            if kind in spooled:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(spooled[kind])
+        yield spool
