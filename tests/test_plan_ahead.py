@@ -16,6 +16,7 @@ from infra.cache import listing
 from infra.plan import plan_shards
 from infra.sources import ahead, listing_cache, open_source
 from tests.conftest import config, make_shards, sample
+from tests import fakehub
 from tests.s3_proxy import module_s3
 
 ACCESS_KEY, SECRET_KEY = "AKIDPLANAHEADTEST", "plan-ahead-secret"
@@ -25,6 +26,7 @@ MEMBER_BYTES = 40_000  # over the stream's read-ahead (16 KiB): each header of a
 LATENCY_S = 0.03  # every request to the store: a far store's round trip
 
 s3 = module_s3(BUCKET, ACCESS_KEY, SECRET_KEY)
+fake_hub, hub_env = fakehub.fake_hub, fakehub.hub_env  # the fixtures, by name
 
 
 @pytest.fixture(autouse=True)
@@ -152,3 +154,17 @@ def test_a_later_plan_makes_its_samples_from_the_kept_listing(s3, corpus, tmp_pa
     assert by_tar[kept_tar(kept[0])] > 1 and by_tar["part-01.tar"] > 1, by_tar  # their headers read again
     assert sorted(n for tar, n in by_tar.items() if tar not in (kept_tar(kept[0]), "part-01.tar", damaged)) == [1] * 3
     assert len(list(own_machine_cache.joinpath(listing_cache.FOLDER).glob("*.jsonl"))) == SHARDS  # the new one kept
+
+
+def test_the_hubs_tars_are_listed_at_once_into_the_plan_a_local_listing_makes(hub_env, corpus, tmp_path):
+    """``vbvr:hf://datasets/...``: the Hub's file system listed from several threads at once makes the plan and
+    listing spool of the same tars on local disk."""
+    root, _ = corpus
+    hub_env.create("org/ahead", private=True)
+    hub_env.commit("org/ahead", {f"data/{tar.name}": tar.read_bytes() for tar in sorted(root.glob("*.tar"))})
+    local, local_files = _plan(str(root), tmp_path, "local")
+    shards, files = _plan("hf://datasets/org/ahead@main/data", tmp_path, "hub")
+    assert shards == local
+    assert {n: b for n, b in files.items() if not n.startswith("records/")} == local_files
+    resolved = {path for method, path in ((r.method, r.path) for r in hub_env.requests) if "/resolve/" in path}
+    assert len(resolved) == SHARDS, resolved  # every tar read, each through its own resolve URL

@@ -1,10 +1,10 @@
-"""Opt-in timing of the encoder calls, for `bench/gpu_bench.py`: with ``LATENTFORGE_ENCODE_TIMING=FILE`` every
-sample's encode (its video latents and prompt embedding, `infra.preprocess.encode.encode`) appends one JSON line to
-FILE: ``{"pid", "stage", "clock", "start", "end", "peak_bytes"}``; the stage is ``encode``, or, inside it, ``text``
-(the prompt's encoder call); `stage_timing` adds the host's ``prepare`` (the shard loop waiting for its sample's
-pixels: read and decode, ahead or not) and ``write`` spans, so a bench can say which stage holds the encoder back.
-Unset (always, outside the bench), `encode_timing` is one
-environment lookup and a `nullcontext`: nothing is recorded, synchronised or allocated.
+"""Opt-in timing of the encoder calls, for `bench/gpu_bench.py`: with ``LATENTFORGE_ENCODE_TIMING=FILE`` every sample's
+encode (its video latents and prompt embedding, `infra.preprocess.encode.encode`) appends one JSON line to FILE:
+``{"pid", "stage", "clock", "start", "end", "peak_bytes", "thread"}`` (the thread that made the call); the stage is
+``encode``, or, inside it, ``text`` (the prompt's encoder call); `stage_timing` adds the host's ``prepare`` (the
+shard loop waiting for its sample's pixels: read and decode, ahead or not) and ``write`` spans, so a bench can say
+which stage holds the encoder back. Unset (always, outside the bench), `encode_timing` is one environment lookup and a
+`nullcontext`: nothing is recorded, synchronised or allocated.
 
 On CUDA, ``start`` and ``end`` are CUDA events recorded on the stream around the calls (``clock`` ``cuda-events``):
 when the device reached them, placed on the wall clock (``time.time``, the clock of the sample files' mtimes) through
@@ -62,14 +62,16 @@ def _timed(path: Path, device: torch.device, stage: str) -> Iterator[None]:
     if device.type != "cuda":
         start = time.time()
         yield
-        _append(path, {"stage": stage, "clock": "host", "start": start, "end": time.time(), "peak_bytes": None})
+        span = {"stage": stage, "clock": "host", "start": start, "end": time.time(), "peak_bytes": None}
+        _append(path, {**span, "thread": threading.current_thread().name})
         return
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     _reference_and_writer()
     begin.record()
     yield
     end.record()
-    _pending.put((path, stage, begin, end))  # waited for by the writer thread: this one goes on to its sample's write
+    thread = threading.current_thread().name
+    _pending.put((path, stage, thread, begin, end))  # waited for by the writer thread: this one goes on to its write
 
 
 def _reference_and_writer() -> tuple[torch.cuda.Event, float]:
@@ -92,11 +94,11 @@ def _reference_and_writer() -> tuple[torch.cuda.Event, float]:
 def _write_cuda_spans() -> None:
     reference, at = _reference_and_writer()
     while True:
-        path, stage, begin, end = _pending.get()
+        path, stage, thread, begin, end = _pending.get()
         end.synchronize()
         span = {"start": at + reference.elapsed_time(begin) / 1000, "end": at + reference.elapsed_time(end) / 1000}
         peak = torch.cuda.max_memory_allocated()
-        _append(path, {"stage": stage, "clock": "cuda-events", **span, "peak_bytes": peak})
+        _append(path, {"stage": stage, "clock": "cuda-events", **span, "peak_bytes": peak, "thread": thread})
 
 
 def _append(path: Path, span: dict) -> None:
