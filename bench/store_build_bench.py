@@ -1,9 +1,10 @@
-"""A whole build with its source (and OUT, `--out s3`) on a loopback S3 against the same build on local disk, in
-one run: samples/s of the preprocess (the run's `seconds`: plan and start-up left out) and of its steady state (the
-samples written while every shard thread was encoding, from the shard loop's `write` spans: `steady_rate`), and
-their ratios (goal: a steady state ≥ 0.9× local), and the requests the S3 build sent, per sample, as the counting proxy of the tests
-saw them (`tests/s3_proxy.py`: GET, ranged GET, HEAD, LIST, PUT; goal ≤ 3 PUTs a sample plus a constant a shard),
-and those of a resume of that build (run again, nothing left to encode: goal ≤ 2 a sample plus a constant a shard).
+"""A whole build with its source (and OUT, `--out s3`) on a loopback S3 against the same build on local disk, in one
+run: samples/s of the preprocess (the run's `seconds`: plan and start-up left out) and of its steady state (the
+samples written while every shard thread was encoding, from the shard loop's `write` spans: `steady_rate`), and their
+ratios (goal: a steady state ≥ 0.9× local), and the requests the S3 build sent, per sample, as the counting proxy of
+the tests saw them (`tests/s3_proxy.py`: GET, ranged GET, HEAD, LIST, PUT; goal ≤ 3 PUTs a sample plus a constant a
+shard), and those of a resume of that build (run again, nothing left to encode: goal ≤ 2 a sample plus a constant a
+shard).
 
 The loopback store is not free: moto (and the counting proxy, a thread of this process) spend CPU on this machine's
 cores while the S3 build encodes, which a real store's client never pays. With ``--moto process`` (the default) moto
@@ -28,6 +29,7 @@ import hashlib
 import os
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +160,7 @@ def main() -> None:
         proxy.reset()
         _build(f"vbvr:s3://{BUCKET}/src", model, s3_out)  # the same build again: a resume with nothing to encode
         resumed = dict(proxy.counts)
+        on_source = Counter(kind for kind, path in proxy.requests if f"/{BUCKET}/src" in path)
         if args.out == "s3":
             same = _samples(store.objects(BUCKET, f"out-{args.repeats - 1}")) == _samples(tree_files(local_out))
         else:
@@ -194,6 +197,7 @@ def main() -> None:
         every = sum(resumed.values())
         print("| " + " | ".join(f"{resumed.get(k, 0) / n:.2f} ({resumed.get(k, 0)})" for k in KINDS), end="")
         print(f" | {every / n:.2f} ({every}) |; other: {resumed}")
+        print(f"of which on the source's objects (the rest: OUT's): {dict(on_source)}")
         print(f"sample files byte for byte equal to the local build's: {same}")
 
 

@@ -22,6 +22,11 @@ from infra.demo.tiny import make_tiny_wan22
 from infra.devices import CPU_THREADS
 from tests.procs import free_port, prefect_home, seed_migrated_database, stop_group, wait_answers
 
+#: gcsfs reads this once, at its import: on (its default since 2026.7), each bucket operation first asks a gRPC API the
+#: loopback GCS does not serve (60 s of retries a call). Off for every process of the session, whichever imports gcsfs
+#: first (tests/test_store_gcs.py).
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
 #: A small geometry that keeps every constraint of the real recipe (F ≡ 1 mod 4, H and W multiples of 16,
 #: H ≠ W so a swapped axis shows).
 FRAMES, HEIGHT, WIDTH = 17, 48, 80
