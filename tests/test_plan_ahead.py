@@ -15,8 +15,8 @@ import pytest
 from infra.cache import listing
 from infra.plan import plan_shards
 from infra.sources import ahead, listing_cache, open_source
-from tests.conftest import config, make_shards, sample
 from tests import fakehub
+from tests.conftest import config, make_shards, sample
 from tests.s3_proxy import module_s3
 
 ACCESS_KEY, SECRET_KEY = "AKIDPLANAHEADTEST", "plan-ahead-secret"

@@ -5,6 +5,8 @@ sample's row; the test's keys never reach OUT or the logs. One build a kind and 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import io
 import json
 import logging
@@ -33,10 +35,11 @@ from infra.config import BuildConfig
 from infra.errors import InputError, SourceError
 from infra.faults import HOLD_ENV, LOG_ENV
 from infra.plan import make_spec
+from infra.preprocess.read import read
 from infra.sources import open_source, retries, store
 from tests import fakehub
 from tests.conftest import config, make_shards, sample, tree_hashes
-from tests.image_media import sample_images, suffix, write_folder, write_wds
+from tests.image_media import StillImage, sample_images, suffix, write_folder, write_wds
 from tests.media_utils import cut_clip
 from tests.s3_proxy import RESET, SHORT, SLOW_DOWN_FAULT, Proxy, loopback_s3
 
@@ -251,6 +254,40 @@ def test_listing_reads_tar_headers_not_members(s3, tmp_path):
     assert refs[1].read_media() == members[1].files["ground_truth.mp4"]
     assert MEMBER_BYTES <= s3.bytes_out < MEMBER_BYTES + 2 * store.TAR_BLOCK + 4096
     listing.close()
+
+
+@pytest.mark.parametrize("kind", ["vbvr", "wds"])
+def test_a_samples_prompt_and_media_are_read_in_one_range_request(s3, tmp_path, kind):
+    """Where a sample's prompt and media lie side by side in a plain tar in the store, reading the sample (as the
+    shard loop does, `infra.preprocess.read.read`) sends one range request, not two: the members' bytes, their
+    sha256s noted as each reader alone notes them."""
+    if kind == "vbvr":
+        members = [sample(0, i, random.Random(i).randbytes(MEMBER_BYTES), b"clip %d" % i) for i in range(SAMPLES)]
+        tar = make_shards(tmp_path / kind, {"part-00000": members}) / "part-00000.tar"
+        wanted = [(m.files["prompt.txt"].decode(), m.files["ground_truth.mp4"]) for m in members]
+    else:
+        png = b"\x89PNG\r\n\x1a\n"  # a member named as an image; its bytes are not decoded here
+        images = [StillImage(f"k{i}", png + random.Random(i).randbytes(MEMBER_BYTES), f"caption {i}", "RGB")
+                  for i in range(SAMPLES)]  # fmt: skip
+        tar = write_wds(tmp_path / kind / "part-00000.tar", images)
+        wanted = [(image.caption, image.data) for image in images]
+    _upload(tar, f"together-{kind}")
+    source = open_source(f"{kind}:s3://{BUCKET}/together-{kind}")
+    (shard,) = source.shards()
+    noted = []
+    with contextlib.closing(source.samples(shard)) as listing:
+        for ref, (caption, media) in zip(listing, wanted, strict=True):
+            s3.reset()
+            raw = read(ref)
+            assert s3.counts["GET_RANGE"] == 1 and sum(s3.counts.values()) == 1, dict(s3.counts)
+            assert (raw.prompt, raw.media) == (caption, media)
+            noted.append(ref.identity.read_sha256)
+    with contextlib.closing(source.samples(shard)) as listing:  # each member read alone: two range requests
+        for ref, sha256s in zip(listing, noted, strict=True):
+            s3.reset()
+            read(dataclasses.replace(ref, read_together=None))
+            assert s3.counts["GET_RANGE"] == 2, dict(s3.counts)
+            assert ref.identity.read_sha256 == sha256s and len(sha256s) == 2
 
 
 def test_a_tar_read_is_pinned_to_the_object_listed(s3, tmp_path):

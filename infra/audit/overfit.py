@@ -161,7 +161,7 @@ def _source_refs(source: str, rows: list[LedgerRow], spec: CacheSpec) -> dict[tu
 
 def _held(ref: SampleRef, media: bytes | None, prompt: bytes | None) -> SampleRef:
     """`ref` with its bytes already read (a shard's members are readable only while it is being iterated)."""
-    return dataclasses.replace(ref, read_media=lambda: media, read_prompt=lambda: prompt)
+    return dataclasses.replace(ref, read_media=lambda: media, read_prompt=lambda: prompt, read_together=None)
 
 
 def _copy(out: Path, staging: Path, fmt_name: str, row: LedgerRow, copy: int) -> LedgerRow:

@@ -32,8 +32,11 @@ def read(ref: SampleRef, captions: CaptionRules | None = None) -> RawSample:
     later one, no video, a role's file not listed or not there: ``missing_<role>``)."""
     if (problem := ref.problem) is not None:  # found by the listing: nothing of the sample is read
         raise problem.error()
-    prompt = caption_prompt(ref.read_prompt(), captions or CaptionRules())
-    media = ref.read_media()
+    if ref.read_together is not None:  # one request where the source has them side by side in a store
+        text, media = ref.read_together()
+    else:
+        text, media = ref.read_prompt(), ref.read_media()
+    prompt = caption_prompt(text, captions or CaptionRules())
     if media is None:
         raise InputError("missing_video", "the sample has no video file")
     roles = {}

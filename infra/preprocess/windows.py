@@ -47,5 +47,6 @@ def _window_ref(ref: SampleRef, first: int, read) -> SampleRef:
         key=ref.key + suffix,
         stem=ref.stem + suffix if ref.stem else "",
         read_media=read,
+        read_together=None,  # its media is `read`, shared by the clip's windows
         window=first,
     )

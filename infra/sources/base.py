@@ -122,6 +122,10 @@ class SampleRef:
     read_prompt: Callable[[], bytes | None]
     extra: dict[str, str] = field(default_factory=dict)
     identity: SourceIdentity = field(default_factory=SourceIdentity)
+    #: The sample's prompt and media read together (`read_prompt`'s and `read_media`'s bytes, noted the same way), in
+    #: one request where the source has them side by side in a store (a plain tar's members); None: read each.
+    #: A ref made from another with other readers (`dataclasses.replace`) sets it to None.
+    read_together: Callable[[], tuple[bytes | None, bytes | None]] | None = None
     #: The sample's audio, where it is a file of its own (a metadata file's ``audio`` column); None: the media's.
     read_audio: Callable[[], bytes | None] | None = None
     #: The readers of the sample's other roles its LTX-2 mode needs (``reference_video``, ``video_mask``, ...: a

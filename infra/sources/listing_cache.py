@@ -22,14 +22,13 @@ from typing import Any
 from infra.outstore import is_url
 from infra.runtime import machine_cache
 from infra.sources.base import Shard
+from infra.sources.tars import PLAIN_TAR
 from infra.storage import atomic_write
 
 logger = logging.getLogger(__name__)
 
 #: The source kinds whose shard is one tar, each sample made from its members' headers.
 TAR_KINDS = ("vbvr", "wds")
-#: A tar read in place: a member's offset is where its bytes are in the object (a compressed tar's are not).
-PLAIN_TAR = ".tar"
 FOLDER = "listings"
 
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import sys
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from infra.sources.bounded import check_size
+
+#: A tar read in place: a member's offset is where its bytes are in the file (a compressed tar's are not).
+PLAIN_TAR = ".tar"
 
 
 class TarDamaged(Exception):
@@ -88,3 +91,32 @@ def read_member(tf: tarfile.TarFile, name: str, member: Member, max_mb: int) -> 
     if handle is None:  # a regular TarInfo always has a reader; kept for tarfile's documented None
         raise tarfile.ReadError(f"{name}: no reader for the member")
     return handle.read(member.size)
+
+
+#: The most a read of a sample's members together fetches beyond their own bytes (the headers between them): more,
+#: and each is read on its own.
+SPAN_SLACK = 64 * 1024
+
+
+def span(members: Sequence[Member | None]) -> tuple[int, int] | None:
+    """(start, end) in a plain tar of the bytes of `members`, where each is listed, regular and not sparse, and they
+    lie together (no more than `SPAN_SLACK` bytes between them in all); None otherwise."""
+    listed = [m for m in members if m is not None and m.regular and m.sparse is None]
+    if not listed or len(listed) != len(members):
+        return None
+    start, end = min(m.offset_data for m in listed), max(m.offset_data + m.size for m in listed)
+    return (start, end) if end - start <= sum(m.size for m in listed) + SPAN_SLACK else None
+
+
+def read_span(
+    stream: IO[bytes], named: Sequence[tuple[str, Member]], where: tuple[int, int], max_mb: int
+) -> list[bytes]:
+    """The bytes of each member of `named` in one read of the plain tar `stream` (one range request of a store's) at
+    `where` (`span`), each member's size checked against `max_mb` MiB before any byte is read (`check_size`). A
+    member past the end of what came back is short: its reader says so."""
+    for name, member in named:
+        check_size(name, member.size, max_mb)
+    start, end = where
+    stream.seek(start)
+    data = stream.read(end - start)
+    return [data[m.offset_data - start : m.offset_data - start + m.size] for _, m in named]

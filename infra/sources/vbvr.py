@@ -10,6 +10,7 @@ vanished or changed since it was planned gives the samples not yet read a reason
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import logging
@@ -19,7 +20,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from infra.errors import InputError, SourceError
 from infra.media.prompts import MAX_PROMPT_BYTES
@@ -39,13 +40,14 @@ from infra.sources.base import (
 from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import is_text, name_key
-from infra.sources.tars import Member, TarDamaged, from_record, read_member, record, scan
+from infra.sources.tars import PLAIN_TAR, Member, TarDamaged, from_record, read_member, read_span, record, scan, span
 
 __all__ = [
     "ShardReadError",
     "VbvrSource",
     "check_unchanged",
     "open_shard_tar",
+    "plain_stream",
     "read_failed",
     "shard_id_for",
     "tar_shards",
@@ -240,6 +242,7 @@ def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers, shard: Shard, max_mb: i
         key=shown,
         read_media=lambda: _read_member(tf, sample, VIDEO_MEMBER, identity, shard, max_mb),
         read_prompt=lambda: _read_member(tf, sample, PROMPT_MEMBER, identity, shard, max_mb),
+        read_together=lambda: _read_together(tf, sample, identity, shard, max_mb),
         problems=problems,
         identity=identity,
         stem=f"{group}/{sid}" if group and Problem.BAD_LAYOUT not in problems else "",
@@ -256,6 +259,42 @@ def _read_member(
     if member is None and sample.cut:
         raise InputError("shard_truncated", f"the shard ends inside {sample.directory!r}: its {name} is not there")
     return _read(tf, f"{sample.directory}/{name}", member, identity, shard, max_mb)
+
+
+def _read_together(
+    tf: tarfile.TarFile, sample: _SampleMembers, identity: SourceIdentity, shard: Shard, max_mb: int
+) -> tuple[bytes | None, bytes | None]:
+    """The sample's prompt and video, as `_read_member` reads each: in one range request where they lie together in
+    a plain tar in a store (`tars.span`), else one after the other."""
+    stream = plain_stream(shard, tf)
+    members = (sample.prompt, sample.video)
+    where = span(members) if stream is not None else None
+    if where is None or sample.prompt is None or sample.prompt.size > MAX_PROMPT_BYTES:
+        read = functools.partial(_read_member, tf, sample, identity=identity, shard=shard, max_mb=max_mb)
+        return read(PROMPT_MEMBER), read(VIDEO_MEMBER)
+    check_unchanged(shard, tf)
+    named = [(f"{sample.directory}/{name}", m) for name, m in zip((PROMPT_MEMBER, VIDEO_MEMBER), members, strict=True)]
+    try:
+        data = read_span(stream, named, where, max_mb)  # type: ignore[arg-type]  # `span` said each is listed
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        read_failed(shard, tf, exc)
+        raise InputError("member_unreadable", f"{sample.directory}: {exc}") from exc
+    prompt, video = (_noted(path, m, got, identity) for (path, m), got in zip(named, data, strict=True))
+    return prompt, video
+
+
+def plain_stream(shard: Shard, tf: tarfile.TarFile) -> IO[bytes] | None:
+    """The store's stream the tar `tf` of `shard` reads, where it is a plain tar (a member's offset is its place in
+    the stream: `tars.read_span` reads there); None for a local or a compressed tar."""
+    return _streams.get(tf) if shard.path.endswith(PLAIN_TAR) else None
+
+
+def _noted(path: str, member: Member, data: bytes, identity: SourceIdentity) -> bytes:
+    """`data`, the bytes read of the member at `path`, their sha256 noted in `identity`; InputError for fewer."""
+    if len(data) != member.size:
+        raise InputError("member_unreadable", f"{path}: {len(data)} of {member.size} bytes (shard cut short)")
+    identity.read_sha256[path.rpartition("/")[2]] = hashlib.sha256(data).hexdigest()
+    return data
 
 
 def _read(
@@ -275,10 +314,7 @@ def _read(
     except (tarfile.TarError, OSError, EOFError) as exc:
         read_failed(shard, tf, exc)
         raise InputError("member_unreadable", f"{path}: {exc}") from exc
-    if len(data) != member.size:
-        raise InputError("member_unreadable", f"{path}: {len(data)} of {member.size} bytes (shard cut short)")
-    identity.read_sha256[name] = hashlib.sha256(data).hexdigest()
-    return data
+    return _noted(path, member, data, identity)
 
 
 def check_unchanged(shard: Shard, tf: tarfile.TarFile | None = None) -> None:

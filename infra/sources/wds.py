@@ -40,12 +40,13 @@ from infra.sources.base import (
 from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import name_key, nameable, output_stem
-from infra.sources.tars import Member, TarDamaged, from_record, read_member, record, scan, short
+from infra.sources.tars import Member, TarDamaged, from_record, read_member, read_span, record, scan, short, span
 from infra.sources.vbvr import (
     TAR_SUFFIXES,
     check_unchanged,
     find_store_tars,
     open_shard_tar,
+    plain_stream,
     read_failed,
     tar_shards,
 )
@@ -211,11 +212,43 @@ def _to_ref(tf: tarfile.TarFile, sample: _Sample, shard: Shard, max_mb: int) -> 
         key=key,
         read_media=lambda: _read(tf, sample, image, identity, shard, max_mb),
         read_prompt=lambda: _read(tf, sample, CAPTION_EXT, identity, shard, max_mb, MAX_PROMPT_BYTES),
+        read_together=lambda: _read_together(tf, sample, image, identity, shard, max_mb),
         problems=problems,
         identity=identity,
         stem="" if error else output_stem((shard.id, *sample.key.split("/"))),
         listed=sample.record(),
     )
+
+
+def _read_together(
+    tf: tarfile.TarFile, sample: _Sample, image: str | None, identity: SourceIdentity, shard: Shard, max_mb: int
+) -> tuple[bytes | None, bytes | None]:
+    """The sample's caption and image, as `_read` reads each: in one range request where they lie together in a
+    plain tar in a store (`tars.span`), else one after the other."""
+    caption, media = sample.member(CAPTION_EXT), sample.member(image) if image is not None else None
+    stream = plain_stream(shard, tf)
+    where = span((caption, media)) if stream is not None else None
+    if where is None or caption is None or media is None or image is None or caption.size > MAX_PROMPT_BYTES:
+        prompt = _read(tf, sample, CAPTION_EXT, identity, shard, max_mb, MAX_PROMPT_BYTES)
+        return prompt, _read(tf, sample, image, identity, shard, max_mb)
+    check_unchanged(shard, tf)
+    named = [(f"{sample.key}.{CAPTION_EXT}", caption), (f"{sample.key}.{image}", media)]
+    try:
+        data = read_span(stream, named, where, max_mb)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        read_failed(shard, tf, exc)
+        raise InputError("member_unreadable", f"{sample.key}: {exc}") from exc
+    return _noted(sample, CAPTION_EXT, caption, data[0], identity), _noted(sample, image, media, data[1], identity)
+
+
+def _noted(sample: _Sample, ext: str, member: Member, data: bytes, identity: SourceIdentity) -> bytes:
+    """`data`, the bytes read of the sample's member `ext`, their sha256 noted in `identity`; InputError for fewer."""
+    if len(data) != member.size:
+        raise InputError(
+            "member_unreadable", f"{sample.key}.{ext}: not all of its {member.size} bytes (shard cut short)"
+        )
+    identity.read_sha256[f"{name_key(sample.key)}.{ext}"] = hashlib.sha256(data).hexdigest()
+    return data
 
 
 def _read(
@@ -242,7 +275,4 @@ def _read(
     except (tarfile.TarError, OSError, EOFError) as exc:
         read_failed(shard, tf, exc)
         raise InputError("member_unreadable", f"{name}: {exc}") from exc
-    if len(data) != member.size:
-        raise InputError("member_unreadable", f"{name}: not all of its {member.size} bytes (shard cut short)")
-    identity.read_sha256[f"{name_key(sample.key)}.{ext}"] = hashlib.sha256(data).hexdigest()
-    return data
+    return _noted(sample, ext, member, data, identity)
