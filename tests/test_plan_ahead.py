@@ -6,6 +6,8 @@ whole kept on this machine, so that a later plan of the same object reads no hea
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -168,3 +170,18 @@ def test_the_hubs_tars_are_listed_at_once_into_the_plan_a_local_listing_makes(hu
     assert {n: b for n, b in files.items() if not n.startswith("records/")} == local_files
     resolved = {path for method, path in ((r.method, r.path) for r in hub_env.requests) if "/resolve/" in path}
     assert len(resolved) == SHARDS, resolved  # every tar read, each through its own resolve URL
+
+
+def test_a_kept_listing_unused_for_a_month_is_removed(s3, corpus, tmp_path, own_machine_cache):
+    """Each read of a kept listing marks it used; `prune` removes those unused for `UNUSED_DAYS`, not the others."""
+    _, url = corpus
+    _plan(url, tmp_path, "first")
+    folder = own_machine_cache / listing_cache.FOLDER
+    kept = sorted(folder.glob("*.jsonl"))
+    month_ago = time.time() - (listing_cache.UNUSED_DAYS + 1) * 86400
+    for entry in kept:
+        os.utime(entry, (month_ago, month_ago))
+    (shard,) = [s for s in open_source(f"vbvr:{url}").shards() if s.id == kept_tar(kept[0]).removesuffix(".tar")]
+    assert listing_cache.cached(shard) is not None  # read: used now
+    assert listing_cache.prune(folder) == len(kept) - 1
+    assert sorted(folder.glob("*.jsonl")) == [kept[0]]

@@ -8,14 +8,18 @@ An entry is ``$LATENTFORGE_CACHE_DIR/listings/<sha256>.jsonl`` (`infra.runtime.m
 says what was listed (URL, size, version, samples), then one JSON line a sample. What is kept is a listing that
 reached the tar's end with no damage, of an object with a version (an S3 ETag or version id, a Hub blob id, a GCS
 generation: an object rewritten since is another entry); an entry that does not say what it should (cut short,
-damaged) is listed again. About 200 bytes a sample; the folder is safe to delete.
+damaged) is listed again. About 200 bytes a sample; an entry not used for `UNUSED_DAYS` is removed when a listing is
+kept (`prune`), and the folder is safe to delete.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,8 @@ logger = logging.getLogger(__name__)
 #: The source kinds whose shard is one tar, each sample made from its members' headers.
 TAR_KINDS = ("vbvr", "wds")
 FOLDER = "listings"
+#: An entry not used (read or written) for this long is removed (`prune`): a corpus not planned for a month.
+UNUSED_DAYS = 30
 
 
 def relistable(kind: str, path: str) -> bool:
@@ -66,6 +72,8 @@ def cached(shard: Shard) -> list[Any] | None:
     if not isinstance(head, dict) or head != _head(shard, len(records)):
         logger.info("kept listing of %s is not whole: listed again", shard.path)
         return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # used now: `prune` keeps it
     return records
 
 
@@ -81,3 +89,25 @@ def keep(shard: Shard, records: list[Any]) -> None:
         atomic_write(path, ("\n".join(lines) + "\n").encode("ascii"), replace=True)
     except OSError as exc:
         logger.warning("the listing of %s is not kept on this machine (%s)", shard.path, exc)
+    if path.parent not in _pruned:  # once a process: a plan keeps a listing a tar
+        _pruned.add(path.parent)
+        prune(path.parent)
+
+
+#: The folders this process has pruned.
+_pruned: set[Path] = set()
+
+
+def prune(folder: Path, now: float | None = None) -> int:
+    """Remove the entries of `folder` not used for `UNUSED_DAYS` (by their mtime: each read touches it); returns how
+    many. An entry another process removes first, or that cannot be removed, is left to it."""
+    cutoff = (time.time() if now is None else now) - UNUSED_DAYS * 86400
+    removed = 0
+    for entry in folder.glob("*.jsonl"):
+        with contextlib.suppress(OSError):
+            if entry.stat().st_mtime < cutoff:
+                entry.unlink()
+                removed += 1
+    if removed:
+        logger.info("%d kept listing(s) unused for %d days removed from %s", removed, UNUSED_DAYS, folder)
+    return removed
