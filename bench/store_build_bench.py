@@ -27,11 +27,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import boto3
 
@@ -108,6 +110,15 @@ def _samples(files: dict[str, bytes]) -> dict[str, str]:
     return {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items() if rel.endswith(".pt")}
 
 
+def _pattern(path: str) -> str:
+    """A request's path with its numbers and sample names folded (``.../00000012.pt`` → ``.../N.pt``) and its query
+    reduced to its keys: requests of one kind for each sample count as one pattern."""
+    where, _, query = path.partition("?")
+    where = re.sub(r"[^/]*\d[^/]*(?=\.\w+$)|\d+", "N", unquote(where))
+    keys = sorted({pair.partition("=")[0] for pair in query.split("&") if pair})
+    return where + ("?" + "&".join(keys) if keys else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=24)
@@ -121,6 +132,7 @@ def main() -> None:
     )
     for name, value in GEOMETRY.items():
         parser.add_argument(f"--{name}", type=int, default=value)
+    parser.add_argument("--by-path", action="store_true", help="the resume's requests by kind and path pattern")
     args = parser.parse_args()
     GEOMETRY.update(frames=args.frames, height=args.height, width=args.width)
     with (
@@ -161,6 +173,7 @@ def main() -> None:
         _build(f"vbvr:s3://{BUCKET}/src", model, s3_out)  # the same build again: a resume with nothing to encode
         resumed = dict(proxy.counts)
         on_source = Counter(kind for kind, path in proxy.requests if f"/{BUCKET}/src" in path)
+        by_path = Counter((kind, _pattern(path)) for kind, path in proxy.requests)
         if args.out == "s3":
             same = _samples(store.objects(BUCKET, f"out-{args.repeats - 1}")) == _samples(tree_files(local_out))
         else:
@@ -198,6 +211,9 @@ def main() -> None:
         print("| " + " | ".join(f"{resumed.get(k, 0) / n:.2f} ({resumed.get(k, 0)})" for k in KINDS), end="")
         print(f" | {every / n:.2f} ({every}) |; other: {resumed}")
         print(f"of which on the source's objects (the rest: OUT's): {dict(on_source)}")
+        if args.by_path:
+            for (kind, pattern), count in by_path.most_common():
+                print(f"  {count:>5} {kind:<9} {pattern}")
         print(f"sample files byte for byte equal to the local build's: {same}")
 
 
