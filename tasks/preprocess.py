@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-from pathlib import Path
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from infra.cache.listing import Packed, unpacked
+from infra.cache.listing import Packed, task_spool
 from infra.cache.lock import follow
 from infra.errors import OutWriteError
 from infra.job import Job
@@ -63,10 +61,9 @@ def preprocess_shard(
     if device is not None:
         job = job.placed(device)
     with (
-        unpacked(listing, shard.id) if isinstance(listing, dict) else contextlib.nullcontext(listing) as spool,
+        task_spool(listing, shard.id) as spool,
         follow(None if run.counting else run.lease),  # another process: its writes stop when the run's lease is lost
     ):
-        spool = Path(spool) if spool is not None else None
         return process_shard(job, shard, on_row=on_row, run_id=flow_run.get_id(), chunk=chunk, run=run, listing=spool)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -158,14 +159,23 @@ def test_a_later_plan_makes_its_samples_from_the_kept_listing(s3, corpus, tmp_pa
     assert len(list(own_machine_cache.joinpath(listing_cache.FOLDER).glob("*.jsonl"))) == SHARDS  # the new one kept
 
 
-def test_the_hubs_tars_are_listed_at_once_into_the_plan_a_local_listing_makes(hub_env, corpus, tmp_path):
-    """``vbvr:hf://datasets/...``: the Hub's file system listed from several threads at once makes the plan and
-    listing spool of the same tars on local disk."""
+def test_the_hubs_tars_are_listed_at_once_into_the_plan_a_local_listing_makes(hub_env, corpus, tmp_path, monkeypatch):
+    """``vbvr:hf://datasets/...``: the Hub's file system, listing the tars on the plan's listing threads (several
+    of them), makes the plan and listing spool of the same tars on local disk."""
     root, _ = corpus
     hub_env.create("org/ahead", private=True)
     hub_env.commit("org/ahead", {f"data/{tar.name}": tar.read_bytes() for tar in sorted(root.glob("*.tar"))})
     local, local_files = _plan(str(root), tmp_path, "local")
+    threads: set[str] = set()
+    list_shard = ahead.list_shard
+
+    def on_its_thread(*args: object) -> ahead.Listed:
+        threads.add(threading.current_thread().name)
+        return list_shard(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ahead, "list_shard", on_its_thread)
     shards, files = _plan("hf://datasets/org/ahead@main/data", tmp_path, "hub")
+    assert len(threads) >= 2 and all(name.startswith("plan-list") for name in threads), threads
     assert shards == local
     assert {n: b for n, b in files.items() if not n.startswith("records/")} == local_files
     resolved = {path for method, path in ((r.method, r.path) for r in hub_env.requests) if "/resolve/" in path}

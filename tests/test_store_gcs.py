@@ -39,7 +39,8 @@ MODEL_PREFIX = "models/tiny-wan22"
 #: The tar of the mid-read test: its samples, each member far larger than a tar read's read-ahead.
 SAMPLES, MEMBER_BYTES = 3, 64 * 1024
 #: gcsfs's switch, read once when gcsfs is imported: on (its default), its file system first asks the Storage Control
-#: gRPC API for a bucket's layout, which the emulator does not serve (60 s of retries a call, never cached).
+#: gRPC API for a bucket's layout, which the emulator does not serve (60 s of retries a call, never cached). Set off
+#: for the whole session by tests/conftest.py, before anything can import gcsfs.
 ZONAL_SWITCH = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
 MISSING = [name for name in ("gcsfs", "gcp_storage_emulator") if importlib.util.find_spec(name) is None]
 
@@ -69,11 +70,10 @@ def gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackGCS]:
         url = f"http://127.0.0.1:{port}"
         wait_answers(f"{url}/", proc, "gcp-storage-emulator", timeout=30)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setenv(ZONAL_SWITCH, "false")
             patch.setenv("LATENTFORGE_CACHE_DIR", str(tmp_path_factory.mktemp("gcs-cache")))
             gcsfs = importlib.import_module("gcsfs")  # here, not at the top: the switch is read at its import
             if fsspec.get_filesystem_class("gs") is not gcsfs.core.GCSFileSystem:
-                pytest.fail(f"gcsfs was imported before this module could set {ZONAL_SWITCH}=false")
+                pytest.fail(f"gcsfs was imported with {ZONAL_SWITCH} on: tests/conftest.py sets it off at its start")
             patch.setitem(fsspec.config.conf, "gs", {"endpoint_url": url, "token": "anon"})
             yield LoopbackGCS(url, fsspec.filesystem("gs"))
     finally:

@@ -209,7 +209,7 @@ def test_a_ray_task_carries_its_shards_part_of_the_plans_listing(s3, source, tin
     carried = shard_listing(plan, "part")
     assert isinstance(carried, dict) and {"listing", "records"} <= set(carried), carried
     assert not any(str(tmp_path).encode() in data for data in carried.values())
-    with listing.unpacked(carried, "part") as unpacked:
+    with listing.task_spool(carried, "part") as unpacked:
         assert not unpacked.is_relative_to(tmp_path)
         caplog.clear()
         result = process_shard(plan.job, plan.shards[0], listing=unpacked)

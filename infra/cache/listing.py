@@ -216,18 +216,21 @@ def _spooled_files(spool: Path, shard_id: str) -> dict[str, Path]:
 
 def packed(spool: Path, shard_id: str) -> Packed:
     """What the plan spooled of one shard (those of its files there), as bytes: what a shard task carries to a host
-    that cannot read the driver's spool (a Ray cluster whose nodes share no disk), `unpacked` there."""
+    that cannot read the driver's spool (a Ray cluster whose nodes share no disk), unpacked there by `task_spool`."""
     return {kind: path.read_bytes() for kind, path in _spooled_files(spool, shard_id).items() if path.is_file()}
 
 
 @contextlib.contextmanager
-def unpacked(spooled: Packed, shard_id: str) -> Iterator[Path]:
-    """A spool of this host's own (below its temporary folder, removed at the end) holding what `packed` took of the
-    shard: the path a shard task reads the plan's listing from."""
+def task_spool(given: str | Packed | None, shard_id: str) -> Iterator[Path | None]:
+    """The spool a shard task reads the plan's listing from: the path it was given, or (given what `packed` took of
+    the shard) a spool of this host's own below its temporary folder, removed at the end; None for none."""
+    if not isinstance(given, dict):
+        yield None if given is None else Path(given)
+        return
     with tempfile.TemporaryDirectory(prefix="lf-listing-") as tmp:
         spool = Path(tmp) / "listing"
         for kind, path in _spooled_files(spool, shard_id).items():
-            if kind in spooled:
+            if kind in given:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(spooled[kind])
+                path.write_bytes(given[kind])
         yield spool

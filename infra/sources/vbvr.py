@@ -47,8 +47,8 @@ __all__ = [
     "VbvrSource",
     "check_unchanged",
     "open_shard_tar",
-    "plain_stream",
     "read_failed",
+    "read_side_by_side",
     "shard_id_for",
     "tar_shards",
 ]
@@ -264,26 +264,41 @@ def _read_member(
 def _read_together(
     tf: tarfile.TarFile, sample: _SampleMembers, identity: SourceIdentity, shard: Shard, max_mb: int
 ) -> tuple[bytes | None, bytes | None]:
-    """The sample's prompt and video, as `_read_member` reads each: in one range request where they lie together in
-    a plain tar in a store (`tars.span`), else one after the other."""
-    stream = plain_stream(shard, tf)
-    members = (sample.prompt, sample.video)
-    where = span(members) if stream is not None else None
-    if where is None or sample.prompt is None or sample.prompt.size > MAX_PROMPT_BYTES:
+    """The sample's prompt and video, as `_read_member` reads each: in one range request where they lie side by side
+    in a plain tar in a store (`read_side_by_side`), else one after the other."""
+    named = [
+        (f"{sample.directory}/{PROMPT_MEMBER}", sample.prompt),
+        (f"{sample.directory}/{VIDEO_MEMBER}", sample.video),
+    ]
+    small = sample.prompt is not None and sample.prompt.size <= MAX_PROMPT_BYTES  # else refused by `_read`, unread
+    data = read_side_by_side(tf, shard, named, max_mb) if small else None
+    if data is None:
         read = functools.partial(_read_member, tf, sample, identity=identity, shard=shard, max_mb=max_mb)
         return read(PROMPT_MEMBER), read(VIDEO_MEMBER)
+    return _noted(*named[0], data[0], identity), _noted(*named[1], data[1], identity)  # type: ignore[arg-type]
+
+
+def read_side_by_side(
+    tf: tarfile.TarFile, shard: Shard, named: list[tuple[str, Member | None]], max_mb: int
+) -> list[bytes] | None:
+    """The bytes of the members `named` (path in the tar, member) in one range request, where `tf` is a plain tar in
+    a store and they lie side by side there (`tars.span`); None where they do not (a local or compressed tar, a
+    member missing, sparse or far off: each is then read on its own). Checked as `_read` checks one member: the
+    shard as listed, each size against `max_mb`; a failed read is its InputError. Bytes cut short come back short:
+    the caller's check says so."""
+    stream = _plain_stream(shard, tf)
+    where = span([m for _, m in named]) if stream is not None else None
+    if where is None:
+        return None
     check_unchanged(shard, tf)
-    named = [(f"{sample.directory}/{name}", m) for name, m in zip((PROMPT_MEMBER, VIDEO_MEMBER), members, strict=True)]
     try:
-        data = read_span(stream, named, where, max_mb)  # type: ignore[arg-type]  # `span` said each is listed
+        return read_span(stream, named, where, max_mb)  # type: ignore[arg-type]  # `span` said each is listed
     except (tarfile.TarError, OSError, EOFError) as exc:
         read_failed(shard, tf, exc)
-        raise InputError("member_unreadable", f"{sample.directory}: {exc}") from exc
-    prompt, video = (_noted(path, m, got, identity) for (path, m), got in zip(named, data, strict=True))
-    return prompt, video
+        raise InputError("member_unreadable", f"{' + '.join(path for path, _ in named)}: {exc}") from exc
 
 
-def plain_stream(shard: Shard, tf: tarfile.TarFile) -> IO[bytes] | None:
+def _plain_stream(shard: Shard, tf: tarfile.TarFile) -> IO[bytes] | None:
     """The store's stream the tar `tf` of `shard` reads, where it is a plain tar (a member's offset is its place in
     the stream: `tars.read_span` reads there); None for a local or a compressed tar."""
     return _streams.get(tf) if shard.path.endswith(PLAIN_TAR) else None

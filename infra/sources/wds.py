@@ -40,14 +40,14 @@ from infra.sources.base import (
 from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import name_key, nameable, output_stem
-from infra.sources.tars import Member, TarDamaged, from_record, read_member, read_span, record, scan, short, span
+from infra.sources.tars import Member, TarDamaged, from_record, read_member, record, scan, short
 from infra.sources.vbvr import (
     TAR_SUFFIXES,
     check_unchanged,
     find_store_tars,
     open_shard_tar,
-    plain_stream,
     read_failed,
+    read_side_by_side,
     tar_shards,
 )
 
@@ -223,22 +223,19 @@ def _to_ref(tf: tarfile.TarFile, sample: _Sample, shard: Shard, max_mb: int) -> 
 def _read_together(
     tf: tarfile.TarFile, sample: _Sample, image: str | None, identity: SourceIdentity, shard: Shard, max_mb: int
 ) -> tuple[bytes | None, bytes | None]:
-    """The sample's caption and image, as `_read` reads each: in one range request where they lie together in a
-    plain tar in a store (`tars.span`), else one after the other."""
+    """The sample's caption and image, as `_read` reads each: in one range request where they lie side by side in a
+    plain tar in a store (`vbvr.read_side_by_side`), else one after the other."""
     caption, media = sample.member(CAPTION_EXT), sample.member(image) if image is not None else None
-    stream = plain_stream(shard, tf)
-    where = span((caption, media)) if stream is not None else None
-    if where is None or caption is None or media is None or image is None or caption.size > MAX_PROMPT_BYTES:
+    named = [(f"{sample.key}.{CAPTION_EXT}", caption), (f"{sample.key}.{image}", media)]
+    small = caption is not None and caption.size <= MAX_PROMPT_BYTES  # else refused by `_read`, unread
+    data = read_side_by_side(tf, shard, named, max_mb) if small and image is not None else None
+    if data is None:
         prompt = _read(tf, sample, CAPTION_EXT, identity, shard, max_mb, MAX_PROMPT_BYTES)
         return prompt, _read(tf, sample, image, identity, shard, max_mb)
-    check_unchanged(shard, tf)
-    named = [(f"{sample.key}.{CAPTION_EXT}", caption), (f"{sample.key}.{image}", media)]
-    try:
-        data = read_span(stream, named, where, max_mb)
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        read_failed(shard, tf, exc)
-        raise InputError("member_unreadable", f"{sample.key}: {exc}") from exc
-    return _noted(sample, CAPTION_EXT, caption, data[0], identity), _noted(sample, image, media, data[1], identity)
+    return (
+        _noted(sample, CAPTION_EXT, caption, data[0], identity),  # type: ignore[arg-type]  # listed: data is not None
+        _noted(sample, image, media, data[1], identity),  # type: ignore[arg-type]
+    )
 
 
 def _noted(sample: _Sample, ext: str, member: Member, data: bytes, identity: SourceIdentity) -> bytes:
