@@ -141,6 +141,7 @@ def _handler_for(proxy: Proxy) -> type[BaseHTTPRequestHandler]:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     proxy: Proxy
+    answering = False  # this request counted in flight, its answer not yet sent
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's signature
         return None
@@ -164,14 +165,23 @@ class _Handler(BaseHTTPRequestHandler):
         with self.proxy.lock:
             self.proxy.in_flight += 1
             self.proxy.most_in_flight = max(self.proxy.most_in_flight, self.proxy.in_flight)
+        self.answering = True
         start = time.thread_time()
         try:
             if self.proxy.latency:
                 time.sleep(self.proxy.latency)
             self._forward_timed(method)
         finally:
+            self._answered()
             with self.proxy.lock:
                 self.proxy.cpu_seconds += time.thread_time() - start
+
+    def _answered(self) -> None:
+        """The request is no longer in flight: counted off before its answer is sent (once the client has it, it may
+        send its next request while this thread still winds up, which is not two at once)."""
+        if self.answering:
+            self.answering = False
+            with self.proxy.lock:
                 self.proxy.in_flight -= 1
 
     def _forward_timed(self, method: str) -> None:
@@ -224,6 +234,7 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def _send(self, status: int, headers: list[tuple[str, str]], data: bytes, method: str) -> None:
+        self._answered()
         self.send_response(status)
         for name, value in headers:
             self.send_header(name, value)
