@@ -31,7 +31,7 @@ LAYERS = ("flows", "tasks", "infra")
 #: its own; two folders on one floor never import each other. ARCHITECTURE.md shows the same table.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("infra", "errors", "faults", "heap", "runtime"),  # ground: imports nothing of the project
-    ("bounds", "outstore"),  # the sanity bounds of every setting; OUT in an object store: only infra.errors
+    ("bounds", "outstore", "records"),  # the sanity bounds; OUT in an object store; records read back bounded
     ("config", "outdir", "fetch"),  # the settings; the door to OUT; a model by URL fetched: only infra.errors
     ("storage", "registry", "recipes", "devices", "media", "procs", "job"),
     ("report_files", "models"),
