@@ -28,7 +28,7 @@ from infra.config import (
     CacheSpec,
     spec_mark,
 )
-from infra.errors import ConfigError, ConflictError
+from infra.errors import ConfigError, ConflictError, LedgerError
 from infra.fetch import local_model
 from infra.formats import get_format
 from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes, text_clean_for
@@ -52,6 +52,7 @@ from infra.models.base import GeometryRules, TextSettings, preprocess_name
 from infra.outstore import is_url
 from infra.recipes import apply_recipe
 from infra.sources import SampleRef, Shard, ShardReadError, Source, ahead, listing_cache, open_source
+from infra.sources.base import outside_source
 from infra.sources.identity import SourceIdentity
 from infra.sources.names import collision_key
 
@@ -589,8 +590,35 @@ def make_plan(config: BuildConfig, spool: Path | None = None, shards: list[Shard
 def recorded_plan(config: BuildConfig) -> BuildPlan | None:
     """The plan OUT's newest build recorded when it began (its shards, as listed then) with `config`'s spec: what
     `latentforge reconcile` accounts for; None when OUT has no recorded plan."""
-    entries = listing.read_index(outdir.root(config.out))
-    return None if entries is None else make_plan(config, shards=[ShardPlan.model_validate(e) for e in entries])
+    follow = bool(config.encoding.follow_symlinks)
+    shards = recorded_shards(outdir.root(config.out), config.source, follow)
+    return None if shards is None else make_plan(config, shards=shards)
+
+
+def recorded_shards(out: outdir.Out, source: str, follow_symlinks: bool = False) -> list[ShardPlan] | None:
+    """The shards OUT's recorded plan names (None: it has none), each checked, as any record read back is: an entry
+    that is not a shard plan is a damaged index (one line naming it, `LedgerError`); a shard whose path is not a
+    place of the source `source` (KIND:PATH; the containment of the source's own listing, `outside_source`) is left
+    out with one warning line, never read."""
+    entries = listing.read_index(out)
+    if entries is None:
+        return None
+    where = outdir.shown(out, listing.INDEX_PATH)
+    shards: list[ShardPlan] = []
+    for number, entry in enumerate(entries):
+        try:
+            shard = ShardPlan.model_validate(entry)
+        except ValueError as exc:
+            first = str(exc).splitlines()[0]
+            raise LedgerError(
+                f"{where}: shard entry {number} is not a shard plan ({first}); {listing.REPAIR}"
+            ) from None
+        why = outside_source(source.partition(":")[2], shard.path, follow_symlinks=follow_symlinks)
+        if why is not None:
+            logger.warning("%s: shard %s is not read and left out of the recorded plan: %s", where, shard.id, why)
+            continue
+        shards.append(shard)
+    return shards
 
 
 def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> BuildConfig:

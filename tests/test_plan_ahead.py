@@ -128,13 +128,12 @@ def kept_tar(entry: Path) -> str:
 
 
 def test_a_later_plan_makes_its_samples_from_the_kept_listing(s3, corpus, tmp_path, own_machine_cache):
-    """A second plan of the same objects sends at most one range request a tar (the tar opened, no header read)
+    """A second plan of the same objects sends at most two range requests a tar (the tar opened, one record proven)
     and makes the same plan and spools; a tar rewritten since (a new ETag), or whose kept listing was cut short, is
     listed again; the damaged tar is never kept."""
     _, url = corpus
     s3.proxy.reset()
     first = _plan(url, tmp_path, "first")
-    first_gets = _range_gets(s3)
     kept = sorted(own_machine_cache.joinpath(listing_cache.FOLDER).glob("*.jsonl"))
     assert len(kept) == SHARDS - 1  # every tar but the damaged one
 
@@ -143,8 +142,9 @@ def test_a_later_plan_makes_its_samples_from_the_kept_listing(s3, corpus, tmp_pa
     assert again == first
     by_tar = _range_gets_by_tar(s3)
     damaged = f"part-{SHARDS - 1:02d}.tar"
-    assert all(n <= 1 for tar, n in by_tar.items() if tar != damaged), by_tar  # opened; no header read
-    assert by_tar[damaged] > 1 and _range_gets(s3) < first_gets / 2, (by_tar, first_gets)
+    # opened, and one record picked at random proven (its header: `infra.sources.relist`); no listing of headers
+    assert all(n <= 2 for tar, n in by_tar.items() if tar != damaged), by_tar
+    assert by_tar[damaged] > 1, by_tar  # listed again (never kept): its headers read; bench/store_plan_bench.py: ratios
 
     kept[0].write_bytes(kept[0].read_bytes().rpartition(b"\n")[0].rpartition(b"\n")[0] + b"\n")  # a record lost
     client = boto3.client("s3", endpoint_url=s3.direct)
@@ -155,7 +155,7 @@ def test_a_later_plan_makes_its_samples_from_the_kept_listing(s3, corpus, tmp_pa
     assert third == first
     by_tar = _range_gets_by_tar(s3)
     assert by_tar[kept_tar(kept[0])] > 1 and by_tar["part-01.tar"] > 1, by_tar  # their headers read again
-    assert sorted(n for tar, n in by_tar.items() if tar not in (kept_tar(kept[0]), "part-01.tar", damaged)) == [1] * 3
+    assert all(n <= 2 for tar, n in by_tar.items() if tar not in (kept_tar(kept[0]), "part-01.tar", damaged)), by_tar
     assert len(list(own_machine_cache.joinpath(listing_cache.FOLDER).glob("*.jsonl"))) == SHARDS  # the new one kept
 
 

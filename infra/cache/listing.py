@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 INDEX = "plan.json"
 LISTINGS = "plan"
+INDEX_PATH = f"{LEDGER_DIR}/{INDEX}"
+#: What repairs a recorded plan that does not read back: the next build of OUT records its plan anew.
+REPAIR = "the next build of OUT records the plan anew (or move the file aside)"
 #: OUT-relative prefixes of the recorded plan: the build's own working record (it names the source's local paths),
 #: not published (the sealed ledgers hold a row for each planned sample).
 PLAN_PATHS = (f"{LEDGER_DIR}/{INDEX}", f"{LEDGER_DIR}/{LISTINGS}/")

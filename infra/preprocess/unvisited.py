@@ -16,9 +16,9 @@ from pathlib import Path
 
 from infra.cache import ledger, listing
 from infra.cache.ledger import LedgerRow, windows_by_clip
-from infra.errors import InputError
+from infra.errors import InputError, LedgerError
 from infra.job import Job
-from infra.plan import ShardPlan
+from infra.plan import ShardPlan, recorded_shards
 from infra.preprocess.chunks import Chunk
 from infra.preprocess.resume import selected
 from infra.sources.vbvr import check_unchanged
@@ -107,10 +107,14 @@ def _carried(job: Job, shards: list[ShardPlan]) -> list[ShardPlan]:
         return []  # a narrower run: a shard it lacks was not selected, not lost
     planned = {s.id for s in shards}
     carried = []
-    for entry in listing.read_index(job.out) or []:
-        if entry["id"] in planned or (selection.shard_filter and selection.shard_filter not in entry["id"]):
+    try:  # each checked: inside the source, a shard plan (`recorded_shards`)
+        recorded = recorded_shards(job.out, job.source, job.spec.follow_symlinks) or []
+    except LedgerError as exc:
+        logger.warning("%s: this run records the plan anew", exc)
+        return []
+    for shard in recorded:
+        if shard.id in planned or (selection.shard_filter and selection.shard_filter not in shard.id):
             continue
-        shard = ShardPlan.model_validate(entry)
         if next(unvisited(job, shard, None, ledger.read_shard(job.out, shard.id), None), None) is not None:
             carried.append(shard)
     return carried

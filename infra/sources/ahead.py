@@ -19,9 +19,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from infra.sources import listing_cache
 from infra.sources.base import SampleRef, Shard, ShardReadError, Source
+from infra.sources.relist import NotAsListed
 
 logger = logging.getLogger(__name__)
 
@@ -52,16 +54,31 @@ def list_shard(source: Source, shard: Shard, cap: int | None) -> Listed:
     listing where this machine has one, and its listing kept when it reached the tar's end without damage."""
     relistable = listing_cache.relistable(source.kind, shard.path)
     kept = listing_cache.cached(shard) if relistable else None
+    refs: list[SampleRef] | None = None
     if kept is not None:
-        logger.info("shard %s: its samples made from this machine's kept listing (no header read)", shard.id)
-        refs, damage = list(source.relisted(shard, iter(kept))), None
-    else:
+        refs, damage = _from_kept(source, shard, kept), None
+    if refs is None:
         refs, damage = _listed(source, shard, None if relistable else cap)
         if relistable and damage is None:
             listing_cache.keep(shard, [ref.listed for ref in refs])
     if cap is not None and len(refs) >= cap:  # the cap reached before any damage: as a capped listing stops there
         return Listed(refs[:cap])
     return Listed(refs, damage)
+
+
+def _from_kept(source: Source, shard: Shard, kept: list[Any]) -> list[SampleRef] | None:
+    """The samples made from this machine's kept listing of `shard`, once its spot check holds (the tar's first
+    header and one record picked at random, `infra.sources.relist`); None (the entry dropped, one warning) when the
+    tar does not bear it out."""
+    try:
+        refs = list(source.relisted(shard, iter(kept), spot=True))
+    except NotAsListed as exc:
+        why = (shard.id, exc)
+        logger.warning("shard %s: this machine's kept listing is not what the tar holds (%s): listed again", *why)
+        listing_cache.forget(shard)
+        return None
+    logger.info("shard %s: its samples made from this machine's kept listing (no header read)", shard.id)
+    return refs
 
 
 def _listed(source: Source, shard: Shard, cap: int | None) -> tuple[list[SampleRef], ShardReadError | None]:

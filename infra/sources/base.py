@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from infra.errors import InputError, LatentforgeError, SourceError
+from infra.outstore import is_url
 from infra.registry import Registry
 from infra.sources.identity import SourceIdentity
 from infra.sources.names import SAFE_NAME as SAFE_NAME  # re-exported: where readers have long found it
@@ -52,6 +53,37 @@ def glob_root(spec: str) -> Path | None:
         fixed = itertools.takewhile(lambda part: not any(ch in part for ch in "*?["), path.parts)
         return Path(*fixed) if path.parts and not any(ch in path.parts[0] for ch in "*?[") else Path()
     return path if path.is_dir() else None
+
+
+def outside_source(spec: str, path: str, *, follow_symlinks: bool = False) -> str | None:
+    """Why `path` (a shard's, as an earlier run recorded it: `infra.plan.recorded_shards`) is not a place of the
+    source whose PATH is `spec`; None when it is: the file `spec` names, or a path below the folder it names or
+    spreads from (a pattern's, a brace pattern's fixed folder) that leads nowhere else (`outside_root`); for a URL,
+    an object below the URL's prefix, with no ``.`` or ``..`` segment. The containment of a source's own listing,
+    for a path it did not list now."""
+    if is_url(spec):
+        return _outside_url(spec, path)
+    cut = min((spec.index(ch) for ch in "*?[{" if ch in spec), default=None)
+    named = Path(spec).expanduser()
+    if cut is None and not named.is_dir():
+        same = os.path.realpath(named) == os.path.realpath(Path(path).expanduser())
+        return None if same else f"{path} is not {spec}, the file the source names"
+    root = Path(spec[:cut].rpartition("/")[0] or ".").expanduser() if cut is not None else named
+    lexical, top = os.path.normpath(Path(path).expanduser()), os.path.normpath(root)
+    if lexical != top and not lexical.startswith(top.rstrip(os.sep) + os.sep):
+        return f"{path} is not below {root}, the source's folder"
+    return outside_root(root, Path(path), follow_symlinks=follow_symlinks)
+
+
+def _outside_url(spec: str, path: str) -> str | None:
+    cut = min((spec.index(ch) for ch in "*?[{" if ch in spec), default=len(spec))
+    root = spec[:cut] if cut == len(spec) else spec[:cut].rpartition("/")[0]
+    scheme_rest = path.split("://", 1)[1] if "://" in path else ""
+    if any(part in (".", "..") for part in scheme_rest.split("/")):
+        return f"{path} has a '.' or '..' segment"
+    if path == root or path.startswith(root.rstrip("/") + "/"):
+        return None
+    return f"{path} is not below {root}, the source's prefix"
 
 
 def refuse_outside(spec: str, paths: list[Path], what: str, *, follow_symlinks: bool = False) -> None:
@@ -180,10 +212,11 @@ class Source(ABC):
         """The samples of one shard, in a stable order; a shard damaged part way yields what it can, then raises
         ShardReadError."""
 
-    def relisted(self, shard: Shard, records: Iterator[Any]) -> Iterator[SampleRef]:
+    def relisted(self, shard: Shard, records: Iterator[Any], spot: bool = False) -> Iterator[SampleRef]:
         """The refs `samples` yielded, made again from what each was listed as (`SampleRef.listed`, in the same
-        order) without listing the shard: the same keys, identities and problems, read the same way. Only a source
-        whose refs carry a record has it."""
+        order) without listing the shard: the same keys, identities and problems, read the same way, each record
+        proven where its bytes are read (`infra.sources.relist`); `spot`: a few proven first (a kept listing's).
+        Only a source whose refs carry a record has it."""
         raise NotImplementedError(f"{self.kind} source: its samples are listed, not made from records")
 
 

@@ -5,11 +5,14 @@ reading every header again: a range request or two a sample, one after the other
 for a 10^4-member tar on a far store).
 
 An entry is ``$LATENTFORGE_CACHE_DIR/listings/<sha256>.jsonl`` (`infra.runtime.machine_cache`): a first line that
-says what was listed (URL, size, version, samples), then one JSON line a sample. What is kept is a listing that
-reached the tar's end with no damage, of an object with a version (an S3 ETag or version id, a Hub blob id, a GCS
-generation: an object rewritten since is another entry); an entry that does not say what it should (cut short,
-damaged) is listed again. About 200 bytes a sample; an entry not used for `UNUSED_DAYS` is removed when a listing is
-kept (`prune`), and the folder is safe to delete.
+says what was listed (URL, size, version, samples, the sha256 of the lines after it), then one JSON line a sample.
+What is kept is a listing that reached the tar's end with no damage, of an object with a version (an S3 ETag or
+version id, a Hub blob id, a GCS generation: an object rewritten since is another entry); an entry that does not say
+what it should (cut short, damaged, its lines not the ones its first line's digest names, a record of another shape)
+is listed again. It is latentforge's own record read back, so it is not trusted: a plan that uses it proves the tar's
+first header and one record picked at random against the tar, and every record is proven where its bytes are read
+(`infra.sources.relist`); one the tar does not bear out drops the entry (`forget`). About 200 bytes a sample; an
+entry not used for `UNUSED_DAYS` is removed when a listing is kept (`prune`), and the folder is safe to delete.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.outstore import is_url
+from infra.records import DamagedRecord, loads
 from infra.runtime import machine_cache
 from infra.sources.base import Shard
 from infra.sources.tars import PLAIN_TAR
@@ -52,8 +56,9 @@ def entry(shard: Shard) -> Path | None:
     return machine_cache(FOLDER) / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.jsonl"
 
 
-def _head(shard: Shard, samples: int) -> dict[str, Any]:
-    return {"url": shard.path, "size": shard.size, "version": shard.version, "samples": samples}
+def _head(shard: Shard, lines: list[str]) -> dict[str, Any]:
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    return {"url": shard.path, "size": shard.size, "version": shard.version, "samples": len(lines), "sha256": digest}
 
 
 def cached(shard: Shard) -> list[Any] | None:
@@ -64,13 +69,14 @@ def cached(shard: Shard) -> list[Any] | None:
         return None
     try:
         with path.open(encoding="ascii") as fh:
-            head = json.loads(fh.readline() or "null")
-            records = [json.loads(line) for line in fh]
+            head = loads(fh.readline() or "null", str(path), "a kept listing")
+            lines = [line.rstrip("\n") for line in fh]
+        if not isinstance(head, dict) or head != _head(shard, lines):
+            raise DamagedRecord(f"{path}: not the kept listing of {shard.path} (its first line or digest differ)")
+        records = [loads(line, f"{path}:{n}", "a listing record") for n, line in enumerate(lines, 2)]
     except (OSError, ValueError) as exc:
-        logger.debug("kept listing %s: not read (%s)", path, exc)
-        return None
-    if not isinstance(head, dict) or head != _head(shard, len(records)):
-        logger.info("kept listing of %s is not whole: listed again", shard.path)
+        logger.warning("%s: listed again (%s)", path, exc)
+        forget(shard)
         return None
     with contextlib.suppress(OSError):
         os.utime(path)  # used now: `prune` keeps it
@@ -83,7 +89,8 @@ def keep(shard: Shard, records: list[Any]) -> None:
     path = entry(shard)
     if path is None or any(record is None for record in records):
         return
-    lines = [json.dumps(_head(shard, len(records))), *map(json.dumps, records)]  # JSON escapes: any member name
+    body = [json.dumps(record) for record in records]  # JSON escapes: any member name
+    lines = [json.dumps(_head(shard, body)), *body]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, ("\n".join(lines) + "\n").encode("ascii"), replace=True)
@@ -92,6 +99,14 @@ def keep(shard: Shard, records: list[Any]) -> None:
     if path.parent not in _pruned:  # once a process: a plan keeps a listing a tar
         _pruned.add(path.parent)
         prune(path.parent)
+
+
+def forget(shard: Shard) -> None:
+    """Drop this machine's kept listing of `shard` (one the tar does not bear out): the next plan lists it again."""
+    path = entry(shard)
+    if path is not None:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 #: The folders this process has pruned.

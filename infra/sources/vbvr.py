@@ -17,7 +17,7 @@ import logging
 import re
 import tarfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
 from typing import IO, Any
@@ -40,7 +40,22 @@ from infra.sources.base import (
 from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import is_text, name_key
-from infra.sources.tars import PLAIN_TAR, Member, TarDamaged, from_record, read_member, read_span, record, scan, span
+from infra.sources.relist import Relisting, made, read_headers
+from infra.sources.tars import (
+    PLAIN_TAR,
+    BadRecord,
+    Member,
+    TarDamaged,
+    cut,
+    from_record,
+    opened_from,
+    read_member,
+    read_span,
+    record,
+    scan,
+    span,
+    stream_of,
+)
 
 __all__ = [
     "ShardReadError",
@@ -69,18 +84,43 @@ class _SampleMembers:
     video: Member | None = None
     prompt: Member | None = None
     cut: bool = False  # the last sample listed before the tar's damage: a member it lacks may be past the cut
+    proven: bool = True  # listed from the tar's headers; made from a record: proven where it is read (`relist`)
+    listed_now: bool = True  # listed from the tar's headers (not made from a record)
+
+    @property
+    def name(self) -> str:
+        return self.directory
 
     def members(self) -> dict[str, Member]:
         return {n: m for n, m in ((VIDEO_MEMBER, self.video), (PROMPT_MEMBER, self.prompt)) if m is not None}
+
+    def checks(self) -> list[tuple[Member, Callable[[str], bool]]]:
+        """Each member, with what accepts its header's name (`relist.Recorded`)."""
+        return [(m, functools.partial(_is_member, f"{self.directory}/{n}")) for n, m in self.members().items()]
+
+    def adopt(self, found: _SampleMembers) -> None:
+        self.video, self.prompt, self.cut = found.video, found.prompt, found.cut
 
     def record(self) -> list[Any]:
         """What it was listed as, a JSON value (`SampleRef.listed`)."""
         return [self.directory, record(self.video), record(self.prompt), self.cut]
 
     @classmethod
-    def from_record(cls, value: list[Any]) -> _SampleMembers:
+    def from_record(cls, value: Any, tar_size: int = 0) -> _SampleMembers:
+        """The sample `record` made `value` from, not yet proven; BadRecord for another shape."""
+        if not isinstance(value, list) or len(value) != 4 or not isinstance(value[0], str):
+            raise BadRecord(f"a sample record is [directory, video, prompt, cut], not {str(value)[:120]}")
         directory, video, prompt, cut = value
-        return cls(directory, from_record(video), from_record(prompt), bool(cut))
+        if not isinstance(cut, bool) or (video is None and prompt is None and not _SAMPLE_DIR.match(directory)):
+            raise BadRecord(f"a sample record is [directory, video, prompt, cut], not {str(value)[:120]}")
+        made = cls(directory, from_record(video, tar_size), from_record(prompt, tar_size), cut)
+        made.proven = made.listed_now = False
+        return made
+
+
+def _is_member(path: str, name: str) -> bool:
+    """Whether a header's `name` is the member at `path` (as the listing names it: without a leading ``./``)."""
+    return name.removeprefix("./") == path
 
 
 def shard_id_for(path: PurePath) -> str:
@@ -120,17 +160,13 @@ def open_shard_tar(shard: Shard) -> tarfile.TarFile:
             stream = store.open_stream(shard.path)
             tf = tarfile.open(fileobj=stream, mode="r:*")
             weakref.finalize(tf, stream.close)  # tarfile leaves a file it was handed open when it closes
-            _streams[tf] = stream
+            opened_from(tf, stream)
             return tf
         return tarfile.open(shard.path, "r:*")
     except FileNotFoundError as exc:
         raise ShardReadError(f"{shard.path}: the shard vanished since it was listed") from exc
     except (tarfile.TarError, OSError) as exc:
         raise ShardReadError(f"{shard.path}: not a readable tar ({exc})") from exc
-
-
-#: The store stream each tar opened from a URL reads (`check_unchanged`: a pinned one is checked without a request).
-_streams: weakref.WeakKeyDictionary[tarfile.TarFile, store.WholeReads] = weakref.WeakKeyDictionary()
 
 
 def find_store_tars(spec: str, kind: str) -> dict[str, store.Stat]:
@@ -189,13 +225,20 @@ class VbvrSource(Source):
         if error is not None:
             raise ShardReadError(f"{shard.path}: {error} (listed {len(groups)} samples before it)")
 
-    def relisted(self, shard: Shard, records: Iterator[Any]) -> Iterator[SampleRef]:
+    def relisted(self, shard: Shard, records: Iterator[Any], spot: bool = False) -> Iterator[SampleRef]:
         """The samples as `samples` listed them (their records, in order), the tar opened but its headers not
-        read (`infra.preprocess.kept`)."""
+        read (`infra.preprocess.kept`); each record proven where its bytes are read (`infra.sources.relist`)."""
+        relisting: Relisting[_SampleMembers] = Relisting(shard, _listed_now, open_shard_tar)
         with open_shard_tar(shard) as tf:
-            for value in records:
-                sample = _SampleMembers.from_record(value)
-                yield mark_duplicate(_to_ref(tf, sample, shard, self.max_media_mb), shard)
+            for sample in made(relisting, records, _SampleMembers.from_record, tf, spot):
+                yield mark_duplicate(_to_ref(tf, sample, shard, self.max_media_mb, relisting), shard)
+
+
+def _listed_now(tf: tarfile.TarFile) -> tuple[list[_SampleMembers], str | None]:
+    groups, error = _list_members(tf)
+    if error is not None and groups:
+        groups[-1].cut = True
+    return groups, error
 
 
 def _list_members(tf: tarfile.TarFile) -> tuple[list[_SampleMembers], str | None]:
@@ -220,7 +263,13 @@ def _list_members(tf: tarfile.TarFile) -> tuple[list[_SampleMembers], str | None
     return list(by_dir.values()), error
 
 
-def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers, shard: Shard, max_mb: int) -> SampleRef:
+def _to_ref(
+    tf: tarfile.TarFile,
+    sample: _SampleMembers,
+    shard: Shard,
+    max_mb: int,
+    relisting: Relisting[_SampleMembers] | None = None,
+) -> SampleRef:
     match = _SAMPLE_DIR.match(sample.directory)
     group, sid = (match["group"], match["id"]) if match else ("", sample.directory)
     problems: dict[Problem, str] = {}
@@ -240,9 +289,9 @@ def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers, shard: Shard, max_mb: i
         id=name_key(sid),
         group=name_key(group),
         key=shown,
-        read_media=lambda: _read_member(tf, sample, VIDEO_MEMBER, identity, shard, max_mb),
-        read_prompt=lambda: _read_member(tf, sample, PROMPT_MEMBER, identity, shard, max_mb),
-        read_together=lambda: _read_together(tf, sample, identity, shard, max_mb),
+        read_media=lambda: _read_member(tf, sample, VIDEO_MEMBER, identity, shard, max_mb, relisting),
+        read_prompt=lambda: _read_member(tf, sample, PROMPT_MEMBER, identity, shard, max_mb, relisting),
+        read_together=lambda: _read_together(tf, sample, identity, shard, max_mb, relisting),
         problems=problems,
         identity=identity,
         stem=f"{group}/{sid}" if group and Problem.BAD_LAYOUT not in problems else "",
@@ -251,10 +300,24 @@ def _to_ref(tf: tarfile.TarFile, sample: _SampleMembers, shard: Shard, max_mb: i
 
 
 def _read_member(
-    tf: tarfile.TarFile, sample: _SampleMembers, name: str, identity: SourceIdentity, shard: Shard, max_mb: int
+    tf: tarfile.TarFile,
+    sample: _SampleMembers,
+    name: str,
+    identity: SourceIdentity,
+    shard: Shard,
+    max_mb: int,
+    relisting: Relisting[_SampleMembers] | None = None,
 ) -> bytes | None:
-    """The sample's member `name` (see `_read`); InputError ``shard_truncated`` for one that is missing from the
-    last sample before a tar's damage (it may be past the cut)."""
+    """The sample's member `name` (see `_read`), its record proven first where it was made from one (`relisting`);
+    InputError ``shard_truncated`` for one that is missing from the last sample before a tar's damage (it may be
+    past the cut)."""
+    if relisting is not None and not sample.proven:
+        check_unchanged(shard, tf)  # a tar rewritten since is that, not a record to mend
+        if not relisting.check(sample, functools.partial(read_headers, stream_of(tf), shard)):
+            _renote(sample, identity)
+    if relisting is not None and name not in sample.members() and not sample.listed_now:
+        relisting.confirm(sample, name)
+        _renote(sample, identity)
     member = sample.members().get(name)
     if member is None and sample.cut:
         raise InputError("shard_truncated", f"the shard ends inside {sample.directory!r}: its {name} is not there")
@@ -262,46 +325,88 @@ def _read_member(
 
 
 def _read_together(
-    tf: tarfile.TarFile, sample: _SampleMembers, identity: SourceIdentity, shard: Shard, max_mb: int
+    tf: tarfile.TarFile,
+    sample: _SampleMembers,
+    identity: SourceIdentity,
+    shard: Shard,
+    max_mb: int,
+    relisting: Relisting[_SampleMembers] | None = None,
 ) -> tuple[bytes | None, bytes | None]:
     """The sample's prompt and video, as `_read_member` reads each: in one range request where they lie side by side
-    in a plain tar in a store (`read_side_by_side`), else one after the other."""
+    in a plain tar in a store (`read_side_by_side`; a record proven from the same read), else one after the
+    other."""
     named = [
         (f"{sample.directory}/{PROMPT_MEMBER}", sample.prompt),
         (f"{sample.directory}/{VIDEO_MEMBER}", sample.video),
     ]
     small = sample.prompt is not None and sample.prompt.size <= MAX_PROMPT_BYTES  # else refused by `_read`, unread
-    data = read_side_by_side(tf, shard, named, max_mb) if small else None
+    check = _checker(sample, identity, relisting)
+    data = read_side_by_side(tf, shard, named, max_mb, check) if small else None
     if data is None:
-        read = functools.partial(_read_member, tf, sample, identity=identity, shard=shard, max_mb=max_mb)
+        read = functools.partial(
+            _read_member, tf, sample, identity=identity, shard=shard, max_mb=max_mb, relisting=relisting
+        )
         return read(PROMPT_MEMBER), read(VIDEO_MEMBER)
     return _noted(*named[0], data[0], identity), _noted(*named[1], data[1], identity)  # type: ignore[arg-type]
 
 
+#: Proves a record-made sample from the header bytes a read fetched (`Member` → its headers): False when the sample
+#: was mended from the tar's listing instead (its members are then others: read each on its own).
+Check = Callable[[Callable[[Member], bytes]], bool]
+
+
+def _checker(sample: _SampleMembers, identity: SourceIdentity, relisting: Relisting[Any] | None) -> Check | None:
+    """The `Check` of a sample made from a record (None for one listed from the tar, or proven already)."""
+    if relisting is None or sample.proven:
+        return None
+
+    def check(headers: Callable[[Member], bytes]) -> bool:
+        held = relisting.check(sample, headers)
+        if not held:
+            _renote(sample, identity)
+        return held
+
+    return check
+
+
+def _renote(sample: _SampleMembers, identity: SourceIdentity) -> None:
+    """`identity`'s members made what the (mended) `sample` lists."""
+    identity.members.clear()
+    identity.members.update({n: MemberIdentity(size=m.size, mtime=m.mtime) for n, m in sample.members().items()})
+
+
 def read_side_by_side(
-    tf: tarfile.TarFile, shard: Shard, named: list[tuple[str, Member | None]], max_mb: int
+    tf: tarfile.TarFile,
+    shard: Shard,
+    named: list[tuple[str, Member | None]],
+    max_mb: int,
+    check: Check | None = None,
 ) -> list[bytes] | None:
     """The bytes of the members `named` (path in the tar, member) in one range request, where `tf` is a plain tar in
     a store and they lie side by side there (`tars.span`); None where they do not (a local or compressed tar, a
-    member missing, sparse or far off: each is then read on its own). Checked as `_read` checks one member: the
-    shard as listed, each size against `max_mb`; a failed read is its InputError. Bytes cut short come back short:
-    the caller's check says so."""
+    member missing, sparse or far off: each is then read on its own), or where `check` (a sample made from a record:
+    its headers read in the same request) mended the sample. Checked as `_read` checks one member: the shard as
+    listed, each size against `max_mb`; a failed read is its InputError. Bytes cut short come back short: the
+    caller's check says so."""
     stream = _plain_stream(shard, tf)
-    where = span([m for _, m in named]) if stream is not None else None
+    where = span([m for _, m in named], headers=check is not None) if stream is not None else None
     if where is None:
         return None
     check_unchanged(shard, tf)
     try:
-        return read_span(stream, named, where, max_mb)  # type: ignore[arg-type]  # `span` said each is listed
+        block = read_span(stream, named, where, max_mb)  # type: ignore[arg-type]  # `span` said each is listed
     except (tarfile.TarError, OSError, EOFError) as exc:
         read_failed(shard, tf, exc)
         raise InputError("member_unreadable", f"{' + '.join(path for path, _ in named)}: {exc}") from exc
+    if check is not None and not check(lambda m: cut(block, where, m.offset, m.offset_data)):
+        return None
+    return [cut(block, where, m.offset_data, m.offset_data + m.size) for _, m in named]  # type: ignore[union-attr]
 
 
 def _plain_stream(shard: Shard, tf: tarfile.TarFile) -> IO[bytes] | None:
     """The store's stream the tar `tf` of `shard` reads, where it is a plain tar (a member's offset is its place in
     the stream: `tars.read_span` reads there); None for a local or a compressed tar."""
-    return _streams.get(tf) if shard.path.endswith(PLAIN_TAR) else None
+    return stream_of(tf) if shard.path.endswith(PLAIN_TAR) else None
 
 
 def _noted(path: str, member: Member, data: bytes, identity: SourceIdentity) -> bytes:
@@ -338,7 +443,7 @@ def check_unchanged(shard: Shard, tf: tarfile.TarFile | None = None) -> None:
     what a 412 or a 404 means), so it is checked against the listing as it was opened, without a request."""
     if not shard.size and not shard.mtime_ns:
         return  # listed without a stat (an older plan): nothing to compare with
-    stream = _streams.get(tf) if tf is not None else None
+    stream = stream_of(tf) if tf is not None else None
     opened = stream.pinned() if stream is not None else None
     if opened is not None:
         changes = store.differences(store.Stat(shard.size, shard.version), opened)
@@ -366,7 +471,7 @@ def check_unchanged(shard: Shard, tf: tarfile.TarFile | None = None) -> None:
 def read_failed(shard: Shard, tf: tarfile.TarFile, exc: BaseException) -> None:
     """Raise the InputError of a read of a tar pinned to the object it opened (`check_unchanged`) that failed because
     the object changed (a 412) or vanished (a 404) since; return for any other error (the caller's to say)."""
-    if _streams.get(tf) is None:
+    if stream_of(tf) is None:
         return
     where = store.shown(shard.path)
     if store.expired(exc):

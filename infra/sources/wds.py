@@ -11,13 +11,14 @@ only, a done sample's bytes are never read on resume, and the tar is checked aga
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import itertools
 import logging
 import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,11 @@ from infra.sources.base import (
 from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.names import name_key, nameable, output_stem
-from infra.sources.tars import Member, TarDamaged, from_record, read_member, record, scan, short
+from infra.sources.relist import Relisting, made, read_headers
+from infra.sources.tars import BadRecord, Member, TarDamaged, from_record, read_member, record, scan, short, stream_of
 from infra.sources.vbvr import (
     TAR_SUFFIXES,
+    Check,
     check_unchanged,
     find_store_tars,
     open_shard_tar,
@@ -119,18 +122,45 @@ class _Sample:
     key: str
     #: (extension, member record) in tar order, the first of each extension (a tuple: a dict per sample is ~4×)
     members: tuple[tuple[str, Member], ...] = ()
+    proven: bool = True  # listed from the tar's headers; made from a record: proven where it is read (`relist`)
+    listed_now: bool = True  # listed from the tar's headers (not made from a record)
+
+    @property
+    def name(self) -> str:
+        return self.key
 
     def member(self, ext: str) -> Member | None:
         return next((m for e, m in self.members if e == ext), None)
+
+    def checks(self) -> list[tuple[Member, Callable[[str], bool]]]:
+        """Each member, with what accepts its header's name (`relist.Recorded`)."""
+        return [(m, functools.partial(_is_member, (self.key, ext))) for ext, m in self.members]
+
+    def adopt(self, found: _Sample) -> None:
+        self.members = found.members
 
     def record(self) -> list[Any]:
         """What it was listed as, a JSON value (`SampleRef.listed`)."""
         return [self.key, [[ext, record(m)] for ext, m in self.members]]
 
     @classmethod
-    def from_record(cls, value: list[Any]) -> _Sample:
+    def from_record(cls, value: Any, tar_size: int = 0) -> _Sample:
+        """The sample `record` made `value` from, not yet proven; BadRecord for another shape."""
+        shape = f"a sample record is [key, [[extension, member], ...]], not {str(value)[:120]}"
+        if not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], str):
+            raise BadRecord(shape)
         key, members = value
-        return cls(key, tuple((short(ext), from_record(m)) for ext, m in members))
+        if not isinstance(members, list) or not all(
+            isinstance(m, list) and len(m) == 2 and isinstance(m[0], str) and m[1] is not None for m in members
+        ):
+            raise BadRecord(shape)
+        made = tuple((short(ext), from_record(m, tar_size)) for ext, m in members)
+        return cls(key, made, proven=False, listed_now=False)  # type: ignore[arg-type]  # a member record is never None
+
+
+def _is_member(key_ext: tuple[str, str], name: str) -> bool:
+    """Whether a header's `name` is the member of key and extension `key_ext` (webdataset's split of it)."""
+    return split_key(name) == key_ext
 
 
 def split_key(name: str) -> tuple[str, str]:
@@ -163,12 +193,13 @@ class WdsSource(Source):
         if error is not None:
             raise ShardReadError(f"{shard.path}: {error} (listed {len(samples)} samples before it)")
 
-    def relisted(self, shard: Shard, records: Iterator[Any]) -> Iterator[SampleRef]:
+    def relisted(self, shard: Shard, records: Iterator[Any], spot: bool = False) -> Iterator[SampleRef]:
         """The samples as `samples` listed them (their records, in order), the tar opened but its headers not
-        read (`infra.preprocess.kept`)."""
+        read (`infra.preprocess.kept`); each record proven where its bytes are read (`infra.sources.relist`)."""
+        relisting: Relisting[_Sample] = Relisting(shard, _list, open_shard_tar)
         with open_shard_tar(shard) as tf:
-            for value in records:
-                yield mark_duplicate(_to_ref(tf, _Sample.from_record(value), shard, self.max_media_mb), shard)
+            for sample in made(relisting, records, _Sample.from_record, tf, spot):
+                yield mark_duplicate(_to_ref(tf, sample, shard, self.max_media_mb, relisting), shard)
 
 
 def _list(tf: tarfile.TarFile) -> tuple[list[_Sample], str | None]:
@@ -198,21 +229,23 @@ def _layout_error(sample: _Sample) -> str | None:
     return None
 
 
-def _to_ref(tf: tarfile.TarFile, sample: _Sample, shard: Shard, max_mb: int) -> SampleRef:
+def _to_ref(
+    tf: tarfile.TarFile, sample: _Sample, shard: Shard, max_mb: int, relisting: Relisting[_Sample] | None = None
+) -> SampleRef:
     error = _layout_error(sample)
     problems = {Problem.BAD_LAYOUT: error} if error else {}
     key = name_key(sample.key)
     identity = SourceIdentity(
         members={f"{key}.{ext}": MemberIdentity(size=m.size, mtime=m.mtime) for ext, m in sample.members}
     )
-    image = next((e for e in IMAGE_EXTS if sample.member(e) is not None), None)
+    read = functools.partial(_read, tf, sample, identity=identity, shard=shard, max_mb=max_mb, relisting=relisting)
     return SampleRef(
         id=key,
         group=shard.id,
         key=key,
-        read_media=lambda: _read(tf, sample, image, identity, shard, max_mb),
-        read_prompt=lambda: _read(tf, sample, CAPTION_EXT, identity, shard, max_mb, MAX_PROMPT_BYTES),
-        read_together=lambda: _read_together(tf, sample, image, identity, shard, max_mb),
+        read_media=lambda: read(_image_of(sample)),
+        read_prompt=lambda: read(CAPTION_EXT, cap=MAX_PROMPT_BYTES),
+        read_together=lambda: _read_together(tf, sample, _image_of(sample), identity, shard, max_mb, relisting),
         problems=problems,
         identity=identity,
         stem="" if error else output_stem((shard.id, *sample.key.split("/"))),
@@ -220,18 +253,32 @@ def _to_ref(tf: tarfile.TarFile, sample: _Sample, shard: Shard, max_mb: int) -> 
     )
 
 
+def _image_of(sample: _Sample) -> str | None:
+    """The extension of the sample's image (the first of `IMAGE_EXTS` it has), as it is now (a mended sample's)."""
+    return next((e for e in IMAGE_EXTS if sample.member(e) is not None), None)
+
+
 def _read_together(
-    tf: tarfile.TarFile, sample: _Sample, image: str | None, identity: SourceIdentity, shard: Shard, max_mb: int
+    tf: tarfile.TarFile,
+    sample: _Sample,
+    image: str | None,
+    identity: SourceIdentity,
+    shard: Shard,
+    max_mb: int,
+    relisting: Relisting[_Sample] | None = None,
 ) -> tuple[bytes | None, bytes | None]:
     """The sample's caption and image, as `_read` reads each: in one range request where they lie side by side in a
-    plain tar in a store (`vbvr.read_side_by_side`), else one after the other."""
+    plain tar in a store (`vbvr.read_side_by_side`; a record proven from the same read), else one after the
+    other."""
     caption, media = sample.member(CAPTION_EXT), sample.member(image) if image is not None else None
     named = [(f"{sample.key}.{CAPTION_EXT}", caption), (f"{sample.key}.{image}", media)]
     small = caption is not None and caption.size <= MAX_PROMPT_BYTES  # else refused by `_read`, unread
-    data = read_side_by_side(tf, shard, named, max_mb) if small and image is not None else None
+    check = _checker(sample, identity, relisting)
+    data = read_side_by_side(tf, shard, named, max_mb, check) if small and image is not None else None
     if data is None:
-        prompt = _read(tf, sample, CAPTION_EXT, identity, shard, max_mb, MAX_PROMPT_BYTES)
-        return prompt, _read(tf, sample, image, identity, shard, max_mb)
+        read = functools.partial(_read, tf, sample, identity=identity, shard=shard, max_mb=max_mb, relisting=relisting)
+        image = _image_of(sample)  # a mended sample's own
+        return read(CAPTION_EXT, cap=MAX_PROMPT_BYTES), read(image)
     return (
         _noted(sample, CAPTION_EXT, caption, data[0], identity),  # type: ignore[arg-type]  # listed: data is not None
         _noted(sample, image, media, data[1], identity),  # type: ignore[arg-type]
@@ -248,18 +295,49 @@ def _noted(sample: _Sample, ext: str, member: Member, data: bytes, identity: Sou
     return data
 
 
+def _checker(sample: _Sample, identity: SourceIdentity, relisting: Relisting[_Sample] | None) -> Check | None:
+    """The `vbvr.Check` of a sample made from a record (None for one listed from the tar, or proven already)."""
+    if relisting is None or sample.proven:
+        return None
+
+    def check(headers: Callable[[Member], bytes]) -> bool:
+        held = relisting.check(sample, headers)
+        if not held:
+            _renote(sample, identity)
+        return held
+
+    return check
+
+
+def _renote(sample: _Sample, identity: SourceIdentity) -> None:
+    """`identity`'s members made what the (mended) `sample` lists."""
+    key = name_key(sample.key)
+    identity.members.clear()
+    identity.members.update({f"{key}.{e}": MemberIdentity(size=m.size, mtime=m.mtime) for e, m in sample.members})
+
+
 def _read(
     tf: tarfile.TarFile,
     sample: _Sample,
     ext: str | None,
+    *,
     identity: SourceIdentity,
     shard: Shard,
     max_mb: int,
     cap: int | None = None,
+    relisting: Relisting[_Sample] | None = None,
 ) -> bytes | None:
-    """The bytes of the sample's member `ext` (their sha256 noted in `identity`), None when absent; InputError for
-    a prompt over `cap`, a member over `max_mb` MiB (``too_large``, nothing of it read), one cut short, or a shard
-    changed since it was listed."""
+    """The bytes of the sample's member `ext` (their sha256 noted in `identity`), None when absent, its record proven
+    first where it was made from one (`relisting`); InputError for a prompt over `cap`, a member over `max_mb` MiB
+    (``too_large``, nothing of it read), one cut short, or a shard changed since it was listed."""
+    if relisting is not None and not sample.proven:
+        check_unchanged(shard, tf)  # a tar rewritten since is that, not a record to mend
+        if not relisting.check(sample, functools.partial(read_headers, stream_of(tf), shard)):
+            _renote(sample, identity)
+    if relisting is not None and (ext is None or sample.member(ext) is None) and not sample.listed_now:
+        relisting.confirm(sample, f".{ext}" if ext else "image")
+        _renote(sample, identity)
+        ext = _image_of(sample) if ext is None or ext in IMAGE_EXTS else ext
     member = sample.member(ext) if ext is not None else None
     if member is None:
         return None
