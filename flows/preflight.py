@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
+from pathlib import Path
 
 from packaging.version import Version
 
@@ -18,7 +20,9 @@ from infra.cache.cachedir import CACHE_JSON, read_cache_json
 from infra.config import BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.outdir import UnsafePath
+from infra.outstore import is_url
 from infra.sources import open_source
+from infra.sources.base import source_place
 
 #: The oldest bitsandbytes transformers 5 loads 8-bit models with (its BITSANDBYTES_MIN_VERSION); the [int8] extra's.
 BNB_MIN = "0.46.1"
@@ -35,6 +39,26 @@ def check_out(out: outdir.Out) -> None:
     parent = next((p for p in out.absolute().parents if p.exists()), None)
     if parent is not None and not parent.is_dir():
         raise ConfigError(f"--out {out}: {parent} is a file, not a directory")
+
+
+def check_apart(config: BuildConfig) -> None:
+    """OUT and the source do not overlap: OUT equal to the source, inside it, or holding it would write the cache
+    among the user's data (and a later listing of the source would read the cache's files as samples)."""
+    kind, _, path = config.source.partition(":")
+    if not path or kind == "none":
+        return
+    source, out = source_place(path), str(config.out)
+    out = out if is_url(out) else os.path.realpath(Path(out).expanduser())
+    if is_url(out) != is_url(source):
+        return
+    sep = "/" if is_url(out) else os.sep
+    inside = out == source or out.startswith(source.rstrip(sep) + sep) or source.startswith(out.rstrip(sep) + sep)
+    if inside:
+        how = "is" if out == source else "is inside" if len(out) > len(source) else "holds"
+        raise ConfigError(
+            f"--out {config.out} {how} the source {config.source}: the cache would be written among the clips "
+            "(and read back as samples by the next listing); choose an OUT apart from the source"
+        )
 
 
 def check_cache(out: outdir.Out) -> None:
@@ -103,6 +127,7 @@ def check_text_8bit(config: BuildConfig) -> None:
 def check_build(config: BuildConfig) -> None:
     """Everything above, for a build or a sanity run."""
     check_out(outdir.of_setting(config.out))
+    check_apart(config)
     check_source(config)
     check_text_8bit(config)
     check_devices(config)  # a bad list is named before a missing GPU is

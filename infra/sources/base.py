@@ -55,6 +55,17 @@ def glob_root(spec: str) -> Path | None:
     return path if path.is_dir() else None
 
 
+def source_place(spec: str) -> str:
+    """Where the source whose PATH is `spec` lies: the folder it names or spreads from (a pattern's, a brace
+    pattern's fixed folder), the file it names, or for a URL the prefix before its first wildcard; local paths made
+    absolute with links resolved. What OUT must be apart from (`flows.preflight.check_apart`)."""
+    cut = min((spec.index(ch) for ch in "*?[{" if ch in spec), default=None)
+    if is_url(spec):
+        return spec if cut is None else spec[:cut].rpartition("/")[0]
+    fixed = Path(spec[:cut].rpartition("/")[0] or ".") if cut is not None else Path(spec)
+    return os.path.realpath(fixed.expanduser())
+
+
 def outside_source(spec: str, path: str, *, follow_symlinks: bool = False) -> str | None:
     """Why `path` (a shard's, as an earlier run recorded it: `infra.plan.recorded_shards`) is not a place of the
     source whose PATH is `spec`; None when it is: the file `spec` names, or a path below the folder it names or
