@@ -69,16 +69,16 @@ def _done(out: Path) -> list[ledger.LedgerRow]:
 
 def test_the_files_have_musubis_names_keys_dtypes_and_metadata(cache):
     for index, (name, caption) in enumerate(SAMPLES):
-        width, height = SOURCE_SIZES[name]
-        latents = cache / f"{flat_name(_stem(index))}_00000-017_{width:04d}x{height:04d}_wan.safetensors"
+        # named by the bucket its frames were resized to, as musubi's video caching names them (not the source's size)
+        bucket_w, bucket_h = BucketSelector((80, 48)).get_bucket_resolution(SOURCE_SIZES[name])
+        latents = cache / f"{flat_name(_stem(index))}_00000-017_{bucket_w:04d}x{bucket_h:04d}_wan.safetensors"
         with safe_open(str(latents), framework="pt") as handle:
-            bucket_w, bucket_h = BucketSelector((80, 48)).get_bucket_resolution((width, height))
             assert set(handle.keys()) == {f"latents_5x{bucket_h // 8}x{bucket_w // 8}_bfloat16"}
             meta = handle.metadata()
         assert {k: v for k, v in meta.items() if not k.startswith("latentforge_")} == {
             "architecture": "wan",
-            "width": str(width),
-            "height": str(height),
+            "width": str(bucket_w),
+            "height": str(bucket_h),
             "frame_count": "17",
             "format_version": "1.0.1",
         }
@@ -98,9 +98,9 @@ def test_musubis_loader_reads_every_sample_with_its_text_in_stacked_batches(cach
         == sorted(flat_name(_stem(int(row.id.rpartition("_")[2]))) for row in _done(cache))
     )
     selector = BucketSelector((80, 48), enable_bucket=True)
-    for item in dataset.items:  # each latent file pairs with its own text file; its bucket is its source size's
+    for item in dataset.items:  # each latent file pairs with its own text file; its name's size is its bucket
         assert Path(item.text_encoder_output_cache_path).name == f"{item.item_key}_wan_te.safetensors"
-        assert item.bucket == (*selector.get_bucket_resolution(item.image_size), 17)
+        assert item.bucket == (*selector.get_bucket_resolution(item.image_size), 17) == (*item.image_size, 17)
     assert sorted(len(items) for items in dataset.buckets.values()) == [1, 2]
     spec = make_spec(config(source, wan21_model, cache, **GEOMETRY))[1]
     family = load_family(wan21_model, "wan21", torch.device("cpu"), torch.float32)

@@ -41,7 +41,7 @@ def test_fingerprint_is_sha256_of_canonical_json():
     added |= {"preprocess": "plugin:fn"}
     added |= {"load_text_encoder_in_8bit": True, "model_version": "2.5"}
     added |= {"reference_downscale_factor": 2, "reference_temporal_scale_factor": 2, "audio_durations": [2.0, 4.0]}
-    added |= {"conditioning": "y", "text_clean": "whitespace"}
+    added |= {"conditioning": "y", "text_clean": "whitespace", "rotate": "auto"}
     spec = CacheSpec(**{**BASE, **added, "window_step": 5, "short_clips": "skip", "text_storage": "trimmed"})
     as_0_1_named = {FINGERPRINT_NAMES.get(k, k): v for k, v in spec.model_dump(mode="json").items()}
     canonical = json.dumps(as_0_1_named, sort_keys=True, separators=(",", ":"))
@@ -168,6 +168,7 @@ HAND_ADDED_LATER = {
     "remove_llm_prefixes": False, "empty_captions": "skip", "duplicate_rows": "refuse", "video_column": None,
     "caption_column": None, "follow_symlinks": False, "preprocess": None, "reference_downscale_factor": 1,
     "reference_temporal_scale_factor": 1, "audio_durations": None, "conditioning": None, "text_clean": None,
+    "rotate": "stored",
 }  # fmt: skip
 HAND_FINGERPRINT_NAMES = {"dtype": "compute_dtype", "start": "temporal_start", "text_stage": "text_encoder_output"}
 #: make_spec's keywords taken from the config as given (its own, caption_settings', memory and 8-bit settings').
@@ -180,7 +181,7 @@ HAND_COPIED = {
 #: spec_settings: the settings it always restated, and those it restated only away from their absent values.
 HAND_RESTATED = {
     "family", "format", "frames", "height", "width", "temporal", "resize", "dtype", "text_max_length", "text_padding",
-    "identity_scheme", "audio", "store_dtype",
+    "identity_scheme", "audio", "store_dtype", "rotate",
 }  # fmt: skip
 HAND_RESTATED_WHEN_USED = {
     "text_storage", "video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips", "mode",

@@ -43,6 +43,12 @@ class Expects:
     refuses: tuple[tuple[str, str, str], ...] = ()
     #: the cleaning its tokenizer applies to a prompt first (`infra.media.text_clean`), the spec's ``text_clean``
     text_clean: str | None = None
+    #: its own preprocessing's resize policy (`infra.media.resize`), the spec's ``resize`` unless ``--resize`` is
+    #: given (None: the family's default, no consumer's arithmetic is matched)
+    resize: str | None = None
+    #: what its own video reader gives of a clip with a display matrix: ``stored`` (PyAV, decord: the frames as
+    #: stored) or ``auto`` (the ffmpeg program's autorotate: upright), the spec's ``rotate`` unless ``--rotate``
+    rotate: str = "stored"
 
 
 _LATENTFORGE = "latentforge's readers (infra.formats; no outside trainer is matched)"
@@ -78,6 +84,7 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
                 "embeddings would go through them twice",
             ),
         ),
+        resize="cover-crop",
     ),
     ("parquet", "wan22"): Expects(
         FASTVIDEO + ", WanModel",
@@ -125,6 +132,7 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
         "bf16 safetensors (CLIP features float16)",
         "-",
         text_clean="whitespace",
+        resize="musubi",
     ),
     **{
         ("diffsynth", family): Expects(
@@ -144,6 +152,8 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
                 ),
             ),
             text_clean="whitespace",
+            resize="diffsynth",
+            rotate="auto",  # its LoadVideo reads through imageio's ffmpeg program, which turns a clip upright
         )
         for family in ("wan21", "wan22")
     },
@@ -173,6 +183,7 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
         "last_hidden_state",
         "float16 .npy with --store-dtype fp16, else float32",
         "-",
+        resize="torchvision",
     ),
 }
 
@@ -226,6 +237,15 @@ def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
             )
     if found.latents == "raw_mean" and spec.latent_norm != RAW_MEAN:
         raise ConfigError(f"format {spec.format} with family {spec.family}: {found.consumer} expects {RAW_MEAN}")
+
+
+def preprocessing_for(fmt: str, family: str) -> dict[str, str]:
+    """The settings the consumer of `fmt` declares for `family`'s pixels, where it declares them (``resize``, the
+    resize policy; ``rotate``, what its reader gives of a rotated clip): the defaults a user's flag overrides."""
+    found = expects(fmt, family)
+    if found is None:
+        return {}
+    return {"rotate": found.rotate} | ({"resize": found.resize} if found.resize is not None else {})
 
 
 def text_clean_for(fmt: str, family: str) -> str | None:
