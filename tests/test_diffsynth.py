@@ -167,3 +167,16 @@ def test_what_no_diffsynth_trainer_reads_is_one_line_exit_2(tmp_path, source, wa
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert len(lines) == 1 and said in lines[0], result.output
         assert tree_hashes(out) == {}
+
+
+def test_check_consumer_reads_every_file_with_diffsynths_own_dataset(t2v_build):
+    """`latentforge check-consumer`: its own UnifiedDataset lists OUT and its LoadTorchPickle loads every file, after
+    latentforge's own weights_only read of each."""
+    out, _ = t2v_build
+    ds.diffsynth()  # the wheel on the path: `diffsynth` importable, as where it is installed
+    result = runner.invoke(app, ["check-consumer", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == (
+        f"check-consumer: DiffSynth-Studio: 2 sample(s) read; one batch: input_latents 1×16×5×{HEIGHT // 8}×"
+        f"{WIDTH // 8}, context 1×512×{torch.load(_file(out, 0), weights_only=True)[1]['context'].shape[2]}"
+    )

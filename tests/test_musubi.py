@@ -142,6 +142,12 @@ def test_verify_reconcile_inspect_decode_upload_and_a_resume_read_the_layout(tmp
     }
 
 
+def test_check_consumer_names_the_package_it_would_read_with(cache):
+    result = runner.invoke(app, ["check-consumer", str(cache)])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "musubi-tuner's reader (musubi_tuner) is not importable here" in result.output
+
+
 def test_a_rerun_after_a_crash_keeps_the_files_it_left_with_the_same_bytes(tmp_path, cache, source, wan21_model):
     out = tmp_path / "out"
     shutil.copytree(cache, out)
