@@ -341,6 +341,20 @@ class EncodingConfig(StrictModel):
         description="Embedding rows past the prompt's tokens: raw (the encoder's output, as the published Wan2.2 "
         "recipe stores it) or zeros (what WanPipeline feeds the transformer)",
     )
+    max_timestep_boundary: Annotated[float, Spec(absent=1.0)] = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="diffsynth: the top of the timestep range its training step draws from, a fraction of its "
+        "schedule (its --max_timestep_boundary, stored in every file: split training reads it from there). "
+        "Wan2.2-A14B's two experts train on two ranges: DiffSynth's example scripts give each its pair",
+    )
+    min_timestep_boundary: Annotated[float, Spec(absent=0.0)] = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="diffsynth: the bottom of that range (its --min_timestep_boundary); below the top",
+    )
     text_storage: Annotated[Literal["padded", "trimmed"], Spec(absent="padded")] = Field(
         "padded",
         description="How text embeddings are stored: padded ([max_length, D], as the recipe) or trimmed ([seq_len, "

@@ -180,3 +180,23 @@ def test_check_consumer_reads_every_file_with_diffsynths_own_dataset(t2v_build):
         f"check-consumer: DiffSynth-Studio: 2 sample(s) read; one batch: input_latents 1×16×5×{HEIGHT // 8}×"
         f"{WIDTH // 8}, context 1×512×{torch.load(_file(out, 0), weights_only=True)[1]['context'].shape[2]}"
     )
+
+
+def test_the_timestep_range_its_loss_draws_from_is_in_every_file_and_only_there(tmp_path, source, wan21_model):
+    """``--max/--min-timestep-boundary`` (Wan2.2-A14B's experts each train on a range): stored where its training step
+    reads it, in the fingerprint; refused, one line, for a format that stores none, or an empty range."""
+    out = tmp_path / "expert"
+    ok, result = run_build(config(source, wan21_model, out, **GEOMETRY, max_timestep_boundary=0.4, limit=1))
+    assert ok and result["done"] == 1, result
+    shared = torch.load(next(out.rglob("*.pth")), weights_only=True)[0]
+    assert (shared["max_timestep_boundary"], shared["min_timestep_boundary"]) == (0.4, 0.0)
+    default = make_spec(config(source, wan21_model, tmp_path / "d", **GEOMETRY))[1]
+    expert = make_spec(config(source, wan21_model, out, **GEOMETRY, max_timestep_boundary=0.4))[1]
+    assert default.fingerprint() != expert.fingerprint()
+    flags = ["build", "--source", f"vbvr:{source}", "--model", str(wan21_model), "--out", str(tmp_path / "x")]
+    for extra, said in (
+        (["--format", "pt", "--min-timestep-boundary", "0.4"], "format pt stores no timestep range"),
+        (["--recipe", "diffsynth-wan", "--min-timestep-boundary", "0.5", "--max-timestep-boundary", "0.5"], "below"),
+    ):
+        refused = runner.invoke(app, [*flags, *extra])
+        assert refused.exit_code == 2 and refused.output.startswith("error:") and said in refused.output, refused.output
