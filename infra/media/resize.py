@@ -72,7 +72,8 @@ class FloatPolicy(ResizePolicy):
 
     def convert(self, frames: np.ndarray, height: int, width: int, scratch: torch.Tensor | None) -> torch.Tensor:
         x = (scratch if scratch is not None else self.scratch(frames.shape))[: frames.shape[0]]
-        x.copy_(torch.from_numpy(frames))  # uint8 → float32 is exact: the values of `.float()`
+        source = frames if frames.flags.writeable else frames.copy()  # torch takes no read-only array (a PIL view)
+        x.copy_(torch.from_numpy(source))  # uint8 → float32 is exact: the values of `.float()`
         return self.chunk_fn(x, height, width)
 
 
