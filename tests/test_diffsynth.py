@@ -200,3 +200,32 @@ def test_the_timestep_range_its_loss_draws_from_is_in_every_file_and_only_there(
     ):
         refused = runner.invoke(app, [*flags, *extra])
         assert refused.exit_code == 2 and refused.output.startswith("error:") and said in refused.output, refused.output
+
+
+class _Payload:
+    """Unpickled, it creates `marker`: what a hostile .pth would do under its trainer's ``weights_only=False``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_check_consumer_hands_its_loader_no_file_that_needs_more_than_weights_only(tmp_path, t2v_build):
+    """Its loader unpickles with ``weights_only=False``: a payload among the files (one the ledgers name, or one they
+    do not) is reported in one line and never run."""
+    ds.diffsynth()
+    marker = tmp_path / "ran"
+    for where in ("named", "extra"):
+        out = tmp_path / where
+        shutil.copytree(t2v_build[0], out)
+        target = _file(out, 1) if where == "named" else out / "planted.pth"
+        torch.save(({"input_latents": _Payload(marker)}, {}, {}), target)
+        result = runner.invoke(app, ["check-consumer", str(out)])
+        assert result.exit_code != 0 and result.output.startswith("error:"), result.output
+        assert len(result.output.strip().splitlines()) == 1 and not marker.exists(), result.output
+    live = tmp_path / "live.pth"
+    torch.save(({"input_latents": _Payload(tmp_path / "live")}, {}, {}), live)
+    ds.diffsynth().operators.LoadTorchPickle()(str(live))  # its own loader: the payload is live
+    assert (tmp_path / "live").exists()

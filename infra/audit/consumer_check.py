@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import io
 import logging
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,11 @@ def _diffsynth(out: Path, paths: list[str]) -> str:
     operator, and one batch (its trainer's: one sample) has the inputs its training step reads."""
     unified = importlib.import_module("diffsynth.core.data.unified_dataset")
     for path in paths:  # latentforge's own safe read first: nothing that needs more is unpickled below
-        get_format("diffsynth").read(out / path)
+        try:
+            get_format("diffsynth").read(out / path)
+        except (pickle.UnpicklingError, RuntimeError, ValueError, OSError, EOFError) as exc:
+            raise DamagedCacheError(f"{path} does not load with weights_only=True: not handed to its loader "
+                                    f"({type(exc).__name__})") from exc  # fmt: skip
     said = io.StringIO()
     with contextlib.redirect_stdout(said):  # it prints what it searched and found: the one line below says it
         dataset = unified.UnifiedDataset(base_path=str(out), metadata_path=None)
