@@ -212,3 +212,13 @@ def test_what_musubi_cannot_read_is_one_line_exit_2_and_nothing_written(tmp_path
     (foreign / "clip_00000-017_0640x0272_wan.safetensors").write_bytes(b"musubi's own")
     _refused(_cli(other, model, foreign), "musubi cache files latentforge did not write", foreign, tree_hashes(foreign))
     _refused(_cli(other, model, tmp_path / "head", "--temporal", "span"), "use --temporal head", tmp_path / "head", {})
+
+
+def test_a_bf16_run_feeds_the_vae_musubis_bf16_pixels(source, wan21_model, clips):
+    """``--dtype bf16`` (musubi's default VAE dtype): the prepared pixels are its ``contents.to(bf16) / 127.5 - 1``."""
+    spec = make_spec(config(source, wan21_model, source.parent / "bf16", **GEOMETRY, dtype="bf16"))[1]
+    prepared = prepare_video(clips["bikes"], spec)
+    as_fp32 = prepare_video(clips["bikes"], spec.model_copy(update={"dtype": "fp32"}))
+    levels = ((as_fp32.pixels + 1) * 127.5).round()  # the uint8 values its resize made
+    assert torch.equal(prepared.pixels, levels.to(torch.bfloat16).div(127.5).sub(1).float())
+    assert not torch.equal(prepared.pixels, as_fp32.pixels)

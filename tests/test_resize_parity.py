@@ -131,3 +131,19 @@ def test_the_older_policies_were_not_the_consumers_and_the_new_ones_are():
 def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     mse = ((a - b) / 2).pow(2).mean().item()  # values in [-1, 1]: a peak of 2
     return float("inf") if mse == 0 else 10 * np.log10(1 / mse)
+
+
+def test_in_a_bf16_run_the_pixels_are_scaled_in_bf16_as_the_consumers_scale_them(diffsynth):
+    """musubi scales ``contents.to(vae.dtype) / 127.5 - 1`` and DiffSynth ``x.to(torch_dtype) * (2/255) - 1``: in a
+    bf16 run (``--dtype bf16``) half the pixel values land one bf16 step from a float32 scaling cast afterwards; the
+    policies scale in the run's dtype, so the VAE gets their exact inputs."""
+    frame = _frame(720, 480)
+    array = _musubi_reference(Image.fromarray(frame), (832, 480))
+    theirs = torch.from_numpy(array).permute(2, 0, 1).to(torch.bfloat16) / 127.5 - 1.0
+    ours = resize_pixels(frame[None], 480, 832, "musubi", dtype=torch.bfloat16)[0, :, 0]
+    assert ours.dtype == torch.float32 and torch.equal(ours, theirs.float())
+    assert not torch.equal(ours.to(torch.bfloat16), _pixels(array).to(torch.bfloat16))  # the cast-after numbers differ
+    pipe = diffsynth.wan_video.WanVideoPipeline(device="cpu", torch_dtype=torch.bfloat16)
+    theirs = pipe.preprocess_video(ds.crop_resize([Image.fromarray(frame)], 480, 832))[0, :, 0]
+    ours = resize_pixels(frame[None], 480, 832, "diffsynth", dtype=torch.bfloat16)[0, :, 0]
+    assert theirs.dtype == torch.bfloat16 and torch.equal(ours, theirs.float())

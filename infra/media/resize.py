@@ -10,10 +10,11 @@ per direction, the value scaling). A format declares its consumer's policy (`inf
 * ``musubi`` (kohya-ss/musubi-tuner, ``musubi``; its ``dataset/media_utils.py`` ``resize_image_to_bucket`` at commit
   30c658c4f4b0bf05038b3346eff9670259b10fc7): a frame already the bucket's size as it is; else the cover size
   ``int(side * scale + 0.5)`` (half up), Pillow's LANCZOS when ``scale > 1``, OpenCV's ``INTER_AREA`` otherwise,
-  crop at ``d // 2``; then ``x / 127.5 - 1`` (its ``wan_cache_latents.py``).
+  crop at ``d // 2``; then ``x / 127.5 - 1`` in its VAE's dtype (its ``wan_cache_latents.py``: the run's ``--dtype``).
 * ``diffsynth`` (DiffSynth-Studio, ``diffsynth``; the ``diffsynth`` 2.1.12 package's ``ImageCropAndResize``):
   ``round(side * scale)`` (Python's round), torchvision's ``resize`` of the PIL image (Pillow's BILINEAR), its
-  ``center_crop`` at ``int(round((d - crop) / 2))``; then ``x * (2 / 255) - 1`` (its ``preprocess_image``).
+  ``center_crop`` at ``int(round((d - crop) / 2))``; then ``x * (2 / 255) - 1`` in its pipeline's dtype (its
+  ``preprocess_image``: the run's ``--dtype``).
 * ``torchvision`` (still images only: `infra.media.image`).
 
 Two kinds of policy: a float policy converts a chunk of frames as float32 in one torch call (`FloatPolicy`); a frame
@@ -55,8 +56,16 @@ class ResizePolicy(ABC):
         return None
 
     @abstractmethod
-    def convert(self, frames: np.ndarray, height: int, width: int, scratch: torch.Tensor | None) -> torch.Tensor:
-        """``frames`` (t, H, W, 3) uint8 → (t, 3, height, width) float32."""
+    def convert(
+        self,
+        frames: np.ndarray,
+        height: int,
+        width: int,
+        scratch: torch.Tensor | None,
+        dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
+        """``frames`` (t, H, W, 3) uint8 → (t, 3, height, width) float32; `dtype`: the run's compute dtype, where the
+        consumer scales its pixels in its VAE's dtype (the values are that dtype's, held in float32)."""
 
 
 class FloatPolicy(ResizePolicy):
@@ -70,7 +79,14 @@ class FloatPolicy(ResizePolicy):
     def scratch(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.empty(shape, dtype=torch.float32)
 
-    def convert(self, frames: np.ndarray, height: int, width: int, scratch: torch.Tensor | None) -> torch.Tensor:
+    def convert(
+        self,
+        frames: np.ndarray,
+        height: int,
+        width: int,
+        scratch: torch.Tensor | None,
+        dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
         x = (scratch if scratch is not None else self.scratch(frames.shape))[: frames.shape[0]]
         source = frames if frames.flags.writeable else frames.copy()  # torch takes no read-only array (a PIL view)
         x.copy_(torch.from_numpy(source))  # uint8 → float32 is exact: the values of `.float()`
@@ -79,24 +95,32 @@ class FloatPolicy(ResizePolicy):
 
 class FramePolicy(ResizePolicy):
     """A policy of a consumer that resizes each uint8 frame with an image library (`resize_frame`: (H, W, 3) →
-    (height, width, 3) uint8), then scales the values (`scale`: (t, height, width, 3) uint8 tensor → float32)."""
+    (height, width, 3) uint8), then scales the values as it does, in the dtype it does it in (`scale`: (t, height,
+    width, 3) uint8 tensor, dtype → that dtype), held in float32 (exact: a cast back loses nothing)."""
 
     def __init__(
         self,
         name: str,
         spec_value: str,
         resize_frame: Callable[[np.ndarray, int, int], np.ndarray],
-        scale: Callable[[torch.Tensor], torch.Tensor],
+        scale: Callable[[torch.Tensor, torch.dtype], torch.Tensor],
         needs: tuple[str, str] | None = None,
     ) -> None:
         self.name, self.spec_value, self.resize_frame, self.scale = name, spec_value, resize_frame, scale
         self.needs = needs
 
-    def convert(self, frames: np.ndarray, height: int, width: int, scratch: torch.Tensor | None) -> torch.Tensor:
+    def convert(
+        self,
+        frames: np.ndarray,
+        height: int,
+        width: int,
+        scratch: torch.Tensor | None,
+        dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
         resized = np.stack([self.resize_frame(np.ascontiguousarray(f), height, width) for f in frames])
         if resized.shape[1:3] != (height, width):
             raise ValueError(f"policy {self.name} made {resized.shape[2]}x{resized.shape[1]}, not {width}x{height}")
-        return self.scale(torch.from_numpy(resized)).permute(0, 3, 1, 2)
+        return self.scale(torch.from_numpy(resized), dtype).float().permute(0, 3, 1, 2)
 
 
 # ----------------------------------------------------------------------------------------------- float policies
@@ -162,12 +186,12 @@ def diffsynth_frame(frame: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.asarray(image.crop((left, top, left + width, top + height)))
 
 
-def _half_scale(x: torch.Tensor) -> torch.Tensor:
-    return x.float() / 127.5 - 1.0
+def _half_scale(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype) / 127.5 - 1.0  # its wan_cache_latents: contents.to(vae.dtype), then / 127.5 - 1.0
 
 
-def _diffsynth_scale(x: torch.Tensor, low: float = -1.0, high: float = 1.0) -> torch.Tensor:
-    return x.float() * ((high - low) / 255) + low  # its preprocess_image, in its order
+def _diffsynth_scale(x: torch.Tensor, dtype: torch.dtype, low: float = -1.0, high: float = 1.0) -> torch.Tensor:
+    return x.to(dtype) * ((high - low) / 255) + low  # its preprocess_image: in the pipeline's torch_dtype, its order
 
 
 POLICIES: dict[str, ResizePolicy] = {
@@ -227,16 +251,25 @@ def require(name: str) -> None:
         )
 
 
-def resize_pixels(frames: np.ndarray, height: int, width: int, name: str, *, chunk: int = PIXEL_CHUNK) -> torch.Tensor:
+def resize_pixels(
+    frames: np.ndarray,
+    height: int,
+    width: int,
+    name: str,
+    *,
+    chunk: int = PIXEL_CHUNK,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """(F, H, W, 3) uint8 → (1, 3, F, height, width) float32 by the policy called `name`, `chunk` frames at a time
-    (each frame's numbers as in one call over all frames), each chunk's result copied into one preallocated output."""
+    (each frame's numbers as in one call over all frames), each chunk's result copied into one preallocated output;
+    `dtype`: the run's compute dtype (`ResizePolicy.convert`)."""
     if chunk < 1:
         raise ValueError(f"chunk must be ≥ 1, got {chunk}")
     chosen = policy(name)
     out = torch.empty((1, 3, frames.shape[0], height, width), dtype=torch.float32)
     scratch = chosen.scratch((min(chunk, frames.shape[0]), *frames.shape[1:]))
     for first in range(0, frames.shape[0], chunk):
-        part = chosen.convert(frames[first : first + chunk], height, width, scratch)
+        part = chosen.convert(frames[first : first + chunk], height, width, scratch, dtype)
         out[0, :, first : first + part.shape[0]] = part.permute(1, 0, 2, 3)
     return out
 

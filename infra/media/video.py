@@ -66,6 +66,8 @@ class PixelTarget:
     height: int
     width: int
     policy: str = "stretch"
+    #: The run's compute dtype, where the policy's consumer scales its pixels in it (`infra.media.resize`).
+    dtype: torch.dtype = torch.float32
 
 
 @dataclass(frozen=True)
@@ -351,7 +353,8 @@ class _PickedPixels(_Picked):
             self.array = torch.empty((1, 3, self.count, self.target.height, self.target.width), dtype=torch.float32)
         if frame.shape != self.first_shape:
             return  # `check_sizes` refuses the clip
-        part = self.policy.convert(frame[None], self.target.height, self.target.width, self.scratch)[0]  # a chunk of 1
+        target = self.target
+        part = self.policy.convert(frame[None], target.height, target.width, self.scratch, target.dtype)[0]  # 1 frame
         for row in rows:
             self.array[0, :, row] = part
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from infra.config import CacheSpec
+from infra.devices import DTYPES
 from infra.errors import ConfigError, InputError
 from infra.job import Job
 from infra.media.buckets import Bucket, bucket_rule, reference_buckets
@@ -182,6 +183,7 @@ def prepare_video(
     frames, height, width, bucket = spec.frames, spec.height, spec.width, None
     resize = resize_policy_of(spec.resize)
     upright = spec.rotate == "auto"  # turned by the display matrix (the consumer's reader does, or --rotate auto)
+    dtype = DTYPES[spec.dtype]  # a consumer scaling its pixels in its VAE's dtype does it in the run's
     if policy.kind == "head":
         if is_image(media):  # a still in a video set: one frame at fps 1.0, as the LTX-2 trainer takes png/jpg
             clip = _still(media, limits)
@@ -195,15 +197,16 @@ def prepare_video(
         if len(clip.frames) < frames and (buckets or policy.short == "skip"):
             raise InputError("clip_too_short", f"the clip decodes to {len(clip.frames)} frame(s); {frames} needed")
         clip = _held(clip, frames)
-        return PreparedVideo(resize_pixels(clip.frames[:frames], height, width, resize), clip, bucket)
+        return PreparedVideo(resize_pixels(clip.frames[:frames], height, width, resize, dtype=dtype), clip, bucket)
     if policy.kind == "span":  # the pixels are made as the frames are decoded: no clip of source frames is held
-        target = PixelTarget(height, width, resize)
+        target = PixelTarget(height, width, resize, dtype)
         clip = sample_frames(media, spec.frames, limits=limits, target=target, upright=upright)
         if clip.source_frames < frames and policy.short == "skip":
             raise InputError("clip_too_short", f"the clip has {clip.source_frames} frame(s); span needs {frames}")
     else:
         choose = functools.partial(_indices, policy, frames, window)
-        clip = pick_frames(media, choose, limits=limits, target=PixelTarget(height, width, resize), upright=upright)
+        target = PixelTarget(height, width, resize, dtype)
+        clip = pick_frames(media, choose, limits=limits, target=target, upright=upright)
     return PreparedVideo(clip.pixels[:, :, :frames], dataclasses.replace(clip, pixels=None), bucket)  # held once
 
 
