@@ -30,7 +30,7 @@ from flows.stale import resolve_stale
 from flows.steps import set_step
 from flows.upload import upload_step
 from infra import outdir
-from infra.audit.inspect import cache_geometries, repeated_frames
+from infra.audit.inspect import cache_geometries, repeated_frames, rotated_clips
 from infra.cache import ledger
 from infra.cache.cachedir import finish_cache_json, has_cache_json, read_cache_json, write_cache_json
 from infra.cache.lock import out_lock
@@ -156,7 +156,7 @@ def _preprocess_and_audit(
 
 def _geometries(plan: BuildPlan) -> dict[str, Any]:
     """What the summary shows of the cache as written: its geometries (a bucketed cache has several) with the format's
-    output keys, and how many samples had frames repeated to fill theirs."""
+    output keys, how many samples had frames repeated to fill theirs, and the clips a display matrix turns."""
     rows = [row for shard in ledger.read_all(plan.out).values() for row in shard.values()]
     rows = [row for row in rows if row.fingerprint in (None, plan.fingerprint)]  # not an overwrite's, left to replace
     try:
@@ -164,7 +164,8 @@ def _geometries(plan: BuildPlan) -> dict[str, Any]:
     except DamagedCacheError as exc:  # verify and reconcile name it; the summary goes on without the shapes
         get_run_logger().warning("the summary shows no shapes: %s", exc)
         geometries = []
-    return {"geometries": geometries, "repeated_frames": repeated_frames(rows)}
+    rotated = {"clips": rotated_clips(rows), "rotate": plan.spec.rotate}
+    return {"geometries": geometries, "repeated_frames": repeated_frames(rows), "rotated": rotated}
 
 
 def _gates(plan: BuildPlan) -> SanityReport:

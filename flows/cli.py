@@ -388,6 +388,19 @@ def inspect(out: OutArg, as_json: JsonOpt = False) -> None:
     typer.echo(json.dumps(report, indent=2) if as_json else format_report(report))
 
 
+@app.command("check-consumer")
+@cli_errors
+def check_consumer(out: OutArg) -> None:
+    """The cache read by its consumer's own reader (DiffSynth-Studio's, where importable): every sample and one batch;
+    otherwise one line naming the package it would use (exit 1)."""
+    from infra.audit.consumer_check import check_consumer as check  # noqa: PLC0415 - heavy: torch
+
+    found = check(out)
+    typer.echo(f"check-consumer: {found.line}")
+    if not found.ok:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Console entry point."""
     console_logging()

@@ -238,12 +238,21 @@ class EncodingConfig(StrictModel):
         description="A clip too short for the temporal policy: repeat (indices held at its last frame) or skip (with "
         "the reason and its frame count). Default: repeat for span and fps, skip for the others",
     )
-    resize: Literal["stretch", "cover-crop", "cover-crop-aa", "torchvision"] | None = Field(
+    resize: Literal["stretch", "cover-crop", "cover-crop-aa", "musubi", "diffsynth", "torchvision"] | None = Field(
         None,
-        description="Resize: stretch (bilinear to H×W: Wan2.2), cover-crop (bicubic to cover, centre crop: the "
-        "LTX-2 trainer's), cover-crop-aa (bilinear with antialias, cover, centre crop: FastVideo's) or torchvision "
-        "(images: torchvision's Resize(BICUBIC) + CenterCrop + Normalize(0.5, 0.5) on the PIL image, number for "
-        "number: the CC12M seed's). Default: the family's",
+        description="Resize: stretch (bilinear to H×W: the Wan2.2 seed recipe's), cover-crop (bicubic to cover, centre "
+        "crop: the LTX-2 trainer's), cover-crop-aa (bilinear with antialias, cover, centre crop), musubi "
+        "(musubi-tuner's resize_image_to_bucket: cover rounded half up, LANCZOS up, OpenCV INTER_AREA down), "
+        "diffsynth (DiffSynth-Studio's ImageCropAndResize: cover rounded, PIL bilinear, crop offset rounded) or "
+        "torchvision (images: torchvision's Resize(BICUBIC) + CenterCrop + Normalize(0.5, 0.5) on the PIL image, "
+        "number for number: the CC12M seed's). Default: the format's consumer's (docs/formats.md), else the family's",
+    )
+    rotate: Literal["stored", "auto"] | None = Field(
+        None,
+        description="A clip whose display matrix turns it (a phone video): stored (its frames as stored, on their "
+        "side, as PyAV-based readers give them) or auto (turned upright by the display matrix, as the ffmpeg program "
+        "does). Default: what the format's consumer's own reader gives (DiffSynth's imageio/ffmpeg: auto; the "
+        "others: stored)",
     )
     text_max_length: int | None = Field(
         None,
@@ -331,6 +340,20 @@ class EncodingConfig(StrictModel):
         "raw",
         description="Embedding rows past the prompt's tokens: raw (the encoder's output, as the published Wan2.2 "
         "recipe stores it) or zeros (what WanPipeline feeds the transformer)",
+    )
+    max_timestep_boundary: Annotated[float, Spec(absent=1.0)] = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="diffsynth: the top of the timestep range its training step draws from, a fraction of its "
+        "schedule (its --max_timestep_boundary, stored in every file: split training reads it from there). "
+        "Wan2.2-A14B's two experts train on two ranges: DiffSynth's example scripts give each its pair",
+    )
+    min_timestep_boundary: Annotated[float, Spec(absent=0.0)] = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="diffsynth: the bottom of that range (its --min_timestep_boundary); below the top",
     )
     text_storage: Annotated[Literal["padded", "trimmed"], Spec(absent="padded")] = Field(
         "padded",
@@ -734,6 +757,9 @@ class _PlannedSpec(StrictModel):
         None, description="None: the temporal policy's default"
     )
     resize: str = "bilinear-align_corners_false"
+    rotate: Annotated[str, Spec(absent="stored", setting=True, always=True)] = Field(
+        "stored", description="A rotated clip's frames: stored, or auto (turned by its display matrix)"
+    )
     buckets: Annotated[list[tuple[int, int, int]] | None, Spec(absent=None)] = Field(
         None, description="(W, H, F) per bucket"
     )

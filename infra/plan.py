@@ -31,13 +31,21 @@ from infra.config import (
 from infra.errors import ConfigError, ConflictError, LedgerError
 from infra.fetch import local_model
 from infra.formats import get_format
-from infra.formats.consumers import check_consumer, latent_norm_for, layout_for, layout_notes, text_clean_for
+from infra.formats.consumers import (
+    check_consumer,
+    latent_norm_for,
+    layout_for,
+    layout_notes,
+    preprocessing_for,
+    text_clean_for,
+)
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
 from infra.job import Job
 from infra.media.buckets import Bucket, check_reference_buckets, parse_buckets
 from infra.media.image import IMAGE_POLICIES
+from infra.media.resize import IMAGE_ONLY_POLICIES, RESIZE_POLICIES, resize_policy_of
+from infra.media.resize import require as require_resize
 from infra.media.temporal import DEFAULT_SHORT, make_policy
-from infra.media.video import IMAGE_ONLY_POLICIES, RESIZE_POLICIES, resize_policy_of
 from infra.models import (
     FAMILIES,
     FamilySpec,
@@ -165,7 +173,10 @@ def parse_only(only: list[str] | None) -> dict[str, frozenset[str] | None] | Non
 def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
     """The spec's settings: the user's, else the family's defaults; ConfigError for what the family cannot do."""
     given = config.encoding
-    chosen = {k: getattr(given, k) if getattr(given, k) is not None else v for k, v in family.defaults.items()}
+    # a setting given wins; else the format's consumer's preprocessing (its resize, its reader's rotation); else the
+    # family's default
+    defaults = family.defaults | {"rotate": "stored"} | preprocessing_for(given.format, family.name)
+    chosen = {k: getattr(given, k) if getattr(given, k) is not None else v for k, v in defaults.items()}
     if chosen["text_stage"] not in family.text_stages:
         raise ConfigError(
             f"--text-stage {chosen['text_stage']}: family {family.name} stores {', '.join(family.text_stages)}"
@@ -189,6 +200,7 @@ def _settings(config: BuildConfig, family: FamilySpec) -> dict[str, Any]:
     if family.resize_policies is not None and chosen["resize"] not in family.resize_policies:
         raise ConfigError(f"--resize {chosen['resize']}: family {family.name} does {', '.join(family.resize_policies)}")
     check_image_resize(config, family, chosen["resize"])
+    require_resize(chosen["resize"])
     policy = make_policy(
         chosen["temporal"], config.encoding.start, config.encoding.window_step, config.encoding.short_clips
     )
@@ -335,6 +347,7 @@ def resolve(config: BuildConfig) -> Resolved:
         start=config.encoding.start or 0,
         short_clips=chosen["short_clips"],
         resize=RESIZE_POLICIES[chosen["resize"]],
+        rotate=chosen["rotate"],
         preprocess=preprocess_name(family),
         text_max_length=chosen["text_max_length"],
         text_stage=chosen["text_stage"],

@@ -86,17 +86,18 @@ RECIPES: dict[str, Recipe] = {
         Recipe(
             "musubi-wan",
             "musubi-tuner's Wan cache (Wan2.1, Wan2.2-A14B; family wan21): the first F frames, each clip bucketed as "
-            "musubi's BucketSelector recomputes it from its size (--width/--height: its resolution), cover + centre "
-            "crop, prompts cleaned as its tokenizer does, musubi's names, keys and dataset TOML (--mode i2v: its "
-            "latents_image and CLIP features)",
-            {"format": "musubi", "frames": 81, "height": 480, "width": 832, "temporal": "head", "resize": "cover-crop"},
+            "musubi's BucketSelector recomputes it from its size (--width/--height: its resolution), resized as its "
+            "resize_image_to_bucket does (LANCZOS up, INTER_AREA down), prompts cleaned as its tokenizer does, "
+            "musubi's names, keys and dataset TOML (--mode i2v: its latents_image and CLIP features)",
+            {"format": "musubi", "frames": 81, "height": 480, "width": 832, "temporal": "head"},
         ),
         Recipe(
             "diffsynth-wan",
             "DiffSynth-Studio's split-training files for Wan (Wan2.1, Wan2.2-A14B: wan21; Wan2.2-TI2V-5B: wan22): the "
-            "first F frames, bilinear antialiased cover + centre crop, prompts cleaned as its tokenizer does, UMT5 "
-            "zero-padded to 512 (--mode i2v: y and clip_feature, or TI2V-5B's first_frame_latents)",
-            {"format": "diffsynth", "temporal": "head", "resize": "cover-crop-aa", "text_padding": "zeros"},
+            "first F frames, resized as its ImageCropAndResize does (PIL bilinear, rounded cover and crop), turned "
+            "upright as its ffmpeg reader turns them, prompts cleaned as its tokenizer does, UMT5 zero-padded to 512 "
+            "(--mode i2v: y and clip_feature, or TI2V-5B's first_frame_latents)",
+            {"format": "diffsynth", "temporal": "head", "text_padding": "zeros"},
         ),
         Recipe(
             "image-512",

@@ -38,7 +38,8 @@ from infra.cache import ledger
 from infra.cache.cachedir import read_cache_json
 from infra.cache.ledger import LedgerRow
 from infra.demo.vae_fit.train import FitSettings, fit_vae
-from infra.media.video import frames_to_pixels, sample_frames
+from infra.media.resize import frames_to_pixels
+from infra.media.video import sample_frames
 from tests.conftest import HEIGHT, WIDTH, config, make_shards, sample
 from tests.media_utils import cut_clip
 

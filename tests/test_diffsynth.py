@@ -167,3 +167,65 @@ def test_what_no_diffsynth_trainer_reads_is_one_line_exit_2(tmp_path, source, wa
         lines = [line for line in result.output.splitlines() if line.strip()]
         assert len(lines) == 1 and said in lines[0], result.output
         assert tree_hashes(out) == {}
+
+
+def test_check_consumer_reads_every_file_with_diffsynths_own_dataset(t2v_build):
+    """`latentforge check-consumer`: its own UnifiedDataset lists OUT and its LoadTorchPickle loads every file, after
+    latentforge's own weights_only read of each."""
+    out, _ = t2v_build
+    ds.diffsynth()  # the wheel on the path: `diffsynth` importable, as where it is installed
+    result = runner.invoke(app, ["check-consumer", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == (
+        f"check-consumer: DiffSynth-Studio: 2 sample(s) read; one batch: input_latents 1×16×5×{HEIGHT // 8}×"
+        f"{WIDTH // 8}, context 1×512×{torch.load(_file(out, 0), weights_only=True)[1]['context'].shape[2]}"
+    )
+
+
+def test_the_timestep_range_its_loss_draws_from_is_in_every_file_and_only_there(tmp_path, source, wan21_model):
+    """``--max/--min-timestep-boundary`` (Wan2.2-A14B's experts each train on a range): stored where its training step
+    reads it, in the fingerprint; refused, one line, for a format that stores none, or an empty range."""
+    out = tmp_path / "expert"
+    ok, result = run_build(config(source, wan21_model, out, **GEOMETRY, max_timestep_boundary=0.4, limit=1))
+    assert ok and result["done"] == 1, result
+    shared = torch.load(next(out.rglob("*.pth")), weights_only=True)[0]
+    assert (shared["max_timestep_boundary"], shared["min_timestep_boundary"]) == (0.4, 0.0)
+    default = make_spec(config(source, wan21_model, tmp_path / "d", **GEOMETRY))[1]
+    expert = make_spec(config(source, wan21_model, out, **GEOMETRY, max_timestep_boundary=0.4))[1]
+    assert default.fingerprint() != expert.fingerprint()
+    flags = ["build", "--source", f"vbvr:{source}", "--model", str(wan21_model), "--out", str(tmp_path / "x")]
+    for extra, said in (
+        (["--format", "pt", "--min-timestep-boundary", "0.4"], "format pt stores no timestep range"),
+        (["--recipe", "diffsynth-wan", "--min-timestep-boundary", "0.5", "--max-timestep-boundary", "0.5"], "below"),
+    ):
+        refused = runner.invoke(app, [*flags, *extra])
+        assert refused.exit_code == 2 and refused.output.startswith("error:") and said in refused.output, refused.output
+
+
+class _Payload:
+    """Unpickled, it creates `marker`: what a hostile .pth would do under its trainer's ``weights_only=False``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_check_consumer_hands_its_loader_no_file_that_needs_more_than_weights_only(tmp_path, t2v_build):
+    """Its loader unpickles with ``weights_only=False``: a payload among the files (one the ledgers name, or one they
+    do not) is reported in one line and never run."""
+    ds.diffsynth()
+    marker = tmp_path / "ran"
+    for where in ("named", "extra"):
+        out = tmp_path / where
+        shutil.copytree(t2v_build[0], out)
+        target = _file(out, 1) if where == "named" else out / "planted.pth"
+        torch.save(({"input_latents": _Payload(marker)}, {}, {}), target)
+        result = runner.invoke(app, ["check-consumer", str(out)])
+        assert result.exit_code != 0 and result.output.startswith("error:"), result.output
+        assert len(result.output.strip().splitlines()) == 1 and not marker.exists(), result.output
+    live = tmp_path / "live.pth"
+    torch.save(({"input_latents": _Payload(tmp_path / "live")}, {}, {}), live)
+    ds.diffsynth().operators.LoadTorchPickle()(str(live))  # its own loader: the payload is live
+    assert (tmp_path / "live").exists()

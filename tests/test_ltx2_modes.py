@@ -23,7 +23,7 @@ from infra.cache import ledger
 from infra.config import CacheSpec
 from infra.errors import ConfigError, InputError, SourceError
 from infra.media.prompts import LLM_START_PHRASES, CaptionRules
-from infra.media.video import resize_pixels
+from infra.media.resize import resize_pixels
 from infra.models import get_family
 from infra.models.ltx2_modes import MODE_ROLES
 from infra.plan import make_plan, make_spec

@@ -35,7 +35,7 @@ from infra.demo.testmedia import real_clip
 from infra.errors import ConfigError, SourceError
 from infra.formats.consumers import latent_encoder
 from infra.media.masks import video_mask
-from infra.media.video import resize_pixels
+from infra.media.resize import resize_pixels
 from infra.models import get_family
 from infra.plan import make_plan, make_spec
 from infra.preprocess.encode import load_encoder

@@ -24,7 +24,8 @@ from PIL import Image
 
 from infra.errors import InputError
 from infra.media.prompts import decode_prompt
-from infra.media.video import MediaError, SampledClip, frames_to_pixels, sample_frames
+from infra.media.resize import frames_to_pixels
+from infra.media.video import MediaError, SampledClip, sample_frames
 from tests.media_utils import annexb, cut_clip, faststart, remux
 
 LONG_F, SHORT_F = 33, 17  # two frame counts of the real recipe (F ≡ 1 mod 4)

@@ -69,16 +69,16 @@ def _done(out: Path) -> list[ledger.LedgerRow]:
 
 def test_the_files_have_musubis_names_keys_dtypes_and_metadata(cache):
     for index, (name, caption) in enumerate(SAMPLES):
-        width, height = SOURCE_SIZES[name]
-        latents = cache / f"{flat_name(_stem(index))}_00000-017_{width:04d}x{height:04d}_wan.safetensors"
+        # named by the bucket its frames were resized to, as musubi's video caching names them (not the source's size)
+        bucket_w, bucket_h = BucketSelector((80, 48)).get_bucket_resolution(SOURCE_SIZES[name])
+        latents = cache / f"{flat_name(_stem(index))}_00000-017_{bucket_w:04d}x{bucket_h:04d}_wan.safetensors"
         with safe_open(str(latents), framework="pt") as handle:
-            bucket_w, bucket_h = BucketSelector((80, 48)).get_bucket_resolution((width, height))
             assert set(handle.keys()) == {f"latents_5x{bucket_h // 8}x{bucket_w // 8}_bfloat16"}
             meta = handle.metadata()
         assert {k: v for k, v in meta.items() if not k.startswith("latentforge_")} == {
             "architecture": "wan",
-            "width": str(width),
-            "height": str(height),
+            "width": str(bucket_w),
+            "height": str(bucket_h),
             "frame_count": "17",
             "format_version": "1.0.1",
         }
@@ -98,9 +98,9 @@ def test_musubis_loader_reads_every_sample_with_its_text_in_stacked_batches(cach
         == sorted(flat_name(_stem(int(row.id.rpartition("_")[2]))) for row in _done(cache))
     )
     selector = BucketSelector((80, 48), enable_bucket=True)
-    for item in dataset.items:  # each latent file pairs with its own text file; its bucket is its source size's
+    for item in dataset.items:  # each latent file pairs with its own text file; its name's size is its bucket
         assert Path(item.text_encoder_output_cache_path).name == f"{item.item_key}_wan_te.safetensors"
-        assert item.bucket == (*selector.get_bucket_resolution(item.image_size), 17)
+        assert item.bucket == (*selector.get_bucket_resolution(item.image_size), 17) == (*item.image_size, 17)
     assert sorted(len(items) for items in dataset.buckets.values()) == [1, 2]
     spec = make_spec(config(source, wan21_model, cache, **GEOMETRY))[1]
     family = load_family(wan21_model, "wan21", torch.device("cpu"), torch.float32)
@@ -140,6 +140,12 @@ def test_verify_reconcile_inspect_decode_upload_and_a_resume_read_the_layout(tmp
     assert {k: v for k, v in tree_hashes(cache).items() if not k.startswith("ledger")} == {
         k: v for k, v in before.items() if not k.startswith("ledger")
     }
+
+
+def test_check_consumer_names_the_package_it_would_read_with(cache):
+    result = runner.invoke(app, ["check-consumer", str(cache)])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "musubi-tuner's reader (musubi_tuner) is not importable here" in result.output
 
 
 def test_a_rerun_after_a_crash_keeps_the_files_it_left_with_the_same_bytes(tmp_path, cache, source, wan21_model):
@@ -206,3 +212,13 @@ def test_what_musubi_cannot_read_is_one_line_exit_2_and_nothing_written(tmp_path
     (foreign / "clip_00000-017_0640x0272_wan.safetensors").write_bytes(b"musubi's own")
     _refused(_cli(other, model, foreign), "musubi cache files latentforge did not write", foreign, tree_hashes(foreign))
     _refused(_cli(other, model, tmp_path / "head", "--temporal", "span"), "use --temporal head", tmp_path / "head", {})
+
+
+def test_a_bf16_run_feeds_the_vae_musubis_bf16_pixels(source, wan21_model, clips):
+    """``--dtype bf16`` (musubi's default VAE dtype): the prepared pixels are its ``contents.to(bf16) / 127.5 - 1``."""
+    spec = make_spec(config(source, wan21_model, source.parent / "bf16", **GEOMETRY, dtype="bf16"))[1]
+    prepared = prepare_video(clips["bikes"], spec)
+    as_fp32 = prepare_video(clips["bikes"], spec.model_copy(update={"dtype": "fp32"}))
+    levels = ((as_fp32.pixels + 1) * 127.5).round()  # the uint8 values its resize made
+    assert torch.equal(prepared.pixels, levels.to(torch.bfloat16).div(127.5).sub(1).float())
+    assert not torch.equal(prepared.pixels, as_fp32.pixels)

@@ -7,15 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from infra.media import video
-from infra.media.video import (
-    IMAGE_ONLY_POLICIES,
-    RESIZE_POLICIES,
-    head_frames,
-    pick_frames,
-    resize_pixels,
-    sample_frames,
-)
+from infra.media import resize, video
+from infra.media.resize import IMAGE_ONLY_POLICIES, RESIZE_POLICIES, resize_pixels
+from infra.media.video import head_frames, pick_frames, sample_frames
 
 FRAMES, HEIGHT, WIDTH = 9, 48, 80
 
@@ -67,8 +61,8 @@ def test_the_chunks_share_one_source_resolution_float_buffer(clips: dict[str, by
     """Each chunk's float frames are written into the same buffer (no fresh ~100 MB tensor per 1080p chunk)."""
     frames = sample_frames(clips["sample_1080p"], FRAMES).frames
     seen: list[int] = []
-    real = video._stretch_chunk
-    monkeypatch.setattr(video, "_stretch_chunk", lambda x, h, w: seen.append(x.data_ptr()) or real(x, h, w))
+    real = resize._stretch_chunk
+    monkeypatch.setattr(resize, "_stretch_chunk", lambda x, h, w: seen.append(x.data_ptr()) or real(x, h, w))
     pixels = resize_pixels(frames, HEIGHT, WIDTH, "stretch", chunk=2)
     assert len(seen) == (FRAMES + 1) // 2 and len(set(seen)) == 1
     assert torch.equal(pixels, _whole_stretch(frames, HEIGHT, WIDTH))

@@ -19,7 +19,7 @@ from infra.audit.inspect import inspect_cache
 from infra.config import BuildConfig, CacheSpec
 from infra.formats import get_format
 from infra.gates.verify import verify_out
-from infra.media.video import RESIZE_POLICIES
+from infra.media.resize import RESIZE_POLICIES
 from infra.plan import make_spec
 from infra.preprocess.prepare import prepare_video
 from infra.recipes import RECIPES, apply_recipe

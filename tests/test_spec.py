@@ -41,7 +41,8 @@ def test_fingerprint_is_sha256_of_canonical_json():
     added |= {"preprocess": "plugin:fn"}
     added |= {"load_text_encoder_in_8bit": True, "model_version": "2.5"}
     added |= {"reference_downscale_factor": 2, "reference_temporal_scale_factor": 2, "audio_durations": [2.0, 4.0]}
-    added |= {"conditioning": "y", "text_clean": "whitespace"}
+    added |= {"conditioning": "y", "text_clean": "whitespace", "rotate": "auto"}
+    added |= {"max_timestep_boundary": 0.5, "min_timestep_boundary": 0.25}
     spec = CacheSpec(**{**BASE, **added, "window_step": 5, "short_clips": "skip", "text_storage": "trimmed"})
     as_0_1_named = {FINGERPRINT_NAMES.get(k, k): v for k, v in spec.model_dump(mode="json").items()}
     canonical = json.dumps(as_0_1_named, sort_keys=True, separators=(",", ":"))
@@ -168,6 +169,7 @@ HAND_ADDED_LATER = {
     "remove_llm_prefixes": False, "empty_captions": "skip", "duplicate_rows": "refuse", "video_column": None,
     "caption_column": None, "follow_symlinks": False, "preprocess": None, "reference_downscale_factor": 1,
     "reference_temporal_scale_factor": 1, "audio_durations": None, "conditioning": None, "text_clean": None,
+    "rotate": "stored", "max_timestep_boundary": 1.0, "min_timestep_boundary": 0.0,
 }  # fmt: skip
 HAND_FINGERPRINT_NAMES = {"dtype": "compute_dtype", "start": "temporal_start", "text_stage": "text_encoder_output"}
 #: make_spec's keywords taken from the config as given (its own, caption_settings', memory and 8-bit settings').
@@ -175,19 +177,20 @@ HAND_COPIED = {
     "identity_scheme", "format", "window_step", "audio", "dtype", "store_dtype", "text_padding", "text_storage",
     "vae_tiling", "text_quantize", "load_text_encoder_in_8bit", "mode", "lora_trigger", "remove_llm_prefixes",
     "empty_captions", "duplicate_rows", "video_column", "caption_column", "audio_file_length",
-    "reference_downscale_factor", "reference_temporal_scale_factor", "follow_symlinks",
+    "reference_downscale_factor", "reference_temporal_scale_factor", "follow_symlinks", "max_timestep_boundary",
+    "min_timestep_boundary",
 }  # fmt: skip
 #: spec_settings: the settings it always restated, and those it restated only away from their absent values.
 HAND_RESTATED = {
     "family", "format", "frames", "height", "width", "temporal", "resize", "dtype", "text_max_length", "text_padding",
-    "identity_scheme", "audio", "store_dtype",
+    "identity_scheme", "audio", "store_dtype", "rotate",
 }  # fmt: skip
 HAND_RESTATED_WHEN_USED = {
     "text_storage", "video_batch", "vae_tiling", "text_quantize", "start", "window_step", "short_clips", "mode",
     "lora_trigger", "remove_llm_prefixes", "empty_captions", "duplicate_rows", "video_column", "caption_column",
     "audio_file_length", "load_text_encoder_in_8bit", "reference_downscale_factor", "reference_temporal_scale_factor",
     "audio_durations", "follow_symlinks", "buckets", "shard_samples", "shard_bytes", "parquet_dtype", "text_stage",
-    "layout",
+    "layout", "max_timestep_boundary", "min_timestep_boundary",
 }  # fmt: skip
 #: The spec's fields that a spec without them cannot leave out, and the defaults of the others.
 HAND_REQUIRED = {"family", "model_identity", "format", "frames", "height", "width", "temporal", "dtype"}
@@ -203,7 +206,7 @@ USED = {
     "audio_file_length": "trainer", "load_text_encoder_in_8bit": True, "reference_downscale_factor": 2,
     "reference_temporal_scale_factor": 2, "audio_durations": [2.0], "follow_symlinks": True,
     "buckets": [(96, 64, 9)], "shard_samples": 5, "shard_bytes": 1 << 20, "parquet_dtype": "bf16",
-    "text_stage": "pre_connector", "layout": "cc12m",
+    "text_stage": "pre_connector", "layout": "cc12m", "max_timestep_boundary": 0.5, "min_timestep_boundary": 0.25,
 }  # fmt: skip
 
 

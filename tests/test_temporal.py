@@ -20,8 +20,9 @@ from infra.audit.decode_verify import decode_and_verify
 from infra.cache import ledger
 from infra.config import CacheSpec
 from infra.errors import ConfigError, InputError
+from infra.media.resize import cover_crop_pixels, resize_pixels
 from infra.media.temporal import choose_windows, effective_fps, make_policy
-from infra.media.video import cover_crop_pixels, probe_frames, resize_pixels
+from infra.media.video import probe_frames
 from infra.preprocess.prepare import prepare_video
 from tests.conftest import config, make_shards, sample, tree_hashes
 

@@ -27,7 +27,7 @@ from infra.config import CacheSpec
 from infra.demo.tiny_image import make_tiny_image
 from infra.errors import ConfigError
 from infra.media.image import prepare_image, resized_output_size
-from infra.media.video import RESIZE_POLICIES
+from infra.media.resize import RESIZE_POLICIES
 from infra.plan import make_spec
 from infra.preprocess.prepare import prepare_video
 from infra.publish.base import parse_target

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from flows.cli import app
 from infra.audit.metrics import psnr
 from infra.demo.vae_fit.train import FitSettings, fit_vae
-from infra.media.video import frames_to_pixels, sample_frames
+from infra.media.resize import frames_to_pixels
+from infra.media.video import sample_frames
 from tests.conftest import make_shards, sample
 
 logger = logging.getLogger(__name__)

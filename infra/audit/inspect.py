@@ -103,6 +103,16 @@ def repeated_frames(rows: Iterable[LedgerRow]) -> int:
     return count
 
 
+def rotated_clips(rows: Iterable[LedgerRow]) -> dict[str, int]:
+    """Done samples made of a clip with a display matrix: ``group/id`` → its rotation (degrees counter-clockwise)."""
+    found = {}
+    for row in rows:
+        rotation = (row.extra.get("sampling") or {}).get("rotation")
+        if row.status == "done" and rotation:
+            found[f"{row.group}/{row.id}"] = int(rotation)
+    return dict(sorted(found.items()))
+
+
 def inspect_cache(out: Path) -> dict[str, Any]:
     """Counts per group and status, bytes, fingerprint, and the keys/shapes/dtypes of one sample per group."""
     out = outdir.root(out)

@@ -136,6 +136,9 @@ class RunReport(Record):
     #: A store's transient errors retried, by kind (`infra.sources.retries`); absent (None) where the run read no
     #: store (a local build's report is as it was).
     store_retries: dict[str, int] | None = None
+    #: The clips a display matrix turns (``clips``: ``group/id`` → degrees counter-clockwise), what the run did with
+    #: them (``rotate``) and the flag that changes it (``change``); absent (None) where no clip has one.
+    rotated: dict[str, Any] | None = None
 
     def decisions_at(self, gate: str) -> list[Decision]:
         """The decisions recorded at one gate, in the order they were made."""
@@ -151,7 +154,8 @@ def _version(package: str) -> str | None:
 
 def versions() -> dict[str, str | None]:
     """Installed versions of latentforge and the libraries that decide the bytes or run the flow."""
-    return {name: _version(name) for name in ("latentforge", "torch", "prefect", "diffusers", "transformers", "av")}
+    names = ("latentforge", "torch", "prefect", "diffusers", "transformers", "av", "pillow", "opencv-python-headless")
+    return {name: _version(name) for name in names}
 
 
 def run_report(
@@ -189,7 +193,16 @@ def run_report(
         decisions=list(decisions),
         versions=versions(),
         store_retries=dict(summary.get("store_retries") or {}) if _reads_a_store(job) else None,
+        rotated=_rotated(summary.get("rotated") or {}),
     )
+
+
+def _rotated(rotated: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The report's record of the rotated clips (None without any)."""
+    if not rotated.get("clips"):
+        return None
+    rotate = rotated.get("rotate") or "stored"
+    return {"rotate": rotate, "change": "--rotate " + ("auto" if rotate == "stored" else "stored"), **rotated}
 
 
 def _reads_a_store(job: Job) -> bool:

@@ -43,6 +43,14 @@ class Expects:
     refuses: tuple[tuple[str, str, str], ...] = ()
     #: the cleaning its tokenizer applies to a prompt first (`infra.media.text_clean`), the spec's ``text_clean``
     text_clean: str | None = None
+    #: its own preprocessing's resize policy (`infra.media.resize`), the spec's ``resize`` unless ``--resize`` is
+    #: given (None: the family's default, no consumer's arithmetic is matched)
+    resize: str | None = None
+    #: what its own video reader gives of a clip with a display matrix: ``stored`` (PyAV, decord: the frames as
+    #: stored) or ``auto`` (the ffmpeg program's autorotate: upright), the spec's ``rotate`` unless ``--rotate``
+    rotate: str = "stored"
+    #: whether its files carry the timestep range its training step draws from (``--max/min-timestep-boundary``)
+    timestep_boundaries: bool = False
 
 
 _LATENTFORGE = "latentforge's readers (infra.formats; no outside trainer is matched)"
@@ -78,6 +86,7 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
                 "embeddings would go through them twice",
             ),
         ),
+        resize="cover-crop",
     ),
     ("parquet", "wan22"): Expects(
         FASTVIDEO + ", WanModel",
@@ -125,6 +134,7 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
         "bf16 safetensors (CLIP features float16)",
         "-",
         text_clean="whitespace",
+        resize="musubi",
     ),
     **{
         ("diffsynth", family): Expects(
@@ -144,6 +154,9 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
                 ),
             ),
             text_clean="whitespace",
+            resize="diffsynth",
+            rotate="auto",  # its LoadVideo reads through imageio's ffmpeg program, which turns a clip upright
+            timestep_boundaries=True,
         )
         for family in ("wan21", "wan22")
     },
@@ -173,6 +186,7 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
         "last_hidden_state",
         "float16 .npy with --store-dtype fp16, else float32",
         "-",
+        resize="torchvision",
     ),
 }
 
@@ -215,6 +229,7 @@ def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
         raise ConfigError(f"format {spec.format} with family {spec.family}: {trains}; no trainer reads it")
     text_clean.require(getattr(spec, "text_clean", None))
     found = expects(spec.format, spec.family)
+    check_boundaries(spec, found)
     if found is None:
         return
     for setting, value, why in found.refuses:
@@ -226,6 +241,29 @@ def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
             )
     if found.latents == "raw_mean" and spec.latent_norm != RAW_MEAN:
         raise ConfigError(f"format {spec.format} with family {spec.family}: {found.consumer} expects {RAW_MEAN}")
+
+
+def preprocessing_for(fmt: str, family: str) -> dict[str, str]:
+    """The settings the consumer of `fmt` declares for `family`'s pixels, where it declares them (``resize``, the
+    resize policy; ``rotate``, what its reader gives of a rotated clip): the defaults a user's flag overrides."""
+    found = expects(fmt, family)
+    if found is None:
+        return {}
+    return {"rotate": found.rotate} | ({"resize": found.resize} if found.resize is not None else {})
+
+
+def check_boundaries(spec: Any, found: Expects | None) -> None:
+    """ConfigError for a timestep range no file of the format carries, or one that is empty."""
+    top, bottom = getattr(spec, "max_timestep_boundary", 1.0), getattr(spec, "min_timestep_boundary", 0.0)
+    if (top, bottom) == (1.0, 0.0):
+        return
+    if found is None or not found.timestep_boundaries:
+        raise ConfigError(
+            f"--max/--min-timestep-boundary: format {spec.format} stores no timestep range (DiffSynth-Studio's split "
+            "training files do: --format diffsynth)"
+        )
+    if bottom >= top:
+        raise ConfigError(f"--min-timestep-boundary {bottom} is not below --max-timestep-boundary {top}")
 
 
 def text_clean_for(fmt: str, family: str) -> str | None:

@@ -10,7 +10,8 @@ at commit fed7b18fac2ed4cb802796eec91970e7659bccde (the inputs it starts from):
 * ``inputs_shared``: ``height``, ``width``, ``num_frames`` (pixels), ``cfg_scale`` 1, ``tiled`` False,
   ``use_gradient_checkpointing`` True (its trainer forces it, and split training reads it from here),
   ``use_gradient_checkpointing_offload`` False, ``cfg_merge`` False, ``vace_scale`` 1, ``max_timestep_boundary``
-  1.0, ``min_timestep_boundary`` 0.0, ``input_latents`` [1, C, F', H', W']; I2V: ``y`` [1, 20, F', H', W'] and, with a
+  and ``min_timestep_boundary`` (1.0 and 0.0 unless ``--max/--min-timestep-boundary``: its loss draws the timestep
+  from that range, as the file says), ``input_latents`` [1, C, F', H', W']; I2V: ``y`` [1, 20, F', H', W'] and, with a
   CLIP, ``clip_feature`` [1, 257, 1280]; TI2V-5B: ``fuse_vae_embedding_in_latents`` True and ``first_frame_latents``
   [1, 48, 1, H', W']; the None its VACE and Animate units leave; and ``latentforge``: the fingerprint, group and id (its
   model function takes unknown keys and ignores them);
@@ -55,8 +56,6 @@ TRAINING_INPUTS: dict[str, Any] = {
     "use_gradient_checkpointing_offload": False,
     "cfg_merge": False,
     "vace_scale": 1,
-    "max_timestep_boundary": 1.0,
-    "min_timestep_boundary": 0.0,
 }
 #: Keys its VACE and Animate units set to None for a sample without their inputs: kept, as its data_process keeps them.
 NONE_KEYS = ("vace_context", "animate_pose_video", "animate_face_video", "animate_inpaint_video", "animate_mask_video")
@@ -74,12 +73,16 @@ def _batched(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to(STORED).unsqueeze(0).contiguous()
 
 
-def inputs(sample: EncodedSample) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """The tuple its data_process step would save for the sample."""
+def inputs(
+    sample: EncodedSample, boundaries: tuple[float, float] = (1.0, 0.0)
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The tuple its data_process step would save for the sample (`boundaries`: its ``--max_timestep_boundary`` and
+    ``--min_timestep_boundary``, which its training step reads from the file)."""
     assert sample.latents is not None and sample.text_embeds is not None
     frames, height, width = sample.info["geometry"]
     shared: dict[str, Any] = {"height": int(height), "width": int(width), "num_frames": int(frames)}
-    shared |= TRAINING_INPUTS | {"input_latents": _batched(sample.latents)} | dict.fromkeys(NONE_KEYS)
+    shared |= TRAINING_INPUTS | {"max_timestep_boundary": boundaries[0], "min_timestep_boundary": boundaries[1]}
+    shared |= {"input_latents": _batched(sample.latents)} | dict.fromkeys(NONE_KEYS)
     for kind in (IMAGE_LATENTS_KIND, CLIP_KIND, FIRST_FRAME_KIND):
         if isinstance(tensor := sample.extras.get(kind), torch.Tensor):
             shared[KEYS[kind]] = _batched(tensor)
@@ -93,9 +96,12 @@ def inputs(sample: EncodedSample) -> tuple[dict[str, Any], dict[str, Any], dict[
 class DiffSynthWriter(PerSampleWriter):
     """Writes ``OUT/<stem>.pth``, one file holding every output kind."""
 
+    #: (max, min) timestep boundaries the files carry (the spec's).
+    boundaries: tuple[float, float] = (1.0, 0.0)
+
     def render(self, sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
         buffer = io.BytesIO()
-        torch.save(inputs(sample), buffer)
+        torch.save(inputs(sample, self.boundaries), buffer)
         return [([], f"{sample.stem}.pth", buffer.getvalue())]
 
 
@@ -108,6 +114,12 @@ class DiffSynthFormat(Format):
 
     def writer(self, out: Path) -> DiffSynthWriter:
         return DiffSynthWriter(out, self)
+
+    def open_writer(self, out: Path, spec: Any, shard_id: str) -> DiffSynthWriter:
+        writer = self.writer(out)
+        if spec is not None:
+            writer.boundaries = (float(spec.max_timestep_boundary), float(spec.min_timestep_boundary))
+        return writer
 
     def stored_dtype(self, kind: str, store_dtype: str) -> torch.dtype:
         return STORED

@@ -4,14 +4,15 @@ Restated from kohya-ss/musubi-tuner at commit 30c658c4f4b0bf05038b3346eff9670259
 (``src/musubi_tuner/dataset/cache_io.py`` ``save_latent_cache_wan`` / ``save_text_encoder_output_cache_wan``,
 ``dataset/image_video_dataset.py`` ``get_latent_cache_path`` / ``prepare_for_training``, ``dataset/bucket.py``):
 
-* a clip's latents: ``{name}_{start:05d}-{F:03d}_{W:04d}x{H:04d}_wan.safetensors`` (a one-frame sample:
-  ``{name}_{W:04d}x{H:04d}_wan.safetensors``, as its image datasets name them), W×H the source's size, from which
-  its loader recomputes the bucket (its own video caching names a clip by its frames' size after ``load_video``
-  resized them to the bucket: with ``enable_bucket`` and without ``bucket_no_upscale``, as the TOML sets, its
-  ``BucketSelector`` gives the same bucket for either); keys ``latents_{F'}x{H'}x{W'}_bfloat16`` [16, F', H', W']
+* a clip's latents: ``{name}_{start:05d}-{F:03d}_{W:04d}x{H:04d}_wan.safetensors``, W×H the bucket's size, as its
+  video caching names a clip (``VideoDataset.retrieve_latent_cache_batches``: ``load_video`` hands back frames
+  already resized to the bucket, and their size is the item's ``original_size``); a one-frame sample:
+  ``{name}_{W:04d}x{H:04d}_wan.safetensors``, W×H the source's size, as its image datasets name an image
+  (``ImageDataset``: the size before ``resize_image_to_bucket``); its loader recomputes the bucket from either
+  (a bucket's own size gives that bucket); keys ``latents_{F'}x{H'}x{W'}_bfloat16`` [16, F', H', W']
   (normalised), for I2V ``latents_image_{F'}x{H'}x{W'}_bfloat16`` [20, F', H', W'] and, with a CLIP,
   ``clip_bfloat16`` [257, 1280] float16 (its key takes the latents' dtype name); metadata ``architecture=wan``,
-  ``width``, ``height``, ``frame_count``, ``format_version=1.0.1``;
+  ``width`` and ``height`` (the size the name gives), ``frame_count``, ``format_version=1.0.1``;
 * the text: ``{name}_wan_te.safetensors``, ``varlen_t5_bfloat16`` [L, 4096]: UMT5's rows of the prompt's tokens;
   metadata ``architecture=wan``, ``caption1`` (the caption), ``format_version``.
 
@@ -89,6 +90,15 @@ def _marks(sample: EncodedSample) -> dict[str, str]:
     return {FINGERPRINT_KEY: sample.fingerprint, GROUP_KEY: sample.group, ID_KEY: sample.id}
 
 
+def _named_size(sample: EncodedSample) -> tuple[int, int, int]:
+    """(frames, width, height) a latents file is named by: a clip's bucket (its frames' size after musubi's resize),
+    a one-frame sample's source size (an image dataset's item keeps its image's)."""
+    frames, height, width = sample.info["geometry"]
+    if frames == 1:
+        _, height, width, _ = sample.source_shape
+    return int(frames), int(width), int(height)
+
+
 def _latents(sample: EncodedSample) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     latents = sample.latents
     assert latents is not None
@@ -98,8 +108,7 @@ def _latents(sample: EncodedSample) -> tuple[dict[str, torch.Tensor], dict[str, 
         tensors[f"latents_image_{f}x{h}x{w}_bfloat16"] = y.to(torch.bfloat16).contiguous()
     if isinstance(clip := sample.extras.get(CLIP_KIND), torch.Tensor):
         tensors["clip_bfloat16"] = clip.to(torch.float16).contiguous()  # musubi's key: the latents' dtype name
-    _, height, width, _ = sample.source_shape
-    frames = sample.info["geometry"][0]
+    frames, width, height = _named_size(sample)
     metadata = {"architecture": ARCHITECTURE, "width": str(width), "height": str(height)}
     metadata |= {"format_version": FORMAT_VERSION} | _marks(sample)
     if frames > 1:
@@ -110,8 +119,7 @@ def _latents(sample: EncodedSample) -> tuple[dict[str, torch.Tensor], dict[str, 
 def render(sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
     """(kinds, OUT-relative path, bytes) of the sample's latents file and its text file."""
     tensors, metadata = _latents(sample)
-    _, height, width, _ = sample.source_shape
-    frames = sample.info["geometry"][0]
+    frames, width, height = _named_size(sample)
     start = int((sample.info.get("sampling") or {}).get("indices", [0])[0])
     kinds = [kind for kind in LATENT_KINDS if kind == "latents" or kind in sample.extras]
     assert sample.text_embeds is not None
@@ -126,7 +134,7 @@ def render(sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
 
 class MusubiWriter(PerSampleWriter):
     """Writes a sample's two files. A file already at a name with exactly these bytes (left by an interrupted run of
-    this spec: the name depends on the source's size, so the resume cannot know it before the sample is read) is
+    this spec: the name depends on the clip's bucket, so the resume cannot know it before the sample is read) is
     kept; one with other bytes is not overwritten unless `replace`."""
 
     def render(self, sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:

@@ -31,7 +31,7 @@ from infra.gates.cachefiles import cache_files
 from infra.gates.content import Content, ContentCheck, Damaged, problem, repair_commands, repair_lines
 from infra.gates.stale import StaleReport, find_stale
 from infra.job import Job
-from infra.media.video import resize_policy_of
+from infra.media.resize import resize_policy_of
 from infra.models import get_family
 from infra.plan import ShardPlan
 from infra.sources.names import group_name

@@ -7,14 +7,14 @@ number of frames than there were packets, the pass is repeated with the true cou
 Limits (`MediaLimits`: ``--max-pixels``, ``--max-frames``) are checked when a file is opened, before any frame
 is decoded: the stream's declared width × height and its header frame count, then its packet count (demuxing
 stops one packet past the limit). FFmpeg is also given ``max_pixels``, so neither its own probing at open nor
-a stream that grows mid-way can allocate a larger frame. A display-matrix rotation is not applied (PyAV and
-FFmpeg's libraries decode the stored frames; only the ``ffmpeg`` program rotates): it is recorded.
+a stream that grows mid-way can allocate a larger frame. A display-matrix rotation is recorded; PyAV and FFmpeg's
+libraries decode the stored frames (only the ``ffmpeg`` program rotates), and so does this module unless asked for
+the frames `upright` (``--rotate auto``, or a consumer whose reader turns them: `infra.formats.consumers`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import io
 import logging
 from collections.abc import Callable
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import av
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from infra.errors import InputError
+from infra.media.resize import policy
 
 logger = logging.getLogger(__name__)
 
@@ -66,23 +66,8 @@ class PixelTarget:
     height: int
     width: int
     policy: str = "stretch"
-
-
-#: Resize policies: the name a user gives → the value the CacheSpec records (stretch keeps latentforge 0.1's).
-RESIZE_POLICIES: dict[str, str] = {
-    "stretch": "bilinear-align_corners_false",
-    "cover-crop": "bicubic-antialias-cover-center-crop",
-    "cover-crop-aa": "bilinear-antialias-cover-center-crop",
-    # images only (`infra.media.image`): torchvision's Resize(BICUBIC) + CenterCrop on a PIL image
-    "torchvision": "torchvision-pil-bicubic-short-side-center-crop",
-}
-#: Policies for still images only (Pillow, `infra.media.image.IMAGE_POLICIES`): no video family takes them.
-IMAGE_ONLY_POLICIES = frozenset({"torchvision"})
-
-
-def resize_policy_of(spec_value: str) -> str:
-    """The policy name of a CacheSpec's ``resize`` value."""
-    return next((name for name, value in RESIZE_POLICIES.items() if value == spec_value), spec_value)
+    #: The run's compute dtype, where the policy's consumer scales its pixels in it (`infra.media.resize`).
+    dtype: torch.dtype = torch.float32
 
 
 @dataclass(frozen=True)
@@ -118,32 +103,39 @@ def linspace_indices(total: int, count: int) -> np.ndarray:
 
 
 def sample_frames(
-    data: bytes, num_frames: int, *, limits: MediaLimits = DEFAULT_LIMITS, target: PixelTarget | None = None
+    data: bytes,
+    num_frames: int,
+    *,
+    limits: MediaLimits = DEFAULT_LIMITS,
+    target: PixelTarget | None = None,
+    upright: bool = False,
 ) -> SampledClip:
     """Decode `data` (a whole video file) and return `num_frames` frames picked by linspace (with `target`, as
-    pixels made while decoding)."""
+    pixels made while decoding; with `upright`, each frame turned by its display matrix first)."""
     if not data:
         raise MediaError("empty_video", "the video file has 0 bytes")
     packets, _ = _count_packets(data, limits)
     indices = linspace_indices(max(packets, 1), num_frames)
-    clip, decoded = _decode_picking(data, indices, limits=limits, target=target)
+    clip, decoded = _decode_picking(data, indices, limits=limits, target=target, upright=upright)
     if decoded == 0:
         raise MediaError("no_frames", "the video stream decoded to 0 frames")
     if decoded != packets:
         logger.debug("container had %d packets but %d frames decoded: second pass", packets, decoded)
-        clip, again = _decode_picking(data, linspace_indices(decoded, num_frames), limits=limits, target=target)
+        again_indices = linspace_indices(decoded, num_frames)
+        clip, again = _decode_picking(data, again_indices, limits=limits, target=target, upright=upright)
         if again != decoded:
             raise MediaError("video_decode_error", f"frame count unstable ({decoded} then {again})")
     return clip
 
 
-def head_frames(data: bytes, count: int, *, limits: MediaLimits = DEFAULT_LIMITS) -> SampledClip:
+def head_frames(data: bytes, count: int, *, limits: MediaLimits = DEFAULT_LIMITS, upright: bool = False) -> SampledClip:
     """The first `count` decoded frames of a video file (fewer when it is shorter): the LTX-2 trainer's sampling.
-    `source_frames` is the clip's frame count (its packets); `fps` as the trainer records it."""
+    `source_frames` is the clip's frame count (its packets); `fps` as the trainer records it; `upright`: each frame
+    turned by its display matrix."""
     if not data:
         raise MediaError("empty_video", "the video file has 0 bytes")
     packets, _ = _count_packets(data, limits)
-    clip, decoded = _decode_picking(data, np.arange(count), allow_short=True, limits=limits)
+    clip, decoded = _decode_picking(data, np.arange(count), allow_short=True, limits=limits, upright=upright)
     if decoded == 0 or clip.frames.shape[0] == 0:
         raise MediaError("no_frames", "the video stream decoded to 0 frames")
     return dataclasses.replace(clip, source_frames=max(packets, decoded))
@@ -163,6 +155,7 @@ def pick_frames(
     *,
     limits: MediaLimits = DEFAULT_LIMITS,
     target: PixelTarget | None = None,
+    upright: bool = False,
 ) -> SampledClip:
     """The frames ``choose(frames in the clip, fps)`` names, in its order (repeats allowed), decoding only up to
     the last of them (with `target`, as pixels made while decoding). If the clip turns out shorter than its packets
@@ -170,14 +163,15 @@ def pick_frames(
     as it is known."""
     packets, fps = probe_frames(data, limits=limits)
     indices = np.asarray(choose(packets, fps), dtype=np.int64)
-    clip, decoded = _decode_picking(data, np.unique(indices), allow_short=True, limits=limits, target=target)
+    picking = {"allow_short": True, "limits": limits, "target": target, "upright": upright}
+    clip, decoded = _decode_picking(data, np.unique(indices), **picking)
     if decoded == 0 or clip.count == 0:
         raise MediaError("no_frames", "the video stream decoded to 0 frames")
     if len(clip.indices) < len(np.unique(indices)):  # fewer frames than packets: choose again from what is there
         logger.debug("container had %d packets but decoding ended after %d frames: second pass", packets, decoded)
         packets = decoded
         indices = np.asarray(choose(decoded, fps), dtype=np.int64)
-        clip, _ = _decode_picking(data, np.unique(indices), allow_short=True, limits=limits, target=target)
+        clip, _ = _decode_picking(data, np.unique(indices), **picking)
         if len(clip.indices) < len(np.unique(indices)):
             raise MediaError("video_decode_error", f"frame count unstable (decoding ended after {decoded} frames)")
     row = {index: k for k, index in enumerate(clip.indices)}
@@ -271,6 +265,7 @@ def _decode_picking(
     allow_short: bool = False,
     limits: MediaLimits = DEFAULT_LIMITS,
     target: PixelTarget | None = None,
+    upright: bool = False,
 ) -> tuple[SampledClip, int]:
     """One decode pass keeping only frames whose index is in `indices` (with `allow_short`, stopping after the
     last of them and keeping what the clip has); returns (clip, frames decoded). Each kept frame is copied once,
@@ -288,8 +283,10 @@ def _decode_picking(
         try:
             for frame in container.decode(stream):
                 if n in slots:
-                    picked.put(n, slots[n], frame.to_ndarray(format="rgb24"))
-                    rotation = rotation or _rotation(frame)
+                    turn = _rotation(frame)
+                    array = frame.to_ndarray(format="rgb24")
+                    picked.put(n, slots[n], upright_frame(array, turn) if upright else array)
+                    rotation = rotation or turn
                 n += 1
                 if allow_short and n > last:
                     break
@@ -343,24 +340,34 @@ class _PickedPixels(_Picked):
 
     def __init__(self, rows: int, target: PixelTarget) -> None:
         super().__init__(rows)
-        self.target, self.convert = target, _CONVERTERS[target.policy]
+        self.target, self.policy = target, policy(target.policy)
         self.scratch: torch.Tensor | None = None
+        self.started = False
 
     def put(self, index: int, rows: list[int], frame: np.ndarray) -> None:
         self.kept.add(index)
         self.shapes.add(frame.shape)
-        if self.scratch is None:
-            self.scratch = torch.empty((1, *frame.shape), dtype=torch.float32)
+        if not self.started:
+            self.started, self.first_shape = True, frame.shape
+            self.scratch = self.policy.scratch((1, *frame.shape))
             self.array = torch.empty((1, 3, self.count, self.target.height, self.target.width), dtype=torch.float32)
-        if frame.shape != self.scratch.shape[1:]:
+        if frame.shape != self.first_shape:
             return  # `check_sizes` refuses the clip
-        self.scratch.copy_(torch.from_numpy(frame)[None])  # as `_chunked` does, one frame a chunk
-        part = self.convert(self.scratch, self.target.height, self.target.width)[0]
+        target = self.target
+        part = self.policy.convert(frame[None], target.height, target.width, self.scratch, target.dtype)[0]  # 1 frame
         for row in rows:
             self.array[0, :, row] = part
 
     def rows(self, rows: list[int]) -> torch.Tensor:
         return self.array if rows == list(range(self.count)) else self.array[:, :, rows].contiguous()
+
+
+def upright_frame(frame: np.ndarray, rotation: int) -> np.ndarray:
+    """An (H, W, 3) frame turned counter-clockwise by its display matrix's `rotation` (degrees; a multiple of 90, as
+    the ``ffmpeg`` program's autorotate turns it: ``transpose=cclock`` for 90, ``hflip,vflip`` for 180,
+    ``transpose=clock`` for 270), contiguous. A mirrored matrix's flip is not applied (PyAV exposes the angle only)."""
+    turns = round(rotation / 90) % 4
+    return np.ascontiguousarray(np.rot90(frame, k=turns)) if turns else frame
 
 
 def _rotation(frame: av.VideoFrame) -> int:
@@ -369,84 +376,3 @@ def _rotation(frame: av.VideoFrame) -> int:
         return round(frame.rotation or 0)
     except (ValueError, TypeError, AttributeError):  # a malformed matrix is no rotation we can record
         return 0
-
-
-#: Frames turned into float pixels at once: the float32 copy of a chunk (4 frames of 1080p: ~100 MB) is all that
-#: exists at source resolution beside the uint8 frames, so the peak does not grow with the clip's length. Each
-#: frame's numbers are computed exactly as in one whole-tensor call (per-frame arithmetic, same memory layout).
-PIXEL_CHUNK = 4
-
-
-def frames_to_pixels(frames: np.ndarray, height: int, width: int, *, chunk: int = PIXEL_CHUNK) -> torch.Tensor:
-    """(F,H,W,3) uint8 → (1,3,F,height,width) float32 in [-1, 1]: /127.5-1, bilinear, align_corners=False;
-    `chunk` frames at a time (bit-identical to one call over all frames)."""
-    return _chunked(frames, height, width, chunk, _stretch_chunk)
-
-
-def _stretch_chunk(x: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    x.div_(127.5).sub_(1.0)  # in place: the same arithmetic as x / 127.5 - 1.0
-    x = x.permute(0, 3, 1, 2)  # (T, C, H, W), channels-last in memory as the whole-tensor path has it
-    return F.interpolate(x, size=(height, width), mode="bilinear", align_corners=False)
-
-
-def _chunked(
-    frames: np.ndarray, height: int, width: int, chunk: int, convert: Callable[..., torch.Tensor]
-) -> torch.Tensor:
-    """(1,3,F,height,width) float32: `convert` (a chunk's frames as float32 (t,H,W,3), changed in place as it
-    likes → (t,3,height,width)) applied `chunk` frames at a time, each result copied into one preallocated output.
-
-    The chunks' float frames share one buffer: a new source-resolution float tensor per chunk (~100 MB at 1080p)
-    is fresh memory the kernel must fault in again each time, where copying into the same buffer is not. The
-    values are those of ``.float()`` (uint8 → float32 is exact), in the same contiguous layout."""
-    if chunk < 1:
-        raise ValueError(f"chunk must be ≥ 1, got {chunk}")
-    out = torch.empty((1, 3, frames.shape[0], height, width), dtype=torch.float32)
-    scratch = torch.empty((min(chunk, frames.shape[0]), *frames.shape[1:]), dtype=torch.float32)
-    for first in range(0, frames.shape[0], chunk):
-        source = torch.from_numpy(frames[first : first + chunk])
-        x = scratch[: source.shape[0]]
-        x.copy_(source)
-        part = convert(x, height, width)
-        out[0, :, first : first + part.shape[0]] = part.permute(1, 0, 2, 3)
-    return out
-
-
-def cover_crop_pixels(
-    frames: np.ndarray, height: int, width: int, mode: str = "bicubic", *, chunk: int = PIXEL_CHUNK
-) -> torch.Tensor:
-    """(F,H,W,3) uint8 → (1,3,F,height,width) float32 in [-1, 1], as the LTX-2 trainer prepares a clip: /255,
-    `mode` resize (antialiased, as torchvision's tensor resize by default) so the frame covers height×width with
-    its aspect kept (the other side truncated to an int), centre crop, clamp to [0, 1], then (x - 0.5) / 0.5.
-    ``mode="bilinear"`` is FastVideo's (bilinear with antialias, cover, centre crop). `chunk` frames at a time."""
-    return _chunked(frames, height, width, chunk, functools.partial(_cover_chunk, mode=mode))
-
-
-def _cover_chunk(x: torch.Tensor, height: int, width: int, mode: str) -> torch.Tensor:
-    x.div_(255.0)
-    x = x.permute(0, 3, 1, 2)  # (F, C, H, W)
-    src_h, src_w = x.shape[-2:]
-    if src_w / src_h > width / height:
-        size = (height, int(src_w * height / src_h))
-    else:
-        size = (int(src_h * width / src_w), width)
-    x = F.interpolate(x, size=size, mode=mode, align_corners=False, antialias=True)
-    top, left = (x.shape[-2] - height) // 2, (x.shape[-1] - width) // 2
-    x = x[:, :, top : top + height, left : left + width].clamp_(0, 1)
-    return (x - 0.5) / 0.5
-
-
-#: A resize policy's conversion of a chunk of float frames (t, H, W, 3), changed in place → (t, 3, h, w).
-_CONVERTERS: dict[str, Callable[[torch.Tensor, int, int], torch.Tensor]] = {
-    "stretch": lambda x, h, w: _stretch_chunk(x, h, w),  # looked up when called (tests wrap it)
-    "cover-crop": lambda x, h, w: _cover_chunk(x, h, w, "bicubic"),
-    "cover-crop-aa": lambda x, h, w: _cover_chunk(x, h, w, "bilinear"),
-}
-
-
-def resize_pixels(
-    frames: np.ndarray, height: int, width: int, policy: str, *, chunk: int = PIXEL_CHUNK
-) -> torch.Tensor:
-    """Frames to pixels by a resize policy name (`RESIZE_POLICIES`), `chunk` frames at a time."""
-    if policy not in _CONVERTERS:
-        raise ValueError(f"unknown resize policy {policy!r}")
-    return _chunked(frames, height, width, chunk, _CONVERTERS[policy])

@@ -23,6 +23,27 @@ def geometry_lines(geometries: list[dict[str, Any]], *, indent: str) -> list[str
     return lines
 
 
+#: Rotated clips named in a summary's line (the run report lists every one).
+NAMED_ROTATED = 5
+#: What a clip with a display matrix is under each ``--rotate``, and the flag that changes it.
+ROTATE_WORDS = {
+    "stored": ("encoded as stored, on their side", "--rotate auto turns them upright"),
+    "auto": ("turned upright by their display matrix", "--rotate stored keeps them as stored"),
+}
+
+
+def rotation_line(rotated: dict[str, Any]) -> str:
+    """One line naming the clips a display matrix turns, what was done with them and the flag that changes it ("" for
+    none)."""
+    clips = rotated.get("clips") or {}
+    if not clips:
+        return ""
+    done, change = ROTATE_WORDS[rotated.get("rotate") or "stored"]
+    named = ", ".join(f"{clip} ({degrees}°)" for clip, degrees in list(clips.items())[:NAMED_ROTATED])
+    more = f" and {len(clips) - NAMED_ROTATED} more (the run report lists them)" if len(clips) > NAMED_ROTATED else ""
+    return f"rotation    {len(clips)} clip(s) with a display matrix {done} ({change}): {named}{more}"
+
+
 class BuildSummary(BaseModel):
     """What a build did, for the terminal, the artifacts and the run report."""
 
@@ -53,6 +74,9 @@ class BuildSummary(BaseModel):
     run_id: str | None = None  # the flow run: what `latentforge rerun` takes
     #: A store's transient errors retried (`infra.sources.retries`), by kind: the shards' and the flow's own reads'.
     store_retries: dict[str, int] = {}
+    #: Done samples of clips with a display matrix (``clips``: ``group/id`` → degrees counter-clockwise) and the
+    #: spec's ``rotate`` (``stored``: on their side as stored; ``auto``: turned upright).
+    rotated: dict[str, Any] = {}
 
     @property
     def bytes_per_sample(self) -> float:
@@ -82,6 +106,8 @@ class BuildSummary(BaseModel):
         rows += [{"what": "geometry", "value": line.strip()} for line in geometry_lines(self.geometries, indent="")]
         if self.repeated_frames:
             rows.append({"what": "frames repeated", "value": self.repeated_frames})
+        if line := rotation_line(self.rotated):
+            rows.append({"what": "rotated clips", "value": line.removeprefix("rotation").strip()})
         rows += [{"what": f"reason: {r}", "value": n} for r, n in sorted(self.reasons.items())]
         rows += [{"what": f"shard error: {s}", "value": e} for s, e in sorted(self.shard_errors.items())]
         rows += [{"what": f"store retries: {k}", "value": n} for k, n in self.store_retries.items()]
@@ -112,6 +138,8 @@ class BuildSummary(BaseModel):
                 f"frames      {self.repeated_frames} sample(s) had fewer frames than their geometry: frames repeated "
                 "to fill it (a still clip becomes a still video)"
             )
+        if line := rotation_line(self.rotated):
+            lines.append(line)
         if self.text_calls:
             calls = f"{self.text_calls} text-encoder call(s)"
             lines.append(f"text        {self.prompts_encoded} prompt(s) encoded in {calls}")
@@ -139,6 +167,7 @@ def summarize(
     geometries: list[dict[str, Any]],
     repeated_frames: int,
     seconds: float,
+    rotated: dict[str, Any] | None = None,
     run_id: str | None = None,
     own_retries: dict[str, int] | None = None,
 ) -> BuildSummary:
@@ -179,4 +208,5 @@ def summarize(
         repeated_frames=repeated_frames,
         run_id=run_id,
         store_retries=store_retries,
+        rotated=rotated or {},
     )

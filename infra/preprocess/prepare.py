@@ -17,11 +17,13 @@ import numpy as np
 import torch
 
 from infra.config import CacheSpec
+from infra.devices import DTYPES
 from infra.errors import ConfigError, InputError
 from infra.job import Job
 from infra.media.buckets import Bucket, bucket_rule, reference_buckets
 from infra.media.image import is_image, load_rgb, prepare_image
 from infra.media.masks import audio_mask_signal, video_mask
+from infra.media.resize import resize_pixels, resize_policy_of
 from infra.media.temporal import TemporalPolicy, choose_windows, effective_fps, vae_aligned_indices
 from infra.media.video import (
     DEFAULT_LIMITS,
@@ -30,8 +32,6 @@ from infra.media.video import (
     SampledClip,
     head_frames,
     pick_frames,
-    resize_pixels,
-    resize_policy_of,
     sample_frames,
 )
 from infra.models import get_family
@@ -182,11 +182,14 @@ def prepare_video(
     buckets = [Bucket(*b) for b in spec.buckets] if spec.buckets else None
     frames, height, width, bucket = spec.frames, spec.height, spec.width, None
     resize = resize_policy_of(spec.resize)
+    upright = spec.rotate == "auto"  # turned by the display matrix (the consumer's reader does, or --rotate auto)
+    dtype = DTYPES[spec.dtype]  # a consumer scaling its pixels in its VAE's dtype does it in the run's
     if policy.kind == "head":
         if is_image(media):  # a still in a video set: one frame at fps 1.0, as the LTX-2 trainer takes png/jpg
             clip = _still(media, limits)
         else:
-            clip = head_frames(media, max(b.frames for b in buckets) if buckets else spec.frames, limits=limits)
+            count = max(b.frames for b in buckets) if buckets else spec.frames
+            clip = head_frames(media, count, limits=limits, upright=upright)
         if buckets:
             choose = bucket_rule(spec.layout)  # the rule its consumer recomputes the bucket with
             bucket = choose(buckets, len(clip.frames), clip.source_height, clip.source_width)
@@ -194,14 +197,16 @@ def prepare_video(
         if len(clip.frames) < frames and (buckets or policy.short == "skip"):
             raise InputError("clip_too_short", f"the clip decodes to {len(clip.frames)} frame(s); {frames} needed")
         clip = _held(clip, frames)
-        return PreparedVideo(resize_pixels(clip.frames[:frames], height, width, resize), clip, bucket)
+        return PreparedVideo(resize_pixels(clip.frames[:frames], height, width, resize, dtype=dtype), clip, bucket)
     if policy.kind == "span":  # the pixels are made as the frames are decoded: no clip of source frames is held
-        clip = sample_frames(media, spec.frames, limits=limits, target=PixelTarget(height, width, resize))
+        target = PixelTarget(height, width, resize, dtype)
+        clip = sample_frames(media, spec.frames, limits=limits, target=target, upright=upright)
         if clip.source_frames < frames and policy.short == "skip":
             raise InputError("clip_too_short", f"the clip has {clip.source_frames} frame(s); span needs {frames}")
     else:
         choose = functools.partial(_indices, policy, frames, window)
-        clip = pick_frames(media, choose, limits=limits, target=PixelTarget(height, width, resize))
+        target = PixelTarget(height, width, resize, dtype)
+        clip = pick_frames(media, choose, limits=limits, target=target, upright=upright)
     return PreparedVideo(clip.pixels[:, :, :frames], dataclasses.replace(clip, pixels=None), bucket)  # held once
 
 
@@ -237,7 +242,8 @@ def _held(clip: SampledClip, frames: int) -> SampledClip:
 
 def sampling_record(clip: SampledClip) -> dict[str, Any]:
     """What a sample records of its frames: the source's fps, the fps they play at and the source indices, and
-    the display-matrix rotation (degrees counter-clockwise) of a rotated clip, whose frames are kept as stored."""
+    the display-matrix rotation (degrees counter-clockwise) of a rotated clip (its frames as stored, or upright under
+    ``--rotate auto``: the spec says which)."""
     record: dict[str, Any] = {
         "source_fps": round(clip.fps, 6),
         "fps": round(effective_fps(clip.indices, clip.fps), 6),

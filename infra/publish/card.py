@@ -28,7 +28,7 @@ from infra.config import SECTIONS, BuildConfig, CacheSpec
 from infra.errors import ConfigError
 from infra.formats import get_format
 from infra.gates.cachefiles import cache_files
-from infra.media.video import RESIZE_POLICIES
+from infra.media.resize import RESIZE_POLICIES
 from infra.publish.base import LocalFile, Target
 from infra.publish.card_store import card_store, loading_code
 from infra.report_files import REPORTS_DIR, human_bytes

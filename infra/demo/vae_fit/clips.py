@@ -8,7 +8,8 @@ import logging
 import torch
 
 from infra.errors import ConfigError, InputError
-from infra.media.video import frames_to_pixels, sample_frames
+from infra.media.resize import frames_to_pixels
+from infra.media.video import sample_frames
 from infra.sources.base import open_source
 
 logger = logging.getLogger(__name__)
