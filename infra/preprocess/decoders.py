@@ -181,11 +181,11 @@ _job: dict[str, Job] = {}
 #: and a SIGTERM may (`timeout`, a container's stop); the shard stops between samples and shuts its decoders down
 #: (a decoder killed by the signal would break the pool and fail the sample in flight). A decoder whose shard task
 #: is gone (SIGKILL) ends on its pipe's end.
-_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _start_decoder(job: Job) -> None:
-    for signum in _STOPS:
+    for signum in STOPS:
         signal.signal(signum, signal.SIG_IGN)
     torch.set_num_threads(1)  # the parallelism is across samples: one decode, one core
     _job["job"] = job
@@ -196,10 +196,10 @@ def _decode_in_child(media: bytes, roles: dict[str, bytes], window: int | None) 
     try:
         return decode_media(media, roles, window, _job["job"])  # its tensors cross in shared memory
     except Exception as exc:  # noqa: BLE001 - the sample's own error, sent back as itself where it can cross
-        raise _crossable(exc) from None
+        raise crossable(exc) from None
 
 
-def _crossable(exc: Exception) -> Exception:
+def crossable(exc: Exception) -> Exception:
     """`exc` if it survives the pipe as itself, else a RuntimeError naming it (an unpicklable error would break
     the pool, failing every sample in it)."""
     try:

@@ -37,8 +37,9 @@ from infra.job import Job
 from infra.models import LoadedFamily, get_family
 from infra.outstore import StoreOut
 from infra.plan import ShardPlan, parse_only
+from infra.preprocess.alone import tried_alone
 from infra.preprocess.encode import encode_sample, load_encoder
-from infra.preprocess.inflight import InFlight
+from infra.preprocess.inflight import KILLED_RUN, InFlight
 from infra.preprocess.kept import shard_samples
 from infra.preprocess.resume import reusable, selected
 from infra.report_files import human_bytes
@@ -247,14 +248,17 @@ def _check(sample: EncodedSample, written: WrittenSample, job: Job, report: Sani
 
 
 def _trying(
-    report: SanityReport, job: Job, encoder: LoadedFamily, out: Path, repeats: int
+    report: SanityReport, job: Job, encoder: LoadedFamily, out: Path, repeats: int, suspect: str | None
 ) -> Callable[[SampleRef], Any]:
     """The sanity's attempt on one sample: encoded, written and timed; the report names the sample being tried
-    (so an encode error names it) and keeps the time."""
+    (so an encode error names it) and keeps the time. The `suspect` (the sample the last sanity died on) is first
+    decoded alone in a child (`infra.preprocess.alone.tried_alone`), untimed."""
 
     def attempt(ref: SampleRef) -> Any:
         report.sample_key = ref.key
         atomic_write(out / IN_PROGRESS, ref.key.encode(errors="surrogateescape"), replace=True)
+        if ref.key == suspect and (killed := tried_alone(ref, job)) is not None:  # passed over on proof only
+            raise InputError(KILLED_RUN, f"the last sanity died on it, and {killed} (the build tries it)")
         found, report.seconds = _timed(ref, job, encoder, out, repeats)
         fault_point("sanity")
         return found
@@ -288,9 +292,8 @@ class Scan:
     kept: int = 0
 
 
-#: What `candidates` does with a planned sample: passes it over (not selected), skips it (`avoid`), counts it kept,
-#: or tries it.
-_PASS, _AVOID, _KEPT, _TRY = "pass", "avoid", "kept", "try"
+#: What `candidates` does with a planned sample: passes it over (not selected), counts it kept, or tries it.
+_PASS, _KEPT, _TRY = "pass", "kept", "try"
 
 
 def candidates(
@@ -300,16 +303,16 @@ def candidates(
     *,
     spool: Path | None = None,
     pending_only: bool = False,
-    avoid: str | None = None,
 ) -> Iterator[SampleRef]:
     """The samples of the plan's `shards` in plan order (within each shard's quota), listed lazily; `pending_only`:
     only those the build would encode (the shard loop's rule, `resume.wanted`: selected by ``--only`` and not kept
-    from OUT's ledger, those counted in `scan.kept`), and none a run died on; `avoid` (the sample the last sanity
-    died on) is added to `scan.skipped`, as is an unreadable shard. A shard the plan listed whole into its `spool`
-    with no sample to try is not listed again (its kept samples counted from the plan's listing); a tar in a store
-    the plan recorded is made from its records (`infra.preprocess.kept.shard_samples`), its headers not read again."""
+    from OUT's ledger, those counted in `scan.kept`), and no suspect (the build decodes those alone in a child:
+    `infra.preprocess.inflight`); an unreadable shard is added to `scan.skipped`. A shard the plan listed whole into
+    its `spool` with no sample to try is not listed again (its kept samples counted from the plan's listing); a tar in
+    a store the plan recorded is made from its records (`infra.preprocess.kept.shard_samples`), its headers not read
+    again."""
     source = open_source(job.source, job.spec, job.limits)
-    for shard, verdict in _verdicts(job, shards, pending_only, avoid):
+    for shard, verdict in _verdicts(job, shards, pending_only):
         planned = _spooled(spool, shard)
         if planned is not None and all(verdict(key) in (_PASS, _KEPT) for key, _, _ in planned):
             scan.kept += sum(verdict(key) == _KEPT for key, _, _ in planned)
@@ -317,10 +320,8 @@ def candidates(
         try:
             with contextlib.closing(shard_samples(shard, source, spool)) as samples:  # type: ignore[type-var]
                 for ref in itertools.islice(samples, shard.quota):
-                    found = verdict(ref.key, ref)
-                    if found == _AVOID:
-                        scan.skipped.append((ref.key, "killed_run: the last sanity died on it (the build tries it)"))
-                    elif found == _KEPT:
+                    found = verdict(ref.key)
+                    if found == _KEPT:
                         scan.kept += 1
                     elif found == _TRY:
                         yield ref
@@ -331,38 +332,31 @@ def candidates(
 
 @dataclass(frozen=True)
 class _Rule:
-    """What `candidates` does with a sample of one shard, by its key (its listed ref where there is one)."""
+    """What `candidates` does with a sample of one shard, by its key."""
 
     job: Job
     pending_only: bool
-    avoid: str | None
     keys: frozenset[str] | None  # ``--only``'s of the shard
     previous: dict[str, ledger.LedgerRow]
     died: InFlight
 
-    def __call__(self, key: str, ref: SampleRef | None = None) -> str:
+    def __call__(self, key: str) -> str:
         if self.keys is not None and not selected(key, self.keys):
             return _PASS
-        if key == self.avoid:
-            return _AVOID
         row = self.previous.get(key)
-        if self.pending_only and (
-            reusable(row, self.job) or self.died.suspect(key) or self.died.killed(ref or key, row)
-        ):
+        if self.pending_only and (reusable(row, self.job) or self.died.suspect(key, row) or self.died.killed(key, row)):
             return _KEPT
         return _TRY
 
 
-def _verdicts(
-    job: Job, shards: list[ShardPlan], pending_only: bool, avoid: str | None
-) -> Iterator[tuple[ShardPlan, _Rule]]:
+def _verdicts(job: Job, shards: list[ShardPlan], pending_only: bool) -> Iterator[tuple[ShardPlan, _Rule]]:
     """Each planned shard with the rule `candidates` applies to its samples (OUT's ledger read as it comes)."""
     selection = parse_only(job.selection.only) if pending_only else None
     for shard in shards:
         keys = selection.get(shard.id) if selection is not None else None
         marks: ledger.Marks = {}
         previous = ledger.read_shard(job.out, shard.id, marks) if pending_only and outdir.is_dir(job.out, "") else {}
-        yield shard, _Rule(job, pending_only, avoid, keys, previous, InFlight(marks, keys))
+        yield shard, _Rule(job, pending_only, keys, previous, InFlight(marks, keys))
 
 
 def _spooled(spool: Path | None, shard: ShardPlan) -> list[Planned] | None:
@@ -377,7 +371,7 @@ def _left(job: Job, shards: list[ShardPlan], spool: Path | None) -> int:
     """The planned samples a resume still has to encode, by the shard loop's own rule (`candidates`): from the
     plan's listing and the ledgers (a shard it did not spool: a listing of the source), no media read."""
     left = 0
-    for shard, verdict in _verdicts(job, shards, True, None):
+    for shard, verdict in _verdicts(job, shards, True):
         planned = _spooled(spool, shard)
         if planned is None:
             left += sum(1 for _ in candidates(job, [shard], Scan(), pending_only=True))
@@ -447,7 +441,8 @@ def run_sanity(
     device = resolve_device(job.device)
     report = SanityReport(device=str(device), total_samples=sum(s.samples for s in shards))
     scan = Scan(skipped=report.skipped_before)
-    refs = candidates(job, shards, scan, spool=spool, pending_only=pending_only, avoid=_died_on(scratch))
+    refs = candidates(job, shards, scan, spool=spool, pending_only=pending_only)
+    suspect = _died_on(scratch)  # tried alone in a child first: the last sanity's death blames it only on proof
     first = next(refs, None)  # a listing and the ledgers: on a finished cache, no media read and no model loaded
     if pending_only and first is None and scan.kept and not scan.skipped:
         report.nothing_to_encode = report.ok = True
@@ -458,7 +453,7 @@ def run_sanity(
     prepare_sanity_dir(scratch)
     try:
         with peak_memory(device) as peak:
-            attempt = _trying(report, job, encoder, scratch, max(1, repeats))
+            attempt = _trying(report, job, encoder, scratch, max(1, repeats), suspect)
             todo = itertools.chain([first] if first is not None else [], refs)
             found = first_usable(todo, attempt, report.skipped_before)
     except Exception as exc:  # a sample that cannot be encoded or written is the sanity's finding, not a crash
