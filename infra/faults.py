@@ -20,7 +20,7 @@ under its temporary name, not yet linked), ``sample`` (a row journalled: between
 sealed ledger written, its journal not yet removed), ``part`` (a sample appended to an open shard part of the
 webdataset or parquet format, the part not yet in place), ``shard`` (a shard done: between shards), ``verify`` (a
 sample decoded back by decode-and-verify). Reached with a sample's key: ``suspect`` (a child decoding a suspect
-alone, `infra.preprocess.alone`, before it decodes).
+alone, `infra.preprocess.alone`, before it decodes); in such a child before it says it is ready: ``suspect_start``.
 """
 
 from __future__ import annotations

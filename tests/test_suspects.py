@@ -17,9 +17,9 @@ from flows.cli import app
 from flows.terminal_run import run_build
 from infra.cache import ledger
 from infra.cache.ledger import LedgerRow
-from infra.faults import KILL_ON_ENV, LOG_ENV
+from infra.faults import ENV, KILL_ON_ENV, LOG_ENV
 from infra.plan import make_plan
-from infra.preprocess.alone import SUSPECT_POINT, ChildKilled, prepare_alone
+from infra.preprocess.alone import STARTING_POINT, SUSPECT_POINT, ChildKilled, prepare_alone
 from infra.preprocess.inflight import KILLED_RUN, PROOF
 from infra.preprocess.prepare import prepare
 from infra.preprocess.read import RawSample
@@ -106,8 +106,13 @@ def test_a_child_decodes_to_the_bytes_of_this_process_and_its_death_is_the_proof
         prepare_alone(raw, plan.job)
     assert killed.value.signal == "SIGSEGV" and len(killed.value.deaths) == 2
     assert [d["exitcode"] for d in killed.value.evidence()["deaths"]] == [-signal.SIGSEGV] * 2
+    monkeypatch.setenv(ENV, STARTING_POINT)  # every child killed before it is ready: no proof against the sample
+    with pytest.raises(RuntimeError, match="not on it") as failed:
+        prepare_alone(raw, plan.job)
+    assert not isinstance(failed.value, ChildKilled) and "SIGKILL before it was ready" in str(failed.value)
 
 
+@pytest.mark.slow
 def test_a_sample_that_kills_its_child_twice_is_failed_with_the_signal_and_rerun_failed_only_tries_it_again(
     source, tiny_model, reference, tmp_path, monkeypatch
 ):

@@ -4,12 +4,17 @@ the run goes on with the proof.
 
 The sample's bytes are read here, as for any sample (reads are bounded: the cap is checked before the bytes arrive).
 The child decodes and prepares them with the code every decoder runs (`infra.preprocess.prepare.decode_media`, under
-the same limits, torch on one intra-op thread as in a decoder process: the same bytes as in this process) and sends
-back what it made, pickled whole (no shared memory that a dead parent could leave behind), or the sample's own error
-(an `InputError` as itself). This process makes the `PreparedSample` of it, as with a decoder process's answer.
+the same limits) on as many intra-op threads as the calling thread computes with: the same bytes as `prepare` on that
+thread (the resize's rounding depends on how its rows are split among threads: at 33x256², 1 and 2 threads differ by
+6e-8), and sends back what it made, pickled whole (no shared memory that a dead parent could leave behind), or the
+sample's own error (an `InputError` as itself). This process makes the `PreparedSample` of it, as with a decoder
+process's answer.
 
-A child that ends without an answer (killed by a signal, or an exit) is started once more, fresh: a death of its own,
-twice in a row with nothing else in the child, is the proof (`ChildKilled`, each death's process and signal). Both
+A child that ends without an answer (killed by a signal, or an exit) is started once more, fresh: a death on the
+sample, twice in a row with nothing else in the child, is the proof (`ChildKilled`, each death's process and signal).
+A death counts only once the child has said it is ready (started, its job and the sample's bytes taken, about to
+decode): a child that cannot start (an import that fails, the OOM killer picking it while it imports) says nothing
+of the sample, and fails it as an ``encode_error`` (retried by the same command), never as ``killed_run``. Both
 deaths happen in one run: a run that dies between them leaves its mark, and the next run starts the count again.
 The child is started with the spawn context (no fork of a process that holds torch's and Prefect's threads), ignores
 the signals that stop a run (stopping is the shard's, between samples), is killed when the thread that started it
@@ -48,6 +53,8 @@ TRIES = 2
 #: The fault point a child reaches before it decodes, with the sample's key (``LATENTFORGE_KILL_ON``: a test's
 #: sample that kills every child decoding it).
 SUSPECT_POINT = "suspect"
+#: The fault point a child reaches before it says it is ready (a test's child that dies before it could decode).
+STARTING_POINT = "suspect_start"
 #: ``oom_score_adj``'s highest value: the first process the kernel's out-of-memory killer picks.
 OOM_FIRST = 1000
 
@@ -58,6 +65,7 @@ class Death:
 
     pid: int | None
     exitcode: int | None
+    started: bool = True  # it had said it was ready: the sample's decode was under way
 
     def cause(self) -> str:
         """``SIGSEGV``, ``SIGKILL`` ..., or how it exited."""
@@ -70,7 +78,7 @@ class Death:
         return f"exit {code} without an answer"
 
     def text(self) -> str:
-        return f"process {self.pid}: {self.cause()}"
+        return f"process {self.pid}: {self.cause()}" + ("" if self.started else " before it was ready")
 
 
 class ChildKilled(RuntimeError):
@@ -95,7 +103,8 @@ class ChildKilled(RuntimeError):
 
 def prepare_alone(raw: RawSample, job: Job) -> PreparedSample:
     """`prepare(raw, job)`, its decode in a child process (started again once if it dies); raises what preparing
-    raises (an InputError for bad input), or `ChildKilled` when every child died on it."""
+    raises (an InputError for bad input), `ChildKilled` when every child died on it, or a RuntimeError when a child
+    died before it was ready (no proof)."""
     deaths: list[Death] = []
     for _ in range(TRIES):
         answer = _in_child(raw, job)
@@ -107,7 +116,9 @@ def prepare_alone(raw: RawSample, job: Job) -> PreparedSample:
         if not ok:
             raise made
         return prepared_sample(raw, made)
-    raise ChildKilled(raw.ref.key, deaths)
+    if all(death.started for death in deaths):
+        raise ChildKilled(raw.ref.key, deaths)
+    raise RuntimeError(f"the processes to decode it alone ended, not on it: {'; '.join(d.text() for d in deaths)}")
 
 
 def tried_alone(ref: SampleRef, job: Job) -> ChildKilled | None:
@@ -125,25 +136,37 @@ def _in_child(raw: RawSample, job: Job) -> tuple[bool, Any] | Death:
     """One child's answer: (True, `Decoded`), (False, the sample's error), or its `Death`."""
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe(duplex=False)
-    args = (theirs, job, raw.ref.key, raw.media, raw.roles, raw.ref.window)
+    threads = torch.get_num_threads()  # this thread's intra-op team: the child computes with as many
+    args = (theirs, job, threads, raw.ref.key, raw.media, raw.roles, raw.ref.window)
     child = context.Process(target=_child, args=args, name="lf-suspect", daemon=True)
     child.start()
     theirs.close()  # the child's end is the child's alone: its death ends the pipe
     try:
-        data: bytes | None = ours.recv_bytes()
-    except EOFError:
-        data = None
+        ready = _received(ours)  # empty: started, about to decode
+        data = _received(ours) if ready is not None else None
     finally:
         ours.close()
     child.join()
     if data is None:
-        return Death(child.pid, child.exitcode)
+        return Death(child.pid, child.exitcode, started=ready is not None)
     return pickle.loads(data)  # this process's own child's answer, through its own pipe (no file of OUT)
 
 
-def _child(conn: Connection, job: Job, key: str, media: bytes, roles: dict[str, bytes], window: int | None) -> None:
+def _received(conn: Connection) -> bytes | None:
+    """The child's next message, or None when it has ended (its end of the pipe closed with it)."""
+    try:
+        return conn.recv_bytes()
+    except EOFError:
+        return None
+
+
+def _child(
+    conn: Connection, job: Job, threads: int, key: str, media: bytes, roles: dict[str, bytes], window: int | None
+) -> None:
     """The child: settle in (`_settle`), decode the sample, send back what it made or its error, end."""
-    _settle()
+    _settle(threads)
+    fault_point(STARTING_POINT)
+    conn.send_bytes(b"")  # ready: a death from here on is on this sample
     fault_point(SUSPECT_POINT, key)
     answer: tuple[bool, Decoded | Exception]
     try:
@@ -154,9 +177,9 @@ def _child(conn: Connection, job: Job, key: str, media: bytes, roles: dict[str, 
     conn.close()
 
 
-def _settle() -> None:
+def _settle(threads: int) -> None:
     """Ignore the signals that stop a run, die with the thread that started this process, be the out-of-memory
-    killer's first pick, compute on one intra-op thread (as a decoder process)."""
+    killer's first pick, compute on `threads` intra-op threads (the parent's thread's: the same bytes)."""
     for signum in STOPS:
         signal.signal(signum, signal.SIG_IGN)
     if (with_parent := die_with_parent(signal.SIGKILL)) is not None:
@@ -169,4 +192,4 @@ def _settle() -> None:
             fh.write(str(OOM_FIRST))
     except OSError:
         logger.debug("no oom_score_adj here: the out-of-memory killer picks as it would")
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)

@@ -91,6 +91,8 @@ class SanityReport:
     projected_bytes: int = 0
     skipped_before: list[tuple[str, str]] = field(default_factory=list)
     nothing_to_encode: bool = False  # every planned sample is done: no model loaded, no media read
+    #: Of the samples left, those in flight when a run died: the build decodes each alone in a child, not the sanity.
+    suspects: int = 0
     ok: bool = False
     problems: list[str] = field(default_factory=list)
 
@@ -104,6 +106,9 @@ class SanityReport:
         projected = human_bytes(self.projected_bytes)
         if self.nothing_to_encode and self.skipped_before:
             return [("sample", f"none usable left to encode: the others of the {self.total_samples} are done")]
+        if self.nothing_to_encode and self.suspects:
+            alone = "the build decodes each alone in a child process; the others are done"
+            return [("sample", f"none to try here: {self.suspects} left were in flight when a run died ({alone})")]
         if self.nothing_to_encode:
             return [("sample", f"none to encode: all {self.total_samples} planned samples are done")]
         return [
@@ -285,15 +290,18 @@ def _timed(ref: SampleRef, job: Job, encoder: LoadedFamily, out: Path, repeats: 
 @dataclass
 class Scan:
     """What a pass over the plan's samples met before the one it stopped at: samples skipped (key, reason) and
-    unreadable shards, and how many samples OUT's ledger has the sanity pass over (a resume's done samples, and
-    those a run died on: the build tries them alone, `infra.preprocess.inflight`)."""
+    unreadable shards, and how many samples OUT's ledger has the sanity pass over: kept (a resume's done samples, and
+    those proven to kill their decoder) and suspects (in flight when a run died: the build decodes them alone,
+    `infra.preprocess.inflight`)."""
 
     skipped: list[tuple[str, str]] = field(default_factory=list)
     kept: int = 0
+    suspects: int = 0
 
 
-#: What `candidates` does with a planned sample: passes it over (not selected), counts it kept, or tries it.
-_PASS, _KEPT, _TRY = "pass", "kept", "try"
+#: What `candidates` does with a planned sample: passes it over (not selected), counts it kept (done, or proven to kill
+#: its decoder) or a suspect (the build's to decode alone), or tries it.
+_PASS, _KEPT, _SUSPECT, _TRY = "pass", "kept", "suspect", "try"
 
 
 def candidates(
@@ -306,16 +314,17 @@ def candidates(
 ) -> Iterator[SampleRef]:
     """The samples of the plan's `shards` in plan order (within each shard's quota), listed lazily; `pending_only`:
     only those the build would encode (the shard loop's rule, `resume.wanted`: selected by ``--only`` and not kept
-    from OUT's ledger, those counted in `scan.kept`), and no suspect (the build decodes those alone in a child:
-    `infra.preprocess.inflight`); an unreadable shard is added to `scan.skipped`. A shard the plan listed whole into
-    its `spool` with no sample to try is not listed again (its kept samples counted from the plan's listing); a tar in
-    a store the plan recorded is made from its records (`infra.preprocess.kept.shard_samples`), its headers not read
-    again."""
+    from OUT's ledger, those counted in `scan.kept`), and no suspect (counted in `scan.suspects`: the build decodes
+    those alone in a child, `infra.preprocess.inflight`); an unreadable shard is added to `scan.skipped`. A shard the
+    plan listed whole into its `spool` with no sample to try is not listed again (its kept samples counted from the
+    plan's listing); a tar in a store the plan recorded is made from its records (`infra.preprocess.kept.
+    shard_samples`), its headers not read again."""
     source = open_source(job.source, job.spec, job.limits)
     for shard, verdict in _verdicts(job, shards, pending_only):
         planned = _spooled(spool, shard)
-        if planned is not None and all(verdict(key) in (_PASS, _KEPT) for key, _, _ in planned):
+        if planned is not None and all(verdict(key) != _TRY for key, _, _ in planned):
             scan.kept += sum(verdict(key) == _KEPT for key, _, _ in planned)
+            scan.suspects += sum(verdict(key) == _SUSPECT for key, _, _ in planned)
             continue
         try:
             with contextlib.closing(shard_samples(shard, source, spool)) as samples:  # type: ignore[type-var]
@@ -323,6 +332,8 @@ def candidates(
                     found = verdict(ref.key)
                     if found == _KEPT:
                         scan.kept += 1
+                    elif found == _SUSPECT:
+                        scan.suspects += 1
                     elif found == _TRY:
                         yield ref
         except ShardReadError as exc:
@@ -344,7 +355,9 @@ class _Rule:
         if self.keys is not None and not selected(key, self.keys):
             return _PASS
         row = self.previous.get(key)
-        if self.pending_only and (reusable(row, self.job) or self.died.suspect(key, row) or self.died.killed(key, row)):
+        if self.pending_only and self.died.suspect(key, row):
+            return _SUSPECT
+        if self.pending_only and (reusable(row, self.job) or self.died.killed(key, row)):
             return _KEPT
         return _TRY
 
@@ -374,9 +387,10 @@ def _left(job: Job, shards: list[ShardPlan], spool: Path | None) -> int:
     for shard, verdict in _verdicts(job, shards, True):
         planned = _spooled(spool, shard)
         if planned is None:
-            left += sum(1 for _ in candidates(job, [shard], Scan(), pending_only=True))
+            scan = Scan()
+            left += sum(1 for _ in candidates(job, [shard], scan, pending_only=True)) + scan.suspects
         else:
-            left += sum(verdict(key) == _TRY for key, _, _ in planned)
+            left += sum(verdict(key) in (_TRY, _SUSPECT) for key, _, _ in planned)
     return left
 
 
@@ -444,9 +458,10 @@ def run_sanity(
     refs = candidates(job, shards, scan, spool=spool, pending_only=pending_only)
     suspect = _died_on(scratch)  # tried alone in a child first: the last sanity's death blames it only on proof
     first = next(refs, None)  # a listing and the ledgers: on a finished cache, no media read and no model loaded
-    if pending_only and first is None and scan.kept and not scan.skipped:
+    if pending_only and first is None and (scan.kept or scan.suspects) and not scan.skipped:
         report.nothing_to_encode = report.ok = True
-        logger.info("sanity: all %d planned samples are done; nothing to encode", report.total_samples)
+        report.suspects = scan.suspects
+        logger.info("sanity: nothing to try of %d planned samples (%d suspects)", report.total_samples, scan.suspects)
         return report
     prepare_sanity_dir(scratch, create=False)  # refuse before the (slow) model load
     encoder = load_encoder(job)
@@ -465,7 +480,7 @@ def run_sanity(
     report.peak_memory_bytes = peak[0]
     if found is None:
         report.sample_key = None
-        if pending_only and scan.kept:  # a resume whose samples left are all unusable: the build skips them again
+        if pending_only and (scan.kept or scan.suspects):  # a resume's samples left unusable, or the build's
             report.nothing_to_encode = report.ok = True
             logger.info("sanity: no usable sample left to encode (%d skipped)", len(report.skipped_before))
             return report
