@@ -16,23 +16,25 @@ A death counts only once the child has said it is ready (started, its job and th
 decode): a child that cannot start (an import that fails, the OOM killer picking it while it imports) says nothing
 of the sample, and fails it as an ``encode_error`` (retried by the same command), never as ``killed_run``. Both
 deaths happen in one run: a run that dies between them leaves its mark, and the next run starts the count again.
-The child is started with the spawn context (no fork of a process that holds torch's and Prefect's threads), ignores
-the signals that stop a run (stopping is the shard's, between samples), is killed when the thread that started it
-ends (Linux's parent-death signal: a run killed from outside leaves no child decoding on), and offers itself first to
-the kernel's out-of-memory killer (``oom_score_adj`` 1000: a sample that eats the host's memory ends its child, not
-the run). There is no time bound beyond the decoders' own (a clip over ``--max-pixels`` / ``--max-frames`` is refused
+The child is a fresh interpreter (``python -m infra.preprocess.alone``: no fork of a process that holds torch's and
+Prefect's threads, and none of the run's own modules but the decoders' to import: about 2 CPU-s), takes its request
+on stdin and answers on stdout, ignores the signals that stop a run (stopping is the shard's, between samples), and is
+killed when the thread that started it ends (Linux's parent-death signal: a run killed from outside leaves no child
+decoding on). It is given no preference with the kernel's out-of-memory killer: one acting for another process picks
+by size, as for any process (a child made the first pick would be killed, twice, for another's memory: a false
+proof). There is no time bound beyond the decoders' own (a clip over ``--max-pixels`` / ``--max-frames`` is refused
 before it is decoded), as for any decoder.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import pickle
 import signal
+import subprocess
+import sys
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
@@ -55,8 +57,10 @@ TRIES = 2
 SUSPECT_POINT = "suspect"
 #: The fault point a child reaches before it says it is ready (a test's child that dies before it could decode).
 STARTING_POINT = "suspect_start"
-#: ``oom_score_adj``'s highest value: the first process the kernel's out-of-memory killer picks.
-OOM_FIRST = 1000
+#: The child's command: ``python -m`` this module (nothing else of the run imported: torch, the decoders).
+CHILD_MODULE = "infra.preprocess.alone"
+#: What the child writes first, once it is ready to decode.
+READY = b"ready\n"
 
 
 @dataclass(frozen=True)
@@ -134,62 +138,49 @@ def tried_alone(ref: SampleRef, job: Job) -> ChildKilled | None:
 
 def _in_child(raw: RawSample, job: Job) -> tuple[bool, Any] | Death:
     """One child's answer: (True, `Decoded`), (False, the sample's error), or its `Death`."""
-    context = multiprocessing.get_context("spawn")
-    ours, theirs = context.Pipe(duplex=False)
     threads = torch.get_num_threads()  # this thread's intra-op team: the child computes with as many
-    args = (theirs, job, threads, raw.ref.key, raw.media, raw.roles, raw.ref.window)
-    child = context.Process(target=_child, args=args, name="lf-suspect", daemon=True)
-    child.start()
-    theirs.close()  # the child's end is the child's alone: its death ends the pipe
-    try:
-        ready = _received(ours)  # empty: started, about to decode
-        data = _received(ours) if ready is not None else None
-    finally:
-        ours.close()
-    child.join()
-    if data is None:
-        return Death(child.pid, child.exitcode, started=ready is not None)
-    return pickle.loads(data)  # this process's own child's answer, through its own pipe (no file of OUT)
+    request = pickle.dumps((job, threads, raw.ref.key, raw.media, raw.roles, raw.ref.window))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's modules
+    command = [sys.executable, "-m", CHILD_MODULE, str(os.getpid())]
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)  # stderr: the run's
+    out, _ = child.communicate(request)
+    started = out.startswith(READY)
+    if child.returncode != 0 or not started:
+        return Death(child.pid, child.returncode, started=started)
+    return pickle.loads(out[len(READY) :])  # this process's own child's answer, through its own pipe (no file of OUT)
 
 
-def _received(conn: Connection) -> bytes | None:
-    """The child's next message, or None when it has ended (its end of the pipe closed with it)."""
-    try:
-        return conn.recv_bytes()
-    except EOFError:
-        return None
-
-
-def _child(
-    conn: Connection, job: Job, threads: int, key: str, media: bytes, roles: dict[str, bytes], window: int | None
-) -> None:
-    """The child: settle in (`_settle`), decode the sample, send back what it made or its error, end."""
-    _settle(threads)
+def _serve(parent: int) -> None:
+    """The child (``python -m infra.preprocess.alone PARENT_PID``): take the request from stdin, settle in, say it is
+    ready, decode, write back what it made or the sample's error; stdout is the answer's alone (anything else printed
+    goes to stderr)."""
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    _settle(parent)
+    job, threads, key, media, roles, window = pickle.load(sys.stdin.buffer)  # the parent's own request
+    torch.set_num_threads(threads)
     fault_point(STARTING_POINT)
-    conn.send_bytes(b"")  # ready: a death from here on is on this sample
+    answers.write(READY)  # a death from here on is on this sample
+    answers.flush()
     fault_point(SUSPECT_POINT, key)
     answer: tuple[bool, Decoded | Exception]
     try:
         answer = (True, decode_media(media, roles, window, job))
     except Exception as exc:  # noqa: BLE001 - the sample's own error, sent back as itself where it can cross
         answer = (False, crossable(exc))
-    conn.send_bytes(pickle.dumps(answer))
-    conn.close()
+    answers.write(pickle.dumps(answer))
+    answers.close()
 
 
-def _settle(threads: int) -> None:
-    """Ignore the signals that stop a run, die with the thread that started this process, be the out-of-memory
-    killer's first pick, compute on `threads` intra-op threads (the parent's thread's: the same bytes)."""
+def _settle(parent: int) -> None:
+    """Ignore the signals that stop a run, and die with the `parent` (a parent-death signal; gone already: end)."""
     for signum in STOPS:
         signal.signal(signum, signal.SIG_IGN)
     if (with_parent := die_with_parent(signal.SIGKILL)) is not None:
         with_parent()
-    parent = multiprocessing.parent_process()
-    if parent is not None and not parent.is_alive():  # gone before the parent-death signal was asked for
+    if os.getppid() != parent:  # it died before the parent-death signal was asked for
         os._exit(1)
-    try:
-        with open("/proc/self/oom_score_adj", "w", encoding="ascii") as fh:
-            fh.write(str(OOM_FIRST))
-    except OSError:
-        logger.debug("no oom_score_adj here: the out-of-memory killer picks as it would")
-    torch.set_num_threads(threads)
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))
