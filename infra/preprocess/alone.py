@@ -2,13 +2,13 @@
 down on a sample's bytes (a decoder's segfault, a decompression bomb's out-of-memory kill) takes the child down, and
 the run goes on with the proof.
 
-The sample's bytes are read here, as for any sample (reads are bounded: the cap is checked before the bytes arrive).
-The child decodes and prepares them with the code every decoder runs (`infra.preprocess.prepare.decode_media`, under
-the same limits) on as many intra-op threads as the calling thread computes with: the same bytes as `prepare` on that
-thread (the resize's rounding depends on how its rows are split among threads: at 33x256², 1 and 2 threads differ by
-6e-8), and sends back what it made, pickled whole (no shared memory that a dead parent could leave behind), or the
-sample's own error (an `InputError` as itself). This process makes the `PreparedSample` of it, as with a decoder
-process's answer.
+The sample's bytes are read here, as for any sample (reads are bounded: the cap is checked before the bytes arrive). The
+child decodes and prepares them with the code every decoder runs (`infra.preprocess.prepare.decode_media`, under the
+same limits) on as many intra-op threads as the run would have decoded it with where nothing died (a read-ahead
+decoder's team: `infra.preprocess.decoders.decoding_team`; the calling thread's by default): the same bytes (the
+resize's rounding depends on how its rows are split among threads: at 33x256², 1 and 2 threads differ by 6e-8), and
+sends back what it made, pickled whole (no shared memory that a dead parent could leave behind), or the sample's own
+error (an `InputError` as itself). This process makes the `PreparedSample` of it, as with a decoder process's answer.
 
 A child that ends without an answer (killed by a signal, or an exit) is started once more, fresh: a death on the
 sample, twice in a row with nothing else in the child, is the proof (`ChildKilled`, each death's process and signal).
@@ -105,13 +105,15 @@ class ChildKilled(RuntimeError):
         return {"signal": self.signal, "deaths": [{"pid": d.pid, "exitcode": d.exitcode} for d in self.deaths]}
 
 
-def prepare_alone(raw: RawSample, job: Job) -> PreparedSample:
-    """`prepare(raw, job)`, its decode in a child process (started again once if it dies); raises what preparing
-    raises (an InputError for bad input), `ChildKilled` when every child died on it, or a RuntimeError when a child
-    died before it was ready (no proof)."""
+def prepare_alone(raw: RawSample, job: Job, threads: int | None = None) -> PreparedSample:
+    """`prepare(raw, job)`, its decode in a child process (started again once if it dies) on `threads` intra-op
+    threads (None: as many as the calling thread: `prepare`'s bytes on this thread); raises what preparing raises (an
+    InputError for bad input), `ChildKilled` when every child died on it, or a RuntimeError when a child died before
+    it was ready (no proof)."""
+    threads = torch.get_num_threads() if threads is None else threads
     deaths: list[Death] = []
     for _ in range(TRIES):
-        answer = _in_child(raw, job)
+        answer = _in_child(raw, job, threads)
         if isinstance(answer, Death):
             deaths.append(answer)
             logger.warning("sample %s: the process decoding it alone died (%s)", raw.ref.key, answer.text())
@@ -136,9 +138,8 @@ def tried_alone(ref: SampleRef, job: Job) -> ChildKilled | None:
     return None
 
 
-def _in_child(raw: RawSample, job: Job) -> tuple[bool, Any] | Death:
+def _in_child(raw: RawSample, job: Job, threads: int) -> tuple[bool, Any] | Death:
     """One child's answer: (True, `Decoded`), (False, the sample's error), or its `Death`."""
-    threads = torch.get_num_threads()  # this thread's intra-op team: the child computes with as many
     request = pickle.dumps((job, threads, raw.ref.key, raw.media, raw.roles, raw.ref.window))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's modules
     command = [sys.executable, "-m", CHILD_MODULE, str(os.getpid())]

@@ -152,6 +152,17 @@ def decoder_team(default: int, workers: int) -> int:
     return max(1, default // workers)
 
 
+def decoding_team(job: Job, decoders_ahead: bool) -> int:
+    """The intra-op threads a sample of `job` is decoded with where nothing died, read on the shard's thread: a
+    read-ahead decoder's when the shard decodes ahead (1 in a decoder process; a decoder thread's share, of what a new
+    thread starts with: this thread's setting), else this thread's own (the loop prepares it). The resize's rounding
+    depends on it at real sizes: a sample decoded elsewhere (a suspect's child) computes with as many."""
+    own = torch.get_num_threads()
+    if not decoders_ahead:
+        return own
+    return 1 if job.run.decode_pool == "process" else decoder_team(own, job.run.decode_workers)
+
+
 def _start_decoder_thread(workers: int) -> None:
     """A decoder thread's OpenMP team: its share, not torch's whole default each. An OpenMP team's size is the
     calling thread's own setting, which torch gives a thread the first time it computes there (from the process's

@@ -2,16 +2,17 @@
 invariant 9).
 
 Before a sample's bytes are read (on the shard loop's thread, for the read-ahead too) the shard's journal gets a mark
-(`infra.cache.ledger.Journal.mark`); the sample's row follows it when the sample ends. A mark with no row after it
-means the process died with that sample in flight: a decoder that took the process down, an out-of-memory kill, or
-a plain SIGKILL from outside (a spot instance gone, an operator, the OOM killer acting for another process), which
-says nothing about the sample. So a mark blames nobody: the sample is a *suspect*. The next run tries it alone: it is
-not read ahead, and its decode and prepare run in a child process of its own (`infra.preprocess.alone`), the parent
-encoding what the child hands back (the same bytes as in the parent). Only that child dying on it, twice in a row, is
-proof: the sample is recorded ``failed`` / ``killed_run`` with the children's signals in its row (``extra``
-``killed_child``, and the detail), and the same command does not try it again; ``--only`` naming it (``latentforge
-rerun RUN_ID --failed-only``) tries it again on purpose, alone in a child again. A run killed while a suspect's child
-works blames nobody either: its mark stays, and the sample is a suspect again.
+(`infra.cache.ledger.Journal.mark`); the sample's row follows it when the sample ends. A mark with no row after it means
+the process died with that sample in flight: a decoder that took the process down, an out-of-memory kill, or a plain
+SIGKILL from outside (a spot instance gone, an operator, the OOM killer acting for another process), which says nothing
+about the sample. So a mark blames nobody: the sample is a *suspect*. The next run tries it alone: it is not read ahead,
+and its decode and prepare run in a child process of its own (`infra.preprocess.alone`), the parent encoding what the
+child hands back (the same bytes as in the parent; about 2.4 CPU-s more a suspect, the child's start). Only that child
+dying on it, twice in a row within the run (a fresh child right after the first; a child that dies before it says it is
+ready counts for nothing), is proof: the sample is recorded ``failed`` / ``killed_run`` with the children's signals in
+its row (``extra`` ``killed_child``, and the detail), and the same command does not try it again; ``--only`` naming it
+(``latentforge rerun RUN_ID --failed-only``) tries it again on purpose, alone in a child again. A run killed while a
+suspect's child works blames nobody either: its mark stays, and the sample is a suspect again.
 
 A ``killed_run`` row without that proof (written before latentforge decoded suspects in a child, when two deaths of
 the whole process with the sample in flight were taken as proof) is a suspect too: the same command tries it again.
@@ -67,18 +68,19 @@ class InFlight:
 
     def say(self, shard_id: str, previous: dict[str, LedgerRow]) -> None:
         """Log what this shard task will do with its suspects."""
-        unproven = {k for k, row in previous.items() if self.suspect(k, row) and k not in self.marks}
+        again = {k for k, row in previous.items() if self.suspect(k, row) and k not in self.marks}
         if self.marks:
             logger.warning(
                 "shard %s: %d sample(s) were in flight when a run died: each is decoded alone in a child process",
                 shard_id,
                 len(self.marks),
             )
-        if unproven:
+        if again:
             logger.warning(
-                "shard %s: %d %s row(s) without a child's death as proof: each is decoded alone in a child process",
+                "shard %s: %d %s row(s) tried again (no child's death as proof, or named by --only): each is decoded "
+                "alone in a child process",
                 shard_id,
-                len(unproven),
+                len(again),
                 KILLED_RUN,
             )
 

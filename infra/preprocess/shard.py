@@ -39,6 +39,7 @@ from infra.preprocess import phases, resume, write
 from infra.preprocess import record_row as record
 from infra.preprocess.alone import ChildKilled, prepare_alone
 from infra.preprocess.chunks import Chunk
+from infra.preprocess.decoders import decoding_team
 from infra.preprocess.encode import encode, load_encoder, shard_state
 from infra.preprocess.inflight import KILLED_RUN, PROOF, InFlight, blamed_detail
 from infra.preprocess.kept import kept_listing, shard_samples
@@ -396,7 +397,10 @@ def _prepared(ref: SampleRef, job: Job, state: ShardState, alone: bool) -> Prepa
     if taken is None and state.mark is not None:
         state.mark(ref.key)
     raw = taken if taken is not None else read(ref, CaptionRules.of(job.spec))
-    return prepare_alone(raw, job) if alone else prepare(raw, job)
+    if not alone:
+        return prepare(raw, job)
+    ahead = state.ahead is not None and state.ahead.depth > 0  # where nothing died, the read-ahead's decoders had it
+    return prepare_alone(raw, job, decoding_team(job, ahead))
 
 
 def _seal_from_journal(job: Job, shard_id: str, journal: ledger.Journal | ledger.StoreJournal) -> None:
