@@ -24,6 +24,7 @@ from infra.errors import ConfigError, GateFailed
 from infra.gates.conflicts import overwrite_token
 from infra.gates.decision import Decision
 from infra.plan import BuildPlan, make_spec
+from infra.preprocess.inflight import KILLED_RUN
 from tasks.audio_gate import audio_gate
 from tasks.decode_verify import decode_verify
 from tasks.reconcile import reconcile_counts
@@ -75,8 +76,7 @@ def audit(
         if loss.choice == LossChoice.abort:
             failure = LossAborted(
                 f"{recon.shortfall} sample(s) missing from {plan.out} {recon.reasons()}; to accept the loss (recorded "
-                "in the run report), add --on-loss accept to the same command; to fill it, fix what the reasons name "
-                "and run the same command again",
+                f"in the run report), add --on-loss accept to the same command; {_to_fill(recon)}",
                 detail=f"decided: {loss.text()}",
             )
     audio = None
@@ -120,6 +120,22 @@ def audit(
         "decode_headline": decode.headline() if decode is not None else None,
         "decode_strips": [str(p) for p in decode.strip_paths] if decode is not None else [],
     }
+
+
+def _to_fill(recon: ReconcileReport) -> str:
+    """How to fill a shortfall, by its reasons: a ``killed_run`` sample (proven: it took down the process decoding it
+    alone, twice; `infra.preprocess.inflight`) is not tried by the same command again, the others are."""
+    reasons = recon.reasons()
+    killed = reasons.pop(KILLED_RUN, 0)
+    ways = ["to fill it, fix what the reasons name and run the same command again"] if reasons else []
+    if killed:
+        run = flow_run.get_id() or "RUN_ID"
+        ways.append(
+            f"the {killed} {KILLED_RUN} sample(s) took down, twice, the process that decoded them alone (their rows "
+            f"name the signal): the same command does not try them again; to try them again: latentforge rerun {run} "
+            "--failed-only"
+        )
+    return "; ".join(ways)
 
 
 def _loss_decision(plan: BuildPlan, recon: ReconcileReport) -> Decision:

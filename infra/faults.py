@@ -5,6 +5,9 @@ is two environment lookups. Points are chosen by progress, not by clock, so a ki
 on any machine.
 
 ``LATENTFORGE_KILL_FILE=FILE`` kills, once, the first process to reach the point FILE names.
+``LATENTFORGE_KILL_ON=POINT[:SIGNAL]=KEY`` kills the process (SIGKILL, or the signal named: ``SIGSEGV``) at every hit of
+POINT while it is on sample KEY (a point reached with its sample's key): a sample that takes down every process that
+decodes it, as a decoder crash on its bytes would (how a test makes a suspect's child die: ``suspect``).
 ``LATENTFORGE_FAIL_AT=POINT[:N]`` raises `InjectedFault` at the N-th hit of POINT and at every hit after it: a fault
 that stays, as a device that broke mid-run does (how a test makes a shard's encodes fail from a chosen sample on).
 ``LATENTFORGE_HOLD_AT=POINT[:N]=FILE`` holds a process at POINT (only at its N-th hit, where N is given) while FILE
@@ -16,7 +19,8 @@ frames decoded, not yet encoded), ``encode`` (encoded, not yet written), ``write
 under its temporary name, not yet linked), ``sample`` (a row journalled: between samples), ``seal`` (a shard's
 sealed ledger written, its journal not yet removed), ``part`` (a sample appended to an open shard part of the
 webdataset or parquet format, the part not yet in place), ``shard`` (a shard done: between shards), ``verify`` (a
-sample decoded back by decode-and-verify).
+sample decoded back by decode-and-verify). Reached with a sample's key: ``suspect`` (a child decoding a suspect
+alone, `infra.preprocess.alone`, before it decodes); in such a child before it says it is ready: ``suspect_start``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ POINTS = ("plan", "sanity", "decode", "encode", "write", "sample", "seal", "shar
 #: A file holding a point's name: the first process (of any on the host or shared file system) to reach that point
 #: removes the file and is killed there, once (how a test kills one Ray worker mid-shard, whichever runs it).
 KILL_FILE_ENV = "LATENTFORGE_KILL_FILE"
+KILL_ON_ENV = "LATENTFORGE_KILL_ON"
 HOLD_ENV = "LATENTFORGE_HOLD_AT"
 FAIL_ENV = "LATENTFORGE_FAIL_AT"
 HOLD_MAX_S = 120.0
@@ -45,12 +50,15 @@ _held: Counter[str] = Counter()  # hits per hold setting (a new FILE counts afre
 _lock = threading.Lock()
 
 
-def fault_point(name: str) -> None:
+def fault_point(name: str, key: str | None = None) -> None:
     """SIGKILL this process here if ``LATENTFORGE_KILL_AT`` names this point and this is its N-th hit, or if the
-    ``LATENTFORGE_KILL_FILE`` names this point and this process is the first to claim it."""
+    ``LATENTFORGE_KILL_FILE`` names this point and this process is the first to claim it; kill it with the signal
+    ``LATENTFORGE_KILL_ON`` names if it names this point and sample `key`."""
     if log := os.environ.get(LOG_ENV):
         with _lock, open(log, "a", encoding="utf-8") as fh:
             fh.write(name + "\n")
+    if key is not None and (kill_on := os.environ.get(KILL_ON_ENV)):
+        _kill_on(kill_on, name, key)
     if hold := os.environ.get(HOLD_ENV):
         _hold(hold, name)
     if (kill_file := os.environ.get(KILL_FILE_ENV)) and _claimed(kill_file, name):
@@ -67,6 +75,14 @@ def fault_point(name: str) -> None:
         _hits[name] += 1
         if _hits[name] == int(nth or 1):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_on(spec: str, name: str, key: str) -> None:
+    """Kill this process with SIGNAL if ``POINT[:SIGNAL]=KEY`` names point `name` and sample `key`."""
+    where, _, wanted = spec.partition("=")
+    point, _, signame = where.partition(":")
+    if point == name and wanted == key:
+        os.kill(os.getpid(), signal.Signals[signame or "SIGKILL"])
 
 
 class InjectedFault(RuntimeError):

@@ -1,6 +1,7 @@
 """Every sample accounted for, and counts that are true (issue 38): the plan is what reconciliation expects, a shard
 deleted or cut mid-run leaves a row per planned sample, a read-only OUT stops the run with one line, a crashed
-shard's samples are counted failed, and a sample that killed two runs is recorded failed instead of killing the next.
+shard's samples are counted failed, and a sample is blamed only on proof: those in flight when runs were killed are
+decoded alone in a child, and only one every such child dies on is recorded failed instead of killing the next run.
 Real builds over real clips with the tiny Wan2.2 model; moments chosen with the kill and hold points of
 `infra.faults`."""
 
@@ -25,8 +26,10 @@ from hypothesis import strategies as st
 from flows.terminal_run import run_build
 from infra.audit.run_report import latest_run_report
 from infra.cache import ledger, listing
-from infra.faults import ENV, FAIL_ENV, HOLD_ENV, LOG_ENV
+from infra.faults import ENV, FAIL_ENV, HOLD_ENV, KILL_ON_ENV, LOG_ENV
 from infra.plan import make_plan, recorded_plan
+from infra.preprocess.alone import SUSPECT_POINT
+from infra.preprocess.inflight import KILLED_RUN, PROOF
 from infra.preprocess.one_sample import IN_PROGRESS, prepare_sanity_dir, sanity_dir
 from infra.publish.manifest import gate_problems
 from infra.sources import ShardReadError, open_source
@@ -240,7 +243,9 @@ def _in_progress(out: Path, shard: str) -> dict[str, int]:
 
 
 @pytest.mark.soak  # tens of seconds of real builds: make soak (the suite stays under 15 minutes)
-def test_a_sample_the_run_died_on_twice_is_recorded_failed_and_the_next_run_completes(tmp_path, tiny_model, video):
+def test_samples_in_flight_at_two_kills_are_not_blamed_and_one_that_kills_its_child_is_failed_on_proof(
+    tmp_path, tiny_model, video, monkeypatch
+):
     src = _source(tmp_path / "src", video, {"a": 4, "z": 2})
     out, home = tmp_path / "out", tmp_path / "home"
     planned = _listed_now(config(src, tiny_model, out))
@@ -249,24 +254,27 @@ def test_a_sample_the_run_died_on_twice_is_recorded_failed_and_the_next_run_comp
         "--frames", str(FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH), "--device", "cpu", "--dtype", "fp32",
         "--workers", "1", "--decode-samples", "0", "--on-loss", "accept",
     ]  # fmt: skip
-    # 1. killed mid-decode of a's second sample (the sanity's decode, a's first, then it), read-ahead ones in flight
-    _killed_cli(cmd, cli_env(home, **{ENV: "decode:3"}), tmp_path, "first")
+    # 1. killed from outside mid-decode of a's second sample (the sanity's decode, a's first, then it), read-ahead
+    # ones in flight
+    _killed_cli(cmd, cli_env(home, **{ENV: "decode:2"}), tmp_path, "first")
     first = _in_progress(out, "a")
     assert len(first) >= 1 and set(first.values()) == {1}, first
     (src / "z.tar").unlink()  # and a shard the killed run planned and never reached vanishes before the resume
-    # 2. the resume tries each of them again, alone: the first of them in a's order is the one that dies again
-    _killed_cli(cmd, cli_env(home, **{ENV: "decode:2"}), tmp_path, "second")
-    twice = [key for key, deaths in _in_progress(out, "a").items() if deaths == 2]
-    assert len(twice) == 1, _in_progress(out, "a")
-    # 3. the next run records it failed, without reading it, and finishes the others
+    # 2. the resume decodes each of them alone, in a child; it is killed from outside once the first is back (the
+    # sanity has none to try: a's are suspects, z is gone)
+    _killed_cli(cmd, cli_env(home, **{ENV: "decode:1"}), tmp_path, "second")
+    twice = sorted(key for key, deaths in _in_progress(out, "a").items() if deaths == 2)
+    assert twice, _in_progress(out, "a")
+    # 3. two kills from outside blame nobody; a sample whose every child dies (a decoder crash on its bytes) is failed
+    bad = twice[0]
+    monkeypatch.setenv(KILL_ON_ENV, f"{SUSPECT_POINT}:SIGSEGV={bad}")
     ok, result = run_build(config(src, tiny_model, out, workers=1))
     assert ok, result
     rows = ledger.read_shard(out, "a")
-    killed = rows[twice[0]]
-    assert (killed.status, killed.reason) == ("failed", "killed_run") and "2 runs died" in killed.detail
-    assert f"latentforge rerun {result['run_id']} --failed-only" in killed.detail
-    assert killed.source.read_sha256 == {}  # never read again
-    assert all(row.status == "done" for key, row in rows.items() if key != killed.key)
+    killed = rows[bad]
+    assert (killed.status, killed.reason, killed.extra[PROOF]["signal"]) == ("failed", KILLED_RUN, "SIGSEGV"), killed
+    assert f"latentforge rerun {result['run_id']} --failed-only" in killed.detail and "SIGSEGV" in killed.detail
+    assert all(row.status == "done" for key, row in rows.items() if key != bad), rows
     assert {row.reason for row in ledger.read_shard(out, "z").values()} == {"shard_vanished"}  # planned by run 1
     assert (result["done"], result["failed"], result["skipped"]) == (3, 1, 2), result
     _assert_each_planned_sample_has_one_row(out, planned)
@@ -316,8 +324,8 @@ def _assert_the_plan_is_what_is_counted(cfg, planned: dict[str, list[str]]) -> N
     assert reconciled(recorded_plan(cfg)).expected == expected
 
 
-def test_a_sample_the_sanity_died_on_is_passed_over_by_the_next_sanity_and_built_by_the_shard(
-    tmp_path, tiny_model, video
+def test_a_sample_the_sanity_died_on_is_decoded_alone_by_the_next_sanity_and_passed_over_only_on_proof(
+    tmp_path, tiny_model, video, monkeypatch
 ):
     src = _source(tmp_path / "src", video, {"a": 2})
     cfg = config(src, tiny_model, tmp_path / "out", workers=1)
@@ -325,8 +333,18 @@ def test_a_sample_the_sanity_died_on_is_passed_over_by_the_next_sanity_and_built
     scratch = sanity_dir(Path(cfg.out))  # what a sanity killed on `first` leaves: its scratch, its mark
     prepare_sanity_dir(scratch)
     (scratch / IN_PROGRESS).write_text(first)
+    monkeypatch.setenv(KILL_ON_ENV, f"{SUSPECT_POINT}={first}")  # every child that decodes it dies
     ok, result = run_build(cfg)
-    assert ok and result["done"] == 2, result
+    assert ok and result["done"] == 2, result  # the shard builds it (in this process: no kill point there)
     (key, why), *_ = result["sanity"]["skipped_before"]
-    assert key == first and why.startswith("killed_run")
+    assert key == first and why.startswith(KILLED_RUN)
     assert result["sanity"]["sample_key"] != first and not (scratch / IN_PROGRESS).exists()
+    # killed from outside, a sanity blames nobody: its sample is decoded alone once more, and taken
+    monkeypatch.delenv(KILL_ON_ENV)
+    cfg = config(src, tiny_model, tmp_path / "again", workers=1)
+    scratch = sanity_dir(Path(cfg.out))
+    prepare_sanity_dir(scratch)
+    (scratch / IN_PROGRESS).write_text(first)
+    ok, result = run_build(cfg)
+    assert ok and result["done"] == 2 and result["sanity"]["skipped_before"] == [], result
+    assert result["sanity"]["sample_key"] == first and not (scratch / IN_PROGRESS).exists()

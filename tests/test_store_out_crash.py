@@ -24,8 +24,10 @@ from infra import outstore
 from infra.cache import ledger
 from infra.cache.cachedir import CACHE_JSON, PENDING_JSON
 from infra.cache.lock import LEASE_ENV, LOCK_NAME, LockedError, check_not_locked
-from infra.faults import ENV, HOLD_ENV, LOG_ENV
+from infra.faults import ENV, HOLD_ENV, KILL_ON_ENV, LOG_ENV
 from infra.outstore import StoreOut
+from infra.preprocess.alone import SUSPECT_POINT
+from infra.preprocess.inflight import KILLED_RUN, PROOF
 from tests.conftest import FRAMES, HEIGHT, WIDTH, assert_same_cache, config, make_shards, sample, tree_files
 from tests.media_utils import cut_clip
 from tests.procs import cli_env
@@ -136,25 +138,29 @@ def test_a_build_killed_mid_shard_resumes_on_s3_to_the_bytes_of_an_uninterrupted
 
 
 @pytest.mark.soak  # two killed builds and a third (~45 s here), as its local twin in tests/test_accounting.py
-def test_a_sample_that_kills_the_build_is_seen_in_progress_on_s3_and_after_two_deaths_recorded_failed(
-    s3, source, tiny_model, tmp_path
+def test_samples_in_flight_at_two_kills_on_s3_are_not_blamed_and_one_that_kills_its_child_is_failed_on_proof(
+    s3, source, tiny_model, tmp_path, monkeypatch
 ):
     url = f"s3://{BUCKET}/killer"
     out = StoreOut.of(url)
     cmd = _cli(source, tiny_model, url)
-    # 1. killed mid-decode of a's second sample (the sanity's decode, a's first, then it): its mark was put before
+    # 1. killed from outside mid-decode of a's second sample (the sanity's decode, a's first, then it): its mark was put
     _killed(cmd, tmp_path, "first", **{ENV: "decode:3"})
     first = _in_progress(out, "a")
     assert first and set(first.values()) == {1}, first
-    # 2. the rerun tries each of them again, alone: the first of them in a's order dies again
+    # 2. the rerun decodes each of them alone, in a child; it is killed from outside once the first is back (the
+    # sanity's decode of b's first, then it)
     _killed(cmd, tmp_path, "second", **{ENV: "decode:2"})
-    twice = [key for key, deaths in _in_progress(out, "a").items() if deaths == 2]
-    assert len(twice) == 1, _in_progress(out, "a")
-    # 3. the next run records it failed with its reason, without reading it, and finishes the others
+    twice = sorted(key for key, deaths in _in_progress(out, "a").items() if deaths == 2)
+    assert twice, _in_progress(out, "a")
+    # 3. two kills from outside blame nobody; a sample whose every child dies is failed, its signal the proof
+    monkeypatch.setenv(KILL_ON_ENV, f"{SUSPECT_POINT}={twice[0]}")
     ok, result = run_build(config(source, tiny_model, url, workers=1))  # type: ignore[arg-type]
     assert ok, result
-    killed = ledger.read_shard(out, "a")[twice[0]]
-    assert (killed.status, killed.reason) == ("failed", "killed_run") and "2 runs died" in killed.detail, killed
+    rows = ledger.read_shard(out, "a")
+    killed = rows[twice[0]]
+    assert (killed.status, killed.reason, killed.extra[PROOF]["signal"]) == ("failed", KILLED_RUN, "SIGKILL"), killed
+    assert all(row.status == "done" for key, row in rows.items() if key != twice[0]), rows
     assert result["done"] == SAMPLES - 1, result
 
 

@@ -152,6 +152,17 @@ def decoder_team(default: int, workers: int) -> int:
     return max(1, default // workers)
 
 
+def decoding_team(job: Job, decoders_ahead: bool) -> int:
+    """The intra-op threads a sample of `job` is decoded with where nothing died, read on the shard's thread: a
+    read-ahead decoder's when the shard decodes ahead (1 in a decoder process; a decoder thread's share, of what a new
+    thread starts with: this thread's setting), else this thread's own (the loop prepares it). The resize's rounding
+    depends on it at real sizes: a sample decoded elsewhere (a suspect's child) computes with as many."""
+    own = torch.get_num_threads()
+    if not decoders_ahead:
+        return own
+    return 1 if job.run.decode_pool == "process" else decoder_team(own, job.run.decode_workers)
+
+
 def _start_decoder_thread(workers: int) -> None:
     """A decoder thread's OpenMP team: its share, not torch's whole default each. An OpenMP team's size is the
     calling thread's own setting, which torch gives a thread the first time it computes there (from the process's
@@ -181,11 +192,11 @@ _job: dict[str, Job] = {}
 #: and a SIGTERM may (`timeout`, a container's stop); the shard stops between samples and shuts its decoders down
 #: (a decoder killed by the signal would break the pool and fail the sample in flight). A decoder whose shard task
 #: is gone (SIGKILL) ends on its pipe's end.
-_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _start_decoder(job: Job) -> None:
-    for signum in _STOPS:
+    for signum in STOPS:
         signal.signal(signum, signal.SIG_IGN)
     torch.set_num_threads(1)  # the parallelism is across samples: one decode, one core
     _job["job"] = job
@@ -196,10 +207,10 @@ def _decode_in_child(media: bytes, roles: dict[str, bytes], window: int | None) 
     try:
         return decode_media(media, roles, window, _job["job"])  # its tensors cross in shared memory
     except Exception as exc:  # noqa: BLE001 - the sample's own error, sent back as itself where it can cross
-        raise _crossable(exc) from None
+        raise crossable(exc) from None
 
 
-def _crossable(exc: Exception) -> Exception:
+def crossable(exc: Exception) -> Exception:
     """`exc` if it survives the pipe as itself, else a RuntimeError naming it (an unpicklable error would break
     the pool, failing every sample in it)."""
     try:

@@ -37,8 +37,9 @@ from infra.job import Job
 from infra.models import LoadedFamily, get_family
 from infra.outstore import StoreOut
 from infra.plan import ShardPlan, parse_only
+from infra.preprocess.alone import tried_alone
 from infra.preprocess.encode import encode_sample, load_encoder
-from infra.preprocess.inflight import InFlight
+from infra.preprocess.inflight import KILLED_RUN, InFlight
 from infra.preprocess.kept import shard_samples
 from infra.preprocess.resume import reusable, selected
 from infra.report_files import human_bytes
@@ -90,6 +91,8 @@ class SanityReport:
     projected_bytes: int = 0
     skipped_before: list[tuple[str, str]] = field(default_factory=list)
     nothing_to_encode: bool = False  # every planned sample is done: no model loaded, no media read
+    #: Of the samples left, those in flight when a run died: the build decodes each alone in a child, not the sanity.
+    suspects: int = 0
     ok: bool = False
     problems: list[str] = field(default_factory=list)
 
@@ -103,6 +106,9 @@ class SanityReport:
         projected = human_bytes(self.projected_bytes)
         if self.nothing_to_encode and self.skipped_before:
             return [("sample", f"none usable left to encode: the others of the {self.total_samples} are done")]
+        if self.nothing_to_encode and self.suspects:
+            alone = "the build decodes each alone in a child process; the others are done"
+            return [("sample", f"none to try here: {self.suspects} left were in flight when a run died ({alone})")]
         if self.nothing_to_encode:
             return [("sample", f"none to encode: all {self.total_samples} planned samples are done")]
         return [
@@ -247,14 +253,17 @@ def _check(sample: EncodedSample, written: WrittenSample, job: Job, report: Sani
 
 
 def _trying(
-    report: SanityReport, job: Job, encoder: LoadedFamily, out: Path, repeats: int
+    report: SanityReport, job: Job, encoder: LoadedFamily, out: Path, repeats: int, suspect: str | None
 ) -> Callable[[SampleRef], Any]:
     """The sanity's attempt on one sample: encoded, written and timed; the report names the sample being tried
-    (so an encode error names it) and keeps the time."""
+    (so an encode error names it) and keeps the time. The `suspect` (the sample the last sanity died on) is first
+    decoded alone in a child (`infra.preprocess.alone.tried_alone`), untimed."""
 
     def attempt(ref: SampleRef) -> Any:
         report.sample_key = ref.key
         atomic_write(out / IN_PROGRESS, ref.key.encode(errors="surrogateescape"), replace=True)
+        if ref.key == suspect and (killed := tried_alone(ref, job)) is not None:  # passed over on proof only
+            raise InputError(KILLED_RUN, f"the last sanity died on it, and {killed} (the build tries it)")
         found, report.seconds = _timed(ref, job, encoder, out, repeats)
         fault_point("sanity")
         return found
@@ -281,16 +290,18 @@ def _timed(ref: SampleRef, job: Job, encoder: LoadedFamily, out: Path, repeats: 
 @dataclass
 class Scan:
     """What a pass over the plan's samples met before the one it stopped at: samples skipped (key, reason) and
-    unreadable shards, and how many samples OUT's ledger has the sanity pass over (a resume's done samples, and
-    those a run died on: the build tries them alone, `infra.preprocess.inflight`)."""
+    unreadable shards, and how many samples OUT's ledger has the sanity pass over: kept (a resume's done samples, and
+    those proven to kill their decoder) and suspects (in flight when a run died: the build decodes them alone,
+    `infra.preprocess.inflight`)."""
 
     skipped: list[tuple[str, str]] = field(default_factory=list)
     kept: int = 0
+    suspects: int = 0
 
 
-#: What `candidates` does with a planned sample: passes it over (not selected), skips it (`avoid`), counts it kept,
-#: or tries it.
-_PASS, _AVOID, _KEPT, _TRY = "pass", "avoid", "kept", "try"
+#: What `candidates` does with a planned sample: passes it over (not selected), counts it kept (done, or proven to kill
+#: its decoder) or a suspect (the build's to decode alone), or tries it.
+_PASS, _KEPT, _SUSPECT, _TRY = "pass", "kept", "suspect", "try"
 
 
 def candidates(
@@ -300,28 +311,29 @@ def candidates(
     *,
     spool: Path | None = None,
     pending_only: bool = False,
-    avoid: str | None = None,
 ) -> Iterator[SampleRef]:
     """The samples of the plan's `shards` in plan order (within each shard's quota), listed lazily; `pending_only`:
     only those the build would encode (the shard loop's rule, `resume.wanted`: selected by ``--only`` and not kept
-    from OUT's ledger, those counted in `scan.kept`), and none a run died on; `avoid` (the sample the last sanity
-    died on) is added to `scan.skipped`, as is an unreadable shard. A shard the plan listed whole into its `spool`
-    with no sample to try is not listed again (its kept samples counted from the plan's listing); a tar in a store
-    the plan recorded is made from its records (`infra.preprocess.kept.shard_samples`), its headers not read again."""
+    from OUT's ledger, those counted in `scan.kept`), and no suspect (counted in `scan.suspects`: the build decodes
+    those alone in a child, `infra.preprocess.inflight`); an unreadable shard is added to `scan.skipped`. A shard the
+    plan listed whole into its `spool` with no sample to try is not listed again (its kept samples counted from the
+    plan's listing); a tar in a store the plan recorded is made from its records (`infra.preprocess.kept.
+    shard_samples`), its headers not read again."""
     source = open_source(job.source, job.spec, job.limits)
-    for shard, verdict in _verdicts(job, shards, pending_only, avoid):
+    for shard, verdict in _verdicts(job, shards, pending_only):
         planned = _spooled(spool, shard)
-        if planned is not None and all(verdict(key) in (_PASS, _KEPT) for key, _, _ in planned):
+        if planned is not None and all(verdict(key) != _TRY for key, _, _ in planned):
             scan.kept += sum(verdict(key) == _KEPT for key, _, _ in planned)
+            scan.suspects += sum(verdict(key) == _SUSPECT for key, _, _ in planned)
             continue
         try:
             with contextlib.closing(shard_samples(shard, source, spool)) as samples:  # type: ignore[type-var]
                 for ref in itertools.islice(samples, shard.quota):
-                    found = verdict(ref.key, ref)
-                    if found == _AVOID:
-                        scan.skipped.append((ref.key, "killed_run: the last sanity died on it (the build tries it)"))
-                    elif found == _KEPT:
+                    found = verdict(ref.key)
+                    if found == _KEPT:
                         scan.kept += 1
+                    elif found == _SUSPECT:
+                        scan.suspects += 1
                     elif found == _TRY:
                         yield ref
         except ShardReadError as exc:
@@ -331,38 +343,33 @@ def candidates(
 
 @dataclass(frozen=True)
 class _Rule:
-    """What `candidates` does with a sample of one shard, by its key (its listed ref where there is one)."""
+    """What `candidates` does with a sample of one shard, by its key."""
 
     job: Job
     pending_only: bool
-    avoid: str | None
     keys: frozenset[str] | None  # ``--only``'s of the shard
     previous: dict[str, ledger.LedgerRow]
     died: InFlight
 
-    def __call__(self, key: str, ref: SampleRef | None = None) -> str:
+    def __call__(self, key: str) -> str:
         if self.keys is not None and not selected(key, self.keys):
             return _PASS
-        if key == self.avoid:
-            return _AVOID
         row = self.previous.get(key)
-        if self.pending_only and (
-            reusable(row, self.job) or self.died.suspect(key) or self.died.killed(ref or key, row)
-        ):
+        if self.pending_only and self.died.suspect(key, row):
+            return _SUSPECT
+        if self.pending_only and (reusable(row, self.job) or self.died.killed(key, row)):
             return _KEPT
         return _TRY
 
 
-def _verdicts(
-    job: Job, shards: list[ShardPlan], pending_only: bool, avoid: str | None
-) -> Iterator[tuple[ShardPlan, _Rule]]:
+def _verdicts(job: Job, shards: list[ShardPlan], pending_only: bool) -> Iterator[tuple[ShardPlan, _Rule]]:
     """Each planned shard with the rule `candidates` applies to its samples (OUT's ledger read as it comes)."""
     selection = parse_only(job.selection.only) if pending_only else None
     for shard in shards:
         keys = selection.get(shard.id) if selection is not None else None
         marks: ledger.Marks = {}
         previous = ledger.read_shard(job.out, shard.id, marks) if pending_only and outdir.is_dir(job.out, "") else {}
-        yield shard, _Rule(job, pending_only, avoid, keys, previous, InFlight(marks, keys))
+        yield shard, _Rule(job, pending_only, keys, previous, InFlight(marks, keys))
 
 
 def _spooled(spool: Path | None, shard: ShardPlan) -> list[Planned] | None:
@@ -377,12 +384,13 @@ def _left(job: Job, shards: list[ShardPlan], spool: Path | None) -> int:
     """The planned samples a resume still has to encode, by the shard loop's own rule (`candidates`): from the
     plan's listing and the ledgers (a shard it did not spool: a listing of the source), no media read."""
     left = 0
-    for shard, verdict in _verdicts(job, shards, True, None):
+    for shard, verdict in _verdicts(job, shards, True):
         planned = _spooled(spool, shard)
         if planned is None:
-            left += sum(1 for _ in candidates(job, [shard], Scan(), pending_only=True))
+            scan = Scan()
+            left += sum(1 for _ in candidates(job, [shard], scan, pending_only=True)) + scan.suspects
         else:
-            left += sum(verdict(key) == _TRY for key, _, _ in planned)
+            left += sum(verdict(key) in (_TRY, _SUSPECT) for key, _, _ in planned)
     return left
 
 
@@ -447,18 +455,20 @@ def run_sanity(
     device = resolve_device(job.device)
     report = SanityReport(device=str(device), total_samples=sum(s.samples for s in shards))
     scan = Scan(skipped=report.skipped_before)
-    refs = candidates(job, shards, scan, spool=spool, pending_only=pending_only, avoid=_died_on(scratch))
+    refs = candidates(job, shards, scan, spool=spool, pending_only=pending_only)
+    suspect = _died_on(scratch)  # tried alone in a child first: the last sanity's death blames it only on proof
     first = next(refs, None)  # a listing and the ledgers: on a finished cache, no media read and no model loaded
-    if pending_only and first is None and scan.kept and not scan.skipped:
+    if pending_only and first is None and (scan.kept or scan.suspects) and not scan.skipped:
         report.nothing_to_encode = report.ok = True
-        logger.info("sanity: all %d planned samples are done; nothing to encode", report.total_samples)
+        report.suspects = scan.suspects
+        logger.info("sanity: nothing to try of %d planned samples (%d suspects)", report.total_samples, scan.suspects)
         return report
     prepare_sanity_dir(scratch, create=False)  # refuse before the (slow) model load
     encoder = load_encoder(job)
     prepare_sanity_dir(scratch)
     try:
         with peak_memory(device) as peak:
-            attempt = _trying(report, job, encoder, scratch, max(1, repeats))
+            attempt = _trying(report, job, encoder, scratch, max(1, repeats), suspect)
             todo = itertools.chain([first] if first is not None else [], refs)
             found = first_usable(todo, attempt, report.skipped_before)
     except Exception as exc:  # a sample that cannot be encoded or written is the sanity's finding, not a crash
@@ -470,7 +480,7 @@ def run_sanity(
     report.peak_memory_bytes = peak[0]
     if found is None:
         report.sample_key = None
-        if pending_only and scan.kept:  # a resume whose samples left are all unusable: the build skips them again
+        if pending_only and (scan.kept or scan.suspects):  # a resume's samples left unusable, or the build's
             report.nothing_to_encode = report.ok = True
             logger.info("sanity: no usable sample left to encode (%d skipped)", len(report.skipped_before))
             return report

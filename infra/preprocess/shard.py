@@ -37,9 +37,11 @@ from infra.outstore import StoreOut
 from infra.plan import ShardPlan, parse_only
 from infra.preprocess import phases, resume, write
 from infra.preprocess import record_row as record
+from infra.preprocess.alone import ChildKilled, prepare_alone
 from infra.preprocess.chunks import Chunk
+from infra.preprocess.decoders import decoding_team
 from infra.preprocess.encode import encode, load_encoder, shard_state
-from infra.preprocess.inflight import KILLED_RUN, InFlight
+from infra.preprocess.inflight import KILLED_RUN, PROOF, InFlight, blamed_detail
 from infra.preprocess.kept import kept_listing, shard_samples
 from infra.preprocess.prefetch import read_ahead
 from infra.preprocess.prepare import PreparedSample, prepare
@@ -127,7 +129,7 @@ def process_shard(
     if chunk is not None:
         previous.update(ledger.read_shard(job.out, ledger_id, marks))  # an interrupted run's part of this chunk
     inflight = InFlight(marks, keys)
-    inflight.say(shard.id)
+    inflight.say(shard.id, previous)
     rows: dict[str, LedgerRow] = dict(previous) if chunk is None else {}  # unvisited rows are kept (a chunk: merge)
     get_encoder = functools.cache(functools.partial(load_encoder, job))  # loaded on first use only, then held
     state = shard_state(job, run or RunState(shard.id))
@@ -218,9 +220,10 @@ def _planned(shard: ShardPlan, first: int, stop: int | None) -> int:
 
 
 def _wanted(loop: _Loop, ref: SampleRef) -> bool:
-    """Whether the read-ahead takes `ref`: one the build encodes (`resume.wanted`) that no run died on."""
+    """Whether the read-ahead takes `ref`: one the build encodes (`resume.wanted`) that is neither a suspect (tried
+    alone when its turn comes) nor proven to kill its decoder."""
     previous = loop.previous.get(ref.key)
-    if loop.inflight.suspect(ref.key) or loop.inflight.killed(ref, previous):
+    if loop.inflight.suspect(ref.key, previous) or loop.inflight.killed(ref.key, previous):
         return False
     return resume.wanted(ref, loop.job, loop.previous, loop.keys)
 
@@ -262,7 +265,8 @@ def _commit(loop: _Loop, made: LedgerRow, note: tuple[int | None, bool]) -> None
 def _visit(loop: _Loop, ref: SampleRef, windows: int | None) -> tuple[LedgerRow | Pending, bool]:
     """One sample of the shard: its done row kept (checked against the source), or made now (a `Pending` while its
     files are put in the background); whether it is new (`_commit` journals it: a window's row records how many
-    windows its clip has); a sample runs died on is recorded failed, not encoded."""
+    windows its clip has); a suspect is decoded alone in a child (`infra.preprocess.inflight`); a sample proven to
+    kill its decoder is left failed, not encoded."""
     job = loop.job
     row, replace = loop.previous.get(ref.key), None
     if row is not None and resume.reusable(row, job):
@@ -271,14 +275,15 @@ def _visit(loop: _Loop, ref: SampleRef, windows: int | None) -> tuple[LedgerRow 
             loop.journal.append(row)
         if replace is None:
             return row, False
-    elif loop.inflight.killed(ref, row):  # not tried again unless --only names it
-        if row is not None and row.reason == KILLED_RUN:
-            return _left_failed(loop, row), False
-        detail = loop.inflight.detail(ref.key, loop.run_id)
-        return record.row(ref, job, record.Outcome(reason=KILLED_RUN, detail=detail)), True
+    elif loop.inflight.killed(ref.key, row) and row is not None:  # proven: not tried again unless --only names it
+        return _left_failed(loop, row), False
+    alone = loop.inflight.suspect(ref.key, row)
     made = process_sample(
-        ref, job, loop.writer, loop.get_encoder, loop.state, replace_stale=replace, background=loop.background
-    )
+        ref, job, loop.writer, loop.get_encoder, loop.state, replace_stale=replace, background=loop.background,
+        alone=alone,
+    )  # fmt: skip
+    if isinstance(made, LedgerRow) and made.reason == KILLED_RUN:
+        made.detail = blamed_detail(made.detail or "", loop.run_id)
     return made, True
 
 
@@ -298,7 +303,8 @@ def _new_row(loop: _Loop, row: LedgerRow, windows: int | None) -> LedgerRow:
 
 
 def _left_failed(loop: _Loop, row: LedgerRow) -> LedgerRow:
-    """An earlier run's killed_run row, kept: this run leaves it failed too (its `rerun --failed-only` takes it)."""
+    """An earlier run's proven killed_run row, kept: this run leaves it failed too (its `rerun --failed-only` takes
+    it)."""
     if loop.run_id is None or row.extra.get("run_id") == loop.run_id:
         return row
     row = row.model_copy(deep=True)
@@ -331,13 +337,15 @@ def process_sample(
     *,
     replace_stale: str | None = None,
     background: bool = False,
+    alone: bool = False,
 ) -> LedgerRow | Pending:
     """One sample's trip → its ledger row (done / skipped with a reason / failed with the error). Inputs are read
     and prepared before the model is asked for, so a run of bad inputs never loads one. `replace_stale` (the old
     file's sha256) re-encodes a sample whose source changed and replaces its files: approved at the stale gate.
     With `background` (a per-sample writer below an OUT in an object store), a sample with nothing at its paths is
     encoded and rendered here and returned `Pending`: its files are put in the background (`infra.preprocess.puts`),
-    its row made when they are in the store."""
+    its row made when they are in the store. `alone` (a suspect): decoded in a child process (`infra.preprocess.alone`):
+    a sample every such child died on is failed ``killed_run``, the deaths its proof."""
     start = time.perf_counter()
     disk = resume.on_disk(job, ref, replacing=replace_stale is not None)
     if disk.adopted is not None:  # written by an interrupted run of this spec: kept, not encoded now
@@ -348,7 +356,7 @@ def process_sample(
     outcome = record.Outcome()
     try:
         with stage_timing("prepare"):  # opt-in (bench/gpu/shot.py): which stage holds the encoder back
-            prepared = _prepared(ref, job, state)
+            prepared = _prepared(ref, job, state, alone)
         fault_point("decode")
         outcome.encoded = encode(prepared, job, get_encoder(), state)
         overwrite = replace or job.replace_from is not None
@@ -370,6 +378,9 @@ def process_sample(
         raise  # fails the shard (and so the run), not each sample: a link under OUT is damage of OUT, not a sample
     except FileExistsError as exc:
         outcome = record.Outcome(reason="output_exists", detail=str(exc))
+    except ChildKilled as exc:
+        logger.error("sample %s: %s", ref.key, exc)
+        outcome = record.Outcome(reason=KILLED_RUN, detail=str(exc), extra={PROOF: exc.evidence()})
     except Exception as exc:
         logger.exception("sample %s failed", ref.key)
         outcome = record.Outcome(reason="encode_error", detail=f"{type(exc).__name__}: {exc}")
@@ -377,14 +388,19 @@ def process_sample(
     return record.row(ref, job, outcome)
 
 
-def _prepared(ref: SampleRef, job: Job, state: ShardState) -> PreparedSample:
-    """The sample read and prepared: by the read-ahead (either or both), else now (its start marked first)."""
+def _prepared(ref: SampleRef, job: Job, state: ShardState, alone: bool) -> PreparedSample:
+    """The sample read and prepared: by the read-ahead (either or both), else now (its start marked first); `alone`:
+    prepared in a child process (`infra.preprocess.alone`)."""
     taken = state.ahead.take(ref) if state.ahead is not None else None
     if isinstance(taken, PreparedSample):
         return taken
     if taken is None and state.mark is not None:
         state.mark(ref.key)
-    return prepare(taken if taken is not None else read(ref, CaptionRules.of(job.spec)), job)
+    raw = taken if taken is not None else read(ref, CaptionRules.of(job.spec))
+    if not alone:
+        return prepare(raw, job)
+    ahead = state.ahead is not None and state.ahead.depth > 0  # where nothing died, the read-ahead's decoders had it
+    return prepare_alone(raw, job, decoding_team(job, ahead))
 
 
 def _seal_from_journal(job: Job, shard_id: str, journal: ledger.Journal | ledger.StoreJournal) -> None:
