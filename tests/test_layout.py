@@ -30,7 +30,7 @@ LAYERS = ("flows", "tasks", "infra")
 #: The house, bottom up. A folder of infra/ (or a top-level module of infra/) may import only from a floor below
 #: its own; two folders on one floor never import each other. ARCHITECTURE.md shows the same table.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("infra", "errors", "faults", "heap", "runtime"),  # ground: imports nothing of the project
+    ("infra", "errors", "faults", "heap", "runtime", "urls"),  # ground: imports nothing of the project
     ("bounds", "outstore", "records"),  # the sanity bounds; OUT in an object store; records read back bounded
     ("config", "outdir", "fetch"),  # the settings; the door to OUT; a model by URL fetched: only infra.errors
     ("storage", "registry", "recipes", "devices", "media", "procs", "job"),

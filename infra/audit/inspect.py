@@ -118,8 +118,7 @@ def inspect_cache(out: Path) -> dict[str, Any]:
     shards = ledger.read_all(out)
     every = [row for rows in shards.values() for row in rows.values()]
     scan = Scan.of(out, fmt)  # what its consumer would load: every row's files taken off it
-    for shard_id, rows in shards.items():
-        scan.owned(shard_id, rows.values())
+    scan.owned(every)
     own = [row for row in every if row.fingerprint in (None, meta["fingerprint"])]  # not an overwrite's old samples
     for row in every:
         old = row.status == "done" and row.fingerprint not in (None, meta["fingerprint"])  # left to replace

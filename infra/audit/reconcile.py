@@ -70,7 +70,7 @@ def reconcile(
     for shard in shards:
         listed, every_key, whole = _expected(job, source, shard, recorded.get(shard.id), report)
         rows, note = _read_rows(job.out, shard.id, report)
-        scan.owned(shard.id, rows.values())
+        scan.owned(rows.values())
         accounted: set[str] = set()
         by_clip = windows_by_clip(rows)
         for key, sample_id, group in listed:
@@ -95,7 +95,7 @@ def _unowned(job: Job, shards: list[ShardPlan], scan: Scan) -> list[str]:
     for shard_id in ledger.shard_ids(job.out):
         if shard_id not in planned:
             rows, _ = _read_rows(job.out, shard_id, ReconcileReport("", "", "", "", [], 0))
-            scan.owned(shard_id, rows.values())
+            scan.owned(rows.values())
     return scan.unowned()
 
 

@@ -30,7 +30,7 @@ from infra.formats import Format, get_format
 from infra.gates.cachefiles import cache_files
 from infra.gates.content import Content, ContentCheck, Damaged, problem, repair_commands, repair_lines
 from infra.gates.stale import StaleReport, find_stale
-from infra.gates.unowned import Scan, leftovers
+from infra.gates.unowned import Scan, finished_shards, leftovers
 from infra.job import Job
 from infra.media.video import resize_policy_of
 from infra.models import get_family
@@ -101,7 +101,7 @@ class VerifyReport:
     #: Files of OUT its format's consumer would load (by its own glob) that no ledger row owns, links among them
     #: (OUT-relative): a trainer would load them, so a build stops there until a person decides (`infra.gates.unowned`).
     unowned: list[str] = field(default_factory=list)
-    #: Unowned files at the paths of a sample a run died with in progress: its resume adopts or refuses each.
+    #: Unowned files at the paths of samples of a shard a run left unfinished: its resume adopts or refuses each.
     in_flight: list[str] = field(default_factory=list)
     #: Unowned files this run's conflict decision covers (kept by reuse, removed by an approved overwrite).
     unowned_decided: list[str] = field(default_factory=list)
@@ -172,7 +172,7 @@ def verify_out(
         scan = _scan(out, existing or spec, report)
         done = _done_rows(out, report, ContentCheck(out, full, "sha256" if full else "size"), scan)
         if scan is not None:
-            _unowned(report, scan, planned)
+            _unowned(out, report, scan, planned)
         _check_contents(out, report)
         shapes = {"latents": tuple(latent_shape), "text_embeddings": tuple(text_shape), **(extra_shapes or {})}
         if spec.buckets:  # each sample's latents have its own bucket's shape
@@ -234,15 +234,21 @@ def _scan(out: Path, spec: CacheSpec, report: VerifyReport) -> Scan | None:
         return None
 
 
-def _unowned(report: VerifyReport, scan: Scan, planned: tuple[Job, list[ShardPlan]] | None) -> None:
-    """The unowned files of `scan` into the report: those a sample left in progress by a dead run wrote, those the
-    planned build's conflict decision covers, and the rest (`unowned`)."""
-    found = scan.unowned()
+def _unowned(out: Path, report: VerifyReport, scan: Scan, planned: tuple[Job, list[ShardPlan]] | None) -> None:
+    """The unowned files of `scan` into the report: links (damage: a consumer would follow them), those a run left
+    for a sample of a shard it did not finish (`leftovers`, with the `planned` build), those the planned build's
+    conflict decision covers, and the rest (`unowned`)."""
+    report.problems += [
+        f"{out / rel} is a symbolic link its consumer would follow: latentforge never reads, writes or uploads under "
+        "OUT through a link (replace it with the real folder or file, or move it out of OUT)"
+        for rel in scan.links
+    ]
+    found = scan.files()
     if not found or planned is None:
         report.unowned = found
         return
     job, shards = planned
-    report.in_flight = sorted(leftovers(job, shards, scan.pending, found)) if scan.pending else []
+    report.in_flight = sorted(leftovers(job, shards, finished_shards(out), found))
     decided = job.keep_unowned | job.remove_unowned
     rest = [rel for rel in found if rel not in report.in_flight]
     report.unowned_decided = [rel for rel in rest if rel in decided]
@@ -257,10 +263,9 @@ def _done_rows(out: Path, report: VerifyReport, content: ContentCheck, scan: Sca
     prints: Counter[str | None] = Counter()
     try:
         for shard_id in ledger.shard_ids(out):
-            marks: ledger.Marks = {}
-            every = ledger.read_shard(out, shard_id, marks)
+            every = ledger.read_shard(out, shard_id)
             if scan is not None:
-                scan.owned(shard_id, every.values(), marks)
+                scan.owned(every.values())
             rows = [row for row in every.values() if row.status == "done"]
             _check_files(out, rows, report, counted)
             _add_damaged(out, report, [d for row in rows for d in content.row(row)])
@@ -575,7 +580,7 @@ def _unowned_sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, s
             listed(report.unowned),
         ),
         (
-            f"Left by a run that died mid-sample, adopted or refused by the resume ({len(report.in_flight)})",
+            f"Left by a run that did not finish its shard: the resume adopts or refuses each ({len(report.in_flight)})",
             listed(report.in_flight),
         ),
         (f"Unowned, covered by this run's decision ({len(report.unowned_decided)})", listed(report.unowned_decided)),
