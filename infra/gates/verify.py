@@ -473,7 +473,8 @@ def _settle(report: VerifyReport) -> None:
         report.message = f"{report.out}: {len(report.problems)} problem(s), first: {report.problems[0]}{differs}"
     elif report.kind == "compatible":
         gone = f", {len(report.missing)} of them missing on disk (re-encoded by the run)" if report.missing else ""
-        report.message = f"{report.out} holds this cache, {counts}{gone}: a run resumes"
+        resumes = "" if report.unowned else ": a run resumes"
+        report.message = f"{report.out} holds this cache, {counts}{gone}{resumes}"
         if report.overwrite:
             report.message += f" the approved overwrite ({_overwrite_text(report.overwrite)})"
     elif report.kind == "incompatible":
