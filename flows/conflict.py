@@ -28,6 +28,9 @@ from tasks.plan import plan_build
 
 __all__ = ["WRITABLE", "ConflictAborted", "aborted", "resolve_conflict"]
 
+#: The unowned files a decision's record names (the run report, the card); their count beside.
+MAX_NAMED = 100
+
 
 class ConflictAborted(ConflictError):
     """The run stopped at the conflict gate; nothing was written."""
@@ -145,7 +148,7 @@ def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:
         "state": report.kind,
         "existing": report.existing_fingerprint,
         "planned": plan.fingerprint,
-        **({"unowned": list(report.unowned)} if report.unowned else {}),
+        **({"unowned": report.unowned[:MAX_NAMED], "unowned_count": len(report.unowned)} if report.unowned else {}),
     }
     if config.gates.approve_overwrite is not None:
         if config.gates.approve_overwrite != token:
