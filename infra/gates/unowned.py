@@ -111,10 +111,3 @@ def bound(token: str, unowned: Iterable[str]) -> str:
     if not names:
         return token
     return hashlib.sha256("\0".join([token, *names]).encode()).hexdigest()[: len(token)]
-
-
-def shown(out: outdir.Out, rels: Iterable[str], limit: int = 3) -> str:
-    """A few of `rels` as paths, for one line."""
-    rels = list(rels)
-    more = f" and {len(rels) - limit} more" if len(rels) > limit else ""
-    return ", ".join(outdir.shown(out, rel) for rel in rels[:limit]) + more
