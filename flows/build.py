@@ -23,7 +23,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.alerting import on_crashed, on_failure
 from flows.audit import audit
-from flows.conflict import WRITABLE, ConflictAborted, resolve_conflict
+from flows.conflict import ConflictAborted, resolve_conflict
 from flows.settings import resolve_config
 from flows.shards import run_shards
 from flows.stale import resolve_stale
@@ -98,11 +98,11 @@ def _planned_build(config: BuildConfig, spool: Path | None) -> dict[str, Any]:
         logger.info("dry run (nothing written): %s", shapes)
         return {"dry_run": shapes, "out_state": report.kind}
     with contextlib.ExitStack() as held:  # one writer per OUT, from the gates to the last report
-        if report.kind in WRITABLE:
+        if report.writable:
             held.enter_context(out_lock(plan.out))
         set_step("conflict-gate")
         plan, conflict = resolve_conflict(plan, report)
-        if report.kind not in WRITABLE:  # nothing is written into a conflicting OUT (not even the lock) before this
+        if not report.writable:  # nothing is written into a conflicting OUT (not even the lock) before this
             held.enter_context(out_lock(plan.out))  # the decided OUT: the same one, or OUT-v2
         if conflict is not None and conflict.choice == "reuse":
             report = verify_existing(plan)  # the adopted spec's resume: its stale samples
@@ -185,10 +185,11 @@ def _gates(plan: BuildPlan) -> SanityReport:
 
 def _check_unchanged(plan: BuildPlan) -> None:
     """Under the lock: OUT is still what the gate saw (writable, or the state an overwrite was approved for)."""
-    report = verify_existing(plan, stale=False)
-    if report.kind in WRITABLE:
+    report = verify_existing(plan, stale=False)  # unowned files the decision covered: not a change
+    if report.writable:
         return
-    if plan.job.replace_from is not None and (report.existing_fingerprint or "foreign") == plan.job.replace_from:
+    approved = plan.job.replace_from is not None and (report.existing_fingerprint or "foreign") == plan.job.replace_from
+    if approved and not report.unowned:
         return
     raise ConflictAborted(
         f"{plan.out} changed while this run was deciding (it is {report.kind} now): nothing was written; run the "
@@ -207,6 +208,12 @@ def _prepare_out(plan: BuildPlan) -> BuildPlan:
         write_cache_json(plan.out, plan.spec, {**provenance, "replaces": plan.job.replace_from}, replace=True)
     elif not has_cache_json(plan.out):  # in a store: the pending one (cache.json last, `finish_cache_json`)
         write_cache_json(plan.out, plan.spec, provenance)
+    for rel in sorted(plan.job.remove_unowned):  # the approved overwrite's: files no ledger row owns, as listed
+        outdir.unlink(plan.out, rel)
+    if plan.job.remove_unowned:
+        get_run_logger().warning(
+            "approved overwrite: removed %d file(s) no ledger row owned", len(plan.job.remove_unowned)
+        )
     removed = remove_stale_temps(plan.out)
     if removed:
         get_run_logger().warning("removed %d partial temp files left by an interrupted run", removed)

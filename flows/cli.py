@@ -138,11 +138,13 @@ def verify(
     out: OutArg, as_json: JsonOpt = False, quick: QuickOpt = False, *, config_file: Path | None, flags: dict[str, Any]
 ) -> None:
     """What OUT holds against a planned build (settings not given: OUT's own cache.json), every file's sha256
-    against the ledger included (--quick: sizes, and the few samples loaded). Reads only.
+    against the ledger included (--quick: sizes, and the few samples loaded), and every file its format's consumer
+    would load that no ledger row owns. Reads only.
 
-    Exit 0 when a build may write there (absent, compatible), 1 otherwise; prints the overwrite token, and the
-    repair of damaged samples."""
+    Exit 0 when a build may write there (absent, compatible, nothing unowned), 1 otherwise; prints the overwrite
+    token, and the repair of damaged samples."""
     from infra.gates.conflicts import overwrite_token  # noqa: PLC0415 - heavy: torch
+    from infra.gates.unowned import bound  # noqa: PLC0415 - heavy: torch
     from infra.gates.verify import verify_out, verify_plan  # noqa: PLC0415
     from infra.plan import make_plan, make_spec  # noqa: PLC0415
 
@@ -155,11 +157,12 @@ def verify(
         logger.warning("source not readable (%s): stale samples not checked", exc)
         _, spec, latent_shape, text_shape = make_spec(config)
         report = verify_out(out, spec, latent_shape=latent_shape, text_shape=text_shape, content=content)
-    writable = report.kind in ("absent", "compatible")
+    writable = report.writable  # absent or compatible, and no file its consumer loads that no ledger row owns
     same = report.existing_fingerprint == report.planned_fingerprint
     repairable = report.damaged and same  # an overwrite keeps done samples of the same spec: the repair is the way
     overwrite = not writable and not repairable
-    token = overwrite_token(out, report.existing_fingerprint, report.planned_fingerprint) if overwrite else None
+    token = bound(overwrite_token(out, report.existing_fingerprint, report.planned_fingerprint), report.unowned)
+    token = token if overwrite else None
     if as_json:
         typer.echo(json.dumps({**report.to_dict(), "overwrite_token": token}, indent=2, default=str))
     else:

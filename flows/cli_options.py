@@ -31,6 +31,7 @@ from typer.core import TyperGroup
 from infra import outdir
 from infra.config import SECTIONS, URL_CREDENTIALS, BuildConfig, UploadConfig
 from infra.errors import EXIT_FAILED, ConfigError, LatentforgeError, exit_code
+from infra.urls import redacted
 
 logger = logging.getLogger("latentforge")
 #: Set (to 1) by ``latentforge --debug``: errors then also print their traceback.
@@ -72,9 +73,13 @@ class ConsoleFormatter(logging.Formatter):
     gate, a remote mismatch) is logged by Prefect with its traceback; on the terminal its message is enough, since
     the command ends with it as one ``error: ...`` line. Its traceback is shown with --debug (or
     ``LATENTFORGE_DEBUG=1``); a bug's traceback always is. Only this handler's text changes: the run's logs on a
-    server (Prefect's API handler) keep the traceback."""
+    server (Prefect's API handler) keep the traceback. Every URL in a line is shown without its credentials
+    (`infra.urls.redacted`)."""
 
     def format(self, record: logging.LogRecord) -> str:
+        return redacted(self._format(record))
+
+    def _format(self, record: logging.LogRecord) -> str:
         error = record.exc_info[1] if record.exc_info else None
         if not isinstance(error, LatentforgeError) or debugging():
             return super().format(record)
@@ -96,8 +101,9 @@ def console_logging() -> None:
 
 
 def fail(message: str, code: int = 2) -> typing.NoReturn:
-    """Print ``error: message`` to stderr and exit with `code`."""
-    typer.echo(f"error: {message}", err=True)
+    """Print ``error: message`` to stderr and exit with `code`: every URL in it without its credentials, whatever
+    their shape (`infra.urls.redacted`: the one function every printed URL goes through)."""
+    typer.echo(f"error: {redacted(message)}", err=True)
     raise typer.Exit(code)
 
 

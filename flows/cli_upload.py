@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from flows.cli_options import OutArg, config_command
-from flows.preflight import check_cache
+from flows.preflight import check_cache, check_store_settings
 from flows.settings import check_upload
 from infra.config import UploadConfig, load_config_file
 from infra.errors import ConfigError
@@ -38,6 +38,7 @@ def upload(
     if not isinstance(section, dict):
         raise ConfigError(f"{config_file}: `upload` is a section of keys, not {section!r}")
     config = check_upload(UploadConfig.model_validate({**section, **flags}))
+    check_store_settings(config.to, str(out))
     check_cache(out)  # a mistake is one line, exit 2, before any flow starts
     from flows.terminal_run import run_or_raise  # noqa: PLC0415 - heavy: torch, Prefect
     from flows.upload import upload_cache  # noqa: PLC0415

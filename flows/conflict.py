@@ -9,6 +9,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.settings import get_current_settings
 
 from flows.approval import ConflictAnswer, decide
+from infra import outdir
 from infra.config import CacheSpec
 from infra.errors import ConflictError
 from infra.gates.conflicts import (
@@ -20,11 +21,15 @@ from infra.gates.conflicts import (
     settings_that_differ,
 )
 from infra.gates.decision import Decision
-from infra.gates.verify import VerifyReport, difference_rows
+from infra.gates.unowned import bound
+from infra.gates.verify import WRITABLE, VerifyReport, difference_rows
 from infra.plan import BuildPlan, adopt_existing_spec
 from tasks.plan import plan_build
 
-WRITABLE = ("absent", "compatible")
+__all__ = ["WRITABLE", "ConflictAborted", "aborted", "resolve_conflict"]
+
+#: The unowned files a decision's record names (the run report, the card); their count beside.
+MAX_NAMED = 100
 
 
 class ConflictAborted(ConflictError):
@@ -40,11 +45,11 @@ def default_policy() -> str:
 def resolve_conflict(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, Decision | None]:
     """The plan to run — unchanged, adopted (reuse), moved (new_dir) or allowed to replace (overwrite) — and the
     recorded decision (None when OUT was writable and nothing had to be decided)."""
-    if report.kind in WRITABLE and report.overwrite:
+    if report.writable and report.overwrite:
         return _resumed_overwrite(plan, report)
-    if report.kind in WRITABLE:
+    if report.writable:
         return plan, None
-    token = overwrite_token(plan.out, report.existing_fingerprint, plan.fingerprint)
+    token = bound(overwrite_token(plan.out, report.existing_fingerprint, plan.fingerprint), report.unowned)
     decision = _decide(plan, report, token)
     get_run_logger().warning("conflict at %s (%s): %s", plan.out, report.kind, decision.text())
     create_markdown_artifact(
@@ -58,11 +63,17 @@ def resolve_conflict(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, 
     spool = Path(f"{plan.listing}.{choice.value}") if plan.listing else None  # the new plan's listing, beside
     if choice is ConflictChoice.new_dir:
         return plan_build(plan.config.model_copy(update={"out": str(next_free_dir(plan.out))}), spool), decision
+    unowned = frozenset(report.unowned)  # what the preview listed: the decision covers those, no other
     if choice is ConflictChoice.reuse:
-        if report.kind != "incompatible":
-            raise aborted(plan, report, token, f"decided: {decision.text()}, but reuse needs a latentforge cache")
-        return plan_build(adopt_existing_spec(plan.config, plan.spec, plan.out), spool), decision
-    return plan.decided(replace_from=report.existing_fingerprint or "foreign"), decision
+        if report.kind == "incompatible":
+            adopted = plan_build(adopt_existing_spec(plan.config, plan.spec, plan.out), spool)
+            return adopted.decided(keep_unowned=unowned), decision
+        if report.kind in WRITABLE:  # this cache, with files no row owns: kept, as the person saw them
+            resumed = {"replace_from": report.overwrite["from"]} if report.overwrite else {}
+            return plan.decided(keep_unowned=unowned, **resumed), decision
+        raise aborted(plan, report, token, f"decided: {decision.text()}, but reuse needs a latentforge cache")
+    replaced = (report.overwrite or {}).get("from") or report.existing_fingerprint or "foreign"
+    return plan.decided(replace_from=replaced, remove_unowned=unowned), decision
 
 
 def aborted(plan: BuildPlan, report: VerifyReport, token: str, decided: str) -> ConflictAborted:
@@ -70,6 +81,10 @@ def aborted(plan: BuildPlan, report: VerifyReport, token: str, decided: str) -> 
     (each answer as it is typed); the detail after it: what differs, field by field, and who decided."""
     what = {"foreign": "holds files latentforge did not write", "damaged": "holds a damaged cache"}
     said = what.get(report.kind, "holds another cache")
+    if report.kind in WRITABLE:
+        said = f"holds this cache and {_unowned(plan, report)}"
+    elif report.unowned:
+        said += f" and {_unowned(plan, report)}"
     if report.kind == "damaged" and report.problems:
         said += f" ({len(report.problems)} problem(s), first: {report.problems[0]})"
     answers = [
@@ -84,6 +99,9 @@ def aborted(plan: BuildPlan, report: VerifyReport, token: str, decided: str) -> 
         if same_model(existing, plan.spec):
             without = f" without {', '.join(map(flag, differ))}" if differ else ""
             answers.append(f"--on-conflict reuse{without} to resume it with its own settings")
+    if report.kind in WRITABLE:
+        answers[0] = f"--approve-overwrite {token} to remove them and resume"
+        answers.append("--on-conflict reuse to keep them and resume")
     listed = ", ".join(answers[:-1]) + f", or {answers[-1]}"
     headline = f"{plan.out} {said}, so nothing was written; to go on, add to the same command {listed}"
     rows = [f"  {label}: {value}" for label, value in difference_rows(report.differences)]
@@ -91,6 +109,12 @@ def aborted(plan: BuildPlan, report: VerifyReport, token: str, decided: str) -> 
     detail += [f"  {problem}" for problem in report.problems[1:6]]
     detail.append(f"`latentforge verify {plan.out}` with this command's settings shows what is there in full")
     return ConflictAborted(headline, detail="\n".join(detail))
+
+
+def _unowned(plan: BuildPlan, report: VerifyReport) -> str:
+    """The unowned files, for the one line: how many, and the first."""
+    first = outdir.shown(plan.out, report.unowned[0])
+    return f"{len(report.unowned)} file(s) its consumer would load that no ledger row owns (first: {first})"
 
 
 def _spec(report: VerifyReport) -> CacheSpec | None:
@@ -124,6 +148,7 @@ def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:
         "state": report.kind,
         "existing": report.existing_fingerprint,
         "planned": plan.fingerprint,
+        **({"unowned": report.unowned[:MAX_NAMED], "unowned_count": len(report.unowned)} if report.unowned else {}),
     }
     if config.gates.approve_overwrite is not None:
         if config.gates.approve_overwrite != token:
@@ -148,9 +173,11 @@ def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:
 def _choices_markdown(plan: BuildPlan, token: str) -> str:
     return (
         "\n\n### Choices\n"
-        f"* **reuse** — keep this cache and its settings, resume it (same model only)\n"
+        f"* **reuse** — keep this cache and its settings, resume it (same model only); files no ledger row owns are "
+        "kept as listed\n"
         f"* **new_dir** — write to `{next_free_dir(plan.out)}` instead\n"
         "* **overwrite** — replace sample files one by one as new ones are written; nothing is deleted up "
-        f"front; the old cache.json is kept beside. For unattended runs: `--approve-overwrite {token}`\n"
+        "front but the files no ledger row owns, as listed; the old cache.json is kept beside. For unattended runs: "
+        f"`--approve-overwrite {token}`\n"
         "* **abort** — stop; also what a timeout means\n"
     )

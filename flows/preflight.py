@@ -23,6 +23,7 @@ from infra.outdir import UnsafePath
 from infra.outstore import is_url
 from infra.sources import open_source
 from infra.sources.base import source_place
+from infra.urls import store_settings_problem
 
 #: The oldest bitsandbytes transformers 5 loads 8-bit models with (its BITSANDBYTES_MIN_VERSION); the [int8] extra's.
 BNB_MIN = "0.46.1"
@@ -124,8 +125,18 @@ def check_text_8bit(config: BuildConfig) -> None:
         raise ConfigError(f"--load-text-encoder-in-8bit (bitsandbytes' 8-bit Gemma): {'; '.join(missing)}")
 
 
+def check_store_settings(*values: str) -> None:
+    """The store settings of the environment that the URLs among `values` would use (``AWS_ENDPOINT_URL``,
+    ``AWS_REGION``, ``HF_ENDPOINT``: `infra.urls.store_settings_problem`) are well formed: one line naming the
+    setting, instead of a store library's error at its first request."""
+    problem = store_settings_problem(list(values), dict(os.environ))
+    if problem is not None:
+        raise ConfigError(problem)
+
+
 def check_build(config: BuildConfig) -> None:
     """Everything above, for a build or a sanity run."""
+    check_store_settings(config.source, config.model, config.out, *([config.upload.to] if config.upload else []))
     check_out(outdir.of_setting(config.out))
     check_apart(config)
     check_source(config)

@@ -43,6 +43,7 @@ from infra.bounds import (
     text_problem,
 )
 from infra.errors import ConfigError, QuantizeOffCpu
+from infra.urls import secret_in, url_problem
 
 #: Bump when the meaning of a spec field or the stored layout changes: old caches stop matching.
 SPEC_VERSION = 1
@@ -116,6 +117,12 @@ class UploadConfig(StrictModel):
     approve_replace: str | None = Field(
         None, description="Token printed by a refused upload, bound to the target and the remote files it replaces"
     )
+
+    @field_validator("to")
+    @classmethod
+    def _no_credentials_in_the_target(cls, value: str) -> str:
+        return checked_url(value)
+
     on_conflict: Literal["ask", "abort"] | None = Field(
         None,
         description="When a remote file differs from ours: ask (pause for a person) or abort. "
@@ -603,6 +610,17 @@ SECTION_OF: dict[str, str] = {name: section for section, model in SECTIONS.items
 URL_CREDENTIALS = "url_credentials"
 
 
+def checked_url(value: str) -> str:
+    """`value` (a setting that may be a URL: ``--source``, ``--model``, ``--out``, an upload target), unless it holds
+    credentials (refused as `URL_CREDENTIALS`, its value never shown) or names a bucket S3 refuses (`infra.urls`)."""
+    problem = url_problem(value)
+    if problem is not None and secret_in(value) is not None:
+        raise PydanticCustomError(URL_CREDENTIALS, problem)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
 class BuildConfig(StrictModel):
     """Everything `latentforge build` takes: a few top-level settings and the sections. Every setting is a
     config-file key and a ``--flag``, flat (``frames``, ``--frames``); `STEP_SETTINGS` says which the single
@@ -657,16 +675,13 @@ class BuildConfig(StrictModel):
             raise ValueError(f"source must be KIND:PATH (e.g. vbvr:/data/shards), got {value!r}")
         return value
 
-    @field_validator("source", "model")
+    @field_validator("source", "model", "out")
     @classmethod
     def _no_credentials_in_a_url(cls, value: str) -> str:
-        """A URL with ``user:password@`` is refused (and not shown): the settings are recorded in OUT and in Prefect;
-        a store's credentials come from its own chain (docs/object-storage.md)."""
-        if re.match(r"^(?:[A-Za-z]+:)?[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@", value):
-            raise PydanticCustomError(
-                URL_CREDENTIALS, "a URL with user:password@ is refused: credentials come from the store's own chain"
-            )
-        return value
+        """A URL with credentials of any shape (``user:password@``, a signed query: `infra.urls.secret_in`) is refused
+        and not shown: the settings are recorded in OUT and in Prefect; a store's credentials come from its own chain
+        (docs/object-storage.md). An S3 bucket name S3 refuses is one line here, not a store library's error later."""
+        return checked_url(value)
 
     @model_validator(mode="after")
     def _quantize_on_cpu(self) -> BuildConfig:

@@ -27,6 +27,7 @@ from typing import Any
 from infra.errors import ConfigError
 from infra.outstore import is_url
 from infra.runtime import machine_cache
+from infra.urls import store_settings_problem, url_problem
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,9 @@ def local_model(model: str, parts: Iterable[str] = ()) -> Path:
     """The local folder of `model`: a local path as given; a URL's components `parts` fetched once per machine."""
     if not is_url(model):
         return Path(model).expanduser()
+    problem = url_problem(model) or store_settings_problem([model], dict(os.environ))
+    if problem is not None:  # the model's URL is recorded in OUT: it holds no secret; a store setting checked first
+        raise ConfigError(f"--model: {problem}")
     return _fetched(model, tuple(sorted(set(parts))))
 
 

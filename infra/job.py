@@ -68,6 +68,16 @@ class Job(BaseModel):
     stale_keep: frozenset[str] = Field(
         frozenset(), description="Set only by the stale gate: SHARD/KEY of the stale samples the cache knowingly keeps"
     )
+    keep_unowned: frozenset[str] = Field(
+        frozenset(),
+        description="Set only by the conflict gate (reuse, decided by a person): the OUT-relative files its consumer "
+        "would load that no ledger row owns, kept as the preview listed them",
+    )
+    remove_unowned: frozenset[str] = Field(
+        frozenset(),
+        description="Set only by an approved overwrite: the OUT-relative files its consumer would load that no ledger "
+        "row owns, removed before the first sample (those the preview listed)",
+    )
 
     @classmethod
     def of(cls, config: BuildConfig, model_parts: tuple[str, ...] = (), **resolved: object) -> Job:

@@ -28,10 +28,9 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from infra.errors import ConfigError, LeaseLost, OutNotWritable
+from infra.urls import redacted, store_settings_problem, url_problem
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-#: A URL's ``user:password@`` part: refused wherever a URL is taken (a URL names a place, never a key).
-USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@")
 #: The schemes OUT may name: those whose conditional put is used and tested.
 SCHEMES = ("s3", "s3a", "memory")
 #: Called with the S3 file system of each OUT operation: `infra.sources.retries` (a floor above) adds the one that
@@ -90,14 +89,15 @@ class StoreOut:
 
     @classmethod
     def of(cls, url: str) -> StoreOut:
-        """The StoreOut of `url`; ConfigError for credentials in it or a scheme OUT cannot be."""
-        if USERINFO.match(url):
-            raise ConfigError("--out: a URL with user:password@ is refused: credentials come from the store's chain")
+        """The StoreOut of `url`; ConfigError for credentials in it (any shape: `infra.urls`), a bucket S3 refuses or
+        a scheme OUT cannot be."""
+        if (problem := url_problem(url)) is not None:
+            raise ConfigError(f"--out: {problem}")
         scheme = url.split("://", 1)[0].lower()
         if scheme not in SCHEMES:
             raise ConfigError(
-                f"--out {url}: OUT may be a local folder or {', '.join(f'{s}://' for s in SCHEMES)} (a store with a "
-                "conditional put); publish to the Hub with --upload"
+                f"--out {redacted(url)}: OUT may be a local folder or {', '.join(f'{s}://' for s in SCHEMES)} (a store "
+                "with a conditional put); publish to the Hub with --upload"
             )
         return cls(url.rstrip("/"))
 
@@ -134,6 +134,8 @@ class StoreOut:
         """(the fsspec file system, OUT's path in it). Asked each time: fsspec keeps one client per store."""
         import fsspec  # noqa: PLC0415 - optional: a store's library (the `s3` extra)
 
+        if (problem := store_settings_problem([self.url], dict(os.environ))) is not None:
+            raise ConfigError(f"--out {self.url}: {problem}")
         try:
             fs, path = fsspec.core.url_to_fs(self.url)
         except ImportError as exc:

@@ -30,7 +30,7 @@ LAYERS = ("flows", "tasks", "infra")
 #: The house, bottom up. A folder of infra/ (or a top-level module of infra/) may import only from a floor below
 #: its own; two folders on one floor never import each other. ARCHITECTURE.md shows the same table.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("infra", "errors", "faults", "heap", "runtime"),  # ground: imports nothing of the project
+    ("infra", "errors", "faults", "heap", "runtime", "urls"),  # ground: imports nothing of the project
     ("bounds", "outstore", "records"),  # the sanity bounds; OUT in an object store; records read back bounded
     ("config", "outdir", "fetch"),  # the settings; the door to OUT; a model by URL fetched: only infra.errors
     ("storage", "registry", "recipes", "devices", "media", "procs", "job"),
@@ -312,7 +312,8 @@ def test_the_architecture_map_shows_the_tested_floors():
 
 
 def test_the_config_stands_on_the_errors_and_bounds_only_and_every_step_names_real_settings():
-    assert {i.target for i in _imports("infra.config")} == {"infra.errors", "infra.bounds"}  # nothing above it
+    # nothing above it (infra.urls: the ground floor's check of a URL setting)
+    assert {i.target for i in _imports("infra.config")} == {"infra.errors", "infra.bounds", "infra.urls"}
     assert {i.target for i in _imports("infra.bounds")} == {"infra.errors"}
     for step in STEP_SETTINGS:
         assert set(step_settings(step)) <= set(BuildConfig.settings()), step

@@ -158,7 +158,9 @@ def test_a_file_copied_to_another_samples_path_is_not_adopted(tmp_path, tiny_mod
     (a,) = _rows(tmp_path / "out").values()
     b_path = tmp_path / "out" / a.path.replace("_00000000.pt", "_00000001.pt")
     b_path.write_bytes((tmp_path / "out" / a.path).read_bytes())
-    ok, result = run_build(cfg.with_values(limit=None))
+    ok, result = run_build(cfg.with_values(limit=None))  # a file no row owns where a trainer loads it: a stop
+    assert not ok and "no ledger row owns" in str(result), result
+    ok, result = run_build(cfg.with_values(limit=None, on_conflict="reuse"))  # kept: still never adopted as B
     assert ok, result
     b = next(r for r in _rows(tmp_path / "out").values() if r.key != a.key)
     assert (b.status, b.reason, b.path) == ("failed", "output_exists", b_path.relative_to(tmp_path / "out").as_posix())

@@ -41,7 +41,9 @@ def test_rerun_failed_only_touches_only_what_failed(tmp_path, tiny_model, clips)
     stray = out / _paths_of(src, "a")[keys[1]]
     stray.parent.mkdir(parents=True, exist_ok=True)
     stray.write_bytes(b"somebody else's file")
-    ok, second = run_build(config(src, tiny_model, out))
+    ok, stopped = run_build(config(src, tiny_model, out))  # a file a trainer would load that no row owns: a stop
+    assert not ok and "no ledger row owns" in str(stopped), stopped
+    ok, second = run_build(config(src, tiny_model, out, on_conflict="reuse"))  # kept, as the person decided
     assert ok, second
     rows = ledger.read_all(out)
     assert rows["a"][keys[1]].status == "failed" and rows["a"][keys[1]].reason == "output_exists"

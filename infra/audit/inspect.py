@@ -19,6 +19,7 @@ from infra.formats import get_format
 from infra.formats.base import Format
 from infra.formats.consumers import written_for
 from infra.formats.shards import ShardFormat, shard_summary
+from infra.gates.unowned import Scan
 from infra.media.buckets import Bucket
 from infra.outdir import UnsafePath
 from infra.plan import spec_settings
@@ -124,7 +125,10 @@ def inspect_cache(out: Path) -> dict[str, Any]:
     prints: Counter[str | None] = Counter()  # done samples per fingerprint
     first_done: dict[str, list[FileRecord]] = {}
     total_bytes = 0
-    every = [row for rows in ledger.read_all(out).values() for row in rows.values()]
+    shards = ledger.read_all(out)
+    every = [row for rows in shards.values() for row in rows.values()]
+    scan = Scan.of(out, fmt)  # what its consumer would load: every row's files taken off it
+    scan.owned(every)
     own = [row for row in every if row.fingerprint in (None, meta["fingerprint"])]  # not an overwrite's old samples
     for row in every:
         old = row.status == "done" and row.fingerprint not in (None, meta["fingerprint"])  # left to replace
@@ -163,6 +167,7 @@ def inspect_cache(out: Path) -> dict[str, Any]:
         "repeated_frames": repeated_frames(own),
         "bytes": total_bytes,
         "samples": samples,
+        "unowned": scan.unowned(),
         **({"shards": shard_summary(out, fmt)} if isinstance(fmt, ShardFormat) else {}),
     }
 
@@ -208,6 +213,11 @@ def format_report(report: dict[str, Any]) -> str:
         lines += [f"shard files  {shards['files']} holding {shards['samples']} samples; fingerprints: {prints or '-'}"]
     if report["reasons"]:
         lines += ["", "reasons: " + ", ".join(f"{k} × {v}" for k, v in sorted(report["reasons"].items()))]
+    unowned = report.get("unowned") or []
+    if unowned:
+        lines += ["", f"unowned      {len(unowned)} file(s) its consumer would load that no ledger row owns:"]
+        lines += [f"  {report['out']}/{rel}" for rel in unowned[:20]]
+        lines += [f"  ... and {len(unowned) - 20} more (--json lists them all)"] if len(unowned) > 20 else []
     for group, sample in report["samples"].items():
         lines += ["", f"sample of {group}: {sample['path']}"]
         for rel, record in (sample.get("files") or {sample["path"]: sample}).items():

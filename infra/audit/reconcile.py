@@ -31,6 +31,7 @@ from infra.errors import LedgerError
 from infra.formats import ShardFormat, get_format
 from infra.formats.shards import part_record, write_meta
 from infra.gates.content import ContentCheck
+from infra.gates.unowned import Scan
 from infra.job import Job
 from infra.models import get_family
 from infra.plan import ShardPlan
@@ -65,9 +66,11 @@ def reconcile(
         tally.members = functools.cache(lambda rel: frozenset(part_record(job.out, rel, fmt).members))
     source = open_source(job.source, job.spec)
     recorded = {entry["id"]: entry for entry in _index(job, report)}
+    scan = Scan.of(job.out, fmt)  # what a trainer would load: every row's files taken off it
     for shard in shards:
         listed, every_key, whole = _expected(job, source, shard, recorded.get(shard.id), report)
         rows, note = _read_rows(job.out, shard.id, report)
+        scan.owned(rows.values())
         accounted: set[str] = set()
         by_clip = windows_by_clip(rows)
         for key, sample_id, group in listed:
@@ -79,10 +82,21 @@ def reconcile(
         report.unlisted += len(beyond - gone)
         report.gone_from_source += [_gone(rows[key]) for key in sorted(gone)]
     report.gone_from_source += _gone_shards(job, shards, source_shards, source)
+    report.unowned = _unowned(job, shards, scan)
     if isinstance(fmt, ShardFormat):  # the shard index, last: what the parts hold now
         write_meta(job.out, fmt, job.fingerprint, ledger.read_all(job.out))
     logger.info("%s", report.headline())
     return report
+
+
+def _unowned(job: Job, shards: list[ShardPlan], scan: Scan) -> list[str]:
+    """What `scan` leaves once the rows of the shards outside the plan (an earlier, wider run's) own theirs too."""
+    planned = {shard.id for shard in shards}
+    for shard_id in ledger.shard_ids(job.out):
+        if shard_id not in planned:
+            rows, _ = _read_rows(job.out, shard_id, ReconcileReport("", "", "", "", [], 0))
+            scan.owned(rows.values())
+    return scan.unowned()
 
 
 def _samples_of(

@@ -77,6 +77,9 @@ class ReconcileReport:
     unlisted: int = 0
     #: Ledger rows of samples the source no longer has (their shard, or the sample in it): kept, listed here.
     gone_from_source: list[GoneSample] = field(default_factory=list)
+    #: Files of OUT the format's consumer would load that no ledger row owns (OUT-relative; `infra.gates.unowned`):
+    #: a trainer would load more than is counted here.
+    unowned: list[str] = field(default_factory=list)
 
     @property
     def expected(self) -> int:
@@ -145,6 +148,11 @@ class ReconcileReport:
                 f"{len(self.gone_from_source)} sample(s) of the ledger are gone from the source ({done} done: their "
                 "files are kept, nothing is deleted)"
             )
+        if self.unowned:
+            lines.append(
+                f"{len(self.unowned)} file(s) its consumer would load that no ledger row owns, not counted: a trainer "
+                f"would load them too (first: {self.out}/{self.unowned[0]}); `latentforge verify` lists them"
+            )
         return lines
 
     def missing_markdown(self, limit: int = 20, detail_chars: int = 80) -> str:
@@ -174,6 +182,11 @@ class ReconcileReport:
             (
                 f"Gone from the source, kept in the cache ({reports.shown(self.gone_from_source, limit)})",
                 *_grouped(GoneSample, self.gone_from_source[:limit]),
+            ),
+            (
+                f"Files its consumer would load that no ledger row owns ({reports.shown(self.unowned, limit)})",
+                ["file"],
+                [[f"{self.out}/{rel}"] for rel in self.unowned[:limit]],
             ),
         ]
 

@@ -73,6 +73,7 @@ class ReconcileRecord(Record):
     shard_problems: dict[str, str]
     unlisted: int
     gone_from_source: list[dict[str, Any]]
+    unowned: list[str] = []  # files its consumer would load that no row owns (reports before it: none recorded)
     expected: int
     produced: int
     shortfall: int

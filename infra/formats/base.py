@@ -18,6 +18,7 @@ import torch
 
 from infra import outdir
 from infra.cache.ledger import FileRecord
+from infra.formats.consumer_glob import ConsumerGlob
 from infra.models.base import ROLES
 from infra.outdir import OutFile
 from infra.storage import Written, atomic_write
@@ -158,10 +159,14 @@ class Format(ABC):
     name: ClassVar[str]
     #: Output kind → the key that holds it in a record `read` returns (x0, text_embeds, ...).
     keys: ClassVar[dict[str, str]]
+    #: The files of OUT the format's consumer loads, by the consumer's own glob (docs/formats.md): verify, reconcile,
+    #: inspect and a resume name those no ledger row owns (`infra.gates.unowned`).
+    consumer_glob: ClassVar[ConsumerGlob]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        missing = [a for a in ("name", "keys") if not inspect.isabstract(cls) and not hasattr(cls, a)]
+        declared = ("name", "keys", "consumer_glob")
+        missing = [a for a in declared if not inspect.isabstract(cls) and not hasattr(cls, a)]
         if missing:
             raise TypeError(f"format {cls.__name__} does not declare {', '.join(missing)}")
 
@@ -213,6 +218,11 @@ class Format(ABC):
     def paths(self, stem: str, kinds: Iterable[str]) -> dict[str, str]:
         """OUT-relative path of the file holding each output kind of the sample named `stem` (kinds may share
         one file): deterministic, mirroring the source's names."""
+
+    def sample_file(self, stem: str, kinds: Iterable[str], rel: str) -> bool:
+        """Whether OUT-relative `rel` is a file the sample named `stem` writes (one of its `paths`; a format whose names
+        take more than the stem says so itself)."""
+        return rel in self.paths(stem, kinds).values()
 
     def stored_dtype(self, kind: str, store_dtype: str) -> torch.dtype:
         """The dtype this format stores an output kind in (default `kind_dtype`; a consumer's own may differ)."""

@@ -43,6 +43,7 @@ from infra.formats.base import (
     PerSampleWriter,
     opened,
 )
+from infra.formats.consumer_glob import ConsumerGlob
 from infra.outdir import OutFile
 
 #: What a file carries for latentforge (its fingerprint, the sample's group and id), under one key of inputs_shared.
@@ -111,6 +112,9 @@ class DiffSynthFormat(Format):
     name = "diffsynth"
     keys: ClassVar[dict[str, str]] = KEYS
     has_fingerprint = True
+    #: Its ``UnifiedDataset.search_for_cached_data_files``: every name ending ``.pth`` below the base path, hidden ones
+    #: and folders through links included, each unpickled (``weights_only=False``).
+    consumer_glob = ConsumerGlob(("**/*.pth",))
 
     def writer(self, out: Path) -> DiffSynthWriter:
         return DiffSynthWriter(out, self)

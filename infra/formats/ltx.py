@@ -39,6 +39,7 @@ from infra.formats.base import (
     PerSampleWriter,
     opened,
 )
+from infra.formats.consumer_glob import ConsumerGlob
 from infra.media.temporal import effective_fps
 from infra.outdir import OutFile
 
@@ -151,6 +152,9 @@ class LtxFormat(Format):
         VIDEO_MASK_KIND: "mask",
         AUDIO_MASK_KIND: "mask",
     }
+    #: ``PrecomputedDataset``: ``latents/**/*.pt`` and the file of the same relative path in every other source folder
+    #: its mode names (the trainer's ``Path.glob``: hidden names included).
+    consumer_glob = ConsumerGlob(tuple(f"{PRECOMPUTED}/{folder}/**/*.pt" for folder in DIRS.values()))
 
     def writer(self, out: Path) -> LtxWriter:
         return LtxWriter(out, self)

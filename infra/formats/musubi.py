@@ -45,6 +45,7 @@ from infra.formats.base import (
     WrittenSample,
     opened,
 )
+from infra.formats.consumer_glob import ConsumerGlob
 from infra.formats.musubi_toml import TOML_NAME, check_cache_directory, write_toml
 from infra.formats.safetensors_bytes import safetensors_bytes
 from infra.media.buckets import Bucket, musubi_buckets, parse_buckets
@@ -163,6 +164,9 @@ class MusubiFormat(Format):
         CLIP_KIND: "clip",
     }
     has_fingerprint = True
+    #: Its ``prepare_for_training``: ``glob(cache_directory/*_wan.safetensors)`` (Python's glob: no hidden names), each
+    #: with ``{item_key}_wan_te.safetensors`` beside it.
+    consumer_glob = ConsumerGlob((f"*_{ARCHITECTURE}.safetensors", f"*_{ARCHITECTURE}_te.safetensors"), hidden=False)
 
     def writer(self, out: Path) -> MusubiWriter:
         return MusubiWriter(out, self)
@@ -182,6 +186,13 @@ class MusubiFormat(Format):
         """The text file's exact name; the latents file's without its frame range and source size (which the name
         takes from the clip: `MusubiWriter` keeps an identical file left at the full name)."""
         return {k: text_name(stem) if k == "text_embeddings" else f"{flat_name(stem)}_wan.safetensors" for k in kinds}
+
+    def sample_file(self, stem: str, kinds: Iterable[str], rel: str) -> bool:
+        """The text file's exact name, or a latents file of the stem at any frame range and source size."""
+        if rel == text_name(stem):
+            return True
+        size = rf"\d{{4,}}x\d{{4,}}_{ARCHITECTURE}\.safetensors"
+        return re.fullmatch(rf"{re.escape(flat_name(stem))}_(?:\d{{5,}}-\d{{3,}}_)?{size}", rel) is not None
 
     def read(self, path: Path | OutFile) -> dict[str, Any]:
         """The file's tensors under the keys musubi's loader gives them, its metadata and its marks (safetensors:

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 import torch
 
 from infra.formats.base import EncodedSample, opened
+from infra.formats.consumer_glob import ConsumerGlob
 from infra.formats.consumers import expects, stored_fps
 from infra.formats.shards import ShardFormat, ShardWriter, Sink, shard_options
 from infra.outdir import OutFile
@@ -175,6 +176,8 @@ class ParquetFormat(ShardFormat):
     name = "parquet"
     ext = "parquet"
     keys: ClassVar[dict[str, str]] = {"latents": "latents", "text_embeddings": "text_embeddings"}
+    #: FastVideo's parquet datasets (``os.walk`` of the data path): every name ending ``.parquet`` below it.
+    consumer_glob = ConsumerGlob(("**/*.parquet",))
 
     def trims_text_for(self, family: str) -> bool:
         found = expects(self.name, family)

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 
 from infra.formats.base import EncodedSample, Format, PerSampleWriter, opened
+from infra.formats.consumer_glob import ConsumerGlob
 from infra.outdir import OutFile
 
 
@@ -66,6 +67,8 @@ class PtFormat(Format):
         "clip_features": "clip_features",
         "first_frame_latents": "first_frame_latents",
     }
+    #: What a trainer of the VBVR cache loads: every ``.pt`` below OUT (``OUT/<group>/<id>.pt``, nested stems kept).
+    consumer_glob = ConsumerGlob(("**/*.pt",))
 
     def writer(self, out: Path) -> PtWriter:
         return PtWriter(out, self)

@@ -330,14 +330,19 @@ def drop_superseded(out: Path, fmt: ShardFormat, rows: dict[str, dict[str, Ledge
 
 def write_meta(out: Path, fmt: Format, fingerprint: str, rows: dict[str, dict[str, LedgerRow]]) -> Path | None:
     """``OUT/_meta.json``, written last: the exact count of samples in the parts (what a trainer streams), per part
-    its count, size and sha256, the fingerprint, and the ledger's done count beside it. None for a per-sample
-    format. Parts holding superseded copies are rewritten first (`drop_superseded`)."""
+    its count, size and sha256, the fingerprint, and the ledger's done count beside it; a part no ledger row names is
+    not listed (nor its record made: `infra.gates.unowned` names it). None for a per-sample format. Parts holding
+    superseded copies are rewritten first (`drop_superseded`)."""
     if not isinstance(fmt, ShardFormat):
         return None
     drop_superseded(out, fmt, rows)
     done = sum(row.status == "done" for shard_rows in rows.values() for row in shard_rows.values())
+    owned = {file.path for shard_rows in rows.values() for row in shard_rows.values() for file in row.output_files()}
     shards = []
     for relpath in finished_parts(out, fmt.ext):
+        if relpath not in owned:
+            logger.warning("%s: no ledger row names it: left out of %s", outdir.shown(out, relpath), META_JSON)
+            continue
         record = part_record(out, relpath, fmt)
         shards.append({"url": relpath, "samples": record.samples, "bytes": record.bytes, "sha256": record.sha256})
     meta = {

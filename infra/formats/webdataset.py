@@ -36,6 +36,7 @@ import torch
 from infra import outdir
 from infra.cache.cachedir import CACHE_JSON
 from infra.formats.base import AUDIO_KIND, EncodedSample, opened
+from infra.formats.consumer_glob import ConsumerGlob
 from infra.formats.shards import META_JSON, SHARDS_DIR, ShardFormat, ShardWriter, Sink, part_record_rel, shard_options
 from infra.outdir import OutFile
 
@@ -153,6 +154,8 @@ class WebDatasetFormat(ShardFormat):
 
     name = "webdataset"
     ext = "tar"
+    #: A reader handed the parts (``shards/*.tar``, as `_meta.json` lists them: CC12M's ``{00000..N}.tar``).
+    consumer_glob = ConsumerGlob((f"{SHARDS_DIR}/*.tar",))
     keys: ClassVar[dict[str, str]] = {
         "latents": "latents",
         "text_embeddings": "text_embeddings",

@@ -30,6 +30,7 @@ from infra.formats import Format, get_format
 from infra.gates.cachefiles import cache_files
 from infra.gates.content import Content, ContentCheck, Damaged, problem, repair_commands, repair_lines
 from infra.gates.stale import StaleReport, find_stale
+from infra.gates.unowned import Scan, finished_shards, leftovers
 from infra.job import Job
 from infra.media.resize import resize_policy_of
 from infra.models import get_family
@@ -47,6 +48,8 @@ HEADERS: dict[str, tuple[str, str]] = {
     "Spec of the existing cache": ("field", "value"),
     "Changed in the source since encoded: stale": ("sample", "what changed"),
 }
+#: A state a build may write into without asking (but for unowned files: `VerifyReport.writable`).
+WRITABLE = ("absent", "compatible")
 
 CONSEQUENCES: dict[str, str] = {
     "absent": "A run creates OUT, writes cache.json, then encodes every planned sample.",
@@ -56,6 +59,8 @@ CONSEQUENCES: dict[str, str] = {
     "foreign": "Nothing is written: latentforge does not write into a directory it did not create.",
     "damaged": "Nothing should be written until the problems are resolved (restore or remove the files; damaged "
     "samples: see Repair).",
+    "unowned": "Nothing is written unless a person decides on the files no ledger row owns: keep them (reuse), have "
+    "them removed (overwrite), write another OUT (new_dir); or move them out of OUT and run again.",
 }
 
 
@@ -93,6 +98,19 @@ class VerifyReport:
     overwrite: dict[str, Any] | None = None
     #: Shell lines that move the damaged files out of OUT; the build run again then encodes those samples again.
     repair: list[str] = field(default_factory=list)
+    #: Files of OUT its format's consumer would load (by its own glob) that no ledger row owns, links among them
+    #: (OUT-relative): a trainer would load them, so a build stops there until a person decides (`infra.gates.unowned`).
+    unowned: list[str] = field(default_factory=list)
+    #: Unowned files at the paths of samples of a shard a run left unfinished: its resume adopts or refuses each.
+    in_flight: list[str] = field(default_factory=list)
+    #: Unowned files this run's conflict decision covers (kept by reuse, removed by an approved overwrite).
+    unowned_decided: list[str] = field(default_factory=list)
+
+    @property
+    def writable(self) -> bool:
+        """A build may write into OUT without asking: absent or compatible, and no file a trainer would load that no
+        ledger row owns (nor one a decision did not cover)."""
+        return self.kind in WRITABLE and not self.unowned
 
     def add_stale(self, found: StaleReport) -> None:
         """Take in the stale check of the plan's selection."""
@@ -136,9 +154,12 @@ def verify_out(
     max_samples: int = 8,
     extra_shapes: Mapping[str, tuple[int, ...]] | None = None,
     content: Content = "spot",
+    planned: tuple[Job, list[ShardPlan]] | None = None,
 ) -> VerifyReport:
     """Classify OUT against `spec`, count what the ledgers say is done and check the samples (read only): every
-    file's sha256 with ``content="all"``, those of the samples loaded with ``"spot"``."""
+    file's sha256 with ``content="all"``, those of the samples loaded with ``"spot"``; the files its consumer would
+    load that no ledger row owns (with the `planned` build: those a sample in progress when a run died left, and
+    those its conflict decision covers, apart)."""
     out = outdir.root(out)
     state = classify(out, spec)
     fingerprints = {"planned_fingerprint": spec.fingerprint(), "existing_fingerprint": state.existing_fingerprint}
@@ -148,7 +169,10 @@ def verify_out(
         existing = _existing_spec(out)
         report.existing_spec = existing.model_dump(mode="json") if existing else None
         full = content == "all"
-        done = _done_rows(out, report, ContentCheck(out, full, "sha256" if full else "size"))
+        scan = _scan(out, existing or spec, report)
+        done = _done_rows(out, report, ContentCheck(out, full, "sha256" if full else "size"), scan)
+        if scan is not None:
+            _unowned(out, report, scan, planned)
         _check_contents(out, report)
         shapes = {"latents": tuple(latent_shape), "text_embeddings": tuple(text_shape), **(extra_shapes or {})}
         if spec.buckets:  # each sample's latents have its own bucket's shape
@@ -177,7 +201,7 @@ def verify_plan(
     leaves it out). A build's verify-existing checks content by `"spot"`:
     hashing every byte of a large cache before each resume would cost more than most resumes encode."""
     shapes = {"latent_shape": job.latent_shape, "text_shape": job.text_shape}
-    report = verify_out(job.out, job.spec, **shapes, content=content)
+    report = verify_out(job.out, job.spec, **shapes, content=content, planned=(job, shards))
     if stale and report.kind == "compatible":
         report.add_stale(find_stale(job, shards, spool))
     return report
@@ -201,15 +225,48 @@ class _Done:
     shard: str
 
 
-def _done_rows(out: Path, report: VerifyReport, content: ContentCheck) -> list[_Done]:
+def _scan(out: Path, spec: CacheSpec, report: VerifyReport) -> Scan | None:
+    """The files the cache's consumer loads (`infra.gates.unowned`); None (a problem said) when OUT cannot be listed."""
+    try:
+        return Scan.of(out, get_format(spec.format))
+    except (ConfigError, OSError, outdir.UnsafePath) as exc:
+        report.problems.append(f"{out}: not listed for the files its consumer loads ({exc})")
+        return None
+
+
+def _unowned(out: Path, report: VerifyReport, scan: Scan, planned: tuple[Job, list[ShardPlan]] | None) -> None:
+    """The unowned files of `scan` into the report: links (damage: a consumer would follow them), those a run left
+    for a sample of a shard it did not finish (`leftovers`, with the `planned` build), those the planned build's
+    conflict decision covers, and the rest (`unowned`)."""
+    report.problems += [
+        f"{out / rel} is a symbolic link its consumer would follow: latentforge never reads, writes or uploads under "
+        "OUT through a link (replace it with the real folder or file, or move it out of OUT)"
+        for rel in scan.links
+    ]
+    found = scan.files()
+    if not found or planned is None:
+        report.unowned = found
+        return
+    job, shards = planned
+    report.in_flight = sorted(leftovers(job, shards, finished_shards(out), found))
+    decided = job.keep_unowned | job.remove_unowned
+    rest = [rel for rel in found if rel not in report.in_flight]
+    report.unowned_decided = [rel for rel in rest if rel in decided]
+    report.unowned = [rel for rel in rest if rel not in decided]
+
+
+def _done_rows(out: Path, report: VerifyReport, content: ContentCheck, scan: Scan | None = None) -> list[_Done]:
     """Done rows of every shard (latest row per key), shard by shard: each one's files checked (`_check_files`,
-    then `content`), done and groups filled; what `_choose` needs kept of each."""
+    then `content`), done and groups filled, every row's files taken off `scan`; what `_choose` needs kept of each."""
     done: list[_Done] = []
     counted: set[str] = set()  # a shard file holds many samples: its bytes count once
     prints: Counter[str | None] = Counter()
     try:
         for shard_id in ledger.shard_ids(out):
-            rows = [row for row in ledger.read_shard(out, shard_id).values() if row.status == "done"]
+            every = ledger.read_shard(out, shard_id)
+            if scan is not None:
+                scan.owned(every.values())
+            rows = [row for row in every.values() if row.status == "done"]
             _check_files(out, rows, report, counted)
             _add_damaged(out, report, [d for row in rows for d in content.row(row)])
             prints.update(row.fingerprint for row in rows)
@@ -416,11 +473,18 @@ def _settle(report: VerifyReport) -> None:
         report.message = f"{report.out}: {len(report.problems)} problem(s), first: {report.problems[0]}{differs}"
     elif report.kind == "compatible":
         gone = f", {len(report.missing)} of them missing on disk (re-encoded by the run)" if report.missing else ""
-        report.message = f"{report.out} holds this cache, {counts}{gone}: a run resumes"
+        resumes = "" if report.unowned else ": a run resumes"
+        report.message = f"{report.out} holds this cache, {counts}{gone}{resumes}"
         if report.overwrite:
             report.message += f" the approved overwrite ({_overwrite_text(report.overwrite)})"
     elif report.kind == "incompatible":
         report.message = f"{report.out} holds another cache ({counts}){differs}"
+    if report.unowned:
+        first = f"{report.out}/{report.unowned[0]}"
+        report.message += (
+            f"; {len(report.unowned)} file(s) its consumer would load that no ledger row owns (first: {first}): a "
+            "build stops there until a person decides"
+        )
     if report.damaged:
         report.message += f"; {len(report.damaged)} damaged sample(s): `latentforge verify OUT` prints their repair"
 
@@ -488,6 +552,7 @@ def _sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, str]]]]:
     sections.append((f"Missing on disk, re-encoded by a run ({len(report.missing)})", gone))
     stale = [(s["selector"], ", ".join(f"{k}: {v}" for k, v in s["changed"].items())) for s in report.stale]
     sections.append((f"Changed in the source since encoded: stale ({len(report.stale)})", stale[:MAX_LISTED]))
+    sections += _unowned_sections(report)
     notes = [("kept stale by an earlier decision", str(report.stale_kept))] if report.stale_kept else []
     notes += (
         [("done rows with no recorded source", str(report.unrecorded_sources))] if report.unrecorded_sources else []
@@ -496,8 +561,31 @@ def _sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, str]]]]:
     spec = report.existing_spec or {}
     rows = [row for k, v in sorted(spec.items()) for row in _flat(k, flag_words(k, v))]
     sections.append(("Spec of the existing cache", rows))
-    sections.append(("What would change", [("", CONSEQUENCES[report.kind])]))
+    what = "unowned" if report.unowned and report.kind in WRITABLE else report.kind
+    sections.append(("What would change", [("", CONSEQUENCES[what])]))
     return [(title, rows) for title, rows in sections if rows]
+
+
+def _unowned_sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The files a trainer would load that no ledger row owns; those a killed run left; those a decision covers."""
+
+    def listed(rels: list[str]) -> list[tuple[str, str]]:
+        rows = [("", f"{report.out}/{rel}") for rel in rels[:MAX_LISTED]]
+        return rows + (
+            [("", f"... and {len(rels) - MAX_LISTED} more (--json lists them all)")] if len(rels) > MAX_LISTED else []
+        )
+
+    return [
+        (
+            f"Unowned: files its consumer would load that no ledger row owns ({len(report.unowned)})",
+            listed(report.unowned),
+        ),
+        (
+            f"Left by a run that did not finish its shard: the resume adopts or refuses each ({len(report.in_flight)})",
+            listed(report.in_flight),
+        ),
+        (f"Unowned, covered by this run's decision ({len(report.unowned_decided)})", listed(report.unowned_decided)),
+    ]
 
 
 def _md(value: str) -> str:

@@ -36,7 +36,7 @@ from infra.sources.base import (
 )
 from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB, read_file
 from infra.sources.identity import MemberIdentity, SourceIdentity
-from infra.sources.names import name_key, nameable, output_stem
+from infra.sources.names import key_text, name_key, nameable, output_stem, store_key_problem
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,14 @@ def list_media(root: Path) -> list[Path]:
 
 def _is_media(rel: PurePath) -> bool:
     return rel.suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES and not any(p.startswith(".") for p in rel.parts)
+
+
+def _object_media(rel: str) -> bool:
+    """Whether the object at key `rel` (below the folder's prefix, as listed: never normalised) is a sample: a media
+    object, or one named like media whose key cannot name a sample (`store_key_problem`: a row that says why)."""
+    if store_key_problem(rel) is not None:
+        return PurePosixPath(rel.rpartition("/")[2]).suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES
+    return _is_media(PurePosixPath(rel))
 
 
 def list_objects(root: str) -> dict[str, store.Stat]:
@@ -88,12 +96,11 @@ class FolderSource(Source):
         name = self.root.resolve().name if self.url is None else store.name(self.url)
         self.prefix = name if is_safe_name(name) else "folder"
 
-    def _files(self) -> list[PurePath]:
-        if self.url is not None:
+    def _files(self) -> list[PurePath] | list[str]:
+        if self.url is not None:  # keys as listed (a path would read "a//b" as "a/b")
             if self._objects is None:
                 self._objects = list_objects(self.url)
-            media = (PurePosixPath(rel) for rel in self._objects)
-            return sorted((rel for rel in media if _is_media(rel)), key=lambda p: p.as_posix())
+            return sorted(rel for rel in self._objects if _object_media(rel))
         if not self.root.is_dir():
             raise SourceError(f"folder source {str(self.root)!r}: not a directory")
         return list_media(self.root)
@@ -109,11 +116,16 @@ class FolderSource(Source):
         index = int(shard.id.rpartition("-")[2])
         chunk = self._files()[index * FILES_PER_SHARD : (index + 1) * FILES_PER_SHARD]
         for rel in chunk:
-            yield mark_duplicate(self._ref(rel) if self.url is None else self._object_ref(rel), shard)
+            ref = self._ref(rel) if isinstance(rel, Path) else self._object_ref(str(rel))
+            yield mark_duplicate(ref, shard)
 
-    def _object_ref(self, rel: PurePath) -> SampleRef:
-        """`_ref` of a media object in a store: its members by size and version as listed (no link to follow)."""
+    def _object_ref(self, key: str) -> SampleRef:
+        """`_ref` of a media object in a store: its members by size and version as listed (no link to follow); an
+        object whose key cannot name a sample (`store_key_problem`), a ``bad_layout`` row saying why."""
         assert self.url is not None and self._objects is not None
+        if (why := store_key_problem(key)) is not None:
+            return _unsafe_key(key, why, store.shown(self.url))
+        rel = PurePosixPath(key)
         sid = name_key(rel.as_posix())
         parts = (*rel.parent.parts, rel.stem)
         bad = [p for p in parts if not nameable(p)]
@@ -177,6 +189,19 @@ class FolderSource(Source):
         if why := self._outside(path):
             raise InputError(OUTSIDE_SOURCE, why)
         return path
+
+
+def _unsafe_key(key: str, why: str, where: str) -> SampleRef:
+    """The sample of an object below `where` whose `key` cannot name one: nothing of it is read."""
+    sid = key_text(key)
+    detail = f"the object '{sid}' below {where} {why}: not read"
+
+    def refused() -> bytes | None:
+        raise InputError(Problem.BAD_LAYOUT.value, detail)
+
+    return SampleRef(
+        id=sid, group="", key=sid, read_media=refused, read_prompt=refused, problems={Problem.BAD_LAYOUT: detail}
+    )
 
 
 def _read(path: Path, identity: SourceIdentity, max_mb: int, *, prompt: bool = False) -> bytes | None:

@@ -48,7 +48,8 @@ from infra.sources.base import (
 from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB, read_file
 from infra.sources.identity import MemberIdentity, SourceIdentity
 from infra.sources.meta_rows import Row, decode, entries, make_row
-from infra.sources.names import nameable, output_stem, safe_text
+from infra.sources.names import key_text, nameable, output_stem, safe_text, store_key_problem
+from infra.urls import redacted
 
 logger = logging.getLogger(__name__)
 
@@ -251,12 +252,13 @@ class MetaSource(Source):
         """Why a relative media path of a row may not be read: it leads out of the metadata file's folder (an
         absolute path is the user's own choice of place; in a store, where a row's path can only be relative to the
         metadata file, an absolute path or a ``..`` is outside it)."""
-        if self.url is not None:
-            parts = ((e, PurePosixPath(e.replace("\\", "/"))) for e in listed if e)
-            found = (e for e, p in parts if p.is_absolute() or ".." in p.parts or "://" in e)
+        if self.url is not None:  # a key is taken as it is: one a path would read otherwise is refused
+            found = ((e, why) for e in listed if e and (why := _key_refusal(e)) is not None)
             bad = next(found, None)
-            where = store.shown(store.parent(self.url))
-            return None if bad is None else f"{bad!r} is not below {where}, the metadata file's folder: not read"
+            if bad is None:
+                return None
+            where, shown = store.shown(store.parent(self.url)), key_text(redacted(bad[0]))
+            return f"'{shown}' is not below {where}, the metadata file's folder: it {bad[1]}; not read"
         relative = [entry for entry in listed if entry and not PurePosixPath(entry).is_absolute()]
         found = (outside_root(self.root, self.root / e, follow_symlinks=self.follow_symlinks) for e in relative)
         return next((why for why in found if why), None)
@@ -267,6 +269,16 @@ class MetaSource(Source):
         if why := self._outside([entry or ""]):
             raise InputError(OUTSIDE_SOURCE, why)
         return _read(path, name, identity, self.max_media_mb)
+
+
+def _key_refusal(entry: str) -> str | None:
+    """Why a row's media path cannot be read below a metadata file in a store (a key is taken as it is), or None."""
+    path = entry.replace("\\", "/")
+    if "://" in entry:
+        return "is a URL of its own"
+    if path.startswith("/"):
+        return "is an absolute path"
+    return store_key_problem(path)
 
 
 def _bad_row(row: Row) -> SampleRef:

@@ -118,3 +118,33 @@ def sample_name(group: str, sample_id: str) -> str:
     if not group or sample_id == group or sample_id.startswith(group + "/"):
         return sample_id
     return f"{group}/{sample_id}"
+
+
+#: Characters a store key may not hold: C0 and C1 controls and DEL (a log line, a terminal or a report would act on
+#: them; no name of a sample needs one).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def store_key_problem(rel: str) -> str | None:
+    """Why an object's key below a source's prefix (`rel`: the key past the prefix and its ``/``) cannot name a
+    sample, or None. A store keeps keys as they are, so a key whose parts a path would read otherwise is refused:
+    a ``..`` part (it leads out of the prefix), a ``.`` part, an empty part (a leading ``/``, a ``//``), a control
+    character. Such an object is a skipped row (``bad_layout``), as an unsafe local name is, never read."""
+    if _CONTROL.search(rel):
+        return "holds a control character"
+    parts = rel.split("/")
+    if ".." in parts:
+        return "has a '..' part: it leads out of its prefix"
+    if "." in parts:
+        return "has a '.' part"
+    if "" in parts:
+        return "has an empty part (a leading '/' or a '//')"
+    return None
+
+
+def key_text(key: str) -> str:
+    """A store key as a ledger row holds it (`name_key`), its control characters shown as ``\\xNN`` too (a shown
+    key holds a backslash whenever it was changed, as `name_key`'s)."""
+    if not _CONTROL.search(key):
+        return name_key(key)
+    return "".join(f"\\x{ord(c):02x}" if _CONTROL.match(c) else _escape(c, "\\\\") for c in key)

@@ -21,9 +21,9 @@ from typing import IO, Any
 
 from infra.errors import InputError, SourceError
 from infra.fetch import version_of
-from infra.outstore import USERINFO
 from infra.sources import retries
 from infra.sources.bounded import check_size
+from infra.urls import redacted, store_settings_problem, url_problem
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,10 @@ def filesystem(url: str) -> tuple[Any, str]:
     import fsspec  # noqa: PLC0415 - only a source in a store needs it
 
     scheme = url.split("://", 1)[0].lower()
-    if USERINFO.match(url):  # the spec is recorded in OUT (cache.json, the run report): it must hold no secret
-        raise SourceError(f"{shown(url)}: a URL with user:password@ is refused: credentials come from the store")
+    if (problem := url_problem(url)) is not None:  # the spec is recorded in OUT (cache.json, the run report)
+        raise SourceError(f"{shown(url)}: {problem}")
+    if (problem := store_settings_problem([url], dict(os.environ))) is not None:
+        raise SourceError(f"{shown(url)}: {problem}")
     options: dict[str, Any] = {}
     if scheme == "hf" and os.environ.get("HF_ENDPOINT"):  # huggingface_hub reads it once, at import
         options["endpoint"] = os.environ["HF_ENDPOINT"]
@@ -74,8 +76,8 @@ def filesystem(url: str) -> tuple[Any, str]:
 
 
 def shown(url: str) -> str:
-    """`url` as it may be printed: any ``user:password@`` part dropped (a URL names a place, never a key)."""
-    return USERINFO.sub(lambda m: m[0].split("://")[0] + "://", url)
+    """`url` as it may be printed: its credentials hidden, whatever their shape (`infra.urls.redacted`)."""
+    return redacted(url)
 
 
 def stat_of(info: dict[str, Any]) -> Stat:
