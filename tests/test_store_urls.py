@@ -97,6 +97,23 @@ def test_every_object_of_a_folder_in_a_store_ends_in_a_row_and_unsafe_keys_are_s
     assert {p.name for p in tmp_path.iterdir()} <= {"out", "out.sanity"}  # nothing written outside OUT
 
 
+@pytest.mark.parametrize("key", ["tars/../up.tar", "tars/./dot.tar", "tars//double.tar", "tars/ctl\x01.tar"])
+def test_a_tar_shard_whose_key_a_path_reads_otherwise_is_refused_at_listing(s3, image_model, tmp_path, key):
+    """A `vbvr:`/`wds:` shard is the unit of work: a tar below the prefix whose key has a `..`, `.`, empty part or a
+    control character is refused when the source is listed (one line naming it, exit 2), as a local shard that leads
+    out of its folder is: never read, never skipped in silence."""
+    client = boto3.client("s3")
+    client.put_object(Bucket=BUCKET, Key=key, Body=b"\0" * 1024)
+    try:
+        out = tmp_path / "out"
+        built = runner.invoke(app, _build(f"wds:s3://{BUCKET}/tars", str(image_model), str(out)))
+    finally:
+        client.delete_object(Bucket=BUCKET, Key=key)
+    errors = _errors(built.output)
+    assert built.exit_code == 2 and len(errors) == 1 and "not read" in errors[0], built.output
+    assert not out.exists()
+
+
 @given(st.lists(st.sampled_from(["a", "b.png", "", ".", "..", "c\x00", "d\x1f", "e\x7f", "f\x85", "%2e%2e", "é"]),
                 min_size=1, max_size=5))  # fmt: skip
 @settings(max_examples=200, deadline=None, derandomize=True)

@@ -39,7 +39,7 @@ from infra.sources.base import (
 )
 from infra.sources.bounded import DEFAULT_MAX_MEDIA_MB
 from infra.sources.identity import MemberIdentity, SourceIdentity
-from infra.sources.names import is_text, name_key
+from infra.sources.names import is_text, key_text, name_key, store_key_problem
 from infra.sources.relist import Relisting, made, read_headers
 from infra.sources.tars import (
     PLAIN_TAR,
@@ -177,7 +177,13 @@ def find_store_tars(spec: str, kind: str) -> dict[str, store.Stat]:
         found = {}
     except OSError as exc:  # no permission, no such bucket: the run cannot list its source
         raise SourceError(f"{kind} source {store.shown(spec)!r}: cannot be listed ({exc})") from exc
-    return {url: stat for url, stat in found.items() if url.endswith(TAR_SUFFIXES)}
+    tars = {url: stat for url, stat in found.items() if url.endswith(TAR_SUFFIXES)}
+    for url in tars:  # a shard is the unit of work: one a path would read otherwise is refused, not skipped
+        key = url.partition("://")[2].partition("/")[2]
+        problem = store_key_problem(key)
+        if problem is not None:
+            raise SourceError(f"{kind} source {store.shown(spec)!r}: the tar {key_text(key)!r} {problem}: not read")
+    return tars
 
 
 def _find_tars(spec: str, follow_symlinks: bool = False) -> list[Path] | dict[str, store.Stat]:
