@@ -51,6 +51,7 @@ from infra.models import (
 from infra.models.base import GeometryRules, TextSettings, preprocess_name
 from infra.outstore import is_url
 from infra.recipes import apply_recipe
+from infra.records import DamagedRecord
 from infra.sources import SampleRef, Shard, ShardReadError, Source, ahead, listing_cache, open_source
 from infra.sources.identity import SourceIdentity
 from infra.sources.names import collision_key
@@ -611,6 +612,7 @@ def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> B
 def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
     """A config to verify OUT against: its own cache.json's settings and model, with `overrides` on top."""
     values: dict[str, Any] = {}
+    unreadable = "has no readable cache.json"
     try:
         meta = read_cache_json(out)
         provenance = meta.get("provenance", {})
@@ -619,11 +621,13 @@ def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
             "model": provenance.get("model_path"),
             **spec_settings(CacheSpec.model_validate(meta["spec"])),
         }
-    except (OSError, ValueError, KeyError, TypeError):
-        logger.info("%s has no readable cache.json: verifying against the given settings only", out)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if isinstance(exc, DamagedRecord):  # names the file and why, in one line
+            unreadable = f"has no readable cache.json ({exc})"
+        logger.info("%s %s: verifying against the given settings only", out, unreadable)
     values.update({k: v for k, v in overrides.items() if v is not None})
     if not values.get("model"):
-        raise ConfigError(f"pass --model: {out} has no readable cache.json that names one")
+        raise ConfigError(f"pass --model: {out} {unreadable}")
     values["source"] = values.get("source") or "none:-"  # verify needs no source; reconcile does
     return BuildConfig.model_validate({**values, "out": str(out)})
 

@@ -21,7 +21,7 @@ import torch
 from pydantic import ValidationError
 
 from infra import outdir
-from infra.cache import ledger
+from infra.cache import ledger, listing
 from infra.cache.cachedir import OutKind, classify, overwrite_in_progress, read_cache_json
 from infra.cache.ledger import FileRecord
 from infra.config import TEMPORAL_ALIASES, CacheSpec
@@ -34,6 +34,7 @@ from infra.job import Job
 from infra.media.video import resize_policy_of
 from infra.models import get_family
 from infra.plan import ShardPlan
+from infra.records import DamagedRecord, warn
 from infra.sources.names import group_name
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,9 @@ class VerifyReport:
     overwrite: dict[str, Any] | None = None
     #: Shell lines that move the damaged files out of OUT; the build run again then encodes those samples again.
     repair: list[str] = field(default_factory=list)
+    #: Records of OUT's treated as absent (a damaged recorded plan: the next build makes it again), one line each:
+    #: the lines `reconcile` and a build give for them too.
+    absent: list[str] = field(default_factory=list)
 
     def add_stale(self, found: StaleReport) -> None:
         """Take in the stale check of the plan's selection."""
@@ -150,6 +154,7 @@ def verify_out(
         full = content == "all"
         done = _done_rows(out, report, ContentCheck(out, full, "sha256" if full else "size"))
         _check_contents(out, report)
+        _check_plan(out, report)
         shapes = {"latents": tuple(latent_shape), "text_embeddings": tuple(text_shape), **(extra_shapes or {})}
         if spec.buckets:  # each sample's latents have its own bucket's shape
             del shapes["latents"]
@@ -215,6 +220,8 @@ def _done_rows(out: Path, report: VerifyReport, content: ContentCheck) -> list[_
             prints.update(row.fingerprint for row in rows)
             own = [r for r in rows if report.existing_fingerprint in (None, r.fingerprint) or r.fingerprint is None]
             done += [_Done(row.group, row.path or "", row.key, shard_id) for row in own]
+    except DamagedRecord as exc:  # one line: the file, its line, and what repairs it
+        report.problems.append(f"unreadable ledger {exc}")
     except (OSError, ValueError) as exc:
         report.problems.append(f"{ledger.ledger_dir(out)}: unreadable ledger ({exc})")
     except outdir.UnsafePath as exc:
@@ -262,6 +269,14 @@ def _check_contents(out: Path, report: VerifyReport) -> None:
         cache_files(out)
     except outdir.UnsafePath as exc:
         report.problems.append(str(exc))
+
+
+def _check_plan(out: Path, report: VerifyReport) -> None:
+    """OUT's recorded plan, read back as `reconcile` and a build read it: what does not read back is treated as
+    absent by all three (the next build records it anew), with the same line (`infra.cache.listing.ABSENT`)."""
+    for exc in listing.recorded_damage(out):
+        warn(exc)
+        report.absent.append(str(exc))
 
 
 def _rows_of(out: Path, chosen: list[_Done]) -> list[ledger.LedgerRow]:
@@ -493,6 +508,7 @@ def _sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, str]]]]:
         [("done rows with no recorded source", str(report.unrecorded_sources))] if report.unrecorded_sources else []
     )
     sections.append(("Source identity", notes))
+    sections.append(("Treated as absent (made again by the next build)", [("", line) for line in report.absent]))
     spec = report.existing_spec or {}
     rows = [row for k, v in sorted(spec.items()) for row in _flat(k, flag_words(k, v))]
     sections.append(("Spec of the existing cache", rows))

@@ -4,11 +4,11 @@ place, and what conflicts (a different remote file at one of our paths, which on
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from infra import records
 from infra.cache.cachedir import CACHE_JSON
 from infra.publish.base import UPDATABLE_ROLES, LocalFile, Remote, RemoteFile, Target, same_content
 from infra.publish.card import generated_card
@@ -84,10 +84,14 @@ def remote_fingerprint(remote: Remote) -> str | None:
     data = remote.read(CACHE_JSON)
     if data is None:
         return None
+    where = remote.target.key(CACHE_JSON)
     try:
-        value = json.loads(data).get("fingerprint")
-    except (ValueError, AttributeError):
-        logger.warning("%s: the remote cache.json is unreadable", remote.target.key(CACHE_JSON))
+        value = records.loads(data, where, "a cache.json", "treated as holding no cache").get("fingerprint")
+    except records.DamagedRecord as exc:  # one line: what it is and how it is taken
+        logger.warning("%s", exc)
+        return None
+    except AttributeError:
+        logger.warning("%s: not a cache.json (not a JSON object); treated as holding no cache", where)
         return None
     return str(value) if value else None
 
