@@ -150,11 +150,12 @@ def verify(
     content = "spot" if quick else "all"
     try:
         plan = make_plan(config)
-        report = verify_plan(plan.job, plan.shards, plan.spool, content=content)  # with the source: stale samples too
+        report = verify_plan(plan.job, plan.shards, plan.spool, content=content, recorded=True)  # and stale samples
     except SourceError as exc:
         logger.warning("source not readable (%s): stale samples not checked", exc)
         _, spec, latent_shape, text_shape = make_spec(config)
-        report = verify_out(out, spec, latent_shape=latent_shape, text_shape=text_shape, content=content)
+        shapes = {"latent_shape": latent_shape, "text_shape": text_shape}
+        report = verify_out(out, spec, **shapes, content=content, recorded=True)
     writable = report.kind in ("absent", "compatible")
     same = report.existing_fingerprint == report.planned_fingerprint
     repairable = report.damaged and same  # an overwrite keeps done samples of the same spec: the repair is the way

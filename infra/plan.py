@@ -615,21 +615,28 @@ def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
     unreadable = "has no readable cache.json"
     try:
         meta = read_cache_json(out)
-        provenance = meta.get("provenance", {})
+        provenance = meta.get("provenance")
+        provenance = provenance if isinstance(provenance, dict) else {}
         values = {
-            "source": provenance.get("source"),
-            "model": provenance.get("model_path"),
+            "source": _text(provenance.get("source")),
+            "model": _text(provenance.get("model_path")),
             **spec_settings(CacheSpec.model_validate(meta["spec"])),
         }
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        if isinstance(exc, DamagedRecord):  # names the file and why, in one line
-            unreadable = f"has no readable cache.json ({exc})"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        why = str(exc) if isinstance(exc, DamagedRecord) else f"{outdir.shown(out, 'cache.json')}: {type(exc).__name__}"
+        unreadable = f"has no readable cache.json ({why})"  # names the file and why, in one line
         logger.info("%s %s: verifying against the given settings only", out, unreadable)
     values.update({k: v for k, v in overrides.items() if v is not None})
     if not values.get("model"):
         raise ConfigError(f"pass --model: {out} {unreadable}")
     values["source"] = values.get("source") or "none:-"  # verify needs no source; reconcile does
     return BuildConfig.model_validate({**values, "out": str(out)})
+
+
+def _text(value: Any) -> str | None:
+    """A string that cache.json names (a source, a model), or None for a value of another type (read back, not
+    trusted)."""
+    return value if isinstance(value, str) else None
 
 
 def spec_settings(spec: CacheSpec) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal, TypeVar
 
@@ -121,22 +120,10 @@ def damaged(where: str, what: str, why: str, repair: str = "", kind: Why = "shap
     return DamagedRecord(line + (f"; {repair}" if repair else ""), kind)
 
 
-#: The lines `warn` said in this process (a record read by several steps is named once).
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
-
-
 def warn(exc: DamagedRecord | str) -> None:
-    """Say, once in this process, that a damaged record is treated as absent (its message says what makes it again):
-    one warning line naming the file."""
-    line = str(exc)
-    with _warned_lock:
-        if line in _warned:
-            return
-        if len(_warned) > 10_000:  # a long-lived process (a worker) reading many: forget the old ones
-            _warned.clear()
-        _warned.add(line)
-    logger.warning("%s", line)
+    """Say that a damaged record is treated as absent (its message says what makes it again): one warning line naming
+    the file. A caller that reads a record twice in one command warns once (the first read)."""
+    logger.warning("%s", exc)
 
 
 def depth_over(value: Any, limit: int) -> bool:

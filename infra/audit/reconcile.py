@@ -121,8 +121,7 @@ def _index(job: Job, report: ReconcileReport) -> list[dict[str, Any]]:
     """OUT's recorded plan entries ([] without one; a damaged index is a problem of every shard, listed now)."""
     try:
         return listing.read_index(job.out, strict=True) or []
-    except DamagedRecord as exc:  # the one line `verify` and a build give too
-        warn(exc)
+    except DamagedRecord as exc:  # the line `verify` and a build give too (said once already: `recorded_plan`)
         report.shard_problems["*"] = str(exc)
         return []
 

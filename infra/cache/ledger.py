@@ -460,10 +460,22 @@ def drop_journal(out: outdir.Out, shard_id: str) -> None:
 
 
 def seal(out: outdir.Out, shard_id: str, rows: Iterable[LedgerRow]) -> Path | StoreOut:
-    """Write the shard's sealed ledger atomically (commit record), then drop its journal."""
+    """Write the shard's sealed ledger atomically (commit record), then drop its journal. On disk a ledger that
+    holds these very bytes already (a resume that changed nothing) is left as it is: its time too, which an
+    overwrite token covers (`infra.gates.conflicts.held`; in a store the same bytes keep their ETag anyway)."""
     out = outdir.root(out)
-    body = "".join(r.to_json() + "\n" for r in rows)
-    written = atomic_write(sealed_rel(shard_id), body.encode(), replace=True, out=out)
+    body = "".join(r.to_json() + "\n" for r in rows).encode()
+    rel = sealed_rel(shard_id)
+    if isinstance(out, StoreOut) or not holds(out, rel, body):
+        atomic_write(rel, body, replace=True, out=out)
     fault_point("seal")
     drop_journal(out, shard_id)
-    return written.path
+    return out / rel
+
+
+def holds(out: Path, rel: str, body: bytes) -> bool:
+    """Whether the file `rel` below the local OUT holds exactly `body` (its size checked first)."""
+    try:
+        return outdir.size(out, rel) == len(body) and outdir.read_bytes(out, rel) == body
+    except (OSError, outdir.UnsafePath):
+        return False

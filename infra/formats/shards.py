@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from infra import outdir, records
-from infra.cache.ledger import LEDGER_DIR, FileRecord, LedgerRow, ledger_dir, move_aside
+from infra.cache.ledger import LEDGER_DIR, FileRecord, LedgerRow, holds, ledger_dir, move_aside
 from infra.errors import ConfigError, LatentforgeError
 from infra.faults import fault_point
 from infra.formats.base import EncodedSample, Format, Writer, WrittenSample
@@ -356,8 +356,11 @@ def write_meta(out: Path, fmt: Format, fingerprint: str, rows: dict[str, dict[st
         "ledger_done": done,
         "shards": shards,
     }
-    body = json.dumps(meta, indent=1, sort_keys=True) + "\n"
-    return atomic_write(META_JSON, body.encode(), replace=True, out=out).path
+    body = (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode()
+    root = outdir.root(out)
+    if isinstance(root, Path) and holds(root, META_JSON, body):  # a resume that changed nothing: left as it is
+        return root / META_JSON
+    return atomic_write(META_JSON, body, replace=True, out=out).path
 
 
 def shard_summary(out: Path, fmt: ShardFormat) -> dict[str, Any]:

@@ -140,9 +140,11 @@ def verify_out(
     max_samples: int = 8,
     extra_shapes: Mapping[str, tuple[int, ...]] | None = None,
     content: Content = "spot",
+    recorded: bool = False,
 ) -> VerifyReport:
     """Classify OUT against `spec`, count what the ledgers say is done and check the samples (read only): every
-    file's sha256 with ``content="all"``, those of the samples loaded with ``"spot"``."""
+    file's sha256 with ``content="all"``, those of the samples loaded with ``"spot"``; with `recorded`, also whether
+    OUT's recorded plan reads back (`latentforge verify`: a build records its own plan anew, and need not read it)."""
     out = outdir.root(out)
     state = classify(out, spec)
     fingerprints = {"planned_fingerprint": spec.fingerprint(), "existing_fingerprint": state.existing_fingerprint}
@@ -154,7 +156,8 @@ def verify_out(
         full = content == "all"
         done = _done_rows(out, report, ContentCheck(out, full, "sha256" if full else "size"))
         _check_contents(out, report)
-        _check_plan(out, report)
+        if recorded:
+            _check_plan(out, report)
         shapes = {"latents": tuple(latent_shape), "text_embeddings": tuple(text_shape), **(extra_shapes or {})}
         if spec.buckets:  # each sample's latents have its own bucket's shape
             del shapes["latents"]
@@ -175,14 +178,20 @@ def verify_out(
 
 
 def verify_plan(
-    job: Job, shards: list[ShardPlan], spool: Path | None = None, *, stale: bool = True, content: Content = "spot"
+    job: Job,
+    shards: list[ShardPlan],
+    spool: Path | None = None,
+    *,
+    stale: bool = True,
+    content: Content = "spot",
+    recorded: bool = False,
 ) -> VerifyReport:
     """`verify_out` for a plan's OUT; for a compatible OUT (a resume), also the stale samples of the plan's `shards`
     (`find_stale`: against the plan's listing in `spool`, else a pass over the source's listing; `stale=False`
     leaves it out). A build's verify-existing checks content by `"spot"`:
     hashing every byte of a large cache before each resume would cost more than most resumes encode."""
     shapes = {"latent_shape": job.latent_shape, "text_shape": job.text_shape}
-    report = verify_out(job.out, job.spec, **shapes, content=content)
+    report = verify_out(job.out, job.spec, **shapes, content=content, recorded=recorded)
     if stale and report.kind == "compatible":
         report.add_stale(find_stale(job, shards, spool))
     return report

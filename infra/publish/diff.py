@@ -71,7 +71,9 @@ class UploadPlan:
 
 
 def replace_token(target: Target, conflicts: list[tuple[LocalFile, RemoteFile]]) -> str:
-    """A short token bound to the target and to each conflicting path's remote and local version."""
+    """A short token bound to the target and to each conflicting path's remote and local version: what the remote
+    held at each path it replaces when it was printed (an S3 ETag, a Hub file's sha256, git blob id or xet hash); a
+    remote file changed since gives another token, and `send` replaces only the version listed."""
     parts = [target.url]
     for ours, theirs in sorted(conflicts, key=lambda pair: pair[0].path):
         remote_id = theirs.etag or theirs.sha256 or theirs.git_sha1 or str(theirs.size)

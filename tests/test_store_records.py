@@ -1,4 +1,6 @@
-"""Lease and lock records read back (`infra.cache.lock`): a lease object in a store whose record does not read back as
+"""Records read back from an OUT in an object store (and the local lock's): a journal part that does not read back
+is one line naming it; an overwrite token covers the store's keys, sizes and ETags. Lease and lock records
+(`infra.cache.lock`): a lease object in a store whose record does not read back as
 ours (a timestamp of another type or form, a number, NaN, a huge or negative one, not JSON, nested deep) is a hold,
 never taken over on a guess: a second run stops with one line naming the object and the command that clears it; a
 lease whose expiry is valid but in another form (another zone, no zone: UTC) is judged by it; the lease length
@@ -7,11 +9,12 @@ setting is bounded (`infra.bounds`)."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
 from infra import outdir
+from infra.cache import ledger
 from infra.cache.lock import (
     LEASE_ENV,
     LOCK_NAME,
@@ -22,7 +25,9 @@ from infra.cache.lock import (
     recorded_owner,
 )
 from infra.errors import ConfigError
+from infra.gates.conflicts import overwrite_token
 from infra.outstore import StoreOut
+from infra.records import DamagedRecord
 from tests.s3_proxy import module_s3
 
 BUCKET = "lf-lease"
@@ -71,9 +76,7 @@ def test_a_lease_record_that_does_not_read_back_is_a_hold_named_in_one_line(s3, 
     "expires",
     [
         (datetime.now(UTC) - timedelta(hours=1)).replace(tzinfo=None).isoformat(),  # no zone: UTC
-        (datetime.now(UTC) - timedelta(hours=1))
-        .astimezone(__import__("datetime").timezone(timedelta(hours=5)))
-        .isoformat(),
+        (datetime.now(UTC) - timedelta(hours=1)).astimezone(timezone(timedelta(hours=5))).isoformat(),
         (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%d"),
     ],
 )
@@ -87,7 +90,7 @@ def test_an_expired_lease_in_another_valid_form_is_taken_over(s3, expires):
 
 def test_a_live_lease_in_another_zone_is_live(s3):
     out = StoreOut.of(f"s3://{BUCKET}/live-zone")
-    ahead = (datetime.now(UTC) + timedelta(seconds=60)).astimezone(__import__("datetime").timezone(timedelta(hours=-7)))
+    ahead = (datetime.now(UTC) + timedelta(seconds=60)).astimezone(timezone(timedelta(hours=-7)))
     _put(out, {**OWNER, "expires": ahead.isoformat()})
     with pytest.raises(LockedError, match="being written by another run: pid 4242 on another-host"):
         check_not_locked(out)
@@ -123,3 +126,30 @@ def test_a_local_lock_record_that_does_not_read_back_is_a_hold_named_in_one_line
     assert "\n" not in line and str(out / LOCK_NAME) in line and "rm -- " in line, line
     assert (out / LOCK_NAME).read_bytes() == record  # left as it was found
     assert recorded_owner(out) is None
+
+
+def test_a_damaged_journal_part_in_a_store_is_one_line_naming_it_and_its_repair(s3):
+    """A journal part is put whole (a conditional put), so a part that does not read back is damage, not a torn
+    append: one line naming the object and the command that moves it aside (before: a RecursionError)."""
+    out = StoreOut.of(f"s3://{BUCKET}/journal")
+    out.put("ledger/s0.journal/00000000.jsonl", b"[" * 5000 + b"]" * 5000 + b"\n")
+    with pytest.raises(DamagedRecord) as caught:
+        ledger.read_shard(out, "s0")
+    line = str(caught.value)
+    assert line.startswith(f"{out}/ledger/s0.journal/00000000.jsonl:1: not a ledger line (nested deeper than")
+    assert "aws s3 mv -- " in line and f"{out}.damaged/ledger/s0.journal/00000000.jsonl" in line and "\n" not in line
+
+
+def test_an_overwrite_token_for_a_store_covers_its_keys_sizes_and_etags(s3):
+    out = StoreOut.of(f"s3://{BUCKET}/token")
+    out.put("g/a.pt", b"aaaa")
+    first = overwrite_token(out, None, "f" * 64)
+    out.put("g/a.pt", b"aaaa")  # the same bytes again: the same ETag
+    assert overwrite_token(out, None, "f" * 64) == first
+    out.put("g/a.pt", b"bbbb")  # the same size, other bytes: another ETag
+    second = overwrite_token(out, None, "f" * 64)
+    assert second != first and second[:12] == first[:12]
+    out.put(LOCK_NAME, b"{}")  # the lease: not covered
+    assert overwrite_token(out, None, "f" * 64) == second
+    out.put("g/b.pt", b"b")
+    assert overwrite_token(out, None, "f" * 64) != second
