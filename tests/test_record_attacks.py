@@ -17,6 +17,7 @@ import json
 import re
 import shutil
 import socket
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -206,3 +207,25 @@ def test_verify_reconcile_and_a_resume_treat_a_damaged_plan_by_one_rule_with_one
     assert said["resume"] == (said["verify"] if rel.endswith("plan.json") else [])  # a listing is rewritten unread
     assert json.loads((out / "ledger/plan.json").read_text())["shards"]  # recorded anew
     assert (out / "ledger/plan/s0.jsonl").read_bytes() == (finished["out"] / "ledger/plan/s0.jsonl").read_bytes()
+
+
+def test_the_repair_a_damaged_ledger_names_runs_as_printed_and_loses_nothing(finished, tmp_path):
+    """`verify` names a damaged ledger with the command that repairs it; run as printed, then the same build: every
+    sample kept, none encoded again (its files adopted: fingerprint, group and id checked)."""
+    out = tmp_path / "out"
+    shutil.copytree(finished["out"], out)
+    (out / "ledger/s0.jsonl").write_bytes(b"[" * 5000 + b"]" * 5000 + b"\n")
+    samples = {p: p.read_bytes() for p in out.rglob("*.pt")}
+    verified = CliRunner().invoke(app, ["verify", str(out)])
+    assert verified.exit_code == 1, verified.output[-3000:]
+    named = r"ledger/s0\.jsonl:1: not a ledger line \(nested deeper than \d+\); move it out of OUT \((.+?)\) and run"
+    repair = re.search(named, verified.output).group(1)
+    subprocess.run(["bash", "-c", repair], check=True)
+    args = ["--frames", str(FRAMES), "--height", str(HEIGHT), "--width", str(WIDTH)]
+    build = ["build", "--source", f"vbvr:{finished['src']}", "--model", str(finished["model"]), "--out", str(out)]
+    build += [*args, "--device", "cpu", "--dtype", "fp32", "--workers", "1", "--decode-samples", "0"]
+    resumed = CliRunner().invoke(app, build)
+    assert resumed.exit_code == 0, resumed.output[-3000:]
+    assert f"{len(SHARDS)} done (0 encoded now, {len(SHARDS)} reused)" in resumed.output, resumed.output[-3000:]
+    assert {p: p.read_bytes() for p in out.rglob("*.pt")} == samples
+    assert (tmp_path / "out.damaged/ledger/s0.jsonl").is_file()

@@ -116,7 +116,7 @@ def test_a_lease_length_within_the_bounds_is_taken(monkeypatch):
 def test_a_local_lock_record_that_does_not_read_back_is_a_hold_named_in_one_line(tmp_path, record):
     """Under a free kernel lock a record names a run that did not release; one that does not read back names no run
     this host can check: the run stops, naming the file and the command that clears it (before: a nested record was a
-    RecursionError, a negative pid psutil's ValueError)."""
+    RecursionError; one naming pid -3 on this host was taken over as a run that is gone)."""
     out = tmp_path / "out"
     out.mkdir()
     (out / LOCK_NAME).write_bytes(record)
