@@ -69,9 +69,16 @@ def loads(
         raise damaged(where, what, f"nested deeper than {MAX_DEPTH}", repair, "depth") from None
     except (ValueError, TypeError) as exc:
         raise damaged(where, what, _first_line(exc), repair, "json") from None
-    if depth_over(value, MAX_DEPTH):
+    if _brackets(data) > MAX_DEPTH and depth_over(value, MAX_DEPTH):  # fewer brackets cannot nest deeper (a row)
         raise damaged(where, what, f"nested deeper than {MAX_DEPTH}", repair, "depth")
     return value
+
+
+def _brackets(data: str | bytes) -> int:
+    """How many ``[`` and ``{`` `data` holds (strings included: an upper bound of its nesting), counted in C."""
+    if isinstance(data, str):
+        return data.count("[") + data.count("{")
+    return data.count(b"[") + data.count(b"{")
 
 
 def lines(

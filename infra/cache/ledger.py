@@ -219,12 +219,12 @@ def _read_jsonl(out: outdir.Out, rel: str, *, tolerate_torn_tail: bool, marks: M
         raise records.damaged(path, "a ledger of UTF-8 lines", str(exc), repair(out, rel)) from None
     if lines[-1] == "":
         lines.pop()
-    rows = []
+    rows, fix = [], repair(out, rel)
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            data = records.loads(line, f"{path}:{number}", "a ledger line", repair(out, rel))
+            data = records.loads(line, f"{path}:{number}", "a ledger line", fix)
         except records.DamagedRecord as exc:
             if tolerate_torn_tail and number == len(lines) and exc.why == "json":
                 logger.warning("%s: ignoring a torn last line (a crash mid-append)", path)
@@ -236,10 +236,8 @@ def _read_jsonl(out: outdir.Out, rel: str, *, tolerate_torn_tail: bool, marks: M
             continue
         if not isinstance(data, dict):  # whole JSON of another shape: damage, never a torn tail
             why = f"a row is a JSON object, not {type(data).__name__}"
-            raise records.damaged(f"{path}:{number}", "a ledger row of this version", why, repair(out, rel))
-        rows.append(
-            records.model(LedgerRow, data, f"{path}:{number}", "a ledger row of this version", repair(out, rel))
-        )
+            raise records.damaged(f"{path}:{number}", "a ledger row of this version", why, fix)
+        rows.append(records.model(LedgerRow, data, f"{path}:{number}", "a ledger row of this version", fix))
         if marks is not None:
             marks.pop(rows[-1].key, None)  # the sample's row ends what its marks began
     return rows
