@@ -612,7 +612,7 @@ def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> B
 def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
     """A config to verify OUT against: its own cache.json's settings and model, with `overrides` on top."""
     values: dict[str, Any] = {}
-    unreadable = "has no readable cache.json"
+    unreadable = f"has no readable cache.json that names one ({outdir.shown(out, 'cache.json')} names no model)"
     try:
         meta = read_cache_json(out)
         provenance = meta.get("provenance")

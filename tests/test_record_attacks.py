@@ -122,7 +122,11 @@ def _done(out: Path, shard: str) -> set[str]:
         return set()
 
 
-def _attack(finished: dict[str, Path], kind: str, how: str, pick: int, odd: Any) -> None:
+def _attack(
+    finished: dict[str, Path], kind: str, how: str, pick: int, odd: Any, logs: pytest.LogCaptureFixture
+) -> None:
+    """The attack on a copy of the finished cache; what a command says is its output and its log lines (a warning
+    goes to stderr on a terminal: a journal's torn last line, ignored, is named there)."""
     runner = CliRunner()
     with tempfile.TemporaryDirectory(prefix="lf-attack-") as tmp:
         out = Path(tmp) / "out"
@@ -136,18 +140,23 @@ def _attack(finished: dict[str, Path], kind: str, how: str, pick: int, odd: Any)
         build = ["build", "--source", f"vbvr:{finished['src']}", "--model", str(finished["model"]), "--out", str(out)]
         build += [*args, "--device", "cpu", "--dtype", "fp32", "--workers", "1", "--decode-samples", "0"]
         build += ["--on-conflict", "abort", "--on-stale", "abort", "--on-loss", "abort"]
-        shown = str(path)
+        # A ledger's row that reads back but says another thing than its file (a size of 1: `True` taken as 1) is
+        # damage of its sample, named with the shard's ledger (`ledger/s0`) rather than the journal that holds it.
+        shown = "ledger/s0" if kind in ("ledger", "journal") else str(path)
         for name, command in (
             ("verify", ["verify", str(out)]),
             ("reconcile", ["reconcile", str(out)]),
             ("resume", build),
         ):
+            logs.clear()
             result = runner.invoke(app, command)
             _no_traceback(result, f"{name} after {how} of the {kind}")
-            if result.exit_code != 0:
-                assert shown in result.output or (kind == "cache.json" and str(out / "cache.json") in result.output), (
-                    f"{name} after {how} of the {kind} failed without naming {shown}: {result.output[-3000:]}"
-                )
+            said = "\n".join([result.output, *(r.getMessage() for r in logs.records if r.levelname != "INFO")])
+            # A journal cut at a line's end is what a run killed between two rows leaves: reconcile counts its
+            # samples without a row (a shortfall, not a record it cannot read); the resume adopts their files.
+            counted = result.output.startswith("reconcile: SHORTFALL") and "unreadable" not in result.output
+            if result.exit_code != 0 and not counted:
+                assert shown in said, f"{name} after {how} of the {kind} failed without naming {shown}: {said[-3000:]}"
         for sample_file, data in samples.items():  # nothing done and intact is lost
             assert sample_file.is_file() and sample_file.read_bytes() == data, sample_file
         for shard, keys in intact.items():
@@ -158,17 +167,21 @@ HOWS = st.sampled_from(["truncate", "inflate", "re-nest", "re-date", "swap", "wr
 
 
 @pytest.mark.slow
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @example(kind="ledger", how="re-nest", pick=0, odd=None)
 @example(kind="journal", how="wrong type", pick=1, odd=-1)
+@example(kind="journal", how="truncate", pick=2000, odd=None)  # a torn last line: ignored, named, the sample redone
+@example(kind="journal", how="truncate", pick=0, odd=None)  # emptied: a run killed before its first row
+@example(kind="journal", how="re-date", pick=0, odd=True)  # no time in a row: its first field, `bytes`, made True
 @example(kind="plan index", how="re-nest", pick=4000, odd=None)
 @example(kind="plan listing", how="swap", pick=0, odd=None)
 @example(kind="cache.json", how="re-nest", pick=3, odd=None)
+@example(kind="cache.json", how="swap", pick=0, odd=True)  # its provenance a string: names no model
 @example(kind="lock record", how="re-date", pick=0, odd=1e308)
 @example(kind="run report", how="truncate", pick=100, odd=None)
 @given(kind=st.sampled_from(sorted(KINDS)), how=HOWS, pick=st.integers(0, 10**6), odd=ODD_VALUES)
-def test_a_corrupted_record_is_named_in_one_line_and_nothing_done_is_lost(finished, kind, how, pick, odd):
-    _attack(finished, kind, how, pick, odd)
+def test_a_corrupted_record_is_named_in_one_line_and_nothing_done_is_lost(finished, caplog, kind, how, pick, odd):
+    _attack(finished, kind, how, pick, odd, caplog)
 
 
 def test_corruptions_change_what_they_say(tmp_path):
