@@ -144,7 +144,6 @@ def verify(
     Exit 0 when a build may write there (absent, compatible, nothing unowned), 1 otherwise; prints the overwrite
     token, and the repair of damaged samples."""
     from infra.gates.conflicts import overwrite_token  # noqa: PLC0415 - heavy: torch
-    from infra.gates.unowned import bound  # noqa: PLC0415 - heavy: torch
     from infra.gates.verify import verify_out, verify_plan  # noqa: PLC0415
     from infra.plan import make_plan, make_spec  # noqa: PLC0415
 
@@ -152,16 +151,17 @@ def verify(
     content = "spot" if quick else "all"
     try:
         plan = make_plan(config)
-        report = verify_plan(plan.job, plan.shards, plan.spool, content=content)  # with the source: stale samples too
+        report = verify_plan(plan.job, plan.shards, plan.spool, content=content, recorded=True)  # and stale samples
     except SourceError as exc:
         logger.warning("source not readable (%s): stale samples not checked", exc)
         _, spec, latent_shape, text_shape = make_spec(config)
-        report = verify_out(out, spec, latent_shape=latent_shape, text_shape=text_shape, content=content)
+        shapes = {"latent_shape": latent_shape, "text_shape": text_shape}
+        report = verify_out(out, spec, **shapes, content=content, recorded=True)
     writable = report.writable  # absent or compatible, and no file its consumer loads that no ledger row owns
     same = report.existing_fingerprint == report.planned_fingerprint
     repairable = report.damaged and same  # an overwrite keeps done samples of the same spec: the repair is the way
     overwrite = not writable and not repairable
-    token = bound(overwrite_token(out, report.existing_fingerprint, report.planned_fingerprint), report.unowned)
+    token = overwrite_token(out, report.existing_fingerprint, report.planned_fingerprint)  # covers what OUT holds
     token = token if overwrite else None
     if as_json:
         typer.echo(json.dumps({**report.to_dict(), "overwrite_token": token}, indent=2, default=str))

@@ -14,14 +14,16 @@ from infra.config import CacheSpec
 from infra.errors import ConflictError
 from infra.gates.conflicts import (
     ConflictChoice,
+    Held,
     flag,
+    held,
     next_free_dir,
     overwrite_token,
+    same_change,
     same_model,
     settings_that_differ,
 )
 from infra.gates.decision import Decision
-from infra.gates.unowned import bound
 from infra.gates.verify import WRITABLE, VerifyReport, difference_rows
 from infra.plan import BuildPlan, adopt_existing_spec
 from tasks.plan import plan_build
@@ -49,8 +51,9 @@ def resolve_conflict(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan, 
         return _resumed_overwrite(plan, report)
     if report.writable:
         return plan, None
-    token = bound(overwrite_token(plan.out, report.existing_fingerprint, plan.fingerprint), report.unowned)
-    decision = _decide(plan, report, token)
+    now = held(plan.out)  # what OUT holds as the person is shown it: what an overwrite's approval covers
+    token = overwrite_token(plan.out, report.existing_fingerprint, plan.fingerprint, now)
+    decision = _decide(plan, report, token, now)
     get_run_logger().warning("conflict at %s (%s): %s", plan.out, report.kind, decision.text())
     create_markdown_artifact(
         f"## Conflict at `{plan.out}`: **{decision.choice}**\n\n{decision.text()}\n\n{report.markdown()}",
@@ -87,6 +90,8 @@ def aborted(plan: BuildPlan, report: VerifyReport, token: str, decided: str) -> 
         said += f" and {_unowned(plan, report)}"
     if report.kind == "damaged" and report.problems:
         said += f" ({len(report.problems)} problem(s), first: {report.problems[0]})"
+    elif report.kind == "damaged":  # its cache.json does not read back: the line that names it
+        said += f" ({report.message})"
     answers = [
         f"--approve-overwrite {token} to replace it sample by sample",
         f"--on-conflict new_dir to write {next_free_dir(plan.out)} instead",
@@ -141,7 +146,7 @@ def _resumed_overwrite(plan: BuildPlan, report: VerifyReport) -> tuple[BuildPlan
     return plan.decided(replace_from=replaced), decision
 
 
-def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:
+def _decide(plan: BuildPlan, report: VerifyReport, token: str, now: Held) -> Decision:
     config = plan.config
     details = {
         "out": str(plan.out),
@@ -151,6 +156,13 @@ def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:
         **({"unowned": report.unowned[:MAX_NAMED], "unowned_count": len(report.unowned)} if report.unowned else {}),
     }
     if config.gates.approve_overwrite is not None:
+        if same_change(config.gates.approve_overwrite, token):
+            raise ConflictAborted(
+                f"--approve-overwrite {config.gates.approve_overwrite} was printed for what {plan.out} held then, and "
+                f"its files changed since (it holds {now.text()} now): nothing was replaced. A token approves what OUT "
+                f"held when it was printed; `latentforge verify {plan.out}` shows what it holds now, and "
+                f"--approve-overwrite {token} approves this change of it"
+            )
         if config.gates.approve_overwrite != token:
             raise ConflictAborted(
                 f"--approve-overwrite {config.gates.approve_overwrite} does not match this change of {plan.out} "
@@ -166,7 +178,15 @@ def _decide(plan: BuildPlan, report: VerifyReport, token: str) -> Decision:
             config.gates.approval_timeout,
             f"--approve-overwrite {token}, --on-conflict new_dir or --on-conflict reuse",
         )
-        return decide("conflict", ConflictAnswer, ConflictChoice, preview, timeout, unattended=unattended, **details)
+        decision = decide(
+            "conflict", ConflictAnswer, ConflictChoice, preview, timeout, unattended=unattended, **details
+        )
+        if decision.choice == ConflictChoice.overwrite and (later := held(plan.out)) != now:
+            raise ConflictAborted(
+                f"{plan.out} changed while the question was open (it held {now.text()} when its preview was shown, "
+                f"{later.text()} now): nothing was replaced; run the same command again to be shown what it holds now"
+            )
+        return decision
     return Decision(gate="conflict", choice=policy, how="policy", by=f"on_conflict={policy}", details=details)
 
 

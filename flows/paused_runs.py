@@ -7,7 +7,6 @@ bad choice is refused and the run stays paused.
 
 from __future__ import annotations
 
-import json
 import socket
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,7 +21,7 @@ from prefect.input import read_flow_run_input
 from prefect.settings import get_current_settings
 
 from infra import outdir
-from infra.cache.lock import LOCK_NAME, LockOwner
+from infra.cache.lock import LockOwner, recorded_owner
 from infra.errors import ConfigError, NoServerError
 
 #: Flow runs read per request while a short id is looked up.
@@ -97,10 +96,13 @@ def _owner(run: Any) -> LockOwner | None:
     if not out or run.start_time is None:
         return None
     try:
-        owner = LockOwner(**json.loads(outdir.read_text(outdir.root(out), LOCK_NAME)))
-        taken = datetime.fromisoformat(owner.since)
-    except (OSError, ValueError, TypeError, outdir.UnsafePath):  # no record (released, or never taken: a pause)
+        owner = recorded_owner(outdir.root(out))  # read back bounded: None for a record that is not ours
+        taken = datetime.fromisoformat(owner.since) if owner is not None else None
+    except (OSError, ValueError, outdir.UnsafePath):  # no record (released, or never taken: a pause)
         return None
+    if owner is None or taken is None:
+        return None
+    taken = taken if taken.tzinfo is not None else taken.replace(tzinfo=UTC)  # ours are UTC
     return owner if taken >= run.start_time.replace(microsecond=0) else None
 
 

@@ -30,6 +30,10 @@ MAX_BYTES = 2**50
 MAX_MB = 2**20
 #: Seconds waited (approvals: a year).
 MAX_SECONDS = 365 * 86_400
+#: Seconds a lease on an OUT in an object store holds unrenewed (``LATENTFORGE_LEASE_SECONDS``): at least a second
+#: (its heartbeat is a quarter of it), at most a day (a run that died holds OUT that long; a lease record whose expiry
+#: is further ahead than this is not one latentforge wrote).
+MIN_LEASE_SECONDS, MAX_LEASE_SECONDS = 1.0, 86_400.0
 #: Frames per second of ``--temporal fps:N``, and seconds of an ``--audio-durations`` bucket.
 MAX_FPS, MAX_AUDIO_SECONDS = 1_000.0, 86_400.0
 #: Characters of any string setting (paths, names, a caption prefix).
@@ -102,3 +106,14 @@ def seconds_list(text: str, what: str) -> list[float]:
     if any(not 0 < v <= MAX_AUDIO_SECONDS for v in values):  # NaN and inf fail this too
         raise ConfigError(f"{what} {text[:80]!r}: every duration must be positive and at most {MAX_AUDIO_SECONDS:g} s")
     return values
+
+
+def seconds_between(text: str, what: str, low: float, high: float) -> float:
+    """``text`` as seconds from `low` to `high` (NaN and inf refused); ConfigError naming `what` otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{what}={text[:80]!r}: a number of seconds from {low:g} to {high:g}") from None
+    if not low <= value <= high:  # NaN fails this too
+        raise ConfigError(f"{what}={text[:80]!r}: a number of seconds from {low:g} to {high:g}")
+    return value

@@ -490,7 +490,9 @@ class GatesConfig(StrictModel):
         "Overwriting is never a standing setting: see approve_overwrite.",
     )
     approve_overwrite: str | None = Field(
-        None, description="Token printed by `latentforge verify`, bound to OUT and its old→new fingerprint"
+        None,
+        description="Token printed by `latentforge verify`, bound to OUT, its old→new fingerprint and what OUT held "
+        "when it was printed (a file added or changed since voids it)",
     )
     on_stale: Literal["ask", "abort", "replace", "keep"] | None = Field(
         None,

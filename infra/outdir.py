@@ -356,3 +356,39 @@ class OutFile:
 
     def __str__(self) -> str:
         return shown(self.out, self.rel)
+
+
+#: One entry of `stats`: its OUT-relative path, what it is, its size (0 but for a file) and its version (a file's
+#: mtime in nanoseconds; an object's ETag; "" for a folder).
+Stat = tuple[str, Kind, int, str]
+
+
+def stats(out: Out) -> list[Stat]:
+    """Every entry below OUT, sorted by path, with its kind, size and version: a listing (one LIST a thousand objects
+    in a store, one stat a file on disk), no byte read; a link is listed as one, never followed. What a token that
+    approves a change of OUT is bound to (`infra.gates.conflicts.held`)."""
+    if isinstance(out, StoreOut):
+        return [(rel, "file", size, version) for rel, size, version in out.stats()]
+    found: list[Stat] = []
+    try:
+        with directory(out) as top:
+            _walk(top, "", found)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(found)
+
+
+def _walk(folder: int, prefix: str, found: list[Stat]) -> None:
+    with os.scandir(folder) as listing:
+        entries = [(e.name, _kind(e), e.stat(follow_symlinks=False)) for e in listing]
+    for name, kind, st in entries:
+        path = f"{prefix}{name}"
+        if kind != "dir":
+            found.append((path, kind, st.st_size if kind == "file" else 0, str(st.st_mtime_ns)))
+            continue
+        found.append((path, kind, 0, ""))
+        child = _child(folder, name, create=False)
+        try:
+            _walk(child, f"{path}/", found)
+        finally:
+            os.close(child)

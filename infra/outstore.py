@@ -264,6 +264,23 @@ class StoreOut:
             return []
         return sorted(p[len(base) + 1 :] for p in found if p.startswith(base + "/") and p != path)
 
+    def stats(self) -> list[tuple[str, int, str]]:
+        """(OUT-relative name, size, version) of every object below OUT, sorted: one listing, no byte read; the
+        version is the store's ETag (else its modification time: a store that gives none)."""
+        fs, base = self.at("")
+        fs.invalidate_cache(base)
+        try:
+            found = fs.find(base, withdirs=False, detail=True)
+        except FileNotFoundError:
+            return []
+        listed = []
+        for path, info in found.items():
+            if not path.startswith(base + "/"):
+                continue
+            version = info.get("ETag") or info.get("etag") or info.get("LastModified") or info.get("mtime") or ""
+            listed.append((path[len(base) + 1 :], int(info.get("size") or 0), str(version).strip('"')))
+        return sorted(listed)
+
     def exists(self) -> bool:
         """Whether anything is below OUT's prefix."""
         return bool(self.listing(""))

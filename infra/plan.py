@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from infra import outdir
+from infra import records as read_back
 from infra.bounds import seconds_list
 from infra.cache import ledger, listing
 from infra.cache.cachedir import read_cache_json
@@ -28,7 +29,7 @@ from infra.config import (
     CacheSpec,
     spec_mark,
 )
-from infra.errors import ConfigError, ConflictError, LedgerError
+from infra.errors import ConfigError, ConflictError
 from infra.fetch import local_model
 from infra.formats import get_format
 from infra.formats.consumers import (
@@ -59,6 +60,7 @@ from infra.models import (
 from infra.models.base import GeometryRules, TextSettings, preprocess_name
 from infra.outstore import is_url
 from infra.recipes import apply_recipe
+from infra.records import DamagedRecord
 from infra.sources import SampleRef, Shard, ShardReadError, Source, ahead, listing_cache, open_source
 from infra.sources.base import outside_source
 from infra.sources.identity import SourceIdentity
@@ -609,10 +611,11 @@ def recorded_plan(config: BuildConfig) -> BuildPlan | None:
 
 
 def recorded_shards(out: outdir.Out, source: str, follow_symlinks: bool = False) -> list[ShardPlan] | None:
-    """The shards OUT's recorded plan names (None: it has none), each checked, as any record read back is: an entry
-    that is not a shard plan is a damaged index (one line naming it, `LedgerError`); a shard whose path is not a
-    place of the source `source` (KIND:PATH; the containment of the source's own listing, `outside_source`) is left
-    out with one warning line, never read."""
+    """The shards OUT's recorded plan names (None: it has none, or it does not read back), each checked, as any record
+    read back is: an index with an entry that is not a shard plan is treated as absent with one warning line naming
+    it (the next build records its plan anew: `listing.read_index`'s rule); a shard whose path is not a place of the
+    source `source` (KIND:PATH; the containment of the source's own listing, `outside_source`) is left out with one
+    warning line, never read."""
     entries = listing.read_index(out)
     if entries is None:
         return None
@@ -622,13 +625,12 @@ def recorded_shards(out: outdir.Out, source: str, follow_symlinks: bool = False)
         try:
             shard = ShardPlan.model_validate(entry)
         except ValueError as exc:
-            first = str(exc).splitlines()[0]
-            raise LedgerError(
-                f"{where}: shard entry {number} is not a shard plan ({first}); {listing.REPAIR}"
-            ) from None
-        why = outside_source(source.partition(":")[2], shard.path, follow_symlinks=follow_symlinks)
-        if why is not None:
-            logger.warning("%s: shard %s is not read and left out of the recorded plan: %s", where, shard.id, why)
+            why = f"its shard entry {number} is not a shard plan ({str(exc).splitlines()[0]})"
+            read_back.warn(read_back.damaged(str(where), "a plan index", why, listing.ABSENT))
+            return None
+        outside = outside_source(source.partition(":")[2], shard.path, follow_symlinks=follow_symlinks)
+        if outside is not None:
+            logger.warning("%s: shard %s is not read and left out of the recorded plan: %s", where, shard.id, outside)
             continue
         shards.append(shard)
     return shards
@@ -652,21 +654,31 @@ def adopt_existing_spec(config: BuildConfig, planned: CacheSpec, out: Path) -> B
 def config_for_out(out: Path, overrides: dict[str, Any]) -> BuildConfig:
     """A config to verify OUT against: its own cache.json's settings and model, with `overrides` on top."""
     values: dict[str, Any] = {}
+    unreadable = f"has no readable cache.json that names one ({outdir.shown(out, 'cache.json')} names no model)"
     try:
         meta = read_cache_json(out)
-        provenance = meta.get("provenance", {})
+        provenance = meta.get("provenance")
+        provenance = provenance if isinstance(provenance, dict) else {}
         values = {
-            "source": provenance.get("source"),
-            "model": provenance.get("model_path"),
+            "source": _text(provenance.get("source")),
+            "model": _text(provenance.get("model_path")),
             **spec_settings(CacheSpec.model_validate(meta["spec"])),
         }
-    except (OSError, ValueError, KeyError, TypeError):
-        logger.info("%s has no readable cache.json: verifying against the given settings only", out)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        why = str(exc) if isinstance(exc, DamagedRecord) else f"{outdir.shown(out, 'cache.json')}: {type(exc).__name__}"
+        unreadable = f"has no readable cache.json ({why})"  # names the file and why, in one line
+        logger.info("%s %s: verifying against the given settings only", out, unreadable)
     values.update({k: v for k, v in overrides.items() if v is not None})
     if not values.get("model"):
-        raise ConfigError(f"pass --model: {out} has no readable cache.json that names one")
+        raise ConfigError(f"pass --model: {out} {unreadable}")
     values["source"] = values.get("source") or "none:-"  # verify needs no source; reconcile does
     return BuildConfig.model_validate({**values, "out": str(out)})
+
+
+def _text(value: Any) -> str | None:
+    """A string that cache.json names (a source, a model), or None for a value of another type (read back, not
+    trusted)."""
+    return value if isinstance(value, str) else None
 
 
 def spec_settings(spec: CacheSpec) -> dict[str, Any]:

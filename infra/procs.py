@@ -33,14 +33,16 @@ def create_time(pid: int) -> float | None:
 def same_process(pid: int, create_time: float | None) -> psutil.Process | None:
     """Process `pid` when it still is the one recorded: alive, not a zombie, started at `create_time` (None: any
     start time, for a record that has none). None otherwise."""
+    if type(pid) is not int or not 0 < pid < 2**31:  # a record read back that names no process (a bool, -1, "7")
+        return None
     try:
         process = psutil.Process(pid)
         if process.status() == psutil.STATUS_ZOMBIE:
             return None
-        if create_time is not None and abs(process.create_time() - create_time) > SAME_START_S:
+        if create_time is not None and not abs(process.create_time() - create_time) <= SAME_START_S:  # NaN: not it
             return None
         return process
-    except psutil.Error:
+    except (psutil.Error, TypeError):
         return None
 
 

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +99,17 @@ def test_a_bad_choice_is_refused_and_the_run_stays_paused(built, tiny_model, pre
     assert decision.details["state"] == "incompatible" and decision.details["out"] == str(out)
 
 
-def _answered_in_process(src: Path, model: Path, out: Path, choice: str) -> tuple[bool, Any]:
+def _answered_in_process(
+    src: Path, model: Path, out: Path, choice: str, meanwhile: Callable[[], None] = lambda: None
+) -> tuple[bool, Any]:
     """The build in this process on the session's API, paused at the conflict gate and answered `choice` from a
-    thread through that API (the cross-process answer has its own test above)."""
+    thread through that API (the cross-process answer has its own test above); `meanwhile` runs once it is paused,
+    before the answer."""
     answered: list[str] = []
 
     def answer() -> None:
         run = wait_pending(match=lambda run: str(out) in run.preview, wait_s=PAUSE_WAIT)
+        meanwhile()
         resume(run.id, choice, "test", "test")
         answered.append(run.id)
 
@@ -138,6 +143,22 @@ def test_approved_overwrite_replaces_samples_and_keeps_the_old_cache_json(built,
     assert len(samples) == 2 and all(after[k] != before[k] for k in samples)
     assert after[f"cache.{old['fingerprint'][:16]}.json"] == before["cache.json"]
     assert json.loads((out / "cache.json").read_text())["spec"]["frames"] == NEW_FRAMES
+
+
+def test_an_overwrite_answered_after_out_changed_while_paused_replaces_nothing(built, tiny_model, tmp_path):
+    """The person approved what the preview showed; a file added to OUT while the run waited voids that approval:
+    the run stops with one line, and nothing is replaced (issue 53: approvals bound to what the person saw)."""
+    src, cache = built
+    out = _copy(cache, tmp_path)
+    before: dict[str, str] = {}
+
+    def add_a_file() -> None:
+        (out / "added-while-paused.pt").write_bytes(b"not in the preview")
+        before.update(tree_hashes(out))
+
+    ok, message = _answered_in_process(src, tiny_model, out, "overwrite", add_a_file)
+    assert not ok and "changed while the question was open" in str(message) and "nothing was replaced" in str(message)
+    assert before and tree_hashes(out) == before
 
 
 def test_a_timeout_is_abort_with_nothing_written(built, tiny_model, tmp_path, caplog):

@@ -139,13 +139,13 @@ def test_a_torn_last_journal_line_is_ignored_and_a_corrupt_one_elsewhere_is_an_e
 
     lines = path.read_text().splitlines()
     path.write_text("\n".join([lines[0], '{"key": "x", "stat', lines[1]]) + "\n")  # the bad line is not the last
-    with pytest.raises(ValueError, match=rf"{path}:2: unreadable ledger line"):
+    with pytest.raises(ValueError, match=rf"{path}:2: not a ledger line"):
         read_shard(tmp_path, "s1")
 
     # A sealed ledger is written atomically, so even a bad last line there is corruption, not a crash.
     sealed = sealed_path(tmp_path, "s2")
     sealed.write_text(a.to_json() + "\n" + b.to_json()[:30])
-    with pytest.raises(ValueError, match=rf"{sealed}:2: unreadable ledger line"):
+    with pytest.raises(ValueError, match=rf"{sealed}:2: not a ledger line"):
         read_shard(tmp_path, "s2")
 
 

@@ -27,7 +27,6 @@ from infra import report_files as reports
 from infra.audit.reconcile_report import GoneSample, GroupCounts, MissingSample, ReconcileReport, TruncatedPrompt
 from infra.cache import ledger, listing
 from infra.cache.ledger import WINDOWS_KEY, LedgerRow, windows_by_clip
-from infra.errors import LedgerError
 from infra.formats import ShardFormat, get_format
 from infra.formats.shards import part_record, write_meta
 from infra.gates.content import ContentCheck
@@ -35,6 +34,7 @@ from infra.gates.unowned import Scan
 from infra.job import Job
 from infra.models import get_family
 from infra.plan import ShardPlan
+from infra.records import DamagedRecord, warn
 from infra.sources import Source, open_source
 
 __all__ = ["GoneSample", "MissingSample", "ReconcileReport", "reconcile", "write_reconcile_report"]
@@ -134,9 +134,9 @@ def _gone_shards(
 def _index(job: Job, report: ReconcileReport) -> list[dict[str, Any]]:
     """OUT's recorded plan entries ([] without one; a damaged index is a problem of every shard, listed now)."""
     try:
-        return listing.read_index(job.out) or []
-    except LedgerError as exc:
-        report.shard_problems["*"] = f"the recorded plan is unreadable ({exc}): the source is listed now instead"
+        return listing.read_index(job.out, strict=True) or []
+    except DamagedRecord as exc:  # the line `verify` and a build give too (said once already: `recorded_plan`)
+        report.shard_problems["*"] = str(exc)
         return []
 
 
@@ -147,10 +147,11 @@ def _expected(
     recorded listing when `entry`, the recorded plan's, is this plan's shard; else the source's listing now."""
     if entry == shard.model_dump(mode="json"):
         try:
-            planned = listing.read_listing(job.out, shard.id)
-        except LedgerError as exc:
+            planned = listing.read_listing(job.out, shard.id, strict=True)
+        except DamagedRecord as exc:  # the one line `verify` and a build give too
+            warn(exc)
             planned = None
-            report.shard_problems[shard.id] = f"its recorded plan is unreadable ({exc}): listed now instead"
+            report.shard_problems[shard.id] = str(exc)
         if planned is not None:
             if shard.damage:  # as the shard task found it: what the plan could list is what it expects
                 report.shard_problems[shard.id] = f"listed {len(planned)} sample(s), then: {shard.damage}"
@@ -183,6 +184,8 @@ def _read_rows(out: Path, shard_id: str, report: ReconcileReport) -> tuple[dict[
     try:
         return ledger.read_shard(out, shard_id), "no ledger row: its shard has not run, or its run was killed"
     except (OSError, ValueError) as exc:
+        if isinstance(exc, DamagedRecord):  # the line verify gives as its problem
+            warn(exc)
         note = f"ledger unreadable: {exc}"
         report.shard_problems[shard_id] = "; ".join(filter(None, (report.shard_problems.get(shard_id), note)))
         return {}, note

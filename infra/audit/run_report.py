@@ -7,7 +7,6 @@ gets a validated model, and a missing or unknown key is an error, never a silent
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -15,9 +14,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from infra import outdir
+from infra import outdir, records
 from infra.errors import LatentforgeError
 from infra.gates.decision import Decision
 from infra.job import Job
@@ -223,11 +222,13 @@ def read_run_report(path: Path) -> RunReport:
     """One run report (``OUT/reports/<name>``, read through the door: a link is refused), validated; ReportError
     names the file and what is wrong with it."""
     try:
-        text = outdir.read_text(path.parent.parent, f"{REPORTS_DIR}/{path.name}")
-        return RunReport.model_validate(json.loads(text))
-    except (OSError, ValueError, outdir.UnsafePath) as exc:  # ValidationError is a ValueError
-        what = "not a run report of this version" if isinstance(exc, ValidationError) else "unreadable"
-        raise ReportError(f"{path}: {what} ({exc})") from exc
+        data = outdir.read_bytes(path.parent.parent, f"{REPORTS_DIR}/{path.name}")
+        value = records.loads(data, str(path), "a run report")
+        return records.model(RunReport, value, str(path), "a run report of this version")
+    except records.DamagedRecord as exc:  # one line: the file and why
+        raise ReportError(str(exc)) from None
+    except (OSError, ValueError, outdir.UnsafePath) as exc:
+        raise ReportError(" ".join(f"{path}: unreadable ({exc})".split())) from exc
 
 
 def run_report_paths(out: Path) -> list[Path]:

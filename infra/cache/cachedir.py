@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 from pydantic import ValidationError
 
-from infra import outdir
+from infra import outdir, records
 from infra.cache.lock import LOCK_NAME
 from infra.config import CacheSpec
 from infra.outstore import StoreOut
@@ -54,8 +54,21 @@ def read_cache_json(out: Path) -> dict[str, Any]:
     still there), else cache.json."""
     if outdir.is_store(out):
         with contextlib.suppress(FileNotFoundError):
-            return json.loads(outdir.read_text(out, PENDING_JSON))
-    return json.loads(outdir.read_text(out, CACHE_JSON))
+            return _parsed(out, PENDING_JSON, outdir.read_bytes(out, PENDING_JSON))
+    return _parsed(out, CACHE_JSON, outdir.read_bytes(out, CACHE_JSON))
+
+
+#: What answers a cache.json that does not read back (it is what OUT declares: never rebuilt on a guess).
+CACHE_JSON_REPAIR = "`latentforge verify OUT` with the build's settings prints the answers (an overwrite's token)"
+
+
+def _parsed(out: Path | StoreOut, rel: str, data: bytes) -> dict[str, Any]:
+    """cache.json's bytes `data` parsed, bounded (`infra.records`): a JSON object, else a one-line DamagedRecord."""
+    where = outdir.shown(out, rel)
+    value = records.loads(data, where, "a cache.json", CACHE_JSON_REPAIR)
+    if not isinstance(value, dict):
+        raise records.damaged(where, "a cache.json", f"a JSON {type(value).__name__}, not an object", CACHE_JSON_REPAIR)
+    return value
 
 
 def has_cache_json(out: Path | StoreOut) -> bool:
@@ -117,11 +130,11 @@ def _replaces(out: Path | StoreOut, pending: bytes) -> bool:
     """Whether the pending cache.json `pending` is an approved overwrite of OUT's cache.json (its provenance names
     the fingerprint that one declares, and it is not these bytes already)."""
     try:
-        replaces = (json.loads(pending).get("provenance") or {}).get("replaces")
+        replaces = (_parsed(out, PENDING_JSON, pending).get("provenance") or {}).get("replaces")
         if not replaces:  # a new cache's (no read of cache.json)
             return False
         there = outdir.read_bytes(out, CACHE_JSON)
-        return there != pending and json.loads(there).get("fingerprint") == replaces
+        return there != pending and _parsed(out, CACHE_JSON, there).get("fingerprint") == replaces
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -144,11 +157,14 @@ def classify(out: Path, spec: CacheSpec) -> OutState:
         if not has_cache_json(out):
             return OutState("foreign", f"{out} holds files but no {CACHE_JSON}: not written by latentforge")
         existing = read_cache_json(out)
-        old = CacheSpec.model_validate(existing["spec"])
+        where = outdir.shown(out, CACHE_JSON)
+        old = records.model(CacheSpec, existing.get("spec"), where, "a cache.json's spec", CACHE_JSON_REPAIR)
     except outdir.UnsafePath as exc:
         return OutState("damaged", str(exc))
+    except records.DamagedRecord as exc:  # names the file, and what answers it
+        return OutState("damaged", str(exc))
     except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
-        return OutState("damaged", f"{out / CACHE_JSON} is unreadable: {exc}")
+        return OutState("damaged", " ".join(f"{out / CACHE_JSON} is unreadable: {exc}".split()))
     if old.fingerprint() != spec.fingerprint():
         diffs = {k: {"existing": a, "planned": b} for k, (a, b) in old.differences(spec).items()}
         return OutState(

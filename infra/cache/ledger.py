@@ -22,16 +22,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from infra import outdir
-from infra.errors import LedgerError
+from infra import outdir, records
 from infra.faults import fault_point
 from infra.outstore import StoreOut
 from infra.sources.identity import SourceIdentity
@@ -206,39 +206,64 @@ Marks = dict[str, list[dict[str, Any]]]
 
 
 def _read_jsonl(out: outdir.Out, rel: str, *, tolerate_torn_tail: bool, marks: Marks | None = None) -> list[LedgerRow]:
-    """The rows of a ledger or journal; its marks not followed by their sample's row go into `marks` (by key)."""
+    """The rows of a ledger or journal; its marks not followed by their sample's row go into `marks` (by key). A line
+    that is not a row is a `DamagedRecord` naming the file, its line and the repair (`repair`): a ledger is the truth
+    of what was done, never guessed over; only a journal's last line that is not JSON (a crash mid-append) is left."""
     path = outdir.shown(out, rel)
     try:
         # Lines end at "\n" only: str.splitlines would also cut at U+2028, U+0085 ..., which a name or caption can hold.
         lines = outdir.read_text(out, rel).split("\n")
     except (FileNotFoundError, NotADirectoryError):
         return []
+    except UnicodeDecodeError as exc:
+        raise records.damaged(path, "a ledger of UTF-8 lines", str(exc), repair(out, rel)) from None
     if lines[-1] == "":
         lines.pop()
-    rows = []
+    rows, fix = [], repair(out, rel)
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if tolerate_torn_tail and number == len(lines):
+            data = records.loads(line, f"{path}:{number}", "a ledger line", fix)
+        except records.DamagedRecord as exc:
+            if tolerate_torn_tail and number == len(lines) and exc.why == "json":
                 logger.warning("%s: ignoring a torn last line (a crash mid-append)", path)
                 continue
-            raise LedgerError(f"{path}:{number}: unreadable ledger line ({exc})") from exc
+            raise
         if isinstance(data, dict) and isinstance(data.get(MARK), str) and "key" not in data:
             if marks is not None:
                 marks.setdefault(data[MARK], []).append(data)
             continue
-        try:
-            if not isinstance(data, dict):
-                raise TypeError(f"a row is a JSON object, not {type(data).__name__}")
-            rows.append(LedgerRow.model_validate(data))
-            if marks is not None:
-                marks.pop(rows[-1].key, None)  # the sample's row ends what its marks began
-        except (TypeError, ValidationError) as exc:  # whole JSON of another shape: damage, never a torn tail
-            raise LedgerError(f"{path}:{number}: not a ledger row of this version ({exc})") from exc
+        if not isinstance(data, dict):  # whole JSON of another shape: damage, never a torn tail
+            why = f"a row is a JSON object, not {type(data).__name__}"
+            raise records.damaged(f"{path}:{number}", "a ledger row of this version", why, fix)
+        rows.append(records.model(LedgerRow, data, f"{path}:{number}", "a ledger row of this version", fix))
+        if marks is not None:
+            marks.pop(rows[-1].key, None)  # the sample's row ends what its marks began
     return rows
+
+
+def repair(out: outdir.Out, rel: str) -> str:
+    """What repairs a damaged ledger or journal part at OUT-relative `rel`: moved out of OUT (into ``OUT.damaged``,
+    its path kept, as verify moves a damaged sample), the build run again adopts the shard's sample files that are its
+    own (their fingerprint, group and id checked) and encodes the rest; nothing done is lost."""
+    adopts = "it adopts the sample files that are its own"
+    return f"move it out of OUT ({move_aside(out, [rel])}) and run the build again: {adopts}"
+
+
+def move_aside(out: outdir.Out, rels: list[str]) -> str:
+    """One shell line that moves the OUT-relative files `rels` into ``OUT.damaged``, their paths kept (a store's with
+    its own command line)."""
+    root = outdir.root(out)
+    if isinstance(root, StoreOut):
+        moves = [
+            f"aws s3 mv -- {shlex.quote(f'{root.url}/{r}')} {shlex.quote(f'{root.url}.damaged/{r}')}" for r in rels
+        ]
+        return " && ".join(moves)
+    aside = root.with_name(f"{root.name}.damaged")
+    folders = sorted({(aside / r).parent.as_posix() for r in rels})
+    moves = [f"mv -- {shlex.quote((root / r).as_posix())} {shlex.quote((aside / r).as_posix())}" for r in rels]
+    return " && ".join([f"mkdir -p -- {' '.join(shlex.quote(f) for f in folders)}", *moves])
 
 
 def read_shard(out: outdir.Out, shard_id: str, marks: Marks | None = None) -> dict[str, LedgerRow]:
@@ -433,10 +458,22 @@ def drop_journal(out: outdir.Out, shard_id: str) -> None:
 
 
 def seal(out: outdir.Out, shard_id: str, rows: Iterable[LedgerRow]) -> Path | StoreOut:
-    """Write the shard's sealed ledger atomically (commit record), then drop its journal."""
+    """Write the shard's sealed ledger atomically (commit record), then drop its journal. On disk a ledger that
+    holds these very bytes already (a resume that changed nothing) is left as it is: its time too, which an
+    overwrite token covers (`infra.gates.conflicts.held`; in a store the same bytes keep their ETag anyway)."""
     out = outdir.root(out)
-    body = "".join(r.to_json() + "\n" for r in rows)
-    written = atomic_write(sealed_rel(shard_id), body.encode(), replace=True, out=out)
+    body = "".join(r.to_json() + "\n" for r in rows).encode()
+    rel = sealed_rel(shard_id)
+    if isinstance(out, StoreOut) or not holds(out, rel, body):
+        atomic_write(rel, body, replace=True, out=out)
     fault_point("seal")
     drop_journal(out, shard_id)
-    return written.path
+    return out / rel
+
+
+def holds(out: Path, rel: str, body: bytes) -> bool:
+    """Whether the file `rel` below the local OUT holds exactly `body` (its size checked first)."""
+    try:
+        return outdir.size(out, rel) == len(body) and outdir.read_bytes(out, rel) == body
+    except (OSError, outdir.UnsafePath):
+        return False

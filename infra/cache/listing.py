@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from infra import outdir
+from infra import records as read_back
 from infra.cache.ledger import LEDGER_DIR
-from infra.errors import LedgerError
 from infra.sources.identity import SourceIdentity
 from infra.storage import atomic_file, atomic_write
 
@@ -33,13 +33,15 @@ logger = logging.getLogger(__name__)
 INDEX = "plan.json"
 LISTINGS = "plan"
 INDEX_PATH = f"{LEDGER_DIR}/{INDEX}"
-#: What repairs a recorded plan that does not read back: the next build of OUT records its plan anew.
-REPAIR = "the next build of OUT records the plan anew (or move the file aside)"
 #: OUT-relative prefixes of the recorded plan: the build's own working record (it names the source's local paths),
 #: not published (the sealed ledgers hold a row for each planned sample).
 PLAN_PATHS = (f"{LEDGER_DIR}/{INDEX}", f"{LEDGER_DIR}/{LISTINGS}/")
 #: One planned sample: its key in the shard, its id, its group.
 Planned = tuple[str, str, str]
+#: What happens to a recorded plan that does not read back: the next build makes it again from the source.
+ABSENT = "treated as absent: the source is listed again, and the next build records its plan anew"
+#: What happens to this run's own spool (outside OUT) that does not read back: the run stops; it lists again.
+SPOOL_REPAIR = "this run's own listing spool; run the same command again: it lists the source again"
 
 
 def listing_path(root: Path, shard_id: str) -> Path:
@@ -120,15 +122,19 @@ def read_records(spool: Path, shard_id: str) -> Generator[Any, None, None] | Non
 
 def _json_lines(path: Path) -> Generator[Any, None, None]:
     with path.open(encoding="ascii") as fh:
-        for line in fh:
-            yield json.loads(line)
+        yield from read_back.lines(fh, str(path), "a listing record", SPOOL_REPAIR)
 
 
 def _identities(path: Path) -> Iterator[tuple[str, str, str, SourceIdentity]]:
     with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            key, sid, group, identity = json.loads(line)
-            yield key, sid, group, SourceIdentity.model_validate(identity)
+        for number, value in enumerate(read_back.lines(fh, str(path), "a listed sample", SPOOL_REPAIR), 1):
+            if not (isinstance(value, list) and len(value) == 4 and all(isinstance(v, str) for v in value[:3])):
+                raise read_back.damaged(
+                    f"{path}:{number}", "a listed sample", "not [key, id, group, identity]", SPOOL_REPAIR
+                )
+            key, sid, group, identity = value
+            where = f"{path}:{number}"
+            yield key, sid, group, read_back.model(SourceIdentity, identity, where, "a listed sample", SPOOL_REPAIR)
 
 
 def install(out: outdir.Out, spool: Path, shards: list[dict[str, Any]]) -> None:
@@ -160,28 +166,42 @@ def _same_bytes(spooled: Path, out: outdir.Out, rel: str) -> bool:
     return True
 
 
-def read_index(out: outdir.Out) -> list[dict[str, Any]] | None:
+def read_index(out: outdir.Out, *, strict: bool = False) -> list[dict[str, Any]] | None:
     """The recorded plan's shard entries, in plan order; None when OUT has no recorded plan (a cache of an older
-    latentforge, or none built yet). A damaged index is a LedgerError."""
+    latentforge, or none built yet). A damaged index is a record the next build makes again: treated as absent
+    (None) with one warning line naming it (`strict`: raised, a `DamagedRecord`, for a caller that reports it)."""
     path, rel = outdir.shown(out, f"{LEDGER_DIR}/{INDEX}"), f"{LEDGER_DIR}/{INDEX}"
     if not outdir.is_file(out, rel):
         return None
     try:
-        shards = json.loads(outdir.read_text(out, rel))["shards"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise LedgerError(f"{path}: not a plan index ({exc})") from exc
-    if not isinstance(shards, list) or not all(isinstance(s, dict) and "id" in s for s in shards):
-        raise LedgerError(f"{path}: not a plan index (its shards are not a list of entries)")
+        found = read_back.loads(outdir.read_bytes(out, rel), path, "a plan index", ABSENT)
+        shards = found.get("shards") if isinstance(found, dict) else None
+        if not isinstance(shards, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("id"), str) for s in shards
+        ):
+            raise read_back.damaged(path, "a plan index", "its shards are not a list of entries", ABSENT)
+    except read_back.DamagedRecord as exc:
+        if strict:
+            raise
+        read_back.warn(exc)
+        return None
     return shards
 
 
-def read_listing(out: outdir.Out, shard_id: str) -> list[Planned] | None:
-    """A shard's planned samples as recorded, in source order; None when it has no record."""
+def read_listing(out: outdir.Out, shard_id: str, *, strict: bool = False) -> list[Planned] | None:
+    """A shard's planned samples as recorded, in source order; None when it has no record. A damaged one is treated
+    as absent (None) with one warning line naming it, as a damaged index is (`strict`: raised)."""
     path, rel = outdir.shown(out, _listing_rel(shard_id)), _listing_rel(shard_id)
     if not outdir.is_file(out, rel):
         return None
-    with io.TextIOWrapper(outdir.open_read(out, rel), encoding="utf-8") as fh:
-        return _planned(fh, path)
+    try:
+        with io.TextIOWrapper(outdir.open_read(out, rel), encoding="utf-8") as fh:
+            return _planned(fh, path, ABSENT)
+    except read_back.DamagedRecord as exc:
+        if strict:
+            raise
+        read_back.warn(exc)
+        return None
 
 
 def read_spooled(spool: Path, shard_id: str) -> list[Planned] | None:
@@ -191,16 +211,35 @@ def read_spooled(spool: Path, shard_id: str) -> list[Planned] | None:
     if not path.is_file():
         return None
     with path.open(encoding="utf-8") as fh:
-        return _planned(fh, path)
+        return _planned(fh, path, SPOOL_REPAIR)
 
 
-def _planned(lines: Iterable[str], path: Path | str) -> list[Planned]:
-    planned: list[Planned] = []
-    for number, line in enumerate(lines, 1):
+def recorded_damage(out: outdir.Out) -> list[read_back.DamagedRecord]:
+    """What of OUT's recorded plan does not read back (its index, then each listing it names): what `verify` says
+    and `reconcile` and a build treat as absent, the same lines."""
+    try:
+        entries = read_index(out, strict=True) or []
+    except read_back.DamagedRecord as exc:
+        return [exc]
+    found = []
+    for entry in entries:
         try:
-            key, sid, group = json.loads(line)
-        except (ValueError, TypeError) as exc:
-            raise LedgerError(f"{path}:{number}: not a planned sample ({exc})") from exc
+            read_listing(out, entry["id"], strict=True)
+        except (read_back.DamagedRecord, outdir.UnsafePath) as exc:
+            found.append(
+                exc
+                if isinstance(exc, read_back.DamagedRecord)
+                else read_back.damaged(outdir.shown(out, LEDGER_DIR), "a plan listing", str(exc), ABSENT)
+            )
+    return found
+
+
+def _planned(lines: Iterable[str], path: Path | str, repair: str) -> list[Planned]:
+    planned: list[Planned] = []
+    for number, value in enumerate(read_back.lines(lines, str(path), "a planned sample", repair), 1):
+        if not (isinstance(value, list) and len(value) == 3 and all(isinstance(v, str) for v in value)):
+            raise read_back.damaged(f"{path}:{number}", "a planned sample", "not [key, id, group]", repair)
+        key, sid, group = value
         planned.append((key, sid, sys.intern(group)))  # a shard's few groups held once, not once a sample
     return planned
 

@@ -20,7 +20,12 @@ stops writing at once: every later put of the process below that OUT is refused 
 one line). The lease's record holds a token of its own (the same through its renewals): a Ray worker's shard task
 writes for the run that holds the lease (`follow`), and reads the lease before each of its writes below OUT, which it
 refuses (LeaseLost) once the token there is not the run's. ``LATENTFORGE_LEASE_SECONDS`` sets the lease (the heartbeat
-is a quarter of it): tests shorten it.
+is a quarter of it; from 1 s to a day, `infra.bounds`): tests shorten it.
+
+A lock or lease record that does not read back as ours (not JSON, nested deep, an owner or an expiry of another type,
+an expiry further ahead than the longest lease) is a **hold**: nothing proves that its run has ended, so it is never
+taken over; the run stops with one line naming the record and the command that clears it once a person knows no run
+is writing OUT. An expiry in another valid form is read as what it says (another zone; no zone: UTC, as ours are).
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ import contextlib
 import fcntl
 import json
 import logging
+import math
 import os
 import secrets
+import shlex
 import socket
 import threading
 import time
@@ -42,8 +49,9 @@ from typing import Any
 
 import psutil
 
-from infra import outdir, outstore, procs
-from infra.errors import ConfigError, ConflictError, LeaseLost, OutWriteError
+from infra import outdir, outstore, procs, records
+from infra.bounds import MAX_LEASE_SECONDS, MIN_LEASE_SECONDS, seconds_between
+from infra.errors import ConflictError, LeaseLost, OutWriteError
 from infra.outstore import StoreOut
 
 logger = logging.getLogger(__name__)
@@ -95,16 +103,48 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _read_owner(fd: int) -> LockOwner | None:
-    raw = os.pread(fd, 4096, 0).decode(errors="replace").strip()
-    if not raw:
+def _read_owner(fd: int, where: str) -> LockOwner | None:
+    """The owner recorded in the lock file open at `fd` (None: no record); a record that does not read back as ours
+    is a `records.DamagedRecord` naming `where` and the command that clears it (a hold)."""
+    raw = os.pread(fd, 4096, 0)
+    if not raw.strip():
         return None
+    if raw.strip().isdigit():  # latentforge 0.1 wrote the bare pid
+        return LockOwner(int(raw.strip()), socket.gethostname(), None, "?")
+    repair = f"if no run is writing OUT, remove it (rm -- {shlex.quote(where)}) and run again"
+    return owner_of(records.loads(raw, where, WHAT, repair, records.MAX_SMALL_BYTES), where, repair)
+
+
+#: What a lock file or a lease object holds.
+WHAT = "a lock record of latentforge's"
+
+
+def owner_of(value: Any, where: str, repair: str = "") -> LockOwner:
+    """The owner in a lock or lease record (parsed JSON), each field of its type; `records.DamagedRecord` otherwise
+    (a pid that is no process id, a start time that is no finite number ...)."""
+    if not isinstance(value, dict):
+        raise records.damaged(where, WHAT, f"a JSON {type(value).__name__}, not an object", repair)
+    pid, host, created, since = (value.get(key) for key in ("pid", "host", "create_time", "since"))
+    if type(pid) is not int or not 0 < pid < 2**31:
+        raise records.damaged(where, WHAT, f"its pid {str(pid)[:40]!r} is not a process id", repair)
+    if not isinstance(host, str) or not 0 < len(host) <= 255:
+        raise records.damaged(where, WHAT, "its host is not a host name", repair)
+    if created is not None and (type(created) not in (int, float) or not math.isfinite(created)):
+        raise records.damaged(where, WHAT, f"its start time {str(created)[:40]!r} is not a number of seconds", repair)
+    if not isinstance(since, str):
+        raise records.damaged(where, WHAT, "its since is not a time", repair)
+    return LockOwner(pid, host, None if created is None else float(created), since[:64])
+
+
+def recorded_owner(out: Path | StoreOut) -> LockOwner | None:
+    """The owner recorded in OUT's lock file or lease now; None when there is none, or none that reads back as ours."""
+    where = outdir.shown(out, LOCK_NAME)
     try:
-        return LockOwner(**json.loads(raw))
-    except (ValueError, TypeError):
-        if raw.isdigit():  # latentforge 0.1 wrote the bare pid
-            return LockOwner(int(raw), socket.gethostname(), None, "?")
-        return LockOwner(-1, f"unreadable record {raw[:40]!r}", None, "?")
+        return owner_of(
+            records.loads(outdir.read_bytes(out, LOCK_NAME), where, WHAT, "", records.MAX_SMALL_BYTES), where
+        )
+    except (OSError, records.DamagedRecord, outdir.UnsafePath):
+        return None
 
 
 def lock_caveat(path: Path, partitions: Iterable[Any] | None = None) -> str | None:
@@ -131,6 +171,14 @@ def _refusal(out: Path | StoreOut, owner: LockOwner | None) -> LockedError:
     return LockedError(f"{out} is being written by another run: {holder}; wait for it or use another --out")
 
 
+def _holder(fd: int, out: Path) -> LockOwner | None:
+    """Who holds the kernel lock by its record (None: no record, or none that reads back)."""
+    try:
+        return _read_owner(fd, str(out / LOCK_NAME))
+    except records.DamagedRecord:
+        return None
+
+
 def _take(fd: int, out: Path) -> None:
     """flock OUT, waiting out a momentary probe; LockedError when another run holds it."""
     deadline = time.monotonic() + BUSY_WAIT_SECONDS
@@ -140,7 +188,7 @@ def _take(fd: int, out: Path) -> None:
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                raise _refusal(out, _read_owner(fd)) from None
+                raise _refusal(out, _holder(fd, out)) from None
             time.sleep(0.05)
 
 
@@ -174,7 +222,10 @@ def out_lock(out: Path | StoreOut) -> Iterator[None]:
     recorded = False
     try:
         _take(fd, out)
-        previous = _read_owner(fd)
+        try:
+            previous = _read_owner(fd, str(out / LOCK_NAME))
+        except records.DamagedRecord as exc:  # a hold: the record is left as it was found
+            raise LockedError(str(exc)) from None
         if previous is not None:
             _take_over(out, previous)  # a refusal leaves the record as it was found
         os.ftruncate(fd, 0)
@@ -216,7 +267,7 @@ def check_not_locked(out: Path | StoreOut) -> None:
     if isinstance(out, StoreOut):
         found = _read_lease(out)
         if found is not None and found.live():
-            raise _refusal(out, found.owner)
+            raise found.refusal(out)
         return
     try:
         fd = outdir.open_fd(out, LOCK_NAME, os.O_RDONLY)
@@ -226,7 +277,7 @@ def check_not_locked(out: Path | StoreOut) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise _refusal(Path(out), _read_owner(fd)) from None
+            raise _refusal(Path(out), _holder(fd, Path(out))) from None
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
@@ -234,45 +285,74 @@ def check_not_locked(out: Path | StoreOut) -> None:
 
 @dataclass(frozen=True)
 class _Found:
-    """A lease object as read: its owner, when it ends, its ETag."""
+    """A lease object as read: its owner, when it ends, its ETag; or why its record does not read back (a hold)."""
 
     owner: LockOwner
     expires: datetime
     etag: str
+    damage: records.DamagedRecord | None = None
 
     def live(self) -> bool:
-        """Held now: not expired, and not a process of this host that is gone."""
+        """Held now: not expired, and not a process of this host that is gone; a record that does not read back is
+        held (nothing proves its run ended)."""
+        if self.damage is not None:
+            return True
         gone_here = self.owner.host == socket.gethostname() and not self.owner.alive_here()
         return self.expires > datetime.now(UTC) and not gone_here
+
+    def refusal(self, out: StoreOut) -> LockedError:
+        """The one line that stops a run meeting this lease."""
+        return LockedError(str(self.damage)) if self.damage is not None else _refusal(out, self.owner)
 
 
 def lease_seconds() -> tuple[float, float]:
     """(the lease, its heartbeat) in seconds: `LEASE_SECONDS` / `HEARTBEAT_SECONDS`, or ``LATENTFORGE_LEASE_SECONDS``
-    and a quarter of it."""
+    (bounded: `infra.bounds.MIN_LEASE_SECONDS` to `MAX_LEASE_SECONDS`) and a quarter of it."""
     raw = os.environ.get(LEASE_ENV)
     if not raw:
         return LEASE_SECONDS, HEARTBEAT_SECONDS
-    try:
-        lease = float(raw)
-    except ValueError:
-        raise ConfigError(f"{LEASE_ENV}={raw!r}: a number of seconds") from None
-    if not lease > 0:
-        raise ConfigError(f"{LEASE_ENV}={raw!r}: a number of seconds above 0")
+    lease = seconds_between(raw, LEASE_ENV, MIN_LEASE_SECONDS, MAX_LEASE_SECONDS)
     return lease, lease / 4
+
+
+def clear_command(out: StoreOut) -> str:
+    """The command that deletes OUT's lease object (what a person runs once no run is writing OUT)."""
+    url = f"{out}/{LOCK_NAME}"
+    tool = {"s3": "aws s3 rm", "s3a": "aws s3 rm", "gs": "gcloud storage rm", "gcs": "gcloud storage rm"}
+    return f"{tool.get(out.scheme, 'delete the object')} -- {shlex.quote(url)}"
+
+
+def _expiry(value: Any, where: str, repair: str) -> datetime:
+    """A lease record's expiry: an ISO time (no zone: UTC, as latentforge writes them), not further ahead than the
+    longest lease; `records.DamagedRecord` otherwise (a number, a bool, NaN, a time years ahead)."""
+    if not isinstance(value, str):
+        raise records.damaged(where, WHAT, f"its expiry {str(value)[:40]!r} is not an ISO time", repair)
+    try:
+        expires = datetime.fromisoformat(value)
+    except ValueError:
+        raise records.damaged(where, WHAT, f"its expiry {value[:40]!r} is not an ISO time", repair) from None
+    expires = expires if expires.tzinfo is not None else expires.replace(tzinfo=UTC)
+    if expires - datetime.now(UTC) > timedelta(seconds=MAX_LEASE_SECONDS + 60):
+        why = f"its expiry {value[:40]} is further ahead than the longest lease ({MAX_LEASE_SECONDS:g} s)"
+        raise records.damaged(where, WHAT, why, repair)
+    return expires
 
 
 def _read_lease(out: StoreOut) -> _Found | None:
     head = out.head(LOCK_NAME)
     if head is None:
         return None
+    where, repair = f"{out}/{LOCK_NAME}", f"if no run is writing OUT, delete it ({clear_command(out)}) and run again"
     try:
-        record = json.loads(out.read_bytes(LOCK_NAME))
-        owner = LockOwner(**{k: record[k] for k in ("pid", "host", "create_time", "since")})
-        expires = datetime.fromisoformat(record["expires"])
+        if head.size > records.MAX_SMALL_BYTES:
+            raise records.damaged(where, WHAT, f"{head.size} bytes", repair, "size")
+        record = records.loads(out.read_bytes(LOCK_NAME), where, WHAT, repair, records.MAX_SMALL_BYTES)
+        owner = owner_of(record, where, repair)
+        expires = _expiry(record.get("expires"), where, repair)
     except FileNotFoundError:
         return None
-    except (ValueError, TypeError, KeyError):  # not a record of ours: expired at once (taken over with If-Match)
-        owner, expires = LockOwner(-1, "an unreadable record", None, "?"), datetime.fromtimestamp(0, UTC)
+    except records.DamagedRecord as exc:  # not a record of ours: a hold (taken over by no run)
+        return _Found(LockOwner(-1, "an unreadable record", None, "?"), datetime.now(UTC), head.etag, exc)
     return _Found(owner, expires, head.etag)
 
 
@@ -303,7 +383,7 @@ class _Lease:
             pass
         found = _read_lease(self.out)
         if found is not None and found.live():
-            raise _refusal(self.out, found.owner)
+            raise found.refusal(self.out)
         try:
             if found is None:  # released meanwhile
                 self.etag = self.out.put(LOCK_NAME, self._record(), create=True)
@@ -392,17 +472,18 @@ def follow(lease: tuple[str, str] | None) -> Iterator[None]:
     out = StoreOut(url)
 
     def check() -> str | None:
+        where = f"{out}/{LOCK_NAME}"
         try:
-            record = json.loads(out.read_bytes(LOCK_NAME))
+            record = records.loads(out.read_bytes(LOCK_NAME), where, WHAT, "", records.MAX_SMALL_BYTES)
         except FileNotFoundError:
             return _lost_line(out, "this run's lease is gone (released or removed)")
-        except (ValueError, TypeError):
+        except records.DamagedRecord:
             record = {}
         if isinstance(record, dict) and record.get("token") == token:
             return None
         try:
-            holder = LockOwner(**{k: record[k] for k in ("pid", "host", "create_time", "since")}).text()
-        except (KeyError, TypeError):
+            holder = owner_of(record, where).text()
+        except records.DamagedRecord:
             holder = "another run (an unreadable record)"
         return _lost_line(out, f"this run's lease was taken over by {holder}")
 

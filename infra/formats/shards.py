@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from infra import outdir
-from infra.cache.ledger import LEDGER_DIR, FileRecord, LedgerRow, ledger_dir
+from infra import outdir, records
+from infra.cache.ledger import LEDGER_DIR, FileRecord, LedgerRow, holds, ledger_dir, move_aside
 from infra.errors import ConfigError, LatentforgeError
 from infra.faults import fault_point
 from infra.formats.base import EncodedSample, Format, Writer, WrittenSample
@@ -272,8 +272,17 @@ class ShardFormat(Format):
 def part_record(out: Path, relpath: str, fmt: ShardFormat) -> PartRecord:
     """A finished part's record; made again from the file when a crash came between its link and its record."""
     rel = part_record_rel(relpath)
-    if outdir.is_file(out, rel):
-        return PartRecord.model_validate_json(outdir.read_text(out, rel))
+    if outdir.is_file(out, rel):  # the part's bytes as written: proof of the part, never made again over damage
+        where = outdir.shown(out, rel)
+        fix = f"move the part and its record out of OUT ({move_aside(out, [relpath, rel])}) and run the build again: "
+        fix += "its samples are encoded again"
+        return records.model(
+            PartRecord,
+            records.loads(outdir.read_bytes(out, rel), where, "a part record", fix),
+            where,
+            "a part record",
+            fix,
+        )
     file = OutFile(outdir.root(out), relpath)
     members = list(fmt.read_part(file))
     prints = sorted(fmt.fingerprints(file))
@@ -352,8 +361,11 @@ def write_meta(out: Path, fmt: Format, fingerprint: str, rows: dict[str, dict[st
         "ledger_done": done,
         "shards": shards,
     }
-    body = json.dumps(meta, indent=1, sort_keys=True) + "\n"
-    return atomic_write(META_JSON, body.encode(), replace=True, out=out).path
+    body = (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode()
+    root = outdir.root(out)
+    if isinstance(root, Path) and holds(root, META_JSON, body):  # a resume that changed nothing: left as it is
+        return root / META_JSON
+    return atomic_write(META_JSON, body, replace=True, out=out).path
 
 
 def shard_summary(out: Path, fmt: ShardFormat) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from infra import outdir
+from infra import outdir, records
 from infra.cache.cachedir import CACHE_JSON
 from infra.formats.base import AUDIO_KIND, EncodedSample, opened
 from infra.formats.consumer_glob import ConsumerGlob
@@ -219,6 +219,6 @@ def _sidecar(path: Path | OutFile) -> dict[str, Any]:
     out = path.out if isinstance(path, OutFile) else Path(path).parent.parent
     facts: dict[str, Any] = {}
     for rel in (CACHE_JSON, META_JSON, part_record_rel(f"{SHARDS_DIR}/{path.name}")):  # the last found wins
-        with contextlib.suppress(OSError, ValueError, KeyError, outdir.UnsafePath):
-            facts["fingerprint"] = json.loads(outdir.read_text(out, rel))["fingerprint"]
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, outdir.UnsafePath):  # DamagedRecord too
+            facts["fingerprint"] = records.loads(outdir.read_bytes(out, rel), outdir.shown(out, rel))["fingerprint"]
     return facts

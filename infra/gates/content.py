@@ -15,13 +15,12 @@ replaced without an approval.
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from infra import outdir
+from infra import outdir, records
 from infra.cache.ledger import FileRecord, LedgerRow
 from infra.formats.shards import part_record_rel
 
@@ -90,11 +89,16 @@ class ContentCheck:
         found_size = _size(self.out, relpath)
         if found_size is None or _size(self.out, record_rel) is None:
             return None  # absent: the size check's; no record (a crash before it was made): nothing to compare
-        try:
-            record = json.loads(outdir.read_text(self.out, record_rel))
-            size, sha = int(record["bytes"]), str(record["sha256"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            return f"its part record {outdir.split(record_rel)[1]} is unreadable ({type(exc).__name__})"
+        name = outdir.split(record_rel)[1]
+        try:  # read back bounded (`infra.records`): its size and sha256 are what the part is proven against
+            record = records.loads(outdir.read_bytes(self.out, record_rel), name, "a part record")
+            size, sha = record["bytes"], record["sha256"]
+            if type(size) is not int or not isinstance(sha, str):
+                raise TypeError("its bytes or sha256 of another type")
+        except records.DamagedRecord as exc:
+            return f"its part record {exc}"
+        except (OSError, KeyError, TypeError) as exc:
+            return f"its part record {name} is unreadable ({type(exc).__name__})"
         if found_size != size:
             return f"the part has {found_size} bytes, its record {size}"
         if self.parts == "sha256" and (found := outdir.sha256(self.out, relpath)) != sha:

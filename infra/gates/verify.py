@@ -21,7 +21,7 @@ import torch
 from pydantic import ValidationError
 
 from infra import outdir
-from infra.cache import ledger
+from infra.cache import ledger, listing
 from infra.cache.cachedir import OutKind, classify, overwrite_in_progress, read_cache_json
 from infra.cache.ledger import FileRecord
 from infra.config import TEMPORAL_ALIASES, CacheSpec
@@ -35,6 +35,7 @@ from infra.job import Job
 from infra.media.resize import resize_policy_of
 from infra.models import get_family
 from infra.plan import ShardPlan
+from infra.records import DamagedRecord, warn
 from infra.sources.names import group_name
 
 logger = logging.getLogger(__name__)
@@ -112,6 +113,10 @@ class VerifyReport:
         ledger row owns (nor one a decision did not cover)."""
         return self.kind in WRITABLE and not self.unowned
 
+    #: Records of OUT's treated as absent (a damaged recorded plan: the next build makes it again), one line each:
+    #: the lines `reconcile` and a build give for them too.
+    absent: list[str] = field(default_factory=list)
+
     def add_stale(self, found: StaleReport) -> None:
         """Take in the stale check of the plan's selection."""
         self.stale = [asdict(s) | {"selector": s.selector} for s in found.stale]
@@ -155,11 +160,13 @@ def verify_out(
     extra_shapes: Mapping[str, tuple[int, ...]] | None = None,
     content: Content = "spot",
     planned: tuple[Job, list[ShardPlan]] | None = None,
+    recorded: bool = False,
 ) -> VerifyReport:
     """Classify OUT against `spec`, count what the ledgers say is done and check the samples (read only): every
     file's sha256 with ``content="all"``, those of the samples loaded with ``"spot"``; the files its consumer would
     load that no ledger row owns (with the `planned` build: those a sample in progress when a run died left, and
-    those its conflict decision covers, apart)."""
+    those its conflict decision covers, apart); with `recorded`, also whether OUT's recorded plan reads back
+    (`latentforge verify`: a build records its own plan anew, and need not read it)."""
     out = outdir.root(out)
     state = classify(out, spec)
     fingerprints = {"planned_fingerprint": spec.fingerprint(), "existing_fingerprint": state.existing_fingerprint}
@@ -174,6 +181,8 @@ def verify_out(
         if scan is not None:
             _unowned(out, report, scan, planned)
         _check_contents(out, report)
+        if recorded:
+            _check_plan(out, report)
         shapes = {"latents": tuple(latent_shape), "text_embeddings": tuple(text_shape), **(extra_shapes or {})}
         if spec.buckets:  # each sample's latents have its own bucket's shape
             del shapes["latents"]
@@ -194,14 +203,20 @@ def verify_out(
 
 
 def verify_plan(
-    job: Job, shards: list[ShardPlan], spool: Path | None = None, *, stale: bool = True, content: Content = "spot"
+    job: Job,
+    shards: list[ShardPlan],
+    spool: Path | None = None,
+    *,
+    stale: bool = True,
+    content: Content = "spot",
+    recorded: bool = False,
 ) -> VerifyReport:
     """`verify_out` for a plan's OUT; for a compatible OUT (a resume), also the stale samples of the plan's `shards`
     (`find_stale`: against the plan's listing in `spool`, else a pass over the source's listing; `stale=False`
     leaves it out). A build's verify-existing checks content by `"spot"`:
     hashing every byte of a large cache before each resume would cost more than most resumes encode."""
     shapes = {"latent_shape": job.latent_shape, "text_shape": job.text_shape}
-    report = verify_out(job.out, job.spec, **shapes, content=content, planned=(job, shards))
+    report = verify_out(job.out, job.spec, **shapes, content=content, planned=(job, shards), recorded=recorded)
     if stale and report.kind == "compatible":
         report.add_stale(find_stale(job, shards, spool))
     return report
@@ -272,6 +287,8 @@ def _done_rows(out: Path, report: VerifyReport, content: ContentCheck, scan: Sca
             prints.update(row.fingerprint for row in rows)
             own = [r for r in rows if report.existing_fingerprint in (None, r.fingerprint) or r.fingerprint is None]
             done += [_Done(row.group, row.path or "", row.key, shard_id) for row in own]
+    except DamagedRecord as exc:  # one line: the file, its line, and what repairs it
+        report.problems.append(f"unreadable ledger {exc}")
     except (OSError, ValueError) as exc:
         report.problems.append(f"{ledger.ledger_dir(out)}: unreadable ledger ({exc})")
     except outdir.UnsafePath as exc:
@@ -319,6 +336,14 @@ def _check_contents(out: Path, report: VerifyReport) -> None:
         cache_files(out)
     except outdir.UnsafePath as exc:
         report.problems.append(str(exc))
+
+
+def _check_plan(out: Path, report: VerifyReport) -> None:
+    """OUT's recorded plan, read back as `reconcile` and a build read it: what does not read back is treated as
+    absent by all three (the next build records it anew), with the same line (`infra.cache.listing.ABSENT`)."""
+    for exc in listing.recorded_damage(out):
+        warn(exc)
+        report.absent.append(str(exc))
 
 
 def _rows_of(out: Path, chosen: list[_Done]) -> list[ledger.LedgerRow]:
@@ -558,6 +583,7 @@ def _sections(report: VerifyReport) -> list[tuple[str, list[tuple[str, str]]]]:
         [("done rows with no recorded source", str(report.unrecorded_sources))] if report.unrecorded_sources else []
     )
     sections.append(("Source identity", notes))
+    sections.append(("Treated as absent (made again by the next build)", [("", line) for line in report.absent]))
     spec = report.existing_spec or {}
     rows = [row for k, v in sorted(spec.items()) for row in _flat(k, flag_words(k, v))]
     sections.append(("Spec of the existing cache", rows))

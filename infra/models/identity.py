@@ -26,6 +26,7 @@ from typing import Literal
 
 from tqdm import tqdm
 
+from infra import records
 from infra.runtime import machine_cache
 from infra.storage import atomic_write
 
@@ -55,9 +56,9 @@ def _stat_key(path: Path) -> tuple[Path, str]:
 
 
 def _remembered(entry: Path, key: str) -> str | None:
-    try:
-        data = json.loads(entry.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # a machine's own record, read back bounded: one that does not read back is absent (hashed again)
+        data = records.loads(entry.read_bytes(), str(entry), "a file-hash record", "", records.MAX_SMALL_BYTES)
+    except (OSError, records.DamagedRecord):
         return None
     digest = data.get("sha256") if isinstance(data, dict) and data.get("key") == key else None
     return digest if isinstance(digest, str) and _SHA256.match(digest) else None

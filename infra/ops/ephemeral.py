@@ -40,7 +40,7 @@ from prefect.settings import (
     temporary_settings,
 )
 
-from infra import procs
+from infra import procs, records
 from infra.errors import ServerError
 from infra.ops import server
 from infra.storage import atomic_write
@@ -85,10 +85,21 @@ def read_records(home: Path | None = None) -> list[tuple[Path, ServerRecord | No
     found: list[tuple[Path, ServerRecord | None]] = []
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         try:
-            found.append((path, ServerRecord(**json.loads(path.read_text()))))
-        except (OSError, ValueError, TypeError):
+            found.append((path, _record(path)))
+        except (OSError, records.DamagedRecord):
             found.append((path, None))
     return found
+
+
+#: What an embedded-server record that does not read back is left as: a person's (its server may still run).
+LEFT = "left as it is: stop the server it named by hand, if it runs, then remove the file"
+
+
+def _record(path: Path) -> ServerRecord:
+    """One record file read back bounded (`infra.records`), its fields of their types; DamagedRecord otherwise."""
+    where, what = str(path), "an embedded-server record"
+    value = records.loads(path.read_bytes(), where, what, LEFT, records.MAX_SMALL_BYTES)
+    return records.dataclass_of(ServerRecord, value, where, what, LEFT)
 
 
 def _server_of(record: ServerRecord) -> psutil.Process | None:
@@ -114,7 +125,10 @@ def reap_orphans(home: Path | None = None, timeout: float = STOP_TIMEOUT) -> lis
     reaped = []
     for path, record in read_records(home):
         if record is None:
-            logger.warning("unreadable embedded-server record %s: left as it is", path)
+            try:
+                _record(path)
+            except (OSError, records.DamagedRecord) as exc:  # one line: the file, why, what is left to a person
+                logger.warning("%s", exc)
             continue
         if record.host != socket.gethostname() or procs.same_process(record.owner_pid, record.owner_create_time):
             continue

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from infra import procs
+from infra import procs, records
 from infra.errors import ServerError
 from infra.storage import atomic_write
 
@@ -62,10 +62,6 @@ class ServerState:
     server: Proc
     worker: Proc
     started_at: str
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ServerState:
-        return cls(**{**data, "server": Proc(**data["server"]), "worker": Proc(**data["worker"])})
 
 
 @dataclass
@@ -104,10 +100,14 @@ def read_state(directory: Path) -> ServerState | None:
     path = directory / STATE_FILE
     if not path.exists():
         return None
+    repair = "stop the processes it named by hand and remove it"
     try:
-        return ServerState.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise ServerError(f"{path} is unreadable ({exc}); stop the processes it named by hand and remove it") from exc
+        value = records.loads(path.read_bytes(), str(path), "a server state record", repair, records.MAX_SMALL_BYTES)
+        return records.dataclass_of(ServerState, value, str(path), "a server state record", repair)
+    except OSError as exc:
+        raise ServerError(f"{path} is unreadable ({exc}); {repair}") from exc
+    except records.DamagedRecord as exc:  # one line: the file, why, and what to do (its processes may still run)
+        raise ServerError(f"unreadable: {exc}") from None
 
 
 def write_state(directory: Path, state: ServerState) -> Path:

@@ -68,7 +68,8 @@ class RemoteFile:
     size: int
     sha256: str | None = None  # content sha256 when the store gives it (S3 object metadata, Hub LFS pointer)
     git_sha1: str | None = None  # Hub regular (non-LFS) files: the git blob sha1
-    etag: str | None = None  # S3: the version a conditional replace (If-Match) must still find
+    #: S3: the version a conditional replace (If-Match) must still find; the Hub: a xet file's hash (its version)
+    etag: str | None = None
 
 
 def git_blob_sha1(data: bytes) -> str:

@@ -4,11 +4,11 @@ place, and what conflicts (a different remote file at one of our paths, which on
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from infra import records
 from infra.cache.cachedir import CACHE_JSON
 from infra.publish.base import UPDATABLE_ROLES, LocalFile, Remote, RemoteFile, Target, same_content
 from infra.publish.card import generated_card
@@ -71,7 +71,9 @@ class UploadPlan:
 
 
 def replace_token(target: Target, conflicts: list[tuple[LocalFile, RemoteFile]]) -> str:
-    """A short token bound to the target and to each conflicting path's remote and local version."""
+    """A short token bound to the target and to each conflicting path's remote and local version: what the remote
+    held at each path it replaces when it was printed (an S3 ETag, a Hub file's sha256, git blob id or xet hash); a
+    remote file changed since gives another token, and `send` replaces only the version listed."""
     parts = [target.url]
     for ours, theirs in sorted(conflicts, key=lambda pair: pair[0].path):
         remote_id = theirs.etag or theirs.sha256 or theirs.git_sha1 or str(theirs.size)
@@ -84,10 +86,14 @@ def remote_fingerprint(remote: Remote) -> str | None:
     data = remote.read(CACHE_JSON)
     if data is None:
         return None
+    where = remote.target.key(CACHE_JSON)
     try:
-        value = json.loads(data).get("fingerprint")
-    except (ValueError, AttributeError):
-        logger.warning("%s: the remote cache.json is unreadable", remote.target.key(CACHE_JSON))
+        value = records.loads(data, where, "a cache.json", "treated as holding no cache").get("fingerprint")
+    except records.DamagedRecord as exc:  # one line: what it is and how it is taken
+        logger.warning("%s", exc)
+        return None
+    except AttributeError:
+        logger.warning("%s: not a cache.json (not a JSON object); treated as holding no cache", where)
         return None
     return str(value) if value else None
 

@@ -277,13 +277,14 @@ class HubRemote(Remote):
 
 def _remote_file(rel: str, entry: object) -> RemoteFile:
     """An LFS/xet file proves its content by sha256; a regular file by its git blob sha1. A file with a xet hash
-    and no LFS pointer gives neither (never the pointer's sha1 as a content hash): same_content says None."""
+    and no LFS pointer gives neither (never the pointer's sha1 as a content hash): same_content says None; its xet
+    hash is kept as its version (`etag`), so that a replace token covers it as it does every other remote file."""
     lfs, xet = getattr(entry, "lfs", None), getattr(entry, "xet_hash", None)
     size = int(getattr(entry, "size", 0))
     if lfs is not None:
         return RemoteFile(rel, size, sha256=lfs.sha256)
-    if xet is not None:
-        return RemoteFile(rel, size)
+    if xet is not None:  # its hash is still the version a replace approval names (`diff.replace_token`)
+        return RemoteFile(rel, size, etag=f"xet:{xet}")
     return RemoteFile(rel, size, git_sha1=getattr(entry, "blob_id", None))
 
 
