@@ -60,7 +60,8 @@ def test_rerun_keeps_an_accepted_loss_accepted_and_takes_the_gate_flags(tmp_path
 
     person = threading.Thread(target=answer, daemon=True)
     person.start()
-    ok, first = run_build(config(src, tiny_model, out, on_loss="ask", approval_timeout=20))
+    # the stray is a file a trainer would load that no row owns: kept by reuse, its sample output_exists
+    ok, first = run_build(config(src, tiny_model, out, on_loss="ask", approval_timeout=20, on_conflict="reuse"))
     person.join(timeout=10)
     assert ok and answered, first
     run_id = json.loads(Path(first["run_report"]).read_text())["flow_run_id"]
