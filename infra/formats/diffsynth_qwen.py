@@ -50,7 +50,7 @@ def inputs(sample: EncodedSample) -> tuple[dict[str, Any], dict[str, Any], dict[
     shared: dict[str, Any] = {"height": int(height), "width": int(width), **TRAINING_INPUTS}
     shared["input_latents"] = sample.latents[:, 0].to(STORED).unsqueeze(0).contiguous()  # its VAE drops the frame axis
     shared[MARKS_KEY] = {"fingerprint": sample.fingerprint, "group": sample.group, "id": sample.id}
-    emb = sample.text_embeds[: sample.seq_len].to(STORED).unsqueeze(0).contiguous()
+    emb = sample.text_embeds[: sample.seq_len].to(STORED).unsqueeze(0).clone()  # its own storage: not the padded one
     text = {"prompt_emb": emb, "prompt_emb_mask": torch.ones((1, sample.seq_len), dtype=torch.int64)}
     return shared, {"prompt": sample.prompt, **text}, {"negative_prompt": "", **text}
 

@@ -31,6 +31,10 @@ from infra.media.video import DEFAULT_LIMITS, MediaLimits, SampledClip
 CONSUMER_POLICIES = ("musubi", "diffsynth")
 #: Policies whose loader keeps an RGBA image's alpha through the resize (dropped after it).
 _KEEPS_ALPHA = ("musubi",)
+#: Policies whose consumer scales an image's values in float32 and casts them to its VAE's dtype at the VAE:
+#: musubi's ``qwen_image_cache_latents.py`` (``contents / 127.5 - 1.0`` on the uint8 tensor, then ``.to(vae.dtype)``;
+#: its Wan video caching scales in the VAE's dtype). DiffSynth's ``preprocess_image`` scales in its dtype.
+_SCALES_IN_FLOAT32 = ("musubi",)
 
 
 def consumer_array(media: bytes, name: str, upright: bool, limits: MediaLimits = DEFAULT_LIMITS) -> np.ndarray:
@@ -55,9 +59,9 @@ def still_pixels(
     dtype: torch.dtype = torch.float32,
     limits: MediaLimits = DEFAULT_LIMITS,
 ) -> tuple[torch.Tensor, SampledClip, Bucket | None]:
-    """(pixels (1, 3, 1, h, w) float32 holding the run's dtype's values, the one-frame clip, the bucket chosen or
-    None) of an image by the consumer policy `name` (`CONSUMER_POLICIES`): its own loader, its bucket among
-    `buckets` (by the `layout`'s rule), else `height`×`width`."""
+    """(pixels (1, 3, 1, h, w) float32 (the run's dtype's values where the consumer scales in it), the one-frame
+    clip, the bucket chosen or None) of an image by the consumer policy `name` (`CONSUMER_POLICIES`): its own loader,
+    its bucket among `buckets` (by the `layout`'s rule), else `height`×`width`."""
     chosen = policy(name)
     if name not in CONSUMER_POLICIES or not isinstance(chosen, FramePolicy):
         raise ValueError(f"resize policy {name!r} is not one of {', '.join(CONSUMER_POLICIES)}")
@@ -69,6 +73,7 @@ def still_pixels(
     resized = np.ascontiguousarray(chosen.resize_frame(array, height, width)[..., :3])
     if resized.shape[:2] != (height, width):
         raise ValueError(f"policy {name} made {resized.shape[1]}x{resized.shape[0]}, not {width}x{height}")
-    pixels = chosen.scale(torch.from_numpy(resized)[None], dtype).float().permute(0, 3, 1, 2)[:, :, None]
+    scale_dtype = torch.float32 if name in _SCALES_IN_FLOAT32 else dtype
+    pixels = chosen.scale(torch.from_numpy(resized)[None], scale_dtype).float().permute(0, 3, 1, 2)[:, :, None]
     clip = SampledClip(resized[None], 1, array.shape[0], array.shape[1], (0,), fps=1.0)
     return pixels.contiguous(), clip, bucket

@@ -3,9 +3,10 @@
 template, from a local diffusers snapshot.
 
 * latents: the posterior's mode of the one-frame image, ``(C, 1, H/8, W/8)``, normalised as diffusers'
-  ``QwenImagePipeline``, musubi-tuner's ``encode_pixels_to_latents`` and DiffSynth-Studio's ``QwenImageVAE.encode``
-  all do it, in the VAE's dtype: ``(z - latents_mean) * (1 / latents_std)``, the reciprocal taken in float32 and
-  both statistics cast to the VAE's dtype first;
+  ``QwenImagePipeline`` and musubi-tuner's ``encode_pixels_to_latents`` do it, in the VAE's dtype:
+  ``(z - latents_mean) * (1.0 / latents_std)``, both statistics cast to the VAE's dtype first and the reciprocal
+  taken in it. DiffSynth-Studio's ``QwenImageVAE`` takes the reciprocal in float32 and casts it: in bf16 a few
+  channels' factors differ by one step (and its VAE's own bf16 arithmetic by about one step): docs/qwen-image.md;
 * text: the caption in the template below, tokenized to at most ``max_length + DROP_INDEX`` tokens (truncated at the
   end), the text encoder's ``hidden_states[-1]``, its first ``DROP_INDEX`` (34) rows dropped: the template's system
   prompt and ``<|im_start|>user\\n``. What is left (the caption's tokens and the template's 5 closing ones) is the
@@ -168,7 +169,7 @@ def normalise(z: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> t
     """Raw latents (B, C, F, H, W) → normalised, in their own dtype, as every Qwen-Image consumer does it."""
     shape = (1, len(mean), 1, 1, 1)
     mean_t = torch.tensor(mean).view(shape).to(z.device, z.dtype)
-    inv_std = (1.0 / torch.tensor(std)).view(shape).to(z.device, z.dtype)
+    inv_std = 1.0 / torch.tensor(std).view(shape).to(z.device, z.dtype)  # the reciprocal of the cast std, in the dtype
     return (z - mean_t) * inv_std
 
 
@@ -176,7 +177,7 @@ def denormalise(latents: torch.Tensor, mean: Sequence[float], std: Sequence[floa
     """The inverse of `normalise`, as diffusers' pipeline decodes: latents / (1 / latents_std) + latents_mean."""
     shape = (1, len(mean), 1, 1, 1)
     mean_t = torch.tensor(mean).view(shape).to(latents.device, latents.dtype)
-    inv_std = (1.0 / torch.tensor(std)).view(shape).to(latents.device, latents.dtype)
+    inv_std = 1.0 / torch.tensor(std).view(shape).to(latents.device, latents.dtype)
     return latents / inv_std + mean_t
 
 
@@ -204,7 +205,9 @@ class QwenImageEncoder(LoadedFamily):
 
         path = self.model_dir / "text_encoder"
         model = Qwen2_5_VLForConditionalGeneration.from_pretrained(path, torch_dtype=self.dtype, local_files_only=True)
-        return model.eval()
+        # cast whole, buffers too, as musubi (``qwen2_5_vl.to(dtype)``) and DiffSynth (its model ``.to(torch_dtype)``)
+        # do: the RoPE's inv_freq in the run's dtype (from_pretrained keeps it float32: other angles in bf16)
+        return model.to(self.dtype).eval()
 
     def encode_video(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.encode_videos([pixels])[0]
