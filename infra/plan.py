@@ -46,6 +46,7 @@ from infra.media.buckets import Bucket, check_reference_buckets, parse_buckets
 from infra.media.image import IMAGE_POLICIES
 from infra.media.resize import IMAGE_ONLY_POLICIES, RESIZE_POLICIES, resize_policy_of
 from infra.media.resize import require as require_resize
+from infra.media.still import CONSUMER_POLICIES
 from infra.media.temporal import DEFAULT_SHORT, make_policy
 from infra.models import (
     FAMILIES,
@@ -230,7 +231,7 @@ def check_image_resize(config: BuildConfig, family: FamilySpec, resize: str) -> 
             raise ConfigError(f"--resize {resize}: a policy for still images; family {family.name} encodes video")
     elif own is not None and config.encoding.resize is not None:
         raise ConfigError(f"--resize {resize}: family {family.name} preprocesses its images itself ({own})")
-    elif own is None and resize not in IMAGE_POLICIES:
+    elif own is None and resize not in IMAGE_POLICIES and resize not in CONSUMER_POLICIES:
         raise ConfigError(
             f"--resize {resize}: family {family.name} encodes still images, resized by {', '.join(IMAGE_POLICIES)}"
         )
@@ -319,7 +320,8 @@ def resolve(config: BuildConfig) -> Resolved:
     model_dir = local_model(config.model, parts)
     family = resolve_family(model_dir, config.family, config.encoding.audio)
     chosen = _settings(config, family)
-    derived = get_format(config.encoding.format).derived_buckets(config, chosen["temporal"])  # musubi's own
+    shaped = one_frame(config) if family.media == "image" else config  # a still is one frame, whatever --frames says
+    derived = get_format(config.encoding.format).derived_buckets(shaped, chosen["temporal"])  # musubi's own
     given = parse_buckets(config.encoding.buckets) if config.encoding.buckets is not None else None
     buckets = derived or given
     geometry = (
@@ -335,7 +337,7 @@ def resolve(config: BuildConfig) -> Resolved:
     check_reference(config, [Bucket(w, h, f) for f, h, w in geometry], rules)
     check_text_8bit(config, family)
     frames, height, width = (
-        (config.encoding.frames, config.encoding.height, config.encoding.width) if derived else geometry[0]
+        (shaped.encoding.frames, config.encoding.height, config.encoding.width) if derived else geometry[0]
     )
     spec = CacheSpec(
         **{name: getattr(config.encoding, name) for name in COPIED},
@@ -362,13 +364,15 @@ def resolve(config: BuildConfig) -> Resolved:
         conditioning=family.conditioning(model_dir, config.encoding.mode),
         **shard_settings(config),
     )
-    if unplaced := [kind for kind in family.kinds(spec) if kind not in get_format(config.encoding.format).keys]:
+    if unplaced := [
+        kind for kind in family.kinds(spec) if kind not in get_format(config.encoding.format, family.name).keys
+    ]:
         raise ConfigError(
             f"format {config.encoding.format} has no place for {', '.join(unplaced)} (family {family.name})"
         )
     check_consumer(spec, family.kinds(spec))
     out = outdir.of_setting(config.out)
-    get_format(spec.format).check_out(out, config.source)  # musubi: one dataset per OUT, a local one
+    get_format(spec.format, spec.family).check_out(out, config.source)  # musubi: one dataset per OUT, a local one
     kinds = family.kinds(spec)
     resolved = {
         "family": family.name,
@@ -381,6 +385,11 @@ def resolve(config: BuildConfig) -> Resolved:
         "mask_multiples": (rules.frame_multiple, rules.spatial_multiple) if "video_masks" in kinds else None,
     }
     return Resolved(config, Job.of(config, parts, **resolved))
+
+
+def one_frame(config: BuildConfig) -> BuildConfig:
+    """`config` with ``--frames 1``: what an image family's buckets are derived from."""
+    return config.model_copy(update={"encoding": config.encoding.model_copy(update={"frames": 1})})
 
 
 def model_parts(config: BuildConfig) -> tuple[str, ...]:

@@ -131,6 +131,42 @@ RECIPES: dict[str, Recipe] = {
                 "store_dtype": "fp16",
             },
         ),
+        Recipe(
+            "qwen-image-musubi",
+            "musubi-tuner's Qwen-Image cache (qwen_image_cache_latents.py, qwen_image_cache_text_encoder_outputs.py): "
+            "each image bucketed as its BucketSelector recomputes it from the image's size (--width/--height: its "
+            "resolution), read and resized as its image dataset does (no EXIF turn, LANCZOS up, INTER_AREA down), "
+            "Qwen2.5-VL's caption rows past the template's 34, up to 1024 tokens, its qi names, keys and dataset TOML",
+            {
+                "family": "qwen-image",
+                "format": "musubi",
+                "frames": 1,
+                "height": 1024,
+                "width": 1024,
+                "temporal": "head",
+                "resize": "musubi",
+                "text_max_length": 1024,
+                "text_padding": "zeros",
+            },
+        ),
+        Recipe(
+            "qwen-image-diffsynth",
+            "DiffSynth-Studio's split-training files for Qwen-Image (its --height/--width mode): each image read and "
+            "cropped as its LoadImage and ImageCropAndResize do (PIL bilinear, rounded cover and crop), input_latents, "
+            "Qwen2.5-VL's caption rows past the template's 34 (prompt_emb and its mask), up to 4096 tokens as its "
+            "PromptEmbedder takes them",
+            {
+                "family": "qwen-image",
+                "format": "diffsynth",
+                "frames": 1,
+                "height": 1024,
+                "width": 1024,
+                "temporal": "head",
+                "resize": "diffsynth",
+                "text_max_length": 4096,
+                "text_padding": "zeros",
+            },
+        ),
     )
 }
 

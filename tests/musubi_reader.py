@@ -98,8 +98,11 @@ class MusubiDataset:
         enable, no_upscale = params.get("enable_bucket", False), params.get("bucket_no_upscale", False)
         self.selector = BucketSelector(self.resolution, enable, no_upscale and enable)
         self.cache_directory = params["cache_directory"]
+        #: the architecture code its caching scripts name files with (``wan``; ``qi``: Qwen-Image, whose image bucket
+        #: is (W, H) alone: ``ImageDataset.prepare_for_training`` adds the latent window for Wan and FramePack only)
+        self.architecture = params.get("architecture", ARCHITECTURE)
         self.buckets: dict[tuple[Any, ...], list[Item]] = {}
-        pattern = os.path.join(self.cache_directory, f"*_{ARCHITECTURE}.safetensors")  # noqa: PTH118
+        pattern = os.path.join(self.cache_directory, f"*_{self.architecture}.safetensors")  # noqa: PTH118
         for cache_file in glob.glob(pattern):
             item = self._item(cache_file)
             if item is not None:
@@ -112,13 +115,13 @@ class MusubiDataset:
         width, height = map(int, tokens[-2].split("x"))
         key_end = -3 if self.video else -2
         item_key = "_".join(tokens[:key_end])
-        text_file = os.path.join(self.cache_directory, f"{item_key}_{ARCHITECTURE}_te.safetensors")  # noqa: PTH118
+        text_file = os.path.join(self.cache_directory, f"{item_key}_{self.architecture}_te.safetensors")  # noqa: PTH118
         if not os.path.exists(text_file):  # noqa: PTH110
             logger.warning("Text encoder output cache file not found: %s", text_file)
             return None
         bucket = self.selector.get_bucket_resolution((width, height))
         extra = int(tokens[-3].split("-")[1]) if self.video else FP_LATENT_WINDOW_SIZE  # frames; Wan's image window
-        bucket = (*bucket, extra)
+        bucket = (*bucket, extra) if self.video or self.architecture == ARCHITECTURE else tuple(bucket)
         return Item(item_key, (width, height), bucket, cache_file, text_file)
 
     @property

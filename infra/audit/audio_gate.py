@@ -105,7 +105,7 @@ def audio_check(out: Path) -> AudioReport:
     report = AudioReport(str(out), audio_run)
     if not audio_run:
         return report
-    fmt = get_format(spec.format)
+    fmt = get_format(spec.format, spec.family)
     key = fmt.keys[AUDIO_KIND]
     for shard, rows in ledger.read_all(out).items():
         for row in rows.values():

@@ -49,9 +49,11 @@ def _diffsynth(out: Path, paths: list[str]) -> str:
     """Every ``.pth`` its ``UnifiedDataset`` finds under OUT is one the ledgers name, each loads through its own
     operator, and one batch (its trainer's: one sample) has the inputs its training step reads."""
     unified = importlib.import_module("diffsynth.core.data.unified_dataset")
+    fmt = get_format("diffsynth", read_cache_json(out)["spec"].get("family"))  # its pipeline's input names
+    latents, text = fmt.keys["latents"], fmt.keys["text_embeddings"]
     for path in paths:  # latentforge's own safe read first: nothing that needs more is unpickled below
         try:
-            get_format("diffsynth").read(out / path)
+            fmt.read(out / path)
         except (pickle.UnpicklingError, RuntimeError, ValueError, OSError, EOFError) as exc:
             raise DamagedCacheError(f"{path} does not load with weights_only=True: not handed to its loader "
                                     f"({type(exc).__name__})") from exc  # fmt: skip
@@ -66,13 +68,10 @@ def _diffsynth(out: Path, paths: list[str]) -> str:
                                 f"{extra[:3]}, missing: {missing[:3]})")  # fmt: skip
     for index in range(len(found)):
         shared, posi, _ = dataset[index]
-        if not isinstance(shared.get("input_latents"), torch.Tensor) or "context" not in posi:
-            raise DamagedCacheError(f"{found[index]}: no input_latents or context where its training step reads them")
+        if not isinstance(shared.get(latents), torch.Tensor) or text not in posi:
+            raise DamagedCacheError(f"{found[index]}: no {latents} or {text} where its training step reads them")
     shared, posi, _ = dataset[0]
-    return (
-        f"{len(found)} sample(s) read; one batch: input_latents {_shape(shared['input_latents'])}, context "
-        + _shape(posi["context"])
-    )
+    return f"{len(found)} sample(s) read; one batch: {latents} {_shape(shared[latents])}, {text} {_shape(posi[text])}"
 
 
 #: format → its consumer's reader (`infra.formats.consumers` names the consumer; this says how to load it).

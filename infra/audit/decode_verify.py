@@ -440,7 +440,7 @@ def decode_and_verify(
     if "latents" not in get_family(spec.family).kinds(spec):  # an audio-only mode: no video to decode
         logger.info("decode-verify: --mode %s has no video latents; nothing decoded", spec.mode)
         chosen = []
-    fmt = get_format(spec.format)
+    fmt = get_format(spec.format, spec.family)
     base, root = (Path(report_dir), "") if report_dir else (out, f"{reports.REPORTS_DIR}/{DECODE_DIR}")
     folder = _run_folder(base, root, chosen, fmt)
     shown = named if is_url(named) else str(model)

@@ -77,7 +77,7 @@ def cache_geometries(out: Path, spec: dict[str, Any], rows: Iterable[LedgerRow])
     """Each geometry the done samples were encoded at, most samples first: frames, height, width (the bucket a row
     records; the spec's own without buckets), how many samples, and every output key of one of them as the format
     wrote it (shape and dtype for a tensor)."""
-    fmt = get_format(spec["format"])
+    fmt = get_format(spec["format"], spec.get("family"))
     found: dict[tuple[Any, ...], dict[str, Any]] = {}
     for row in rows:
         if row.status != "done" or not row.output_files():
@@ -119,7 +119,7 @@ def inspect_cache(out: Path) -> dict[str, Any]:
     out = outdir.root(out)
     meta = read_cache_json(out)  # in a store, an unfinished run's pending one where there is one
     unfinished = outdir.is_store(out) and outdir.lstat(out, PENDING_JSON) is not None
-    fmt = get_format(meta["spec"]["format"])
+    fmt = get_format(meta["spec"]["format"], meta["spec"].get("family"))
     groups: dict[str, Counter[str]] = defaultdict(Counter)
     reasons: Counter[str] = Counter()
     prints: Counter[str | None] = Counter()  # done samples per fingerprint

@@ -75,7 +75,7 @@ def export_overfit(
         raise ConfigError("overfit: give --ids ID... or --n K (K ≥ 1), and --copies C ≥ 1")
     meta = read_cache_json(out)
     spec = CacheSpec.model_validate(meta["spec"])
-    if get_format(spec.format).sharded:
+    if get_format(spec.format, spec.family).sharded:
         raise ConfigError(
             f"overfit: the {spec.format} format keeps samples inside shard files; export from a pt or ltx build of "
             "the same samples (the overfit export copies per-sample files)"
@@ -100,7 +100,7 @@ def export_overfit(
                 raise ConfigError(f"{sample_name(row.group, row.id)}: its source sample has no video now")
             prompts.append({"caption": caption_prompt(ref.read_prompt(), CaptionRules.of(spec))})
             prepared = prepare_video(media, spec, window_of(row)[1])
-            rel = f"reference/{sample_stem(row, get_format(spec.format))}.mp4"
+            rel = f"reference/{sample_stem(row, get_format(spec.format, spec.family))}.mp4"
             fps = float(row.extra.get("sampling", {}).get("fps") or prepared.clip.fps)
             atomic_write(rel, lossless_mp4(prepared.pixels[0], fps), out=staging)  # the door: inside the export
             result.references.append(rel)

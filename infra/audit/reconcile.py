@@ -61,7 +61,7 @@ def reconcile(
     tally = _Tally(job, report, functools.cache(functools.partial(_size, job.out)))
     if content:
         tally.content = ContentCheck(job.out, files=True, parts="sha256")
-    fmt = get_format(spec.format)
+    fmt = get_format(spec.format, spec.family)
     if isinstance(fmt, ShardFormat):
         tally.members = functools.cache(lambda rel: frozenset(part_record(job.out, rel, fmt).members))
     source = open_source(job.source, job.spec)

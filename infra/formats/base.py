@@ -170,6 +170,12 @@ class Format(ABC):
         if missing:
             raise TypeError(f"format {cls.__name__} does not declare {', '.join(missing)}")
 
+    def for_family(self, family: str | None) -> Format:
+        """This format as it lays out `family`'s samples: itself, or, where its consumer names and keys a family's
+        files its own way (musubi-tuner's ``qi`` files, DiffSynth's Qwen-Image inputs), the format object for that
+        family (same name, its own writer, paths, keys and reader). None: the format's own layout."""
+        return self
+
     def label(self, kind: str) -> str:
         """What a report calls an output kind: its key (x0, text_embeds), or the kind where keys repeat across
         files (the LTX-2 layout's ``latents`` holds video in one file and audio in another)."""

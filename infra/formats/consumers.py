@@ -188,13 +188,39 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
         "-",
         resize="torchvision",
     ),
+    ("musubi", "qwen-image"): Expects(
+        "kohya-ss/musubi-tuner (commit 30c658c: qwen_image_train_network.py), its BucketBatchManager",
+        "normalised",
+        "prompt",
+        "right",
+        "last_hidden_state",
+        "bf16 safetensors",
+        "-",
+        resize="musubi",
+    ),
+    ("diffsynth", "qwen-image"): Expects(
+        DIFFSYNTH + ", QwenImagePipeline",
+        "normalised",
+        "prompt",
+        "right",
+        "last_hidden_state",
+        "bf16 .pth (a pickle its trainer loads with weights_only=False)",
+        "-",
+        resize="diffsynth",
+    ),
 }
 
 
 #: Formats written for one trainer only: the families it trains (any other is refused at the plan), and in words.
 ONLY_FOR: dict[str, tuple[tuple[str, ...], str]] = {
-    "musubi": (("wan21",), f"{MUSUBI} trains Wan2.1 and Wan2.2-A14B (family wan21), not Wan2.2-TI2V-5B"),
-    "diffsynth": (("wan21", "wan22"), f"{DIFFSYNTH}: these files are its Wan pipeline's (families wan21, wan22)"),
+    "musubi": (
+        ("wan21", "qwen-image"),
+        f"{MUSUBI} caches Wan2.1 and Wan2.2-A14B (family wan21) and Qwen-Image (qwen-image), not Wan2.2-TI2V-5B",
+    ),
+    "diffsynth": (
+        ("wan21", "wan22", "qwen-image"),
+        f"{DIFFSYNTH}: these files are its Wan pipeline's (families wan21, wan22) or Qwen-Image's (qwen-image)",
+    ),
 }
 
 

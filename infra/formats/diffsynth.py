@@ -116,6 +116,13 @@ class DiffSynthFormat(Format):
     #: and folders through links included, each unpickled (``weights_only=False``).
     consumer_glob = ConsumerGlob(("**/*.pth",))
 
+    def __init__(self, families: dict[str, Format] | None = None) -> None:
+        #: family → the format object for its pipeline's inputs (`infra.formats.diffsynth_qwen`); others: Wan's
+        self.families = dict(families or {})
+
+    def for_family(self, family: str | None) -> Format:
+        return self.families.get(family or "", self)
+
     def writer(self, out: Path) -> DiffSynthWriter:
         return DiffSynthWriter(out, self)
 

@@ -168,6 +168,13 @@ class MusubiFormat(Format):
     #: with ``{item_key}_wan_te.safetensors`` beside it.
     consumer_glob = ConsumerGlob((f"*_{ARCHITECTURE}.safetensors", f"*_{ARCHITECTURE}_te.safetensors"), hidden=False)
 
+    def __init__(self, families: dict[str, Format] | None = None) -> None:
+        #: family → the format object for musubi-tuner's architecture of it (`infra.formats.musubi_qi`); others: Wan's
+        self.families = dict(families or {})
+
+    def for_family(self, family: str | None) -> Format:
+        return self.families.get(family or "", self)
+
     def writer(self, out: Path) -> MusubiWriter:
         return MusubiWriter(out, self)
 

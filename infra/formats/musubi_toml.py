@@ -63,13 +63,13 @@ def write_toml(out: Path, spec: Any) -> None:
             atomic_write(TOML_NAME, data, replace=True, out=out)
 
 
-def check_cache_directory(out: Path, source: str) -> None:
+def check_cache_directory(out: Path, source: str, suffix: str = "_wan.safetensors") -> None:
     """ConfigError when OUT is already the musubi cache directory of another dataset: a latentforge cache of another
-    source, or musubi's own files (no cache.json)."""
+    source, or musubi's own files (no cache.json; `suffix`: its latent files' ending for the architecture)."""
     if not out.is_dir():
         return
     if not outdir.is_file(out, CACHE_JSON):
-        if any(entry.name.endswith("_wan.safetensors") for entry in outdir.entries(out)):
+        if any(entry.name.endswith(suffix) for entry in outdir.entries(out)):
             raise ConfigError(
                 f"--out {out} holds musubi cache files latentforge did not write: musubi-tuner takes one cache "
                 "directory per dataset; give this source its own --out"

@@ -189,7 +189,7 @@ def verify_out(
         if spec.text_storage == "trimmed":  # each sample's text has its own prompt's rows ([seq_len, D])
             del shapes["text_embeddings"]
         try:
-            fmt = get_format((existing or spec).format)
+            fmt = get_format((existing or spec).format, (existing or spec).family)
             chosen = _rows_of(out, _choose(done, max_samples))
             _check_samples(out, fmt, chosen, _expected(spec, fmt, shapes), report)
             if not full:  # the samples just loaded, hashed too: a cheap look at content before a resume

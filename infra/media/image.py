@@ -47,10 +47,17 @@ def is_image(media: bytes) -> bool:
 
 
 def load_rgb(media: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> Image.Image:
-    """The image upright (EXIF orientation applied) and in RGB, transparency over white. InputError
-    ``not_an_image`` for bytes Pillow cannot read, ``too_many_pixels`` past `limits` (checked from the header,
-    before decoding) or past Pillow's own bomb limit (twice its ``MAX_IMAGE_PIXELS``, which it refuses at open: a
-    skip like any other, not an encode error that would fail the sanity or stop a shard)."""
+    """The image upright (EXIF orientation applied) and in RGB, transparency over white (`open_image`'s errors)."""
+    image = open_image(media, limits)
+    upright = ImageOps.exif_transpose(image)
+    return to_rgb(upright if upright is not None else image)
+
+
+def open_image(media: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> Image.Image:
+    """The image as stored, decoded. InputError ``not_an_image`` for bytes Pillow cannot read, ``too_many_pixels``
+    past `limits` (checked from the header, before decoding) or past Pillow's own bomb limit (twice its
+    ``MAX_IMAGE_PIXELS``, which it refuses at open: a skip like any other, not an encode error that would fail the
+    sanity or stop a shard)."""
     try:
         with warnings.catch_warnings():
             # Pillow warns past its MAX_IMAGE_PIXELS; --max-pixels is the limit here, checked below before decoding.
@@ -65,8 +72,7 @@ def load_rgb(media: bytes, limits: MediaLimits = DEFAULT_LIMITS) -> Image.Image:
         raise InputError("too_many_pixels", f"{exc} (Pillow's own limit; --max-pixels is {limits.max_pixels})") from exc
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise InputError("not_an_image", f"{type(exc).__name__}: {exc}") from exc
-    upright = ImageOps.exif_transpose(image)
-    return to_rgb(upright if upright is not None else image)
+    return image
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -30,6 +30,7 @@ from infra.models.image import ImageSpec
 from infra.models.ltx2 import Ltx2Spec
 from infra.models.memory import LoadOptions
 from infra.models.plugins import PLUGIN_KEY, as_family, is_builtin, load_module_attr, plugin_identity
+from infra.models.qwen_image import QwenImageSpec
 from infra.models.wan21 import Wan21Spec
 from infra.models.wan22 import Wan22Spec
 from infra.registry import Registry
@@ -39,6 +40,7 @@ FAMILIES.add("wan22", Wan22Spec())
 FAMILIES.add("ltx2", Ltx2Spec())
 FAMILIES.add("image", ImageSpec())
 FAMILIES.add("wan21", Wan21Spec())
+FAMILIES.add("qwen-image", QwenImageSpec())
 
 __all__ = [
     "FAMILIES",

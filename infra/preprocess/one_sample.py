@@ -216,7 +216,7 @@ def _record(written: Written, sample: WrittenSample) -> FileRecord:
 
 def _check(sample: EncodedSample, written: WrittenSample, job: Job, report: SanityReport) -> None:
     """Shapes, dtypes, finiteness and the bit-exact round trip through the format's reader (every file)."""
-    fmt = get_format(job.spec.format)
+    fmt = get_format(job.spec.format, job.spec.family)
     report.latent_key = fmt.label("latents")
     if "text_embeddings" in fmt.keys:
         report.text_key = fmt.label("text_embeddings")
@@ -278,7 +278,7 @@ def _timed(ref: SampleRef, job: Job, encoder: LoadedFamily, out: Path, repeats: 
     for _ in range(repeats):
         start = time.perf_counter()
         sample = encode_sample(ref, job, encoder).sample
-        fmt = get_format(job.spec.format)
+        fmt = get_format(job.spec.format, job.spec.family)
         if fmt.sharded:  # the scratch's shard files are replaced too (a writer continues after the parts it finds)
             shutil.rmtree(out / SHARDS_DIR, ignore_errors=True)
         with fmt.open_writer(out, job.spec, "sanity") as writer:
@@ -428,7 +428,7 @@ def dry_run(job: Job, shards: list[ShardPlan], spool: Path | None = None) -> dic
         raise InputError("no_usable_sample", f"no sample could be encoded; skipped: {skipped}")
     _, encoded = found
     sample, text = encoded.sample, {"tokens_total": encoded.tokens_total, "truncated": encoded.truncated}
-    fmt = get_format(job.spec.format)
+    fmt = get_format(job.spec.format, job.spec.family)
     tensors = {fmt.label(kind): [list(t.shape), str(t.dtype)] for kind, t in sample.outputs().items()}
     return {
         "sample": sample_name(sample.group, sample.id),

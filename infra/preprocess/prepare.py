@@ -24,6 +24,7 @@ from infra.media.buckets import Bucket, bucket_rule, reference_buckets
 from infra.media.image import is_image, load_rgb, prepare_image
 from infra.media.masks import audio_mask_signal, video_mask
 from infra.media.resize import resize_pixels, resize_policy_of
+from infra.media.still import CONSUMER_POLICIES, still_pixels
 from infra.media.temporal import TemporalPolicy, choose_windows, effective_fps, vae_aligned_indices
 from infra.media.video import (
     DEFAULT_LIMITS,
@@ -176,7 +177,14 @@ def prepare_video(
         if spec.preprocess != preprocess_name(family):  # the code that would run is not the one the spec names
             raise ConfigError(f"the spec's preprocess {spec.preprocess} is not family {family.name}'s now")
         own = preprocess_of(family)
-        pixels, still = prepare_image(media, spec.height, spec.width, limits, resize_policy_of(spec.resize), own)
+        if (resize := resize_policy_of(spec.resize)) in CONSUMER_POLICIES:  # the consumer's loader, bucket, resize
+            buckets = [Bucket(*b) for b in spec.buckets] if spec.buckets else None
+            pixels, still, bucket = still_pixels(
+                media, resize, spec.height, spec.width, buckets=buckets, layout=spec.layout,
+                upright=spec.rotate == "auto", dtype=DTYPES[spec.dtype], limits=limits,
+            )  # fmt: skip
+            return PreparedVideo(pixels, still, bucket)
+        pixels, still = prepare_image(media, spec.height, spec.width, limits, resize, own)
         return PreparedVideo(pixels, still, None)
     policy = TemporalPolicy.of(spec)
     buckets = [Bucket(*b) for b in spec.buckets] if spec.buckets else None

@@ -40,7 +40,7 @@ def reusable(row: LedgerRow | None, job: Job) -> bool:
     """Done for this fingerprint and every one of its files on disk at the ledger's size."""
     if row is None or row.status != "done" or row.fingerprint != job.fingerprint:
         return False
-    files, fmt = row.output_files(), get_format(job.spec.format)
+    files, fmt = row.output_files(), get_format(job.spec.format, job.spec.family)
     return bool(files) and all(fmt.present(job.out, f) for f in files)
 
 
@@ -78,7 +78,7 @@ def resumed(
 def on_disk(job: Job, ref: SampleRef, *, replacing: bool) -> OnDisk:
     """The files at `ref`'s output paths (none for a sample without a name: a layout error); with a format that
     fingerprints its files, whether they are ours, unless the trip is `replacing` them (an approved stale one)."""
-    fmt = get_format(job.spec.format)
+    fmt = get_format(job.spec.format, job.spec.family)
     paths = set(fmt.paths(ref.stem, job.kinds).values()) if ref.stem else set()
     files = sorted(rel for rel in paths if outdir.lstat(job.out, rel) is not None)  # a link there: UnsafePath
     if not files or replacing or not fmt.has_fingerprint:
@@ -95,7 +95,7 @@ def _ours(job: Job, ref: SampleRef, files: list[str]) -> tuple[WrittenFiles, dic
     """(the files, the first one's record) when every file carries this spec's fingerprint and this sample's group
     and id (a copy of another sample's file, or another name that maps to this path, is not this sample's); else
     why not."""
-    fmt = get_format(job.spec.format)
+    fmt = get_format(job.spec.format, job.spec.family)
     ours = (job.fingerprint, ref.group, ref.id)
     try:
         records = {rel: fmt.read(OutFile(job.out, rel)) for rel in files}

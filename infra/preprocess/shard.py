@@ -137,7 +137,7 @@ def process_shard(
         outdir.snapshot(job.out),  # a store's existence checks answered by a listing (a LIST a 1000 samples)
         ledger.open_journal(job.out, ledger_id) as journal,
         preempt.cleanup(functools.partial(_seal_from_journal, job, ledger_id, journal)),
-        get_format(job.spec.format).open_writer(job.out, job.spec, writer_id) as writer,
+        get_format(job.spec.format, job.spec.family).open_writer(job.out, job.spec, writer_id) as writer,
     ):
         state.mark = functools.partial(journal.mark, alone=True)  # a sample read when its turn comes: nothing ahead
         loop = _Loop(
