@@ -49,7 +49,7 @@ SPEC_VERSION = 1
 
 Device = Literal["auto", "cpu", "cuda", "neuron"]
 ComputeDtype = Literal["bf16", "fp32"]
-StoreDtype = Literal["bf16", "fp16"]
+StoreDtype = Literal["bf16", "fp16", "fp32"]
 OnConflict = Literal["ask", "abort", "new_dir", "reuse"]
 #: The modes (`--mode`) the families declare (`infra.models.base.FamilySpec.mode_roles`; LTX-2's:
 #: `infra.models.ltx2_modes`): each decides which roles a sample reads and which output kinds it holds.
@@ -59,7 +59,7 @@ Mode = Literal[
 
 #: A temporal policy's spelling (`infra.media.temporal` makes the policy): span, head, fps:N, stride:K, windows:K;
 #: ``linspace`` is latentforge 0.1's name for span.
-_TEMPORAL = re.compile(r"^(span|head|linspace)$|^(fps):(\d+(?:\.\d+)?)$|^(stride|windows):(\d+)$")
+_TEMPORAL = re.compile(r"^(span|head|linspace)$|^(fps|resample):(\d+(?:\.\d+)?)$|^(stride|windows):(\d+)$")
 TEMPORAL_ALIASES = {"linspace": "span"}
 
 
@@ -67,13 +67,13 @@ def parse_temporal(text: str) -> tuple[str, float]:
     """``"fps:24"`` → ("fps", 24.0); ConfigError with the accepted forms."""
     m = _TEMPORAL.match(text.strip())
     if not m:
-        raise ConfigError(f"--temporal {text!r}: expected span, head, fps:N, stride:K or windows:K")
+        raise ConfigError(f"--temporal {text!r}: expected span, head, fps:N, resample:N, stride:K or windows:K")
     if m.group(1):
         return TEMPORAL_ALIASES.get(m.group(1), m.group(1)), 0.0
     kind, value = (m.group(2), m.group(3)) if m.group(2) else (m.group(4), m.group(5))
     if float(value) <= 0:
         raise ConfigError(f"--temporal {text!r}: {kind} needs a positive number")
-    bound = MAX_FPS if kind == "fps" else MAX_COUNT
+    bound = MAX_FPS if kind in ("fps", "resample") else MAX_COUNT
     if float(value) > bound:
         raise ConfigError(f"--temporal {text[:80]!r}: {kind} over the bound of {bound:g}")
     return kind, float(value)
@@ -398,7 +398,9 @@ class EncodingConfig(StrictModel):
         "bf16", description="Compute dtype; stored tensors are bf16 either way"
     )
     store_dtype: Annotated[StoreDtype, Spec(default="bf16")] = Field(
-        "bf16", description="Stored dtype of latents and text embeddings: bf16, or fp16 (the image family)"
+        "bf16",
+        description="Stored dtype of latents and text embeddings: bf16, or fp16 (the image family), or fp32 "
+        "(h3: FastVideo's float32 rows)",
     )
 
     @field_validator("temporal")

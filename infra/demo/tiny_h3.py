@@ -11,9 +11,9 @@ two transformer partitions and the schedulers are named by the index as the real
 The geometry is the real one where it decides a cache's shapes: 24 video latent channels, 16x spatial compression,
 ``clip_length`` 17 with ``token_drop`` 3 (17n+5 frames → 5n+2 latent frames), ImageNet pixel normalisation, the
 video and audio latent statistics of the released checkpoint; a 32 kHz mono audio VAE with hop 800 (40 latents a
-second) and 32 latent channels; a Qwen3-VL whose text stack is deep enough for ``hidden_states[50]`` (51 layers). Every width is
-tiny, the weights random (fixed seed); the same seed gives byte-identical files. The tokenizer is a byte-level BPE
-built offline (no merges) with Qwen's vision markers as special tokens.
+second) and 32 latent channels; a Qwen3-VL whose text stack is deep enough for ``hidden_states[50]`` (51 layers).
+Every width is tiny, the weights random (fixed seed); the same seed gives byte-identical files. The tokenizer is a
+byte-level BPE built offline (no merges) with Qwen's vision markers as special tokens.
 """
 
 from __future__ import annotations
