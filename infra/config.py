@@ -238,14 +238,21 @@ class EncodingConfig(StrictModel):
         description="A clip too short for the temporal policy: repeat (indices held at its last frame) or skip (with "
         "the reason and its frame count). Default: repeat for span and fps, skip for the others",
     )
-    resize: Literal["stretch", "cover-crop", "cover-crop-aa", "musubi", "diffsynth", "torchvision"] | None = Field(
+    resize: (
+        Literal[
+            "stretch", "cover-crop", "cover-crop-aa", "musubi", "diffsynth", "torchvision", "h3-lanczos", "diffsynth-h3"
+        ]
+        | None
+    ) = Field(
         None,
         description="Resize: stretch (bilinear to H×W: the Wan2.2 seed recipe's), cover-crop (bicubic to cover, centre "
         "crop: the LTX-2 trainer's), cover-crop-aa (bilinear with antialias, cover, centre crop), musubi "
         "(musubi-tuner's resize_image_to_bucket: cover rounded half up, LANCZOS up, OpenCV INTER_AREA down), "
         "diffsynth (DiffSynth-Studio's ImageCropAndResize: cover rounded, PIL bilinear, crop offset rounded) or "
         "torchvision (images: torchvision's Resize(BICUBIC) + CenterCrop + Normalize(0.5, 0.5) on the PIL image, "
-        "number for number: the CC12M seed's). Default: the format's consumer's (docs/formats.md), else the family's",
+        "number for number: the CC12M seed's), h3-lanczos (FastVideo's MiniMax-H3 frames: Pillow LANCZOS stretch, "
+        "uint8 values kept) or diffsynth-h3 (diffsynth's, uint8 values kept for the H3 VAE). Default: the format's "
+        "consumer's (docs/formats.md), else the family's",
     )
     rotate: Literal["stored", "auto"] | None = Field(
         None,
