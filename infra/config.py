@@ -250,9 +250,8 @@ class EncodingConfig(StrictModel):
         "(musubi-tuner's resize_image_to_bucket: cover rounded half up, LANCZOS up, OpenCV INTER_AREA down), "
         "diffsynth (DiffSynth-Studio's ImageCropAndResize: cover rounded, PIL bilinear, crop offset rounded) or "
         "torchvision (images: torchvision's Resize(BICUBIC) + CenterCrop + Normalize(0.5, 0.5) on the PIL image, "
-        "number for number: the CC12M seed's), h3-lanczos (FastVideo's MiniMax-H3 frames: Pillow LANCZOS stretch, "
-        "uint8 values kept) or diffsynth-h3 (diffsynth's, uint8 values kept for the H3 VAE). Default: the format's "
-        "consumer's (docs/formats.md), else the family's",
+        "number for number: the CC12M seed's) or h3-lanczos (FastVideo's MiniMax-H3 frames: Pillow LANCZOS stretch, "
+        "uint8 values kept). Default: the format's consumer's (docs/formats.md), else the family's",
     )
     rotate: Literal["stored", "auto"] | None = Field(
         None,

@@ -187,18 +187,6 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
         resize="h3-lanczos",
         parquet_schema="t2va",
     ),
-    ("diffsynth", "h3"): Expects(
-        DIFFSYNTH + ", MiniMaxH3Pipeline",
-        "normalised",
-        "prompt",
-        "right",
-        "hidden_states_50",
-        "bf16 .pth (a pickle its trainer loads with weights_only=False)",
-        "-",
-        resize="diffsynth-h3",
-        rotate="auto",
-        timestep_boundaries=True,
-    ),
     ("webdataset", "wan22"): Expects(
         "webdataset.WebDataset readers",
         "normalised",
@@ -233,10 +221,7 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
 #: Formats written for one trainer only: the families it trains (any other is refused at the plan), and in words.
 ONLY_FOR: dict[str, tuple[tuple[str, ...], str]] = {
     "musubi": (("wan21",), f"{MUSUBI} trains Wan2.1 and Wan2.2-A14B (family wan21), not Wan2.2-TI2V-5B"),
-    "diffsynth": (
-        ("wan21", "wan22", "h3"),
-        f"{DIFFSYNTH}: these files are its Wan and MiniMax-H3 pipelines' (families wan21, wan22, h3)",
-    ),
+    "diffsynth": (("wan21", "wan22"), f"{DIFFSYNTH}: these files are its Wan pipeline's (families wan21, wan22)"),
 }
 
 

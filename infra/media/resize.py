@@ -19,8 +19,6 @@ per direction, the value scaling). A format declares its consumer's policy (`inf
   package's ``prepare_reference_frames``): each uint8 frame stretched to H×W by Pillow's LANCZOS (none where it is
   that size already: its aspect is kept only by the canvas the user picks), then ``x / 127.5 - 1`` in float32 (the
   h3 family takes the uint8 values back exactly and scales them as its VAE wants: ``u / 255``, ImageNet).
-* ``diffsynth-h3`` (DiffSynth-Studio's MiniMax-H3 training, ``diffsynth`` of the h3 family): ``diffsynth``'s crop and
-  resize, the values kept as uint8 (its ``preprocess_video`` scales them to [0, 1] in float32 for this VAE).
 * ``torchvision`` (still images only: `infra.media.image`).
 
 Two kinds of policy: a float policy converts a chunk of frames as float32 in one torch call (`FloatPolicy`); a frame
