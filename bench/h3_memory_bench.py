@@ -58,18 +58,19 @@ def vae_stage() -> dict[str, float]:
     with torch.device("meta"):
         vae = AutoencoderKLMiniMaxH3()
     sizes: list[int] = []
-    hooks = [m.register_forward_hook(lambda _m, _i, o: sizes.append(o.numel())) for m in vae.encoder.modules()
-             if isinstance(o := m, torch.nn.Module) and not list(m.children())]  # fmt: skip
+    leaves = [m for m in vae.encoder.modules() if not list(m.children())]
+    hooks = [m.register_forward_hook(lambda _m, _i, out: sizes.append(out.numel())) for m in leaves]
     with torch.no_grad():
         vae.encoder(torch.empty(1, 3, vae.config.clip_length, 256, 256, device="meta"))
     for hook in hooks:
         hook.remove()
     largest = sorted(sizes)[-2:]
+    encoder = sum(p.numel() for p in vae.encoder.parameters()) + sum(p.numel() for p in vae.quant_conv.parameters())
     return {
-        "encoder_params": sum(p.numel() for p in vae.encoder.parameters()) + sum(p.numel() for p in vae.quant_conv.parameters()),
+        "encoder_params": encoder,
         "all_params": sum(p.numel() for p in vae.parameters()),
         "activation_bytes": 4 * sum(largest),
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
