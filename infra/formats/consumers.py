@@ -56,11 +56,13 @@ class Expects:
     rotate: str = "stored"
     #: whether its files carry the timestep range its training step draws from (``--max/min-timestep-boundary``)
     timestep_boundaries: bool = False
-    #: the parquet schema its reader collates (FastVideo's ``pyarrow_schema_t2v``, or ``t2va``: video, stereo audio
-    #: and text, `infra.formats.parquet_t2va`)
-    parquet_schema: str = "t2v"
+    #: the parquet schema its reader collates: FastVideo's ``pyarrow_schema_t2v``, or ``pyarrow_schema_t2va`` (video,
+    #: stereo audio and text, `infra.formats.parquet_t2va`)
+    parquet_schema: str = "pyarrow_schema_t2v"
 
 
+#: FastVideo's parquet schema with an audio column (MiniMax-H3's rows).
+AUDIO_SCHEMA = "pyarrow_schema_t2va"
 _LATENTFORGE = "latentforge's readers (infra.formats; no outside trainer is matched)"
 _WIDENED = "float32 .npy (bf16 widened)"
 _EFFECTIVE = "the rate of the frames stored (fps:N gives N; otherwise native / the mean index step)"
@@ -185,7 +187,7 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
             ),
         ),
         resize="h3-lanczos",
-        parquet_schema="t2va",
+        parquet_schema="pyarrow_schema_t2va",
     ),
     ("webdataset", "wan22"): Expects(
         "webdataset.WebDataset readers",
@@ -258,10 +260,10 @@ def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
     text_clean.require(getattr(spec, "text_clean", None))
     found = expects(spec.format, spec.family)
     check_boundaries(spec, found)
-    if spec.format == "parquet" and "audio_latents" in kinds and (found is None or found.parquet_schema != "t2va"):
+    if spec.format == "parquet" and "audio_latents" in kinds and getattr(found, "parquet_schema", "") != AUDIO_SCHEMA:
         raise ConfigError(
-            f"format parquet with family {spec.family}: FastVideo's t2v schema has no audio column (its t2va schema "
-            "is MiniMax-H3's): drop --audio (--skip-audio), or use a format with audio (ltx)"
+            f"format parquet with family {spec.family}: FastVideo's pyarrow_schema_t2v has no audio column (its "
+            f"{AUDIO_SCHEMA} is MiniMax-H3's): drop --audio (--skip-audio), or use a format with audio (ltx)"
         )
     if found is None:
         return

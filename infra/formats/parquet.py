@@ -16,8 +16,8 @@ Columns (FastVideo's ``pyarrow_schema_t2v``): ``id``, ``vae_latent_bytes/shape/d
   (latentforge's reader gives them back in those: bf16 widened to float32 and back is exact), and
   ``latentforge.consumer``: whom the rows are for and what it sees (each record read back says it too).
 
-Audio latents have no column in this schema: a family whose consumer collates FastVideo's ``t2va`` schema (h3) is
-written in that one (`infra.formats.parquet_t2va`); another family's audio is refused at the plan.
+Audio latents have no column in this schema: a family whose consumer collates FastVideo's ``pyarrow_schema_t2va``
+(h3) is written in that one (`infra.formats.parquet_t2va`); another family's audio is refused at the plan.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 import torch
 
 from infra.formats.base import AUDIO_KIND, EncodedSample, opened
-from infra.formats.consumers import expects, stored_fps
+from infra.formats.consumers import AUDIO_SCHEMA, expects, stored_fps
 from infra.formats.parquet_t2va import SCHEMA_T2VA, audio_columns
 from infra.formats.shards import ShardFormat, ShardWriter, Sink, shard_options
 from infra.outdir import OutFile
@@ -120,7 +120,7 @@ def to_row(sample: EncodedSample, dtype: str, options: dict[str, Any] | None = N
 def schema_of(options: dict[str, Any]) -> pa.Schema:
     """The schema the spec's family's consumer collates (`infra.formats.consumers.Expects.parquet_schema`)."""
     found = expects("parquet", str(options.get("family")))
-    return SCHEMA_T2VA if found is not None and found.parquet_schema == "t2va" else SCHEMA_T2V
+    return SCHEMA_T2VA if found is not None and found.parquet_schema == AUDIO_SCHEMA else SCHEMA_T2V
 
 
 class ParquetWriter(ShardWriter):

@@ -76,6 +76,8 @@ class H3Spec(FamilySpec):
     has_audio = True
     text_8bit = True
     store_dtypes = ("bf16", "fp32")
+    #: The policies whose pixels hold uint8 values exactly (the family takes them back to scale them as its VAE does).
+    resize_policies = ("h3-lanczos",)
 
     def components_for(self, audio: bool) -> tuple[str, ...]:
         return (*self.components, "audio_vae") if audio else self.components
