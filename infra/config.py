@@ -50,7 +50,7 @@ SPEC_VERSION = 1
 
 Device = Literal["auto", "cpu", "cuda", "neuron"]
 ComputeDtype = Literal["bf16", "fp32"]
-StoreDtype = Literal["bf16", "fp16"]
+StoreDtype = Literal["bf16", "fp16", "fp32"]
 OnConflict = Literal["ask", "abort", "new_dir", "reuse"]
 #: The modes (`--mode`) the families declare (`infra.models.base.FamilySpec.mode_roles`; LTX-2's:
 #: `infra.models.ltx2_modes`): each decides which roles a sample reads and which output kinds it holds.
@@ -60,7 +60,7 @@ Mode = Literal[
 
 #: A temporal policy's spelling (`infra.media.temporal` makes the policy): span, head, fps:N, stride:K, windows:K;
 #: ``linspace`` is latentforge 0.1's name for span.
-_TEMPORAL = re.compile(r"^(span|head|linspace)$|^(fps):(\d+(?:\.\d+)?)$|^(stride|windows):(\d+)$")
+_TEMPORAL = re.compile(r"^(span|head|linspace)$|^(fps|resample):(\d+(?:\.\d+)?)$|^(stride|windows):(\d+)$")
 TEMPORAL_ALIASES = {"linspace": "span"}
 
 
@@ -68,13 +68,13 @@ def parse_temporal(text: str) -> tuple[str, float]:
     """``"fps:24"`` → ("fps", 24.0); ConfigError with the accepted forms."""
     m = _TEMPORAL.match(text.strip())
     if not m:
-        raise ConfigError(f"--temporal {text!r}: expected span, head, fps:N, stride:K or windows:K")
+        raise ConfigError(f"--temporal {text!r}: expected span, head, fps:N, resample:N, stride:K or windows:K")
     if m.group(1):
         return TEMPORAL_ALIASES.get(m.group(1), m.group(1)), 0.0
     kind, value = (m.group(2), m.group(3)) if m.group(2) else (m.group(4), m.group(5))
     if float(value) <= 0:
         raise ConfigError(f"--temporal {text!r}: {kind} needs a positive number")
-    bound = MAX_FPS if kind == "fps" else MAX_COUNT
+    bound = MAX_FPS if kind in ("fps", "resample") else MAX_COUNT
     if float(value) > bound:
         raise ConfigError(f"--temporal {text[:80]!r}: {kind} over the bound of {bound:g}")
     return kind, float(value)
@@ -245,14 +245,20 @@ class EncodingConfig(StrictModel):
         description="A clip too short for the temporal policy: repeat (indices held at its last frame) or skip (with "
         "the reason and its frame count). Default: repeat for span and fps, skip for the others",
     )
-    resize: Literal["stretch", "cover-crop", "cover-crop-aa", "musubi", "diffsynth", "torchvision"] | None = Field(
+    resize: (
+        Literal[
+            "stretch", "cover-crop", "cover-crop-aa", "musubi", "diffsynth", "torchvision", "h3-lanczos", "diffsynth-h3"
+        ]
+        | None
+    ) = Field(
         None,
         description="Resize: stretch (bilinear to H×W: the Wan2.2 seed recipe's), cover-crop (bicubic to cover, centre "
         "crop: the LTX-2 trainer's), cover-crop-aa (bilinear with antialias, cover, centre crop), musubi "
         "(musubi-tuner's resize_image_to_bucket: cover rounded half up, LANCZOS up, OpenCV INTER_AREA down), "
         "diffsynth (DiffSynth-Studio's ImageCropAndResize: cover rounded, PIL bilinear, crop offset rounded) or "
         "torchvision (images: torchvision's Resize(BICUBIC) + CenterCrop + Normalize(0.5, 0.5) on the PIL image, "
-        "number for number: the CC12M seed's). Default: the format's consumer's (docs/formats.md), else the family's",
+        "number for number: the CC12M seed's) or h3-lanczos (FastVideo's MiniMax-H3 frames: Pillow LANCZOS stretch, "
+        "uint8 values kept). Default: the format's consumer's (docs/formats.md), else the family's",
     )
     rotate: Literal["stored", "auto"] | None = Field(
         None,
@@ -405,7 +411,9 @@ class EncodingConfig(StrictModel):
         "bf16", description="Compute dtype; stored tensors are bf16 either way"
     )
     store_dtype: Annotated[StoreDtype, Spec(default="bf16")] = Field(
-        "bf16", description="Stored dtype of latents and text embeddings: bf16, or fp16 (the image family)"
+        "bf16",
+        description="Stored dtype of latents and text embeddings: bf16, or fp16 (the image family), or fp32 "
+        "(h3: FastVideo's float32 rows)",
     )
 
     @field_validator("temporal")

@@ -167,6 +167,25 @@ RECIPES: dict[str, Recipe] = {
                 "text_padding": "zeros",
             },
         ),
+        Recipe(
+            "h3-fastvideo",
+            "FastVideo's MiniMax-H3 t2va rows (preprocess_minimax_h3_overfit): the clip on H3's 24 fps timeline and "
+            "its first 124 frames, each stretched to 768x1344 by Pillow's LANCZOS, the video VAE's posterior sampled "
+            "under seed 42, Qwen3-VL hidden_states[50] of the bare prompt, the stereo track at 32 kHz through the "
+            "audio VAE, FastVideo's t2va parquet schema in float32 bytes",
+            {
+                "family": "h3",
+                "format": "parquet",
+                "audio": True,
+                "frames": 124,
+                "height": 768,
+                "width": 1344,
+                "temporal": "resample:24",
+                "resize": "h3-lanczos",
+                "store_dtype": "fp32",
+                "text_max_length": 1024,
+            },
+        ),
     )
 }
 

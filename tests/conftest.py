@@ -108,6 +108,14 @@ def wan21_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def h3_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """make-tiny-model --family h3: a MiniMax-H3 Modular repository (its VAEs, a Qwen3-VL conditioner), tiny."""
+    from infra.demo.tiny_h3 import make_tiny_h3  # noqa: PLC0415
+
+    return make_tiny_h3(tmp_path_factory.mktemp("models") / "tiny-h3", seed=0)
+
+
+@pytest.fixture(scope="session")
 def wan21_i2v_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Wan2.1-I2V snapshot: the same parts and a tiny CLIP ViT-H/14 image encoder with its image processor."""
     from infra.demo.tiny_wan21 import make_tiny_wan21  # noqa: PLC0415

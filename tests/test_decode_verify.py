@@ -371,6 +371,6 @@ def test_the_mel_picture_puts_the_source_above_the_decoded(tmp_path):
     row = DecodedSample("clips/a.mp4", "clips", "x.pt", 20.0, 0.5, 9, "a.mp4", str(tmp_path / "clips" / "a.png"),
                         "clips/a", audio_mel_l1=1.25, mel_png=str(tmp_path / "clips" / "a.mel.png"))  # fmt: skip
     text = DecodeReport("out", "model", "meta:x", str(tmp_path), rows=[row]).artifact_markdown()
-    assert "| psnr | ssim | frames | mel_l1 | sample |" in text and "· mel L1 1.2500**" in text
+    assert "| psnr | ssim | frames | mel_l1 | per channel | sample |" in text and "· mel L1 1.2500**" in text
     strip, mel = _data_uris(text)
     assert strip.shape == (192, 480, 3) and mel.shape == (260, 20, 3)  # the strip enlarged ×2, the mel as it is

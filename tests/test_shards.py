@@ -235,7 +235,9 @@ def test_resume_after_a_crash_mid_part_reuses_finished_parts_and_ends_byte_ident
 
 def test_parquet_has_no_column_for_audio_and_says_so_before_anything_runs(source, ltx2_model, tmp_path):
     cfg = shard_config(source, ltx2_model, tmp_path / "out", "parquet", "ltx2", audio=True)
-    with pytest.raises(ConfigError, match="format parquet has no place for audio_latents"):
+    with pytest.raises(
+        ConfigError, match=r"format parquet with family ltx2: FastVideo.s pyarrow_schema_t2v has no audio column"
+    ):
         make_spec(cfg)
     assert not (tmp_path / "out").exists()
 

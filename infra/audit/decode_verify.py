@@ -38,7 +38,7 @@ from infra.faults import fault_point
 from infra.fetch import local_model
 from infra.formats import AUDIO_KIND, Format, get_format
 from infra.formats.consumers import normalised
-from infra.media.audio import trainer_audio
+from infra.media.temporal import frames_seconds
 from infra.models import LoadedFamily, get_family, load_family
 from infra.models.identity import component_identity
 from infra.models.memory import LoadOptions
@@ -72,6 +72,7 @@ class DecodedSample:
     png: str
     stem: str = ""  # the sample's output stem: its files are <stem>.mp4 and <stem>.png
     audio_mel_l1: float | None = None  # audio runs: mean |log-mel error| of the decoded audio latent (nats)
+    audio_mel_l1_channels: list[float] | None = None  # the same, per audio channel (stereo: left, right)
     mel_png: str | None = None  # audio runs: <stem>.mel.png, the source's log-mel above the decoded one
 
 
@@ -129,7 +130,7 @@ class DecodeReport:
         rows = []
         for r in self.rows:
             numbers = {"psnr": _safe(r.psnr, 2), "ssim": _safe(r.ssim, 4), "frames": r.frames}
-            audio = {"mel_l1": _safe(r.audio_mel_l1, 4)} if self._audio else {}
+            audio = {"mel_l1": _safe(r.audio_mel_l1, 4), "mel_l1_channels": _channels(r)} if self._audio else {}
             rows.append(numbers | audio | {"sample": r.stem or r.id, "group": r.group, "png": r.png, "mp4": r.mp4})
         return rows
 
@@ -189,10 +190,10 @@ class DecodeReport:
         """Samples (numbers first, the sample's name last, `short`ened for a page: in full in the pictures'
         captions) and problems (the text last)."""
         name = reports.shorten if short else str
-        header = ["psnr", "ssim", "frames", *(["mel_l1"] if self._audio else []), "sample"]
+        header = ["psnr", "ssim", "frames", *(["mel_l1", "per channel"] if self._audio else []), "sample"]
         rows = [
             [_safe(r.psnr, 2), _safe(r.ssim, 4), r.frames]
-            + ([_safe(r.audio_mel_l1, 4)] if self._audio else [])
+            + ([_safe(r.audio_mel_l1, 4), " / ".join(f"{c:.4f}" for c in _channels(r))] if self._audio else [])
             + [name(r.stem or r.id)]
             for r in self.rows
         ]
@@ -319,28 +320,36 @@ class _Run:
         psnr, ssim = compared.score.psnr, compared.score.ssim
         logger.info("decode-verify %s/%s: PSNR %.2f dB, SSIM %.4f", row.group, row.id, psnr, ssim)
         sample = DecodedSample(row.id, row.group, str(file.path), psnr, ssim, frames, str(mp4), str(png), stem)
-        mels = self._audio_mels(row, media, frames / fps) if self.spec.audio else None
+        mels = self._audio_mels(row, media, frames_seconds(self.spec, frames, fps)) if self.spec.audio else None
         if mels is None:
             return sample
         mel_png = self.write(f"{stem}.mel.png", mel_picture(*mels))
-        mel_l1 = float((mels[1] - mels[0]).abs().mean())
-        return dataclasses.replace(sample, audio_mel_l1=mel_l1, mel_png=str(mel_png))
+        error = (mels[1] - mels[0]).abs()
+        channels = [round(float(c.mean()), 6) for c in error]
+        return dataclasses.replace(
+            sample, audio_mel_l1=float(error.mean()), audio_mel_l1_channels=channels, mel_png=str(mel_png)
+        )
 
     def write(self, name: str, data: bytes) -> Path:
         """A new file of this run's folder, through the door (never through a link, never over a file)."""
         return atomic_write(outdir.join(self.folder, name), data, out=self.base).path
 
     def _audio_mels(self, row: LedgerRow, media: bytes, seconds: float) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The clip's log-mel from the trainer's audio front end and the one its audio latent decodes to, over the
-        frames both have ([2, T, 64] each); None when the sample has no audio."""
+        """The clip's log-mel from the family's audio front end and the one its audio latent decodes to, per channel,
+        over the frames both have ([C, T, M] each); None when the sample has no audio."""
         file = row.file_of(AUDIO_KIND)
-        reference = trainer_audio(media, seconds) if file is not None else None
+        reference = self.family.audio_reference(media, seconds) if file is not None else None
         if file is None or reference is None:
             return None
         latents = self.fmt.read_file(self.out, file)[self.fmt.keys[AUDIO_KIND]]
         decoded = self.family.decode_audio(latents)
-        frames = min(decoded.shape[1], reference[0].shape[1])
-        return reference[0][:, :frames].float(), decoded[:, :frames].float()
+        frames = min(decoded.shape[1], reference.shape[1])
+        return reference[:, :frames].float(), decoded[:, :frames].float()
+
+
+def _channels(row: DecodedSample) -> list[float]:
+    """The per-channel mel errors of a row (none recorded: [])."""
+    return list(row.audio_mel_l1_channels or [])
 
 
 def mel_picture(reference: torch.Tensor, decoded: torch.Tensor, scale: int = 2) -> bytes:

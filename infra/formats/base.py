@@ -52,7 +52,7 @@ KIND_DTYPES: dict[str, torch.dtype] = {
 #: The kinds stored in ``--store-dtype`` (the others keep their `KIND_DTYPES`).
 STORED_AS_SPEC = ("latents", "text_embeddings", REFERENCE_KIND, IMAGE_LATENTS_KIND, FIRST_FRAME_KIND)
 #: ``--store-dtype`` → the dtype of the latents and text embeddings (audio latents stay float32).
-STORE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
+STORE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def kind_dtype(kind: str, store_dtype: str = "bf16") -> torch.dtype:

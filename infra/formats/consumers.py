@@ -23,6 +23,10 @@ from infra.media import text_clean
 
 #: What the spec's ``latent_norm`` says for latents stored as the raw posterior mean (FastVideo's Wan2.2 parquet).
 RAW_MEAN = "posterior.mean, raw: the consumer applies (x - latents_mean) / latents_std at training time"
+#: ... and for a posterior sample under a fixed seed, normalised (FastVideo's MiniMax-H3 parquet).
+SAMPLED = (
+    "posterior sample, mean + std * randn(CPU generator seeded 42, one per clip), then (z - latents_mean) / latents_std"
+)
 FASTVIDEO = "FastVideo 0.2.1 (fastvideo/dataset/utils.py collate)"
 MUSUBI = "kohya-ss/musubi-tuner (commit 30c658c: wan_train_network.py)"
 DIFFSYNTH = "DiffSynth-Studio split training (diffsynth 2.1.12: --task sft:train on its data_process files)"
@@ -33,7 +37,8 @@ class Expects:
     """What one consumer reads from one format for one family."""
 
     consumer: str
-    latents: str  # "normalised" (the family's latent_norm) or "raw_mean" (RAW_MEAN: normalised by the consumer)
+    latents: str  # "normalised" (the family's latent_norm), "raw_mean" (RAW_MEAN: normalised by the consumer) or
+    # "sampled" (SAMPLED: the consumer caches a seeded posterior sample)
     text_rows: str  # "all" (every row, padded to max_length) or "prompt" (the prompt's tokens only)
     padding_side: str  # where the family's tokenizer pads: "right", "left", or "-" (no text)
     text_stage: str  # the text tensor stored (last_hidden_state, pre_connector, post_connector)
@@ -51,8 +56,13 @@ class Expects:
     rotate: str = "stored"
     #: whether its files carry the timestep range its training step draws from (``--max/min-timestep-boundary``)
     timestep_boundaries: bool = False
+    #: the parquet schema its reader collates: FastVideo's ``pyarrow_schema_t2v``, or ``pyarrow_schema_t2va`` (video,
+    #: stereo audio and text, `infra.formats.parquet_t2va`)
+    parquet_schema: str = "pyarrow_schema_t2v"
 
 
+#: FastVideo's parquet schema with an audio column (MiniMax-H3's rows).
+AUDIO_SCHEMA = "pyarrow_schema_t2va"
 _LATENTFORGE = "latentforge's readers (infra.formats; no outside trainer is matched)"
 _WIDENED = "float32 .npy (bf16 widened)"
 _EFFECTIVE = "the rate of the frames stored (fps:N gives N; otherwise native / the mean index step)"
@@ -160,6 +170,25 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
         )
         for family in ("wan21", "wan22")
     },
+    ("parquet", "h3"): Expects(
+        FASTVIDEO + ", MiniMaxH3Model (pyarrow_schema_t2va)",
+        "sampled",
+        "prompt",
+        "right",
+        "hidden_states_50",
+        "float32 bytes",
+        "24: the frames on H3's 24 fps timeline (resample:24)",
+        (
+            (
+                "store_dtype",
+                "bf16",
+                "its preprocessing stores the float32 VAE sample and the conditioner's output widened to float32: "
+                "bf16 would round the latents (use --store-dtype fp32, the h3-fastvideo recipe)",
+            ),
+        ),
+        resize="h3-lanczos",
+        parquet_schema="pyarrow_schema_t2va",
+    ),
     ("webdataset", "wan22"): Expects(
         "webdataset.WebDataset readers",
         "normalised",
@@ -233,7 +262,8 @@ def latent_norm_for(fmt: str, family: str, family_norm: str) -> str:
     """The normalisation the spec records for `family` in `fmt`: the family's own, or `RAW_MEAN` where the consumer
     normalises at training time (so the two caches have different fingerprints)."""
     found = expects(fmt, family)
-    return RAW_MEAN if found is not None and found.latents == "raw_mean" else family_norm
+    own = {"raw_mean": RAW_MEAN, "sampled": SAMPLED}
+    return own.get(found.latents, family_norm) if found is not None else family_norm
 
 
 def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
@@ -256,6 +286,11 @@ def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
     text_clean.require(getattr(spec, "text_clean", None))
     found = expects(spec.format, spec.family)
     check_boundaries(spec, found)
+    if spec.format == "parquet" and "audio_latents" in kinds and getattr(found, "parquet_schema", "") != AUDIO_SCHEMA:
+        raise ConfigError(
+            f"format parquet with family {spec.family}: FastVideo's pyarrow_schema_t2v has no audio column (its "
+            f"{AUDIO_SCHEMA} is MiniMax-H3's): drop --audio (--skip-audio), or use a format with audio (ltx)"
+        )
     if found is None:
         return
     for setting, value, why in found.refuses:
@@ -267,6 +302,8 @@ def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
             )
     if found.latents == "raw_mean" and spec.latent_norm != RAW_MEAN:
         raise ConfigError(f"format {spec.format} with family {spec.family}: {found.consumer} expects {RAW_MEAN}")
+    if found.latents == "sampled" and spec.latent_norm != SAMPLED:
+        raise ConfigError(f"format {spec.format} with family {spec.family}: {found.consumer} expects {SAMPLED}")
 
 
 def preprocessing_for(fmt: str, family: str) -> dict[str, str]:
@@ -311,10 +348,10 @@ def stores_raw_mean(spec: Any) -> bool:
 
 
 def stored_fps(temporal: str | None, info: dict[str, Any]) -> float:
-    """The rate of the frames a sample stores: N under ``fps:N`` (the rate the frames were resampled to, as
-    FastVideo records it), else the sampled frames' effective rate (native / the mean index step), else the
-    stream's rate; 0.0 when none is known (a still)."""
-    if temporal and temporal.startswith("fps:"):
+    """The rate of the frames a sample stores: N under ``fps:N`` and ``resample:N`` (the rate the frames were
+    resampled to, as FastVideo records it), else the sampled frames' effective rate (native / the mean index step),
+    else the stream's rate; 0.0 when none is known (a still)."""
+    if temporal and temporal.startswith(("fps:", "resample:")):
         return float(temporal.split(":", 1)[1])
     sampling = info.get("sampling") or {}
     return float(sampling.get("fps") or info.get("fps") or 0.0)
@@ -335,8 +372,25 @@ class RawMeanEncoder:
         return self.loaded.encode_raw_videos(pixels)
 
 
+class SampledEncoder:
+    """A loaded family seen through a consumer that caches a posterior sample (`SAMPLED`): `encode_videos` gives the
+    family's ``encode_sampled_videos`` (h3)."""
+
+    def __init__(self, loaded: Any) -> None:
+        if not callable(getattr(loaded, "encode_sampled_videos", None)):
+            raise ConfigError(f"family {loaded.name} cannot give posterior samples (no encode_sampled_videos)")
+        self.loaded = loaded
+        self.name = loaded.name
+
+    def encode_videos(self, pixels: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return self.loaded.encode_sampled_videos(pixels)
+
+
 def latent_encoder(encoder: Any, spec: Any) -> Any:
-    """The encoder whose ``encode_videos`` gives the latents the spec stores (the family's, or its raw mean)."""
+    """The encoder whose ``encode_videos`` gives the latents the spec stores (the family's, its raw mean, or its
+    seeded posterior sample)."""
+    if getattr(spec, "latent_norm", None) == SAMPLED:
+        return SampledEncoder(encoder)
     return RawMeanEncoder(encoder) if stores_raw_mean(spec) else encoder
 
 

@@ -16,7 +16,8 @@ Columns (FastVideo's ``pyarrow_schema_t2v``): ``id``, ``vae_latent_bytes/shape/d
   (latentforge's reader gives them back in those: bf16 widened to float32 and back is exact), and
   ``latentforge.consumer``: whom the rows are for and what it sees (each record read back says it too).
 
-Audio latents have no column in this schema: a family's audio kind needs another format.
+Audio latents have no column in this schema: a family whose consumer collates FastVideo's ``pyarrow_schema_t2va``
+(h3) is written in that one (`infra.formats.parquet_t2va`); another family's audio is refused at the plan.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from infra.formats.base import EncodedSample, opened
+from infra.formats.base import AUDIO_KIND, EncodedSample, opened
 from infra.formats.consumer_glob import ConsumerGlob
-from infra.formats.consumers import expects, stored_fps
+from infra.formats.consumers import AUDIO_SCHEMA, expects, stored_fps
+from infra.formats.parquet_t2va import SCHEMA_T2VA, audio_columns
 from infra.formats.shards import ShardFormat, ShardWriter, Sink, shard_options
 from infra.outdir import OutFile
 
@@ -96,7 +98,7 @@ def to_row(sample: EncodedSample, dtype: str, options: dict[str, Any] | None = N
     found = expects("parquet", str(options.get("family")))
     all_rows = found is not None and found.text_rows == "all"
     text = sample.text_embeds if all_rows else sample.text_embeds[: int(sample.seq_len)]
-    return {
+    row = {
         "id": sample.stem,
         "vae_latent_bytes": tensor_bytes(sample.latents, torch_dtype),
         "vae_latent_shape": list(sample.latents.shape),
@@ -113,6 +115,13 @@ def to_row(sample: EncodedSample, dtype: str, options: dict[str, Any] | None = N
         "duration_sec": frames / fps if fps else 0.0,
         "fps": fps,
     }
+    return row | (audio_columns(sample, tensor_bytes, torch_dtype, name) if schema_of(options) is SCHEMA_T2VA else {})
+
+
+def schema_of(options: dict[str, Any]) -> pa.Schema:
+    """The schema the spec's family's consumer collates (`infra.formats.consumers.Expects.parquet_schema`)."""
+    found = expects("parquet", str(options.get("family")))
+    return SCHEMA_T2VA if found is not None and found.parquet_schema == AUDIO_SCHEMA else SCHEMA_T2V
 
 
 class ParquetWriter(ShardWriter):
@@ -122,13 +131,15 @@ class ParquetWriter(ShardWriter):
 
     def begin(self, sink: Sink, sample: EncodedSample) -> None:
         made_in = {"latents": str(sample.latents.dtype), "text_embeddings": str(sample.text_embeds.dtype)}
+        if isinstance(audio := sample.extras.get(AUDIO_KIND), torch.Tensor):
+            made_in[AUDIO_KIND] = str(audio.dtype)
         metadata = {
             FINGERPRINT_KEY: sample.fingerprint,
             DTYPES_KEY: json.dumps(made_in, sort_keys=True),
             CONSUMER_KEY: json.dumps(consumer_facts(self.options), sort_keys=True),
         }
         self._pq = pq.ParquetWriter(
-            pa.PythonFile(sink, mode="w"), SCHEMA_T2V.with_metadata(metadata), compression="zstd"
+            pa.PythonFile(sink, mode="w"), schema_of(self.options).with_metadata(metadata), compression="zstd"
         )
         self._rows: list[dict[str, Any]] = []
         self._buffered = 0
@@ -136,11 +147,12 @@ class ParquetWriter(ShardWriter):
     def add(self, sample: EncodedSample) -> tuple[str, int, str]:
         row = to_row(sample, self.options.get("parquet_dtype") or "fp32", self.options)
         self._rows.append(row)
-        size = len(row["vae_latent_bytes"]) + len(row["text_embedding_bytes"])
+        tensors = row["vae_latent_bytes"] + row.get("audio_latent_bytes", b"") + row["text_embedding_bytes"]
+        size = len(tensors)
         self._buffered += size
         if len(self._rows) >= ROW_GROUP_ROWS or self._buffered >= ROW_GROUP_BYTES:
             self._flush()
-        digest = hashlib.sha256(row["vae_latent_bytes"] + row["text_embedding_bytes"])
+        digest = hashlib.sha256(tensors)
         return row["id"], size, digest.hexdigest()
 
     def size(self) -> int:
@@ -175,7 +187,11 @@ class ParquetFormat(ShardFormat):
 
     name = "parquet"
     ext = "parquet"
-    keys: ClassVar[dict[str, str]] = {"latents": "latents", "text_embeddings": "text_embeddings"}
+    keys: ClassVar[dict[str, str]] = {
+        "latents": "latents",
+        "text_embeddings": "text_embeddings",
+        AUDIO_KIND: AUDIO_KIND,  # the t2va schema's (h3); refused at the plan for a family read through t2v
+    }
     #: FastVideo's parquet datasets (``os.walk`` of the data path): every name ending ``.parquet`` below it.
     consumer_glob = ConsumerGlob(("**/*.parquet",))
 
@@ -200,7 +216,11 @@ class ParquetFormat(ShardFormat):
             latents = from_bytes(row["vae_latent_bytes"], row["vae_latent_shape"], row["vae_latent_dtype"])
             text = from_bytes(row["text_embedding_bytes"], row["text_embedding_shape"], row["text_embedding_dtype"])
             back = {k: getattr(torch, v.removeprefix("torch.")) for k, v in made_in.items()}
-            records[row["id"]] = {
+            audio = {}
+            if row.get("audio_latent_bytes"):  # a t2va row with audio (h3)
+                value = from_bytes(row["audio_latent_bytes"], row["audio_latent_shape"], row["audio_latent_dtype"])
+                audio = {AUDIO_KIND: value.to(back.get(AUDIO_KIND, value.dtype))}
+            records[row["id"]] = audio | {
                 "latents": latents.to(back.get("latents", latents.dtype)),
                 "text_embeddings": text.to(back.get("text_embeddings", text.dtype)),
                 "prompt": row["caption"],

@@ -15,6 +15,10 @@ per direction, the value scaling). A format declares its consumer's policy (`inf
   ``round(side * scale)`` (Python's round), torchvision's ``resize`` of the PIL image (Pillow's BILINEAR), its
   ``center_crop`` at ``int(round((d - crop) / 2))``; then ``x * (2 / 255) - 1`` in its pipeline's dtype (its
   ``preprocess_image``: the run's ``--dtype``).
+* ``h3-lanczos`` (FastVideo's MiniMax-H3 preprocessing, ``parquet`` of the h3 family; the ``fastvideo`` 0.2.1
+  package's ``prepare_reference_frames``): each uint8 frame stretched to H×W by Pillow's LANCZOS (none where it is
+  that size already: its aspect is kept only by the canvas the user picks), then ``x / 127.5 - 1`` in float32 (the
+  h3 family takes the uint8 values back exactly and scales them as its VAE wants: ``u / 255``, ImageNet).
 * ``torchvision`` (still images only: `infra.media.image`).
 
 Two kinds of policy: a float policy converts a chunk of frames as float32 in one torch call (`FloatPolicy`); a frame
@@ -186,6 +190,17 @@ def diffsynth_frame(frame: np.ndarray, height: int, width: int) -> np.ndarray:
     return np.asarray(image.crop((left, top, left + width, top + height)))
 
 
+def lanczos_frame(frame: np.ndarray, height: int, width: int) -> np.ndarray:
+    """FastVideo's ``prepare_reference_frames`` of one frame: as it is at H×W, else Pillow's LANCZOS stretch."""
+    if frame.shape[:2] == (height, width):
+        return frame
+    return np.asarray(Image.fromarray(frame).resize((width, height), Image.Resampling.LANCZOS))
+
+
+def _exact_half_scale(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.float() / 127.5 - 1.0  # float32 whatever the run's dtype: the uint8 values are recovered exactly
+
+
 def _half_scale(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype) / 127.5 - 1.0  # its wan_cache_latents: contents.to(vae.dtype), then / 127.5 - 1.0
 
@@ -214,6 +229,10 @@ POLICIES: dict[str, ResizePolicy] = {
         ),
         FramePolicy(
             "diffsynth", "diffsynth-round-cover-pil-bilinear-round-crop-2_255", diffsynth_frame, _diffsynth_scale
+        ),
+        FramePolicy("h3-lanczos", "fastvideo-h3-pil-lanczos-stretch-uint8", lanczos_frame, _exact_half_scale),
+        FramePolicy(
+            "diffsynth-h3", "diffsynth-round-cover-pil-bilinear-round-crop-uint8", diffsynth_frame, _exact_half_scale
         ),
     )
 }

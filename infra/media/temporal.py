@@ -4,6 +4,9 @@
 * ``head``: the first F frames (the LTX-2 trainer's).
 * ``fps:N``: by time at N frames per second, as FastVideo computes it: frame i is ``round(i · native / N)``,
   clamped to the last frame.
+* ``resample:N``: the clip put on an N fps timeline as FastVideo's MiniMax-H3 reader does (its
+  ``resample_reference_frames``: source frame j fills the output slots from ``floor(j · N / native + 0.5)`` up to the
+  next frame's; the stream as it is at N fps), then the first F; a clip with fewer is skipped.
 * ``stride:K``: frame ``start``, then every K-th, as many as F needs.
 * ``windows:K``: many samples per clip: every stride-K window of F frames (non-overlapping, or every
   ``window_step`` frames), each its own sample ``<id>@<first frame>``.
@@ -14,6 +17,7 @@ the frame count (``short_clips``; per-policy default: ``span`` and ``fps`` repea
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,10 +25,17 @@ import numpy as np
 from infra.config import CacheSpec, parse_temporal
 from infra.errors import ConfigError, InputError
 
-KINDS = ("span", "head", "fps", "stride", "windows")
+KINDS = ("span", "head", "fps", "resample", "stride", "windows")
 #: The CacheSpec value of `span` is latentforge 0.1's name for it, so its caches keep their fingerprints.
 SPEC_NAMES = {"span": "linspace"}
-DEFAULT_SHORT = {"span": "repeat", "head": "skip", "fps": "repeat", "stride": "skip", "windows": "skip"}
+DEFAULT_SHORT = {
+    "span": "repeat",
+    "head": "skip",
+    "fps": "repeat",
+    "resample": "skip",
+    "stride": "skip",
+    "windows": "skip",
+}
 
 
 @dataclass(frozen=True)
@@ -85,11 +96,37 @@ def _too_short(total: int, needed: int, policy: TemporalPolicy) -> InputError:
     )
 
 
-def _clamped(indices: np.ndarray, total: int, policy: TemporalPolicy) -> tuple[int, ...]:
+def _clamped(indices: np.ndarray, total: int, policy: TemporalPolicy, frames: int | None = None) -> tuple[int, ...]:
+    """`indices` clamped to the clip; `frames` given: `indices` may be fewer (a resampled timeline that ends
+    early), repeated at the last one to `frames` unless the policy skips."""
+    if frames is not None and len(indices) < frames:
+        if policy.short == "skip":
+            raise InputError(
+                "clip_too_short", f"the clip makes {len(indices)} frame(s) at {policy.name}; F needs {frames}"
+            )
+        indices = np.concatenate([indices, np.full(frames - len(indices), indices[-1] if len(indices) else 0)])
     needed = int(indices[-1]) + 1
     if needed > total and policy.short == "skip":
         raise _too_short(total, needed, policy)
     return tuple(int(i) for i in np.minimum(indices, total - 1))
+
+
+def resampled_indices(total: int, native_fps: float, rate: float) -> np.ndarray:
+    """The source frame of each output frame of a clip of `total` frames put on a `rate` timeline by FastVideo's
+    ``resample_reference_frames`` (each source frame repeated ``diff(floor(j · rate / native + 0.5))`` times)."""
+    if native_fps == rate:
+        return np.arange(total)
+    scale = rate / native_fps
+    slots = np.floor(np.arange(total) * scale + 0.5).astype(np.int64)
+    repeats = np.diff(slots, append=math.floor(total * scale + 0.5))
+    return np.repeat(np.arange(total), repeats)
+
+
+def frames_seconds(spec: CacheSpec, frames: int, native_fps: float) -> float:
+    """How long the stored frames last, what a clip's audio is cut to: F / N under ``resample:N`` (the frames are on
+    an N fps timeline), else F / the stream's rate (the LTX-2 trainer's num_frames / fps)."""
+    kind, value = parse_temporal(spec.temporal)
+    return frames / (value if kind == "resample" else native_fps)
 
 
 def choose_windows(policy: TemporalPolicy, total: int, native_fps: float, frames: int) -> list[Window]:
@@ -107,6 +144,8 @@ def choose_windows(policy: TemporalPolicy, total: int, native_fps: float, frames
         # FastVideo: round(i * native / target); a float multiply first, as numpy rounds half to even
         raw = np.round(np.arange(frames) * (native_fps / policy.value)).astype(np.int64)
         return [Window(_clamped(raw, total, policy))]
+    if policy.kind == "resample":
+        return [Window(_clamped(resampled_indices(total, native_fps, policy.value)[:frames], total, policy, frames))]
     step = int(policy.value)
     offsets = np.arange(frames) * step
     if policy.kind == "stride":

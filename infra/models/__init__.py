@@ -25,6 +25,7 @@ from infra.models.base import (
     read_json,
     role_kinds,
 )
+from infra.models.h3 import H3Spec
 from infra.models.identity import Scheme, component_identity
 from infra.models.image import ImageSpec
 from infra.models.ltx2 import Ltx2Spec
@@ -41,6 +42,7 @@ FAMILIES.add("ltx2", Ltx2Spec())
 FAMILIES.add("image", ImageSpec())
 FAMILIES.add("wan21", Wan21Spec())
 FAMILIES.add("qwen-image", QwenImageSpec())
+FAMILIES.add("h3", H3Spec())
 
 __all__ = [
     "FAMILIES",
@@ -84,7 +86,7 @@ def resolve_family(model_dir: Path, name: str | None, audio: bool = False) -> Fa
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ConfigError(f"--model {model_dir}: not a directory (models load from local paths only)")
-    index = read_json(model_dir / "model_index.json") if (model_dir / "model_index.json").exists() else {}
+    index = model_index(model_dir)
     if name is not None:
         family = get_family(name)
     else:
@@ -97,13 +99,23 @@ def resolve_family(model_dir: Path, name: str | None, audio: bool = False) -> Fa
     return family
 
 
+#: The files a snapshot's index may be in: a pipeline's, else a Modular Diffusers repository's.
+INDEX_FILES = ("model_index.json", "modular_model_index.json")
+
+
+def model_index(model_dir: Path) -> dict[str, Any]:
+    """The snapshot's index (`INDEX_FILES`, the first there), or {} without one: what `FamilySpec.matches` reads."""
+    found = next((model_dir / name for name in INDEX_FILES if (model_dir / name).exists()), None)
+    return read_json(found) if found is not None else {}
+
+
 def _unknown_family(model_dir: Path, index: dict[str, Any], audio: bool) -> str:
     """Why no family was told from `model_dir`, and what each family would miss there (a bare "pass --family" sent
     the user to a family that then failed on its missing components)."""
     if index:
-        why = f"model_index.json names no known family (_class_name={index.get('_class_name')!r})"
+        why = f"its index names no known family (_class_name={index.get('_class_name')!r})"
     else:
-        why = "no model_index.json to tell the family from"
+        why = "no model_index.json (or modular_model_index.json) to tell the family from"
     ready, missing = [], []
     for name in FAMILIES.names():
         family = get_family(name)

@@ -218,8 +218,17 @@ class LoadedFamily(ABC):
         raise ConfigError(f"family {self.name} makes no image-to-video conditioning")
 
     def decode_audio(self, latents: torch.Tensor) -> torch.Tensor:
-        """Stored audio latents → the log-mel spectrogram they decode to (the audio check of decode-and-verify)."""
+        """Stored audio latents → the log-mel spectrogram [C, T, M] they decode to, per channel (the audio check of
+        decode-and-verify)."""
         raise ConfigError(f"family {self.name} has no audio decoder")
+
+    def audio_reference(self, media: bytes, seconds: float) -> torch.Tensor | None:
+        """The log-mel [C, T, M] of a clip's track as the family's audio front end made it, `seconds` long (what
+        `decode_audio` is compared with); None without a track. This default is the LTX-2 trainer's front end."""
+        from infra.media.audio import trainer_audio  # noqa: PLC0415 - audio builds only
+
+        prepared = trainer_audio(media, seconds)
+        return None if prepared is None else prepared[0]
 
     @abstractmethod
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,9 @@ off the device between phases (``--vae-tiling``, ``--vae-slicing``, ``--text-qua
 Tiling and int8 change the numbers (they are in the fingerprint); slicing and parking do not. Parking moves the text
 encoder to host memory when the device is an accelerator, and frees it on CPU (the family reloads it from its
 files when a prompt needs it again: `LoadedFamily.load_text_encoder`). Shards share one loaded family: the encoder
-is parked when the last shard using it is done with it.
+is parked when the last shard using it is done with it. A family whose VAE waits off the device until a clip needs
+it (h3: its conditioner and float32 VAE do not fit one 24 GB card together) has ``release_vae``, called before the
+text encoder comes back: text and video stages then take turns on the device.
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ def _park(loaded: LoadedFamily) -> None:
 
 def _unpark(loaded: LoadedFamily) -> None:
     device = loaded.device  # type: ignore[attr-defined]
+    if callable(release := getattr(loaded, "release_vae", None)):  # a family whose stages take turns on the device
+        release()
     if device.type != "cpu":
         _text_encoder(loaded).to(device)
         return

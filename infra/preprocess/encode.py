@@ -23,6 +23,7 @@ from infra.job import Job
 from infra.media.audio import decode_audio
 from infra.media.masks import audio_mask
 from infra.media.prompts import CaptionRules
+from infra.media.temporal import frames_seconds
 from infra.models import LoadedFamily, load_family, memory
 from infra.models.base import ROLE_MEDIA, ROLES, TextEmbedding, TextSettings
 from infra.models.memory import LoadOptions
@@ -113,7 +114,7 @@ def encode(prepared: PreparedSample, job: Job, encoder: LoadedFamily, state: Sha
     extras.update(prepared.masks)
     if spec.conditioning is not None:  # --mode i2v of an image-to-video model: what its first frame conditions
         extras.update(conditioning_outputs(encoder, video.pixels, latents, spec.store_dtype))
-    seconds = video.pixels.shape[2] / video.clip.fps
+    seconds = frames_seconds(spec, video.pixels.shape[2], video.clip.fps)
     made = [_audio(encoder, ref, prepared.media, seconds, spec)] if spec.audio else []
     for role, data in prepared.audio_roles.items():  # IC-LoRA: the reference's audio, by the audio column's rule
         made.append(_audio_file(encoder, data, ROLES[role], seconds, True, spec))
