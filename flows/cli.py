@@ -273,7 +273,7 @@ def approve(
 @cli_errors
 def make_tiny_model(
     directory: Annotated[Path, typer.Argument(help="where to write the model")],
-    family: Annotated[str, Opt(help="wan22 | wan21 | ltx2 | image")] = "wan22",
+    family: Annotated[str, Opt(help="wan22 | wan21 | ltx2 | image | hv15")] = "wan22",
     variant: Annotated[str, Opt(help="wan21: t2v | i2v (a CLIP image encoder) | t2v-a14b | i2v-a14b")] = "t2v",
     vae: Annotated[str, Opt(help="image: kl (AutoencoderKL, Flux's factors) | dc (AutoencoderDC)")] = "kl",
     text: Annotated[str, Opt(help="image: clip | t5 | none (captions stored as text only)")] = "clip",
@@ -292,6 +292,7 @@ def make_tiny_model(
     --train-on a VAE fitted to a few clips (CPU: ~50 s at 33x256x256, 300 steps, on 2 quiet cores) so that
     decode-and-verify shows them."""
     from infra.demo.tiny import make_tiny_wan22  # noqa: PLC0415 - demo material: this command only
+    from infra.demo.tiny_hv15 import make_tiny_hv15  # noqa: PLC0415 - demo material: this command only
     from infra.demo.tiny_image import make_tiny_image  # noqa: PLC0415 - demo material: this command only
     from infra.demo.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415 - demo material: this command only
     from infra.demo.tiny_wan21 import make_tiny_wan21  # noqa: PLC0415 - demo material: this command only
@@ -299,7 +300,7 @@ def make_tiny_model(
     image = functools.partial(make_tiny_image, vae=vae, text=text)
     ltx2 = functools.partial(make_tiny_ltx2, version=ltx_version)
     wan21 = functools.partial(make_tiny_wan21, variant=variant)
-    makers = {"wan22": make_tiny_wan22, "wan21": wan21, "ltx2": ltx2, "image": image}
+    makers = {"wan22": make_tiny_wan22, "wan21": wan21, "ltx2": ltx2, "image": image, "hv15": make_tiny_hv15}
     if family not in makers:
         raise ConfigError(f"make-tiny-model knows {', '.join(makers)}, not {family!r}")
     if train_on is not None and family != "wan22":

@@ -25,6 +25,7 @@ from infra.models.base import (
     read_json,
     role_kinds,
 )
+from infra.models.hv15 import Hv15Spec
 from infra.models.identity import Scheme, component_identity
 from infra.models.image import ImageSpec
 from infra.models.ltx2 import Ltx2Spec
@@ -39,6 +40,7 @@ FAMILIES.add("wan22", Wan22Spec())
 FAMILIES.add("ltx2", Ltx2Spec())
 FAMILIES.add("image", ImageSpec())
 FAMILIES.add("wan21", Wan21Spec())
+FAMILIES.add("hv15", Hv15Spec())
 
 __all__ = [
     "FAMILIES",
