@@ -1,5 +1,7 @@
-"""A reader that follows musubi-tuner's Wan training loader, for tests. musubi-tuner is not on PyPI, so its rules are
-restated here from kohya-ss/musubi-tuner at commit 30c658c4f4b0bf05038b3346eff9670259b10fc7 (``src/musubi_tuner/``):
+"""A reader that follows musubi-tuner's training loader (Wan's, and HunyuanVideo 1.5's: ``architecture="hv15"``, whose
+files end ``_hv15.safetensors`` and whose image buckets carry no FramePack window), for tests. musubi-tuner is not on
+PyPI, so its rules are restated here from kohya-ss/musubi-tuner at commit 30c658c4f4b0bf05038b3346eff9670259b10fc7
+(``src/musubi_tuner/``):
 
 * ``dataset/config_utils.py``: each ``[[datasets]]`` entry over ``[general]``; an entry naming ``video_directory``
   or ``video_jsonl_file`` is a video dataset, else an image dataset; ``resolution`` an int or ``[W, H]``;
@@ -87,10 +89,11 @@ def remove_dtype_suffix(name: str) -> str:
 
 
 class MusubiDataset:
-    """One ``[[datasets]]`` entry, prepared for training: ``len()`` batches, ``[i]`` a batch dict, ``items``."""
+    """One ``[[datasets]]`` entry, prepared for training: ``len()`` batches, ``[i]`` a batch dict, ``items``
+    (`architecture`: the code of the training script's architecture, ``wan`` or ``hv15``: its files' suffix)."""
 
-    def __init__(self, params: dict[str, Any]) -> None:
-        self.params = params
+    def __init__(self, params: dict[str, Any], architecture: str = ARCHITECTURE) -> None:
+        self.params, self.architecture = params, architecture
         self.video = "video_directory" in params or "video_jsonl_file" in params
         resolution = params.get("resolution", (960, 544))
         self.resolution = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
@@ -99,7 +102,7 @@ class MusubiDataset:
         self.selector = BucketSelector(self.resolution, enable, no_upscale and enable)
         self.cache_directory = params["cache_directory"]
         self.buckets: dict[tuple[Any, ...], list[Item]] = {}
-        pattern = os.path.join(self.cache_directory, f"*_{ARCHITECTURE}.safetensors")  # noqa: PTH118
+        pattern = os.path.join(self.cache_directory, f"*_{architecture}.safetensors")  # noqa: PTH118
         for cache_file in glob.glob(pattern):
             item = self._item(cache_file)
             if item is not None:
@@ -112,13 +115,15 @@ class MusubiDataset:
         width, height = map(int, tokens[-2].split("x"))
         key_end = -3 if self.video else -2
         item_key = "_".join(tokens[:key_end])
-        text_file = os.path.join(self.cache_directory, f"{item_key}_{ARCHITECTURE}_te.safetensors")  # noqa: PTH118
+        text_file = os.path.join(self.cache_directory, f"{item_key}_{self.architecture}_te.safetensors")  # noqa: PTH118
         if not os.path.exists(text_file):  # noqa: PTH110
             logger.warning("Text encoder output cache file not found: %s", text_file)
             return None
         bucket = self.selector.get_bucket_resolution((width, height))
-        extra = int(tokens[-3].split("-")[1]) if self.video else FP_LATENT_WINDOW_SIZE  # frames; Wan's image window
-        bucket = (*bucket, extra)
+        if self.video:  # its frames
+            bucket = (*bucket, int(tokens[-3].split("-")[1]))
+        elif self.architecture == ARCHITECTURE:  # Wan's image window (HunyuanVideo 1.5's image buckets have none)
+            bucket = (*bucket, FP_LATENT_WINDOW_SIZE)
         return Item(item_key, (width, height), bucket, cache_file, text_file)
 
     @property
@@ -147,11 +152,12 @@ class MusubiDataset:
         return {k: v if k in varlen else torch.stack(v) for k, v in data.items()}
 
 
-def load_dataset_config(path: Path, **overrides: Any) -> list[MusubiDataset]:
-    """The datasets of a dataset config (`overrides` over every entry, as a user edits the file)."""
+def load_dataset_config(path: Path, architecture: str = ARCHITECTURE, **overrides: Any) -> list[MusubiDataset]:
+    """The datasets of a dataset config (`overrides` over every entry, as a user edits the file), as the training
+    script of `architecture` reads them."""
     config = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     entries = [{**config.get("general", {}), **entry, **overrides} for entry in config.get("datasets", [])]
     directories = [entry.get("cache_directory") for entry in entries]
     if len(set(directories)) != len(directories):
         raise ValueError("cache directory should be unique for each dataset")
-    return [MusubiDataset(entry) for entry in entries]
+    return [MusubiDataset(entry, architecture) for entry in entries]
