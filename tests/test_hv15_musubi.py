@@ -167,6 +167,7 @@ def test_musubis_loader_hands_its_trainer_musubis_own_tensors(cache, source, hv1
     assert seen == len(CLIPS)
 
 
+@pytest.mark.slow
 def test_verify_inspect_decode_and_a_resume_through_the_cli(cache, source, hv15_model, tmp_path):
     verified = runner.invoke(app, ["verify", str(cache)])
     assert verified.exit_code == 0 and "COMPATIBLE" in verified.output, verified.output
@@ -183,6 +184,7 @@ def test_verify_inspect_decode_and_a_resume_through_the_cli(cache, source, hv15_
     assert not report.exists()
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_vae_tiling_is_musubis_128_pixel_tiles(hv15_model):
     """``--vae-tiling`` (the recipe's) is hv_1_5_cache_latents.py's default ``--vae_sample_size 128``: its
