@@ -56,8 +56,9 @@ def _source(root: Path) -> Path:
     return root
 
 
-def _config(src: Path, model: Path, out: Path, dtype: str, tiling: bool) -> BuildConfig:
+def _config(src: Path, model: Path, out: Path, dtype: str, tiling: bool, mode: str) -> BuildConfig:
     return BuildConfig(
+        mode=mode,
         source=f"folder:{src}",
         model=str(model),
         out=str(out),
@@ -158,17 +159,27 @@ def _compare(ours: Path, theirs: Path) -> dict:
     return row
 
 
-def run(musubi_src: Path, dtype: str, tiling: bool, work: Path, model: Path, src: Path) -> list[dict]:
+def _musubi_siglip(model: Path, framepack_utils: types.ModuleType) -> tuple:
+    """framepack_utils.load_image_encoders' pair: its fixed processor, the encoder in float16 (from the directory)."""
+    from transformers import SiglipImageProcessor, SiglipVisionModel  # noqa: PLC0415 - bench only
+
+    encoder = SiglipVisionModel.from_pretrained(model, subfolder="image_encoder", torch_dtype=torch.float16).eval()
+    return SiglipImageProcessor(**framepack_utils.FEATURE_EXTRACTOR_CONFIG), encoder
+
+
+def run(musubi_src: Path, dtype: str, tiling: bool, mode: str, work: Path, model: Path, src: Path) -> list[dict]:
     sys.path.insert(0, str(musubi_src))
     import musubi_tuner.hv_1_5_cache_latents as cache_latents  # noqa: PLC0415 - given on the command line
     import musubi_tuner.hv_1_5_cache_text_encoder_outputs as cache_text  # noqa: PLC0415
     from musubi_tuner.dataset.image_video_dataset import BaseDataset, ItemInfo  # noqa: PLC0415
+    from musubi_tuner.frame_pack import framepack_utils  # noqa: PLC0415
     from musubi_tuner.hunyuan_video_1_5 import hunyuan_video_1_5_vae as vae_module  # noqa: PLC0415
 
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    out, theirs = work / f"out-{dtype}-{tiling}", work / f"musubi-{dtype}-{tiling}"
+    out, theirs = work / f"out-{dtype}-{tiling}-{mode}", work / f"musubi-{dtype}-{tiling}-{mode}"
     theirs.mkdir()
-    config = _config(src, model, out, dtype, tiling)
+    config = _config(src, model, out, dtype, tiling, mode)
+    image_assets = _musubi_siglip(model, framepack_utils) if mode == "i2v" else None
     ok, result = run_build(config)
     assert ok and result["done"] == len(CLIPS), result
     spec = make_spec(config)[1].model_copy(update={"dtype": "fp32"})  # uint8 levels: the fp32 scaling is exact
@@ -183,12 +194,12 @@ def run(musubi_src: Path, dtype: str, tiling: bool, work: Path, model: Path, src
         key = flat_name(f"clips/{name}")
         item = ItemInfo(f"{key}_00000-{f:03d}", caption, (w, h), frame_count=f, content=np.ascontiguousarray(frames))
         item.latent_cache_path = BaseDataset.get_latent_cache_path(dataset, item)
-        cache_latents.encode_and_save_batch(vae, None, [item], i2v=False)
+        cache_latents.encode_and_save_batch(vae, image_assets, [item], i2v=mode == "i2v")
         text_item = ItemInfo(key, caption, (w, h))
         text_item.text_encoder_output_cache_path = BaseDataset.get_text_encoder_output_cache_path(dataset, text_item)
         cache_text.encode_and_save_batch(tokenizer, vlm, byt5_tokenizer, byt5, [text_item], torch.device("cpu"), None)
         for path in (Path(item.latent_cache_path), Path(text_item.text_encoder_output_cache_path)):
-            rows.append({"dtype": dtype, "tiling": tiling, **_compare(out / path.name, path)})
+            rows.append({"dtype": dtype, "tiling": tiling, "mode": mode, **_compare(out / path.name, path)})
     return rows
 
 
@@ -199,24 +210,25 @@ def main() -> None:
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model, src = make_tiny_hv15(work / "model"), _source(work / "src")
+        model, src = make_tiny_hv15(work / "model", variant="i2v"), _source(work / "src")
         rows = []
-        for dtype, tiling in (("fp32", False), ("fp32", True), ("bf16", True)):
-            rows += run(args.musubi_src, dtype, tiling, work, model, src)
+        for dtype, tiling, mode in (("fp32", False, "t2v"), ("fp32", True, "i2v"), ("bf16", True, "i2v")):
+            rows += run(args.musubi_src, dtype, tiling, mode, work, model, src)
     print(json.dumps(rows, indent=1))
     print(table(rows))
 
 
 def table(rows: list[dict]) -> str:
     """A markdown table: per dtype, tiling and tensor, the largest differences over the files."""
-    lines = ["| dtype | tiling | tensor | max abs diff (max abs value) | relative L2 | differ in stored dtype |"]
-    lines.append("|---|---|---|---|---|---|")
+    lines = ["| dtype | tiling | mode | tensor | max abs diff (max abs value) | relative L2 | differ in stored dtype |"]
+    lines.append("|---|---|---|---|---|---|---|")
     for row in rows:
         for base, cell in row.items():
             if isinstance(cell, dict) and "max_abs" in cell:
                 ref, rel = f"{cell['max_abs_ref']:.3g}", cell.get("relative_l2", 0.0)
                 differ = cell.get("differ_in_stored_dtype", "0 of 0")
-                line = f"| {row['dtype']} | {row['tiling']} | {base} {cell['shape']} | {cell['max_abs']:.3g} ({ref}) |"
+                line = f"| {row['dtype']} | {row['tiling']} | {row['mode']} | {base} {cell['shape']} |"
+                line += f" {cell['max_abs']:.3g} ({ref}) |"
                 lines.append(f"{line} {rel:.2e} | {differ} |")
     return "\n".join(lines)
 

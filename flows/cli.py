@@ -274,7 +274,9 @@ def approve(
 def make_tiny_model(
     directory: Annotated[Path, typer.Argument(help="where to write the model")],
     family: Annotated[str, Opt(help="wan22 | wan21 | ltx2 | image | hv15")] = "wan22",
-    variant: Annotated[str, Opt(help="wan21: t2v | i2v (a CLIP image encoder) | t2v-a14b | i2v-a14b")] = "t2v",
+    variant: Annotated[
+        str, Opt(help="wan21: t2v | i2v (a CLIP image encoder) | t2v-a14b | i2v-a14b; hv15: t2v | i2v (SigLIP)")
+    ] = "t2v",
     vae: Annotated[str, Opt(help="image: kl (AutoencoderKL, Flux's factors) | dc (AutoencoderDC)")] = "kl",
     text: Annotated[str, Opt(help="image: clip | t5 | none (captions stored as text only)")] = "clip",
     seed: Annotated[int, Opt()] = 0,
@@ -300,7 +302,8 @@ def make_tiny_model(
     image = functools.partial(make_tiny_image, vae=vae, text=text)
     ltx2 = functools.partial(make_tiny_ltx2, version=ltx_version)
     wan21 = functools.partial(make_tiny_wan21, variant=variant)
-    makers = {"wan22": make_tiny_wan22, "wan21": wan21, "ltx2": ltx2, "image": image, "hv15": make_tiny_hv15}
+    hv15 = functools.partial(make_tiny_hv15, variant=variant)
+    makers = {"wan22": make_tiny_wan22, "wan21": wan21, "ltx2": ltx2, "image": image, "hv15": hv15}
     if family not in makers:
         raise ConfigError(f"make-tiny-model knows {', '.join(makers)}, not {family!r}")
     if train_on is not None and family != "wan22":

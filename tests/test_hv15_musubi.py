@@ -16,7 +16,7 @@ import pytest
 import torch
 from diffusers import AutoencoderKLHunyuanVideo15
 from safetensors import safe_open
-from transformers import AutoTokenizer, Qwen2_5_VLTextModel, T5EncoderModel
+from transformers import AutoTokenizer, Qwen2_5_VLTextModel, SiglipImageProcessor, SiglipVisionModel, T5EncoderModel
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -227,6 +227,51 @@ def _tiling():
     return LoadOptions(vae_tiling=True)
 
 
+#: musubi's frame_pack/framepack_utils.py FEATURE_EXTRACTOR_CONFIG (the SigLIP processor its --i2v caching builds).
+SIGLIP_PROCESSOR = {
+    "do_convert_rgb": None,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"height": 384, "width": 384},
+}
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_i2v_stores_musubis_latents_image_and_siglip(source, hv15_i2v_model, clips, tmp_path):
+    """``--mode i2v`` is musubi's ``--i2v``: the first frame alone through the VAE in latent frame 0 of zeros, then a
+    mask channel; SigLIP's last_hidden_state of the first uint8 frame (its fixed processor, the encoder in float16)."""
+    result = _build(source, hv15_i2v_model, tmp_path / "out", "--mode", "i2v")
+    assert result.exit_code == 0, result.output
+    (dataset,) = load_dataset_config(tmp_path / "out" / TOML_NAME, architecture="hv15")
+    geometry = {"frames": FRAMES, "width": WIDTH, "height": HEIGHT, "recipe": "hv15-musubi"}
+    cfg = config(source, hv15_i2v_model, tmp_path / "x", **geometry)
+    spec = make_spec(cfg.model_copy(update={"source": f"folder:{source}"}))[1]
+    vae = AutoencoderKLHunyuanVideo15.from_pretrained(hv15_i2v_model / "vae").eval()
+    siglip = SiglipVisionModel.from_pretrained(hv15_i2v_model / "image_encoder", torch_dtype=torch.float16).eval()
+    keys = {flat_name(f"clips/{name}"): name for name, _ in CLIPS}
+    for index in range(len(dataset)):
+        reso, batch = dataset.batches[index]
+        (item,) = dataset.buckets[reso][batch : batch + 1]
+        data = dataset[index]
+        pixels = prepare_video(clips[keys[item.item_key]], spec).pixels[0]
+        frames = ((pixels.permute(1, 2, 3, 0) + 1) * 127.5).round().to(torch.uint8).numpy()
+        latents = _musubi_latents(vae, frames)
+        first = _musubi_latents(vae, frames[:1])
+        image = torch.zeros((33, *latents.shape[1:]))
+        image[:32, :1], image[32, :1] = first, 1.0
+        assert data["latents_image"][0].dtype == torch.bfloat16
+        assert torch.equal(data["latents_image"][0], image.to(torch.bfloat16))
+        inputs = SiglipImageProcessor(**SIGLIP_PROCESSOR).preprocess(images=frames[0], return_tensors="pt")
+        features = siglip(pixel_values=inputs.pixel_values.to(torch.float16)).last_hidden_state[0]
+        assert data["siglip"][0].dtype == torch.float16 and torch.equal(data["siglip"][0], features)
+
+
 def _refused(result, said: str) -> None:
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
@@ -238,6 +283,8 @@ def test_what_no_trainer_reads_is_one_line_exit_2_and_nothing_written(source, hv
     _refused(parquet, "FastVideo 0.2.1 has no HunyuanVideo 1.5 preprocessing or training")
     raw = _build(source, hv15_model, tmp_path / "raw", "--text-padding", "raw")
     _refused(raw, "family hv15 encodes each prompt alone, unpadded")
+    i2v = _build(source, hv15_model, tmp_path / "i2v", "--mode", "i2v")
+    _refused(i2v, "is not a HunyuanVideo 1.5 image-to-video snapshot")
     wan = _build(source, hv15_model, tmp_path / "wan", "--family", "wan21")
     assert wan.exit_code == 2, wan.output
-    assert not any((tmp_path / name).exists() for name in ("pq", "raw", "wan"))
+    assert not any((tmp_path / name).exists() for name in ("pq", "raw", "i2v", "wan"))

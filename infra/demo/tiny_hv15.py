@@ -34,6 +34,9 @@ from transformers import (
     Qwen2_5_VLTextConfig,
     Qwen2_5_VLTextModel,
     Qwen2Tokenizer,
+    SiglipImageProcessor,
+    SiglipVisionConfig,
+    SiglipVisionModel,
     T5Config,
     T5EncoderModel,
 )
@@ -101,6 +104,19 @@ TRAINING_TEXT = (
 QWEN_VOCAB = 600
 #: The scheduler's shift for the 480p models in diffusers' conversion script.
 FLOW_SHIFT = 5.0
+VARIANTS = ("t2v", "i2v")
+#: The SigLIP vision tower (siglip-so400m-patch14-384, FLUX.1-Redux's, as musubi's framepack_utils configures it:
+#: 384 px, patch 14 = 729 tokens, gelu_pytorch_tanh, eps 1e-6) at width 64 with 2 layers (of 27).
+TINY_SIGLIP_CONFIG: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "image_size": 384,
+    "patch_size": 14,
+    "hidden_act": "gelu_pytorch_tanh",
+    "layer_norm_eps": 1e-6,
+}
 
 
 def build_qwen_tokenizer() -> Qwen2Tokenizer:
@@ -136,10 +152,16 @@ def build_byt5_tokenizer() -> ByT5Tokenizer:
     return tokenizer
 
 
-def model_index() -> dict[str, Any]:
-    """model_index.json as diffusers 0.42's ``save_pretrained`` writes it for HunyuanVideo15Pipeline."""
+def model_index(variant: str = "t2v") -> dict[str, Any]:
+    """model_index.json as diffusers 0.42's ``save_pretrained`` writes it for HunyuanVideo15Pipeline (``t2v``) or
+    HunyuanVideo15ImageToVideoPipeline (``i2v``: with its image encoder and feature extractor)."""
+    i2v = {
+        "image_encoder": ["transformers", "SiglipVisionModel"],
+        "feature_extractor": ["transformers", "SiglipImageProcessor"],
+    }
     return {
-        "_class_name": "HunyuanVideo15Pipeline",
+        **(i2v if variant == "i2v" else {}),
+        "_class_name": "HunyuanVideo15ImageToVideoPipeline" if variant == "i2v" else "HunyuanVideo15Pipeline",
         "_diffusers_version": diffusers.__version__,
         "guider": ["diffusers", "ClassifierFreeGuidance"],
         "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
@@ -176,9 +198,22 @@ def _write_byt5(out: Path, seed: int, tokenizer: ByT5Tokenizer) -> None:
     logger.info("tiny ByT5 glyph encoder: %d parameters", model.num_parameters())
 
 
-def make_tiny_hv15(out_dir: Path, *, seed: int = 0, tokenizer_dir: Path | None = None, **_: Any) -> Path:
-    """Write the tiny snapshot into ``out_dir`` (absent or empty; built in a sibling folder and moved into place).
-    ``tokenizer_dir`` (a local Qwen2.5-VL tokenizer folder) replaces the trained one."""
+def _write_siglip(out: Path, seed: int) -> None:
+    torch.manual_seed(seed + 3)
+    model = SiglipVisionModel(SiglipVisionConfig(**TINY_SIGLIP_CONFIG)).eval()
+    model.save_pretrained(out / "image_encoder", safe_serialization=True)
+    size = {"height": TINY_SIGLIP_CONFIG["image_size"], "width": TINY_SIGLIP_CONFIG["image_size"]}
+    SiglipImageProcessor(size=size, resample=3).save_pretrained(out / "feature_extractor")
+    logger.info("tiny SigLIP image encoder: %d parameters", model.num_parameters())
+
+
+def make_tiny_hv15(
+    out_dir: Path, *, seed: int = 0, tokenizer_dir: Path | None = None, variant: str = "t2v", **_: Any
+) -> Path:
+    """Write the tiny snapshot of `variant` (`VARIANTS`) into ``out_dir`` (absent or empty; built in a sibling folder
+    and moved into place). ``tokenizer_dir`` (a local Qwen2.5-VL tokenizer folder) replaces the trained one."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
     with staged_dir(Path(out_dir), "the tiny HunyuanVideo 1.5 snapshot") as staging, torch.random.fork_rng(devices=[]):
         if tokenizer_dir is not None:
             qwen = Qwen2Tokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
@@ -190,7 +225,10 @@ def make_tiny_hv15(out_dir: Path, *, seed: int = 0, tokenizer_dir: Path | None =
         _write_vae(staging / "vae", seed)
         _write_qwen(staging / "text_encoder", seed, qwen)
         _write_byt5(staging / "text_encoder_2", seed, byt5)
+        if variant == "i2v":
+            _write_siglip(staging, seed)
         FlowMatchEulerDiscreteScheduler(shift=FLOW_SHIFT).save_pretrained(staging / "scheduler")
-        (staging / "model_index.json").write_text(json.dumps(model_index(), indent=2, sort_keys=True) + "\n")
+        index = json.dumps(model_index(variant), indent=2, sort_keys=True)
+        (staging / "model_index.json").write_text(index + "\n")
     logger.info("wrote the tiny HunyuanVideo 1.5 snapshot to %s (seed %d)", out_dir, seed)
     return Path(out_dir)

@@ -9,6 +9,12 @@ caches this family, `infra.formats.consumers`): the latents are the raw posterio
 dtype, one clip per VAE call, not scaled (its trainer multiplies by the VAE's ``scaling_factor``, 1.03682, when it
 reads them); ``--vae-tiling`` is its ``--vae_sample_size 128`` (128-pixel tiles, a quarter overlapping, blended); the
 text is `infra.models.hv15_text`'s.
+
+An image-to-video snapshot (``HunyuanVideo15ImageToVideoPipeline``, its ``image_encoder/``) takes ``--mode i2v``:
+each sample also stores musubi's ``--i2v`` conditioning (``hv_1_5_cache_latents.encode_and_save_batch``): the first
+frame encoded alone by the VAE in latent frame 0 of a zero tensor shaped like the latents, then one mask channel (1 on
+latent frame 0), ``[33, F', H', W']``; and the SigLIP image encoder's ``last_hidden_state`` of the first uint8 frame
+(``frame_pack.clip_vision.hf_clip_vision_encode``: its fixed ``SiglipImageProcessor`` config, the encoder in float16).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from infra.models.base import (
     TOKENIZER_LOCK,
     FamilySpec,
     GeometryRules,
+    ImageConditioning,
     LoadedFamily,
     TextEmbedding,
     TextSettings,
@@ -44,13 +51,33 @@ from infra.models.hv15_text import (
 
 logger = logging.getLogger(__name__)
 
-PIPELINES = ("HunyuanVideo15Pipeline", "HunyuanVideo15ImageToVideoPipeline")
+I2V_PIPELINE = "HunyuanVideo15ImageToVideoPipeline"
+PIPELINES = ("HunyuanVideo15Pipeline", I2V_PIPELINE)
 VAE_CLASS = "AutoencoderKLHunyuanVideo15"
 #: The output kind of the glyph encoder's rows (`infra.formats.base.GLYPH_KIND`).
 GLYPH_KIND = "glyph_embeddings"
 #: musubi's hv_1_5_cache_latents.py ``--vae_sample_size`` default: the tile (pixels) of ``--vae-tiling``.
 TILE = 128
 TILE_OVERLAP = 0.25
+#: What the spec's ``conditioning`` says an i2v cache stores.
+I2V_RECIPE = (
+    "latents_image: the first frame's VAE mode alone in latent frame 0 of zeros, then a mask channel (1 on frame 0); "
+    "siglip: the image encoder's last_hidden_state of the first frame (musubi's SiglipImageProcessor, float16)"
+)
+#: musubi's ``frame_pack.framepack_utils.FEATURE_EXTRACTOR_CONFIG`` (the processor it builds for SigLIP).
+SIGLIP_PROCESSOR = {
+    "do_convert_rgb": None,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "resample": 3,
+    "rescale_factor": 1 / 255,
+    "size": {"height": 384, "width": 384},
+}
+#: The image-to-video kinds: musubi's ``latents_image`` and ``siglip`` (`infra.formats.base`'s names).
+I2V_KINDS = ("image_latents", "clip_features")
 
 
 class Hv15Spec(FamilySpec):
@@ -67,6 +94,25 @@ class Hv15Spec(FamilySpec):
     }
     text_stages = (TEXT_STAGE,)
     store_dtypes = ("bf16", "fp16")
+    takes_image = True
+
+    def components_in(self, model_dir: Path, audio: bool = False) -> tuple[str, ...]:
+        index = _index(model_dir)
+        return self.components + (("image_encoder",) if (index.get("image_encoder") or [None])[-1] else ())
+
+    def kinds(self, spec: Any) -> tuple[str, ...]:
+        return (*self.output_kinds, *I2V_KINDS) if getattr(spec, "mode", "t2v") == "i2v" else self.output_kinds
+
+    def conditioning(self, model_dir: Path, mode: str) -> str | None:
+        if mode != "i2v":
+            return None
+        index = _index(model_dir)
+        if index.get("_class_name") != I2V_PIPELINE or not (Path(model_dir) / "image_encoder").is_dir():
+            raise ConfigError(
+                f"--mode i2v: {model_dir} is not a HunyuanVideo 1.5 image-to-video snapshot ({I2V_PIPELINE} with an "
+                "image_encoder/): its transformer takes no image conditioning"
+            )
+        return I2V_RECIPE
 
     def matches(self, model_dir: Path, index: dict[str, Any]) -> bool:
         vae = index.get("vae") or [None, None]
@@ -97,6 +143,11 @@ class Hv15Spec(FamilySpec):
         return Hv15Encoder(model_dir, device, dtype)
 
 
+def _index(model_dir: Path) -> dict[str, Any]:
+    path = Path(model_dir) / "model_index.json"
+    return read_json(path) if path.exists() else {}
+
+
 class Hv15Encoder(LoadedFamily):
     """Loaded VAE, Qwen2.5-VL text model, ByT5 glyph encoder and their tokenizers; model calls one at a time."""
 
@@ -116,7 +167,8 @@ class Hv15Encoder(LoadedFamily):
         self.glyph_encoder = glyph.to(device).eval()
         self.glyph_tokenizer = AutoTokenizer.from_pretrained(model_dir / "tokenizer_2", local_files_only=True)
         self.crop = crop_start(self.tokenizer)
-        self._lock = threading.Lock()
+        self.image_encoder: torch.nn.Module | None = None
+        self._lock, self._image_lock = threading.Lock(), threading.Lock()
         logger.info("loaded hv15 from %s on %s (%s; template crop %d tokens)", model_dir, device, dtype, self.crop)
 
     def set_vae_memory(self, *, tiling: bool, slicing: bool) -> None:
@@ -133,6 +185,40 @@ class Hv15Encoder(LoadedFamily):
         with self._lock, autocast(self.device, self.dtype):
             mode = self.vae.encode(pixels.to(self.device, self.dtype)).latent_dist.mode()
         return mode[0].float().cpu()
+
+    @torch.inference_mode()
+    def encode_conditioning(self, pixels: torch.Tensor, latents: torch.Tensor) -> ImageConditioning:
+        """musubi's ``--i2v``: the first frame's latents and mask (`I2V_RECIPE`), and its SigLIP features."""
+        _, frames, height, width = latents.shape
+        with self._lock, autocast(self.device, self.dtype):
+            first = self.vae.encode(pixels[:, :, :1].to(self.device, self.dtype)).latent_dist.mode()
+        image = torch.zeros((first.shape[1] + 1, frames, height, width), dtype=torch.float32)
+        image[:-1, :1] = first[0].float().cpu()
+        image[-1, 0] = 1.0
+        return ImageConditioning(image_latents=image, clip_features=self.siglip(pixels[0, :, 0]))
+
+    def siglip(self, frame: torch.Tensor) -> torch.Tensor:
+        """(3,H,W) in [-1,1] (musubi's ``x / 127.5 - 1`` of its uint8 frame) → the SigLIP last_hidden_state, float16."""
+        from transformers import SiglipImageProcessor  # noqa: PLC0415 - heavy import, only for --mode i2v
+
+        levels = ((frame.float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)  # its uint8 frame, exactly
+        inputs = SiglipImageProcessor(**SIGLIP_PROCESSOR).preprocess(
+            images=levels.permute(1, 2, 0).numpy(), return_tensors="pt"
+        )
+        encoder = self._image_encoder()
+        with self._lock:
+            out = encoder(pixel_values=inputs.pixel_values.to(self.device, torch.float16)).last_hidden_state
+        return out[0].cpu()
+
+    def _image_encoder(self) -> torch.nn.Module:
+        from transformers import SiglipVisionModel  # noqa: PLC0415 - heavy import, only for --mode i2v
+
+        with self._image_lock:
+            if self.image_encoder is None:
+                path = self.model_dir / "image_encoder"
+                loaded = SiglipVisionModel.from_pretrained(path, torch_dtype=torch.float16, local_files_only=True)
+                self.image_encoder = loaded.to(self.device).eval()
+        return self.image_encoder
 
     @torch.inference_mode()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
