@@ -167,7 +167,6 @@ def test_musubis_loader_hands_its_trainer_musubis_own_tensors(cache, source, hv1
     assert seen == len(CLIPS)
 
 
-@pytest.mark.slow
 def test_verify_inspect_decode_and_a_resume_through_the_cli(cache, source, hv15_model, tmp_path):
     verified = runner.invoke(app, ["verify", str(cache)])
     assert verified.exit_code == 0 and "COMPATIBLE" in verified.output, verified.output
@@ -184,7 +183,6 @@ def test_verify_inspect_decode_and_a_resume_through_the_cli(cache, source, hv15_
     assert not report.exists()
 
 
-@pytest.mark.slow
 @torch.no_grad()
 def test_vae_tiling_is_musubis_128_pixel_tiles(hv15_model):
     """``--vae-tiling`` (the recipe's) is hv_1_5_cache_latents.py's default ``--vae_sample_size 128``: its
@@ -241,7 +239,6 @@ SIGLIP_PROCESSOR = {
 }
 
 
-@pytest.mark.slow
 @torch.no_grad()
 def test_i2v_stores_musubis_latents_image_and_siglip(source, hv15_i2v_model, clips, tmp_path):
     """``--mode i2v`` is musubi's ``--i2v``: the first frame alone through the VAE in latent frame 0 of zeros, then a
