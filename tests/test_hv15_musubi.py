@@ -285,3 +285,23 @@ def test_what_no_trainer_reads_is_one_line_exit_2_and_nothing_written(source, hv
     wan = _build(source, hv15_model, tmp_path / "wan", "--family", "wan21")
     assert wan.exit_code == 2, wan.output
     assert not any((tmp_path / name).exists() for name in ("pq", "raw", "i2v", "wan"))
+
+
+def test_the_snapshot_is_told_from_model_index_and_the_glyph_rule_is_musubis(hv15_model, hv15_i2v_model):
+    from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import extract_glyph_texts  # noqa: PLC0415
+
+    from infra.models import resolve_family  # noqa: PLC0415
+    from infra.models.hv15_text import glyph_text  # noqa: PLC0415
+
+    assert resolve_family(hv15_model, None).name == resolve_family(hv15_i2v_model, None).name == "hv15"
+    prompt = 'a "x" “y” "x"'
+    assert glyph_text(prompt) == 'Text "x". Text "x". Text "y". '  # musubi: straight quotes first, repeats kept
+    assert extract_glyph_texts(prompt) == 'Text "x". Text "y". '  # diffusers' pipeline: another rule
+    assert glyph_text("no quotes here") is None and glyph_text("") is None
+
+
+def test_make_tiny_model_writes_the_same_bytes_for_the_same_seed(hv15_i2v_model, tmp_path):
+    made = runner.invoke(app, ["make-tiny-model", str(tmp_path / "m"), "--family", "hv15", "--variant", "i2v"])
+    assert made.exit_code == 0 and "tiny hv15 model written" in made.output, made.output
+    assert tree_hashes(tmp_path / "m") == tree_hashes(hv15_i2v_model)
+    assert {p.name for p in (tmp_path / "m").iterdir()} >= {"vae", "text_encoder", "text_encoder_2", "image_encoder"}
