@@ -9,6 +9,7 @@ clips with the same tiny weights. (bench/hv15_musubi_parity.py runs musubi's own
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +47,9 @@ TEMPLATE = (
 )
 
 
-def _build(src: Path, model: Path, out: Path, *extra: str):
+def _build(src: Path, model: Path, out: Path, *extra: str, dtype: str = "fp32"):
     flags = ["build", "--source", f"folder:{src}", "--model", str(model), "--out", str(out), "--device", "cpu"]
-    return runner.invoke(app, [*flags, "--dtype", "fp32", *GEOMETRY, "--decode-samples", "0", *extra])
+    return runner.invoke(app, [*flags, "--dtype", dtype, *GEOMETRY, "--decode-samples", "0", *extra])
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +97,11 @@ def test_the_files_have_musubis_hv15_names_keys_dtypes_and_metadata(cache):
 
 
 def _musubi_latents(vae: AutoencoderKLHunyuanVideo15, frames: np.ndarray) -> torch.Tensor:
-    """hv_1_5_cache_latents.encode_and_save_batch: uint8 (F,H,W,C) → /127.5 - 1 → the posterior's mode, unscaled."""
-    contents = torch.from_numpy(frames)[None].permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
-    return vae.encode(contents, return_dict=False)[0].mode()[0]
+    """hv_1_5_cache_latents.encode_and_save_batch: uint8 (F,H,W,C) in the VAE's dtype → /127.5 - 1 → the posterior's
+    mode under autocast in that dtype, unscaled."""
+    contents = torch.from_numpy(frames)[None].permute(0, 4, 1, 2, 3).to(vae.dtype) / 127.5 - 1.0
+    with torch.autocast("cpu", dtype=vae.dtype, enabled=vae.dtype != torch.float32):
+        return vae.encode(contents, return_dict=False)[0].mode()[0]
 
 
 def _musubi_vl(tokenizer, vlm: Qwen2_5_VLTextModel, caption: str) -> torch.Tensor:
@@ -183,6 +186,17 @@ def test_verify_inspect_decode_and_a_resume_through_the_cli(cache, source, hv15_
     assert not report.exists()
 
 
+def test_a_rerun_after_a_crash_keeps_the_files_it_left_with_the_same_bytes(cache, source, hv15_model, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(cache, out)
+    data = {k: v for k, v in tree_hashes(out).items() if k.endswith(".safetensors")}
+    (sealed,) = (out / "ledger").glob("*-00000.jsonl")
+    sealed.unlink()  # its files written, its ledger never sealed: a crash
+    again = _build(source, hv15_model, out)
+    assert again.exit_code == 0 and "2 encoded now" in again.output, again.output
+    assert {k: v for k, v in tree_hashes(out).items() if k.endswith(".safetensors")} == data  # the same bytes
+
+
 @torch.no_grad()
 def test_vae_tiling_is_musubis_128_pixel_tiles(hv15_model):
     """``--vae-tiling`` (the recipe's) is hv_1_5_cache_latents.py's default ``--vae_sample_size 128``: its
@@ -242,14 +256,15 @@ SIGLIP_PROCESSOR = {
 @torch.no_grad()
 def test_i2v_stores_musubis_latents_image_and_siglip(source, hv15_i2v_model, clips, tmp_path):
     """``--mode i2v`` is musubi's ``--i2v``: the first frame alone through the VAE in latent frame 0 of zeros, then a
-    mask channel; SigLIP's last_hidden_state of the first uint8 frame (its fixed processor, the encoder in float16)."""
-    result = _build(source, hv15_i2v_model, tmp_path / "out", "--mode", "i2v")
+    mask channel; SigLIP's last_hidden_state of the first uint8 frame (its fixed processor, the encoder in float16).
+    A bf16 build: the VAE in bf16 under bf16 autocast, as musubi's ``--vae_dtype bfloat16``."""
+    result = _build(source, hv15_i2v_model, tmp_path / "out", "--mode", "i2v", dtype="bf16")
     assert result.exit_code == 0, result.output
     (dataset,) = load_dataset_config(tmp_path / "out" / TOML_NAME, architecture="hv15")
     geometry = {"frames": FRAMES, "width": WIDTH, "height": HEIGHT, "recipe": "hv15-musubi"}
     cfg = config(source, hv15_i2v_model, tmp_path / "x", **geometry)
     spec = make_spec(cfg.model_copy(update={"source": f"folder:{source}"}))[1]
-    vae = AutoencoderKLHunyuanVideo15.from_pretrained(hv15_i2v_model / "vae").eval()
+    vae = AutoencoderKLHunyuanVideo15.from_pretrained(hv15_i2v_model / "vae", torch_dtype=torch.bfloat16).eval()
     siglip = SiglipVisionModel.from_pretrained(hv15_i2v_model / "image_encoder", torch_dtype=torch.float16).eval()
     keys = {flat_name(f"clips/{name}"): name for name, _ in CLIPS}
     for index in range(len(dataset)):
@@ -262,6 +277,7 @@ def test_i2v_stores_musubis_latents_image_and_siglip(source, hv15_i2v_model, cli
         first = _musubi_latents(vae, frames[:1])
         image = torch.zeros((33, *latents.shape[1:]))
         image[:32, :1], image[32, :1] = first, 1.0
+        assert data["latents"][0].dtype == torch.bfloat16 and torch.equal(data["latents"][0], latents)
         assert data["latents_image"][0].dtype == torch.bfloat16
         assert torch.equal(data["latents_image"][0], image.to(torch.bfloat16))
         inputs = SiglipImageProcessor(**SIGLIP_PROCESSOR).preprocess(images=frames[0], return_tensors="pt")
