@@ -293,7 +293,7 @@ def _refused(result, said: str) -> None:
 
 def test_what_no_trainer_reads_is_one_line_exit_2_and_nothing_written(source, hv15_model, tmp_path):
     parquet = _build(source, hv15_model, tmp_path / "pq", "--format", "parquet")
-    _refused(parquet, "FastVideo 0.2.1 has no HunyuanVideo 1.5 preprocessing or training")
+    _refused(parquet, "FastVideo 0.2.1 trains no HunyuanVideo 1.5")
     raw = _build(source, hv15_model, tmp_path / "raw", "--text-padding", "raw")
     _refused(raw, "family hv15 encodes each prompt alone, unpadded")
     i2v = _build(source, hv15_model, tmp_path / "i2v", "--mode", "i2v")

@@ -215,9 +215,9 @@ ONLY_FOR: dict[str, tuple[tuple[str, ...], str]] = {
 
 #: (format, family) → why no trainer reads that family in that format, though the format takes other families.
 NO_TRAINER: dict[tuple[str, str], str] = {
-    ("parquet", "hv15"): "FastVideo 0.2.1 has no HunyuanVideo 1.5 preprocessing or training (its "
-    "preprocess_hunyuan_overfit.py and its HunyuanModel are HunyuanVideo v1's: LLaMA + CLIP text, "
-    "HunyuanVideoTransformer3DModel); use --format musubi (the hv15-musubi recipe)",
+    ("parquet", "hv15"): "FastVideo 0.2.1 trains no HunyuanVideo 1.5 (its HunyuanModel is v1's "
+    "HunyuanVideoTransformer3DModel, its preprocess_hunyuan_overfit.py v1's LLaMA + CLIP text; its 1.5 pipelines are "
+    "for inference); use --format musubi (the hv15-musubi recipe)",
 }
 
 
