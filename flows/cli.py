@@ -276,8 +276,10 @@ def approve(
 @cli_errors
 def make_tiny_model(
     directory: Annotated[Path, typer.Argument(help="where to write the model")],
-    family: Annotated[str, Opt(help="wan22 | wan21 | ltx2 | image | qwen-image | h3")] = "wan22",
-    variant: Annotated[str, Opt(help="wan21: t2v | i2v (a CLIP image encoder) | t2v-a14b | i2v-a14b")] = "t2v",
+    family: Annotated[str, Opt(help="wan22 | wan21 | ltx2 | image | qwen-image | h3 | hv15")] = "wan22",
+    variant: Annotated[
+        str, Opt(help="wan21: t2v | i2v (a CLIP image encoder) | t2v-a14b | i2v-a14b; hv15: t2v | i2v (SigLIP)")
+    ] = "t2v",
     vae: Annotated[str, Opt(help="image: kl (AutoencoderKL, Flux's factors) | dc (AutoencoderDC)")] = "kl",
     text: Annotated[str, Opt(help="image: clip | t5 | none (captions stored as text only)")] = "clip",
     seed: Annotated[int, Opt()] = 0,
@@ -296,6 +298,7 @@ def make_tiny_model(
     decode-and-verify shows them."""
     from infra.demo.tiny import make_tiny_wan22  # noqa: PLC0415 - demo material: this command only
     from infra.demo.tiny_h3 import make_tiny_h3  # noqa: PLC0415 - demo material: this command only
+    from infra.demo.tiny_hv15 import make_tiny_hv15  # noqa: PLC0415 - demo material: this command only
     from infra.demo.tiny_image import make_tiny_image  # noqa: PLC0415 - demo material: this command only
     from infra.demo.tiny_ltx2 import make_tiny_ltx2  # noqa: PLC0415 - demo material: this command only
     from infra.demo.tiny_qwen_image import make_tiny_qwen_image  # noqa: PLC0415 - demo material: this command only
@@ -307,6 +310,7 @@ def make_tiny_model(
     makers = {"wan22": make_tiny_wan22, "wan21": wan21, "ltx2": ltx2, "image": image}
     makers["qwen-image"] = make_tiny_qwen_image
     makers["h3"] = make_tiny_h3
+    makers["hv15"] = functools.partial(make_tiny_hv15, variant=variant)
     if family not in makers:
         raise ConfigError(f"make-tiny-model knows {', '.join(makers)}, not {family!r}")
     if train_on is not None and family != "wan22":

@@ -38,6 +38,7 @@ from infra.formats.consumers import (
     layout_for,
     layout_notes,
     preprocessing_for,
+    refuse_unread,
     text_clean_for,
 )
 from infra.formats.shards import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SAMPLES
@@ -364,9 +365,9 @@ def resolve(config: BuildConfig) -> Resolved:
         conditioning=family.conditioning(model_dir, config.encoding.mode),
         **shard_settings(config),
     )
-    if unplaced := [
-        kind for kind in family.kinds(spec) if kind not in get_format(config.encoding.format, family.name).keys
-    ]:
+    refuse_unread(config.encoding.format, family.name)  # said before what the format has no place for
+    placed = get_format(config.encoding.format, family.name).keys_for(family.name)
+    if unplaced := [kind for kind in family.kinds(spec) if kind not in placed]:
         raise ConfigError(
             f"format {config.encoding.format} has no place for {', '.join(unplaced)} (family {family.name})"
         )

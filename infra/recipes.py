@@ -92,6 +92,24 @@ RECIPES: dict[str, Recipe] = {
             {"format": "musubi", "frames": 81, "height": 480, "width": 832, "temporal": "head"},
         ),
         Recipe(
+            "hv15-musubi",
+            "musubi-tuner's HunyuanVideo 1.5 cache (hv_1_5_cache_latents.py, hv_1_5_cache_text_encoder_outputs.py; "
+            "family hv15): the first F frames, each clip bucketed and resized as musubi's resize_image_to_bucket does, "
+            "the raw VAE posterior mode tiled as its default --vae_sample_size 128 tiles, the prompt in its video "
+            "template through Qwen2.5-VL (3rd last layer, template cropped) and its quoted text through ByT5, "
+            "musubi's _hv15 names, keys and dataset TOML",
+            {
+                "family": "hv15",
+                "format": "musubi",
+                "frames": 121,
+                "height": 480,
+                "width": 848,
+                "temporal": "head",
+                "text_padding": "zeros",
+                "vae_tiling": True,
+            },
+        ),
+        Recipe(
             "diffsynth-wan",
             "DiffSynth-Studio's split-training files for Wan (Wan2.1, Wan2.2-A14B: wan21; Wan2.2-TI2V-5B: wan22): the "
             "first F frames, resized as its ImageCropAndResize does (PIL bilinear, rounded cover and crop), turned "

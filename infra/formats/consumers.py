@@ -29,6 +29,7 @@ SAMPLED = (
 )
 FASTVIDEO = "FastVideo 0.2.1 (fastvideo/dataset/utils.py collate)"
 MUSUBI = "kohya-ss/musubi-tuner (commit 30c658c: wan_train_network.py)"
+MUSUBI_HV15 = "kohya-ss/musubi-tuner (commit 30c658c: hv_1_5_train_network.py)"
 DIFFSYNTH = "DiffSynth-Studio split training (diffsynth 2.1.12: --task sft:train on its data_process files)"
 
 
@@ -189,6 +190,16 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
         resize="h3-lanczos",
         parquet_schema="pyarrow_schema_t2va",
     ),
+    ("musubi", "hv15"): Expects(
+        MUSUBI_HV15 + ", its BucketBatchManager",
+        "normalised",
+        "prompt",
+        "right",
+        "hidden_states[-3]",
+        "safetensors: latents and Qwen2.5-VL rows in --store-dtype, ByT5 glyph rows float16",
+        "-",
+        resize="musubi",
+    ),
     ("webdataset", "wan22"): Expects(
         "webdataset.WebDataset readers",
         "normalised",
@@ -243,14 +254,29 @@ CONSUMERS: dict[tuple[str, str], Expects] = {
 #: Formats written for one trainer only: the families it trains (any other is refused at the plan), and in words.
 ONLY_FOR: dict[str, tuple[tuple[str, ...], str]] = {
     "musubi": (
-        ("wan21", "qwen-image"),
-        f"{MUSUBI} caches Wan2.1 and Wan2.2-A14B (family wan21) and Qwen-Image (qwen-image), not Wan2.2-TI2V-5B",
+        ("wan21", "qwen-image", "hv15"),
+        f"{MUSUBI} caches Wan2.1 and Wan2.2-A14B (family wan21), Qwen-Image (qwen-image) and HunyuanVideo 1.5 (hv15), "
+        "not Wan2.2-TI2V-5B",
     ),
     "diffsynth": (
         ("wan21", "wan22", "qwen-image"),
         f"{DIFFSYNTH}: these files are its Wan pipeline's (families wan21, wan22) or Qwen-Image's (qwen-image)",
     ),
 }
+
+
+#: (format, family) → why no trainer reads that family in that format, though the format takes other families.
+NO_TRAINER: dict[tuple[str, str], str] = {
+    ("parquet", "hv15"): "FastVideo 0.2.1 trains no HunyuanVideo 1.5 (its HunyuanModel is v1's "
+    "HunyuanVideoTransformer3DModel, its preprocess_hunyuan_overfit.py v1's LLaMA + CLIP text; its 1.5 pipelines are "
+    "for inference); use --format musubi (the hv15-musubi recipe)",
+}
+
+
+def refuse_unread(fmt: str, family: str) -> None:
+    """ConfigError for a format and family no trainer reads together (`NO_TRAINER`), before the plan looks further."""
+    if (why := NO_TRAINER.get((fmt, family))) is not None:
+        raise ConfigError(f"format {fmt} with family {family}: {why}; no trainer reads it")
 
 
 def expects(fmt: str, family: str) -> Expects | None:
@@ -280,6 +306,7 @@ def check_consumer(spec: Any, kinds: Sequence[str] = ()) -> None:
             "--layout cc12m stores float16 .npy latents, as the CC12M latent set does: use --store-dtype fp16 (a "
             "family that stores float16: image)"
         )
+    refuse_unread(spec.format, spec.family)
     families, trains = ONLY_FOR.get(spec.format, ((spec.family,), ""))
     if spec.family not in families:
         raise ConfigError(f"format {spec.format} with family {spec.family}: {trains}; no trainer reads it")

@@ -36,8 +36,10 @@ from safetensors.torch import load
 
 from infra import outdir
 from infra.errors import ConfigError
+from infra.formats import musubi_hv15
 from infra.formats.base import (
     CLIP_KIND,
+    GLYPH_KIND,
     IMAGE_LATENTS_KIND,
     EncodedSample,
     Format,
@@ -52,6 +54,10 @@ from infra.media.buckets import Bucket, musubi_buckets, parse_buckets
 from infra.outdir import OutFile
 
 ARCHITECTURE = "wan"
+#: A family's musubi architecture code (its files' suffix) and full name (their ``architecture`` metadata), where it
+#: is not Wan's: `infra.formats.musubi_hv15` says what goes in HunyuanVideo 1.5's files.
+CODES = {"hv15": musubi_hv15.CODE}
+FULL_NAMES = {"hv15": musubi_hv15.FULL_NAME}
 FORMAT_VERSION = "1.0.1"
 FINGERPRINT_KEY = "latentforge_fingerprint"
 #: What else a file carries for the resume to tell it is this sample's (`infra.preprocess.resume`).
@@ -67,15 +73,20 @@ def flat_name(stem: str) -> str:
     return stem.replace("%", "%25").replace("/", "%2F")
 
 
-def latent_name(stem: str, start: int, frames: int, width: int, height: int) -> str:
-    """The latents file's name, as musubi's ``get_latent_cache_path`` makes it."""
+def latent_name(stem: str, start: int, frames: int, width: int, height: int, code: str = ARCHITECTURE) -> str:
+    """The latents file's name, as musubi's ``get_latent_cache_path`` makes it (`code`: the architecture's)."""
     if frames == 1:  # an image dataset's item: no frame range
-        return f"{flat_name(stem)}_{width:04d}x{height:04d}_{ARCHITECTURE}.safetensors"
-    return f"{flat_name(stem)}_{start:05d}-{frames:03d}_{width:04d}x{height:04d}_{ARCHITECTURE}.safetensors"
+        return f"{flat_name(stem)}_{width:04d}x{height:04d}_{code}.safetensors"
+    return f"{flat_name(stem)}_{start:05d}-{frames:03d}_{width:04d}x{height:04d}_{code}.safetensors"
 
 
-def text_name(stem: str) -> str:
-    return f"{flat_name(stem)}_{ARCHITECTURE}_te.safetensors"
+def text_name(stem: str, code: str = ARCHITECTURE) -> str:
+    return f"{flat_name(stem)}_{code}_te.safetensors"
+
+
+def code_of(family: str | None) -> str:
+    """The musubi architecture code of `family`'s files (Wan's for wan21)."""
+    return CODES.get(family or "", ARCHITECTURE)
 
 
 def content_key(key: str) -> str:
@@ -100,7 +111,7 @@ def _named_size(sample: EncodedSample) -> tuple[int, int, int]:
     return int(frames), int(width), int(height)
 
 
-def _latents(sample: EncodedSample) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def _wan_latents(sample: EncodedSample) -> dict[str, torch.Tensor]:
     latents = sample.latents
     assert latents is not None
     _, f, h, w = latents.shape
@@ -109,27 +120,40 @@ def _latents(sample: EncodedSample) -> tuple[dict[str, torch.Tensor], dict[str, 
         tensors[f"latents_image_{f}x{h}x{w}_bfloat16"] = y.to(torch.bfloat16).contiguous()
     if isinstance(clip := sample.extras.get(CLIP_KIND), torch.Tensor):
         tensors["clip_bfloat16"] = clip.to(torch.float16).contiguous()  # musubi's key: the latents' dtype name
+    return tensors
+
+
+def _wan_text(sample: EncodedSample) -> dict[str, torch.Tensor]:
+    assert sample.text_embeds is not None
+    return {"varlen_t5_bfloat16": sample.text_embeds[: sample.seq_len].to(torch.bfloat16).contiguous()}
+
+
+def _latents(sample: EncodedSample, family: str | None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    tensors = musubi_hv15.latent_tensors(sample) if family == "hv15" else _wan_latents(sample)
     frames, width, height = _named_size(sample)
-    metadata = {"architecture": ARCHITECTURE, "width": str(width), "height": str(height)}
+    architecture = FULL_NAMES.get(family or "", ARCHITECTURE)
+    metadata = {"architecture": architecture, "width": str(width), "height": str(height)}
     metadata |= {"format_version": FORMAT_VERSION} | _marks(sample)
     if frames > 1:
         metadata["frame_count"] = str(frames)
     return tensors, metadata
 
 
-def render(sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
-    """(kinds, OUT-relative path, bytes) of the sample's latents file and its text file."""
-    tensors, metadata = _latents(sample)
+def render(sample: EncodedSample, family: str | None = None) -> list[tuple[list[str], str, bytes]]:
+    """(kinds, OUT-relative path, bytes) of the sample's latents file and its text file, as musubi caches `family`
+    (wan21 when None)."""
+    tensors, metadata = _latents(sample, family)
     frames, width, height = _named_size(sample)
     start = int((sample.info.get("sampling") or {}).get("indices", [0])[0])
     kinds = [kind for kind in LATENT_KINDS if kind == "latents" or kind in sample.extras]
-    assert sample.text_embeds is not None
-    text = {"varlen_t5_bfloat16": sample.text_embeds[: sample.seq_len].to(torch.bfloat16).contiguous()}
-    caption = {"architecture": ARCHITECTURE, "caption1": sample.prompt, "format_version": FORMAT_VERSION}
+    text = musubi_hv15.text_tensors(sample) if family == "hv15" else _wan_text(sample)
+    text_kinds = ["text_embeddings", *([GLYPH_KIND] if GLYPH_KIND in sample.extras else [])]
+    caption = {"architecture": metadata["architecture"], "caption1": sample.prompt, "format_version": FORMAT_VERSION}
     caption |= _marks(sample)
+    code = code_of(family)
     return [
-        (kinds, latent_name(sample.stem, start, frames, width, height), safetensors_bytes(tensors, metadata)),
-        (["text_embeddings"], text_name(sample.stem), safetensors_bytes(text, caption)),
+        (kinds, latent_name(sample.stem, start, frames, width, height, code), safetensors_bytes(tensors, metadata)),
+        (text_kinds, text_name(sample.stem, code), safetensors_bytes(text, caption)),
     ]
 
 
@@ -138,8 +162,12 @@ class MusubiWriter(PerSampleWriter):
     this spec: the name depends on the clip's bucket, so the resume cannot know it before the sample is read) is
     kept; one with other bytes is not overwritten unless `replace`."""
 
+    def __init__(self, out: Path, fmt: Format, family: str | None = None) -> None:
+        super().__init__(out, fmt)
+        self.family = family
+
     def render(self, sample: EncodedSample) -> list[tuple[list[str], str, bytes]]:
-        return render(sample)
+        return render(sample, self.family)
 
     def write(self, sample: EncodedSample, *, replace: bool = False) -> WrittenSample:
         rendered = self.render(sample)
@@ -178,21 +206,24 @@ class MusubiFormat(Format):
     def writer(self, out: Path) -> MusubiWriter:
         return MusubiWriter(out, self)
 
+    def keys_for(self, family: str | None) -> dict[str, str]:
+        return musubi_hv15.KEYS if family == "hv15" else self.keys
+
     def open_writer(self, out: Path, spec: Any, shard_id: str) -> MusubiWriter:
         if spec is not None:
             write_toml(Path(out), spec)
-        return self.writer(out)
+        return MusubiWriter(out, self, getattr(spec, "family", None))
 
     def trims_text_for(self, family: str) -> bool:
         return True  # musubi's T5 keeps the prompt's rows only (``u[:v]``)
 
-    def stored_dtype(self, kind: str, store_dtype: str) -> torch.dtype:
-        return torch.float16 if kind == CLIP_KIND else torch.bfloat16
-
     def paths(self, stem: str, kinds: Iterable[str]) -> dict[str, str]:
         """The text file's exact name; the latents file's without its frame range and source size (which the name
         takes from the clip: `MusubiWriter` keeps an identical file left at the full name)."""
-        return {k: text_name(stem) if k == "text_embeddings" else f"{flat_name(stem)}_wan.safetensors" for k in kinds}
+        kinds = list(kinds)
+        code = musubi_hv15.CODE if GLYPH_KIND in kinds else ARCHITECTURE  # only HunyuanVideo 1.5 has glyph rows
+        text = ("text_embeddings", GLYPH_KIND)
+        return {k: text_name(stem, code) if k in text else f"{flat_name(stem)}_{code}.safetensors" for k in kinds}
 
     def sample_file(self, stem: str, kinds: Iterable[str], rel: str) -> bool:
         """The text file's exact name, or a latents file of the stem at any frame range and source size."""

@@ -21,6 +21,8 @@ from infra.errors import ConfigError
 from infra.storage import atomic_write
 
 TOML_NAME = "musubi_dataset.toml"
+#: The cache files of the architectures latentforge writes (Wan's, HunyuanVideo 1.5's): musubi's own among them.
+MUSUBI_SUFFIXES = ("_wan.safetensors", "_hv15.safetensors")
 
 
 def toml_text(out: Path, spec: Any) -> str:
@@ -69,7 +71,7 @@ def check_cache_directory(out: Path, source: str, suffix: str = "_wan.safetensor
     if not out.is_dir():
         return
     if not outdir.is_file(out, CACHE_JSON):
-        if any(entry.name.endswith(suffix) for entry in outdir.entries(out)):
+        if any(entry.name.endswith((suffix, *MUSUBI_SUFFIXES)) for entry in outdir.entries(out)):
             raise ConfigError(
                 f"--out {out} holds musubi cache files latentforge did not write: musubi-tuner takes one cache "
                 "directory per dataset; give this source its own --out"

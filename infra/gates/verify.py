@@ -419,13 +419,15 @@ def _expected(spec: CacheSpec, fmt: Format, shapes: Mapping[str, tuple[int, ...]
     """Per output kind the family stores: the format's key for it, the planned shape (None: not planned) and the
     stored dtype. A kind the format has no key for is a ConfigError (a family and a format that do not fit)."""
     kinds = get_family(spec.family).kinds(spec)
-    unknown = [kind for kind in kinds if kind not in fmt.keys]
+    keys = fmt.keys_for(spec.family)
+    unknown = [kind for kind in kinds if kind not in keys]
     if unknown:
         raise ConfigError(f"format {fmt.name} has no place for {', '.join(unknown)} (family {spec.family})")
     trimmed = {"text_embeddings"} if fmt.trims_text_for(spec.family) else set()  # stored [seq_len, D]: no planned shape
     return {
         kind: {
-            "key": fmt.keys[kind],
+            "key": keys[kind],
+            "label": fmt.label(kind, spec.family),
             "shape": list(shapes[kind]) if kind in shapes and kind not in trimmed else None,
             "dtype": str(fmt.stored_dtype(kind, spec.store_dtype)),
         }
@@ -461,11 +463,11 @@ def _check_samples(
             value = (records.get(file.path) or {}).get(target["key"])
             if torch.is_tensor(value):
                 holding[kind] += 1
-                found[fmt.label(kind)] = value
+                found[target["label"]] = value
             else:
                 report.problems.append(f"{files[file.path]}: no {target['key']!r} tensor ({kind})")
         if report.sample_check is None:
-            labelled = {fmt.label(k): v for k, v in want.items() if k not in row.missing}
+            labelled = {v["label"]: v for k, v in want.items() if k not in row.missing}
             report.sample_check = _sample_check(row.path or "", found, labelled)
     report.outputs = {
         kind: "present" if expected[kind] and n == expected[kind] else "missing" for kind, n in holding.items()

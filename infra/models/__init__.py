@@ -26,6 +26,7 @@ from infra.models.base import (
     role_kinds,
 )
 from infra.models.h3 import H3Spec
+from infra.models.hv15 import Hv15Spec
 from infra.models.identity import Scheme, component_identity
 from infra.models.image import ImageSpec
 from infra.models.ltx2 import Ltx2Spec
@@ -43,6 +44,7 @@ FAMILIES.add("image", ImageSpec())
 FAMILIES.add("wan21", Wan21Spec())
 FAMILIES.add("qwen-image", QwenImageSpec())
 FAMILIES.add("h3", H3Spec())
+FAMILIES.add("hv15", Hv15Spec())
 
 __all__ = [
     "FAMILIES",

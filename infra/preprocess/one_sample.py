@@ -217,9 +217,10 @@ def _record(written: Written, sample: WrittenSample) -> FileRecord:
 def _check(sample: EncodedSample, written: WrittenSample, job: Job, report: SanityReport) -> None:
     """Shapes, dtypes, finiteness and the bit-exact round trip through the format's reader (every file)."""
     fmt = get_format(job.spec.format, job.spec.family)
-    report.latent_key = fmt.label("latents")
-    if "text_embeddings" in fmt.keys:
-        report.text_key = fmt.label("text_embeddings")
+    family, keys = job.spec.family, fmt.keys_for(job.spec.family)
+    report.latent_key = fmt.label("latents", family)
+    if "text_embeddings" in keys:
+        report.text_key = fmt.label("text_embeddings", family)
     outputs = sample.outputs()
     latent = job.latent_shape
     if job.spec.buckets and sample.latents is not None:  # the planned shape is the sample's bucket's
@@ -239,8 +240,8 @@ def _check(sample: EncodedSample, written: WrittenSample, job: Job, report: Sani
         path = next(str(w.path) for kinds, w in written.files if not kinds or kind in kinds)
         trimmed = kind == "text_embeddings" and fmt.trims_text_for(job.spec.family)
         kept = (tensor[: sample.seq_len] if trimmed else tensor).to(fmt.stored_dtype(kind, job.spec.store_dtype))
-        same.append(kind not in fmt.keys or _same(records[path].get(fmt.keys[kind]), kept))
-        name = fmt.label(kind)
+        same.append(kind not in keys or _same(records[path].get(keys[kind]), kept))
+        name = fmt.label(kind, family)
         if kind in planned and list(tensor.shape) != planned[kind]:
             report.problems.append(f"{name} shape {list(tensor.shape)}, planned {planned[kind]}")
         if tensor.dtype != kind_dtype(kind, job.spec.store_dtype):
@@ -429,7 +430,7 @@ def dry_run(job: Job, shards: list[ShardPlan], spool: Path | None = None) -> dic
     _, encoded = found
     sample, text = encoded.sample, {"tokens_total": encoded.tokens_total, "truncated": encoded.truncated}
     fmt = get_format(job.spec.format, job.spec.family)
-    tensors = {fmt.label(kind): [list(t.shape), str(t.dtype)] for kind, t in sample.outputs().items()}
+    tensors = {fmt.label(kind, job.spec.family): [list(t.shape), str(t.dtype)] for kind, t in sample.outputs().items()}
     return {
         "sample": sample_name(sample.group, sample.id),
         **tensors,
