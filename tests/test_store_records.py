@@ -79,6 +79,7 @@ def test_a_lease_record_that_does_not_read_back_is_a_hold_named_in_one_line(s3, 
         (datetime.now(UTC) - timedelta(hours=1)).astimezone(timezone(timedelta(hours=5))).isoformat(),
         (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%d"),
     ],
+    ids=["no-zone", "another-zone", "a-date"],  # fixed ids: every xdist worker collects the same tests
 )
 def test_an_expired_lease_in_another_valid_form_is_taken_over(s3, expires):
     out = StoreOut.of(f"s3://{BUCKET}/expired-{abs(hash(expires))}")
