@@ -90,7 +90,7 @@ def test_musubis_loader_buckets_and_batches_every_image(built, images):
     """Its prepare_for_training from the names (a qi image's bucket: (W, H)), batches of 2 per bucket stack."""
     _, out = built
     params = {"cache_directory": str(out), "resolution": [WIDTH, HEIGHT], "enable_bucket": True, "batch_size": 2}
-    dataset = MusubiDataset({**params, "architecture": "qi"})
+    dataset = MusubiDataset(params, "qi")
     assert sum(len(items) for items in dataset.buckets.values()) == len(images)
     assert all(len(bucket) == 2 for bucket in dataset.buckets)
     stacked = 0

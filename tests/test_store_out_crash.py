@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,9 @@ def test_a_run_whose_lease_is_taken_over_puts_nothing_more_and_stops_with_one_li
     try:
         _wait(lambda: points.exists() and "sample" in points.read_text().split(), "the build's first row")
         # another run takes the lease over, as a takeover does: If-Match on the ETag it read
-        theirs = {"pid": 1, "host": "the-other-run", "create_time": None, "since": "now", "expires": "2999-01-01"}
+        now = datetime.now(UTC)  # a live lease as another run writes one (a record that does not read back is a hold)
+        theirs = {"pid": 1, "host": "the-other-run", "create_time": None, "since": now.isoformat()}
+        theirs["expires"] = (now + timedelta(minutes=30)).isoformat()
         head = out.head(LOCK_NAME)
         assert head is not None
         out.put(LOCK_NAME, json.dumps(theirs).encode(), match=head.etag)

@@ -212,7 +212,9 @@ class MusubiFormat(Format):
     def open_writer(self, out: Path, spec: Any, shard_id: str) -> MusubiWriter:
         if spec is not None:
             write_toml(Path(out), spec)
-        return MusubiWriter(out, self, getattr(spec, "family", None))
+        writer = self.writer(out)  # a family's own format object's writer (`for_family`: musubi_qi's)
+        writer.family = spec.family if spec is not None else None  # the layout the Wan writer renders (hv15's)
+        return writer
 
     def trims_text_for(self, family: str) -> bool:
         return True  # musubi's T5 keeps the prompt's rows only (``u[:v]``)
